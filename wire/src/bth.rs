@@ -1,0 +1,232 @@
+//! Base transport header: the 12 bytes every RoCEv2 packet carries after UDP.
+
+use core::fmt;
+
+use crate::{read_u24, write_u24, Error, Opcode, Psn, Result};
+
+mod field {
+    use crate::Field;
+
+    pub const OPCODE: usize = 0;
+    /// Solicited event (bit 7), MigReq (6), PadCnt (5–4), TVer (3–0).
+    pub const FLAGS: usize = 1;
+    pub const PKEY: Field = 2..4;
+    /// FECN (bit 7), BECN (6), reserved (5–0). Masked to ones in the ICRC.
+    pub const CONGESTION: usize = 4;
+    pub const DEST_QPN: Field = 5..8;
+    /// AckReq (bit 7), reserved (6–0).
+    pub const ACK_REQ: usize = 8;
+    pub const PSN: Field = 9..12;
+}
+
+/// Offset of the byte the ICRC masks to all ones (FECN, BECN and reserved bits).
+pub const ICRC_MASKED_BYTE: usize = field::CONGESTION;
+
+fixed_header_packet! {
+    12;
+    /// A read/write view of a BTH.
+}
+
+const SOLICITED: u8 = 0x80;
+const MIG_REQ: u8 = 0x40;
+const PAD_SHIFT: u8 = 4;
+const PAD_MASK: u8 = 0x30;
+const TVER_MASK: u8 = 0x0F;
+const FECN: u8 = 0x80;
+const BECN: u8 = 0x40;
+const ACK_REQ: u8 = 0x80;
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// The raw opcode byte; see [`Opcode::try_from`].
+    pub fn opcode(&self) -> u8 {
+        self.buffer.as_ref()[field::OPCODE]
+    }
+
+    /// Whether the requester asks for a solicited event at the receiver.
+    pub fn solicited(&self) -> bool {
+        self.buffer.as_ref()[field::FLAGS] & SOLICITED != 0
+    }
+
+    /// The path migration request bit.
+    pub fn mig_req(&self) -> bool {
+        self.buffer.as_ref()[field::FLAGS] & MIG_REQ != 0
+    }
+
+    /// Number of pad bytes (0–3) that end the payload.
+    pub fn pad_count(&self) -> u8 {
+        (self.buffer.as_ref()[field::FLAGS] & PAD_MASK) >> PAD_SHIFT
+    }
+
+    /// Transport header version; only 0 exists.
+    pub fn tver(&self) -> u8 {
+        self.buffer.as_ref()[field::FLAGS] & TVER_MASK
+    }
+
+    /// Partition key.
+    pub fn pkey(&self) -> u16 {
+        let raw = &self.buffer.as_ref()[field::PKEY];
+        u16::from_be_bytes([raw[0], raw[1]])
+    }
+
+    /// Forward explicit congestion notification.
+    pub fn fecn(&self) -> bool {
+        self.buffer.as_ref()[field::CONGESTION] & FECN != 0
+    }
+
+    /// Backward explicit congestion notification.
+    pub fn becn(&self) -> bool {
+        self.buffer.as_ref()[field::CONGESTION] & BECN != 0
+    }
+
+    /// Destination queue pair number (24 bits).
+    pub fn dest_qpn(&self) -> u32 {
+        read_u24(&self.buffer.as_ref()[field::DEST_QPN])
+    }
+
+    /// Whether the requester asks for an acknowledgement of this packet.
+    pub fn ack_req(&self) -> bool {
+        self.buffer.as_ref()[field::ACK_REQ] & ACK_REQ != 0
+    }
+
+    /// Packet sequence number.
+    pub fn psn(&self) -> Psn {
+        Psn::new(read_u24(&self.buffer.as_ref()[field::PSN]))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the opcode byte.
+    pub fn set_opcode(&mut self, opcode: Opcode) {
+        self.buffer.as_mut()[field::OPCODE] = opcode as u8;
+    }
+
+    /// Sets SE, MigReq and PadCnt, with TVer 0.
+    pub fn set_flags(&mut self, solicited: bool, mig_req: bool, pad_count: u8) {
+        let mut flags = (pad_count << PAD_SHIFT) & PAD_MASK;
+        if solicited {
+            flags |= SOLICITED;
+        }
+        if mig_req {
+            flags |= MIG_REQ;
+        }
+        self.buffer.as_mut()[field::FLAGS] = flags;
+    }
+
+    /// Sets the partition key.
+    pub fn set_pkey(&mut self, pkey: u16) {
+        self.buffer.as_mut()[field::PKEY].copy_from_slice(&pkey.to_be_bytes());
+    }
+
+    /// Sets FECN and BECN, clearing the reserved bits.
+    pub fn set_congestion(&mut self, fecn: bool, becn: bool) {
+        self.buffer.as_mut()[field::CONGESTION] =
+            if fecn { FECN } else { 0 } | if becn { BECN } else { 0 };
+    }
+
+    /// Sets the destination QPN (low 24 bits).
+    pub fn set_dest_qpn(&mut self, qpn: u32) {
+        write_u24(&mut self.buffer.as_mut()[field::DEST_QPN], qpn & 0xFF_FFFF);
+    }
+
+    /// Sets the AckReq bit, clearing the reserved bits.
+    pub fn set_ack_req(&mut self, ack_req: bool) {
+        self.buffer.as_mut()[field::ACK_REQ] = if ack_req { ACK_REQ } else { 0 };
+    }
+
+    /// Sets the PSN.
+    pub fn set_psn(&mut self, psn: Psn) {
+        write_u24(&mut self.buffer.as_mut()[field::PSN], psn.value());
+    }
+}
+
+/// A parsed BTH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repr {
+    /// What the packet is; decides which extension headers follow.
+    pub opcode: Opcode,
+    /// Solicited event requested.
+    pub solicited: bool,
+    /// Path migration request.
+    pub mig_req: bool,
+    /// Pad bytes (0–3) after the payload.
+    pub pad_count: u8,
+    /// Partition key.
+    pub pkey: u16,
+    /// Forward congestion notification (set by ECN-marking switches' receivers).
+    pub fecn: bool,
+    /// Backward congestion notification (set in CNPs).
+    pub becn: bool,
+    /// Destination QPN, 24 bits.
+    pub dest_qpn: u32,
+    /// Acknowledgement requested.
+    pub ack_req: bool,
+    /// Packet sequence number.
+    pub psn: Psn,
+}
+
+impl Repr {
+    /// Parses a BTH, rejecting unknown opcodes and transport versions other than 0.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+        let opcode = Opcode::try_from(packet.opcode())?;
+        if packet.tver() != 0 {
+            return Err(Error);
+        }
+        Ok(Repr {
+            opcode,
+            solicited: packet.solicited(),
+            mig_req: packet.mig_req(),
+            pad_count: packet.pad_count(),
+            pkey: packet.pkey(),
+            fecn: packet.fecn(),
+            becn: packet.becn(),
+            dest_qpn: packet.dest_qpn(),
+            ack_req: packet.ack_req(),
+            psn: packet.psn(),
+        })
+    }
+
+    /// Bytes [`emit`](Self::emit) writes.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the header; reserved bits are written as zero.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        packet.set_opcode(self.opcode);
+        packet.set_flags(self.solicited, self.mig_req, self.pad_count);
+        packet.set_pkey(self.pkey);
+        packet.set_congestion(self.fecn, self.becn);
+        packet.set_dest_qpn(self.dest_qpn);
+        packet.set_ack_req(self.ack_req);
+        packet.set_psn(self.psn);
+    }
+}
+
+impl fmt::Display for Repr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} qpn={:#08x} psn={} ack={}",
+            self.opcode, self.dest_qpn, self.psn, self.ack_req as u8
+        )?;
+        if self.solicited {
+            f.write_str(" se=1")?;
+        }
+        if self.mig_req {
+            f.write_str(" m=1")?;
+        }
+        if self.pad_count != 0 {
+            write!(f, " pad={}", self.pad_count)?;
+        }
+        if self.pkey != 0xFFFF {
+            write!(f, " pkey={:#06x}", self.pkey)?;
+        }
+        if self.fecn {
+            f.write_str(" fecn=1")?;
+        }
+        if self.becn {
+            f.write_str(" becn=1")?;
+        }
+        Ok(())
+    }
+}

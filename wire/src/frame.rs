@@ -1,0 +1,578 @@
+//! A whole RoCEv2 frame: Ethernet II (optionally 802.1Q-tagged) → IPv4 or IPv6 → UDP to port
+//! 4791 → BTH → extension headers → payload → pad → ICRC.
+//!
+//! [`Frame::new_checked`] finds every layer and checks every length, so no accessor panics
+//! after it; [`FrameRepr`] is the decoded value the transport works with.
+
+use core::fmt;
+use core::net::{Ipv4Addr, Ipv6Addr};
+
+use etherparse::{
+    EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpDscp, IpEcn, IpFragOffset, IpNumber,
+    Ipv4Header, Ipv4HeaderSlice, Ipv4Options, Ipv6FlowLabel, Ipv6Header, Ipv6HeaderSlice,
+    SingleVlanHeader, SingleVlanHeaderSlice, UdpHeader, VlanId, VlanPcp,
+};
+
+use crate::icrc::{self, ICRC_LEN};
+use crate::{bth, Error, ExtRepr, Opcode};
+
+/// The UDP destination port IANA assigned to RoCEv2.
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+const ETHERNET_HEADER_LEN: usize = 14;
+const VLAN_TAG_LEN: usize = 4;
+const IPV4_HEADER_LEN: usize = 20;
+const IPV6_HEADER_LEN: usize = 40;
+const UDP_HEADER_LEN: usize = 8;
+const UDP_DEST_PORT: core::ops::Range<usize> = 2..4;
+
+/// Why a frame is not a usable RoCEv2 packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// Not IPv4/IPv6 UDP to port 4791: someone else's traffic, not an error of the sender.
+    NotRoce,
+    /// A RoCEv2 frame whose BTH opcode is reserved or unsupported (rejected before any
+    /// length or ICRC arithmetic).
+    UnknownOpcode(u8),
+    /// A RoCEv2 frame that breaks the format; the text says how.
+    Malformed(&'static str),
+    /// The ICRC does not match the bytes it covers.
+    BadIcrc {
+        /// ICRC computed over the frame.
+        computed: u32,
+        /// ICRC the frame carries.
+        received: u32,
+    },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::NotRoce => f.write_str("not RoCEv2"),
+            FrameError::UnknownOpcode(opcode) => write!(f, "unknown opcode {opcode:#04x}"),
+            FrameError::Malformed(why) => write!(f, "malformed: {why}"),
+            FrameError::BadIcrc { computed, received } => {
+                write!(
+                    f,
+                    "bad ICRC: computed {computed:#010x}, received {received:#010x}"
+                )
+            }
+        }
+    }
+}
+
+impl core::error::Error for FrameError {}
+
+/// Offsets of each layer inside a checked frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    ip: usize,
+    udp: usize,
+    bth: usize,
+    ext: usize,
+    payload: usize,
+    payload_end: usize,
+    icrc: usize,
+    /// End of the IP packet; Ethernet padding may follow.
+    end: usize,
+    opcode: Opcode,
+}
+
+/// A checked view of a RoCEv2 frame in a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<T: AsRef<[u8]>> {
+    buffer: T,
+    layout: Layout,
+}
+
+impl<T: AsRef<[u8]>> Frame<T> {
+    /// Locates every layer and checks every length. After `Ok`, no accessor panics.
+    /// The ICRC is not checked here: see [`check_icrc`](Self::check_icrc).
+    pub fn new_checked(buffer: T) -> Result<Self, FrameError> {
+        let layout = locate(buffer.as_ref())?;
+        Ok(Frame { buffer, layout })
+    }
+
+    /// The BTH opcode.
+    pub fn opcode(&self) -> Opcode {
+        self.layout.opcode
+    }
+
+    /// The whole Ethernet frame, including any padding after the IP packet.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+
+    /// From the IP header to the end of the ICRC.
+    pub fn ip_packet(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.layout.ip..self.layout.end]
+    }
+
+    /// A view of the BTH.
+    pub fn bth(&self) -> bth::Packet<&[u8]> {
+        bth::Packet::new_unchecked(&self.buffer.as_ref()[self.layout.bth..self.layout.ext])
+    }
+
+    /// The payload without its pad bytes.
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.layout.payload..self.layout.payload_end]
+    }
+
+    /// The ICRC the frame carries.
+    pub fn received_icrc(&self) -> u32 {
+        let trailer = &self.buffer.as_ref()[self.layout.icrc..self.layout.end];
+        icrc::read([trailer[0], trailer[1], trailer[2], trailer[3]])
+    }
+
+    /// The ICRC of the frame's contents.
+    pub fn computed_icrc(&self) -> u32 {
+        let covered = &self.buffer.as_ref()[self.layout.ip..self.layout.icrc];
+        // `locate` guaranteed IP, UDP and BTH headers are present.
+        icrc::compute(covered).unwrap_or(0)
+    }
+
+    /// Fails with [`FrameError::BadIcrc`] unless the carried ICRC is right.
+    pub fn check_icrc(&self) -> Result<(), FrameError> {
+        let (computed, received) = (self.computed_icrc(), self.received_icrc());
+        if computed == received {
+            Ok(())
+        } else {
+            Err(FrameError::BadIcrc { computed, received })
+        }
+    }
+
+    /// Gives the buffer back.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+}
+
+fn locate(bytes: &[u8]) -> Result<Layout, FrameError> {
+    use FrameError::{Malformed, NotRoce};
+
+    let ethernet = Ethernet2HeaderSlice::from_slice(bytes).map_err(|_| NotRoce)?;
+    let (ether_type, ip) = if ethernet.ether_type() == EtherType::VLAN_TAGGED_FRAME {
+        let vlan = SingleVlanHeaderSlice::from_slice(&bytes[ETHERNET_HEADER_LEN..])
+            .map_err(|_| NotRoce)?;
+        (vlan.ether_type(), ETHERNET_HEADER_LEN + VLAN_TAG_LEN)
+    } else {
+        (ethernet.ether_type(), ETHERNET_HEADER_LEN)
+    };
+    let (udp, ip_len) = match ether_type {
+        EtherType::IPV4 => locate_ipv4(&bytes[ip..])?,
+        EtherType::IPV6 => locate_ipv6(&bytes[ip..])?,
+        _ => return Err(NotRoce),
+    };
+    let udp = ip + udp;
+    let end = ip + ip_len;
+    let dest_port = bytes.get(udp + UDP_DEST_PORT.start..udp + UDP_DEST_PORT.end);
+    if dest_port != Some(&ROCEV2_UDP_PORT.to_be_bytes()[..]) {
+        return Err(NotRoce);
+    }
+    // From here on the frame claims to be RoCEv2: anything wrong is the sender's fault.
+    if bytes.len() < end {
+        return Err(Malformed("frame shorter than its IP length"));
+    }
+    let udp_len = u16::from_be_bytes([bytes[udp + 4], bytes[udp + 5]]);
+    if usize::from(udp_len) != end - udp {
+        return Err(Malformed("UDP length disagrees with IP length"));
+    }
+    let bth = udp + UDP_HEADER_LEN;
+    let bth_packet =
+        bth::Packet::new_checked(&bytes[bth..end]).map_err(|_| Malformed("no room for a BTH"))?;
+    let opcode = Opcode::try_from(bth_packet.opcode())
+        .map_err(|_| FrameError::UnknownOpcode(bth_packet.opcode()))?;
+    if bth_packet.tver() != 0 {
+        return Err(Malformed("BTH transport version is not 0"));
+    }
+    let info = opcode.info();
+    let ext = bth + bth::HEADER_LEN;
+    let payload = ext + info.ext_len();
+    let icrc = end.checked_sub(ICRC_LEN).filter(|&icrc| icrc >= payload);
+    let icrc = icrc.ok_or(Malformed("too short for its opcode's headers and ICRC"))?;
+    let pad = usize::from(bth_packet.pad_count());
+    if !info.has_payload && icrc != payload {
+        return Err(Malformed("payload on an opcode that carries none"));
+    }
+    let payload_end = icrc
+        .checked_sub(pad)
+        .filter(|&payload_end| payload_end >= payload);
+    let payload_end = payload_end.ok_or(Malformed("pad count exceeds the payload"))?;
+    Ok(Layout {
+        ip,
+        udp,
+        bth,
+        ext,
+        payload,
+        payload_end,
+        icrc,
+        end,
+        opcode,
+    })
+}
+
+/// Returns the UDP header's offset and the IP packet's length, both from the IPv4 header.
+fn locate_ipv4(bytes: &[u8]) -> Result<(usize, usize), FrameError> {
+    use FrameError::{Malformed, NotRoce};
+
+    let header = Ipv4HeaderSlice::from_slice(bytes).map_err(|_| NotRoce)?;
+    if header.protocol() != IpNumber::UDP {
+        return Err(NotRoce);
+    }
+    let header_len = header.slice().len();
+    let total_len = usize::from(header.total_len());
+    if bytes.get(header_len + UDP_DEST_PORT.start..header_len + UDP_DEST_PORT.end)
+        != Some(&ROCEV2_UDP_PORT.to_be_bytes()[..])
+    {
+        return Err(NotRoce);
+    }
+    if header_len != IPV4_HEADER_LEN {
+        return Err(Malformed("IPv4 options (RoCEv2 never sends them)"));
+    }
+    if total_len < header_len + UDP_HEADER_LEN {
+        return Err(Malformed("IPv4 total length shorter than its headers"));
+    }
+    // The reserved flag bit, or any fragmentation: RoCEv2 relies on DF and never fragments.
+    if bytes[6] & 0x80 != 0 || header.more_fragments() || header.fragments_offset().value() != 0 {
+        return Err(Malformed("IPv4 fragment or reserved flag"));
+    }
+    // AF_XDP receives before the kernel's IP layer, so nobody else checks this.
+    if !cfg!(fuzzing) && header.header_checksum() != header.to_header().calc_header_checksum() {
+        return Err(Malformed("bad IPv4 header checksum"));
+    }
+    Ok((header_len, total_len))
+}
+
+/// Returns the UDP header's offset and the IP packet's length, both from the IPv6 header.
+fn locate_ipv6(bytes: &[u8]) -> Result<(usize, usize), FrameError> {
+    let header = Ipv6HeaderSlice::from_slice(bytes).map_err(|_| FrameError::NotRoce)?;
+    // RoCEv2 puts UDP right after the fixed header; extension headers mean someone else.
+    if header.next_header() != IpNumber::UDP {
+        return Err(FrameError::NotRoce);
+    }
+    Ok((
+        IPV6_HEADER_LEN,
+        IPV6_HEADER_LEN + usize::from(header.payload_length()),
+    ))
+}
+
+/// An 802.1Q tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VlanTag {
+    /// Priority code point (3 bits).
+    pub pcp: u8,
+    /// Drop eligible indicator.
+    pub dei: bool,
+    /// VLAN identifier (12 bits).
+    pub vid: u16,
+}
+
+/// The Ethernet header of a RoCEv2 frame; the EtherType follows from the IP version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EthernetRepr {
+    /// Destination MAC.
+    pub dst: [u8; 6],
+    /// Source MAC.
+    pub src: [u8; 6],
+    /// 802.1Q tag, if any.
+    pub vlan: Option<VlanTag>,
+}
+
+/// The IPv4 fields a RoCEv2 sender chooses; lengths and checksum are derived on emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4Repr {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// Differentiated services code point (6 bits).
+    pub dscp: u8,
+    /// Explicit congestion notification (2 bits).
+    pub ecn: u8,
+    /// Identification.
+    pub identification: u16,
+    /// Don't-fragment flag (rxe sets it).
+    pub dont_fragment: bool,
+    /// Time to live.
+    pub ttl: u8,
+}
+
+/// The IPv6 fields a RoCEv2 sender chooses; the payload length is derived on emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv6Repr {
+    /// Source address.
+    pub src: Ipv6Addr,
+    /// Destination address.
+    pub dst: Ipv6Addr,
+    /// Traffic class (DSCP and ECN).
+    pub traffic_class: u8,
+    /// Flow label (20 bits).
+    pub flow_label: u32,
+    /// Hop limit.
+    pub hop_limit: u8,
+}
+
+/// The network layer of a RoCEv2 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpRepr {
+    /// RoCEv2 over IPv4 (GIDs of the form ::ffff:a.b.c.d).
+    V4(Ipv4Repr),
+    /// RoCEv2 over IPv6.
+    V6(Ipv6Repr),
+}
+
+impl IpRepr {
+    const fn header_len(&self) -> usize {
+        match self {
+            IpRepr::V4(_) => IPV4_HEADER_LEN,
+            IpRepr::V6(_) => IPV6_HEADER_LEN,
+        }
+    }
+}
+
+/// A decoded RoCEv2 frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRepr<'a> {
+    /// Ethernet header.
+    pub ethernet: EthernetRepr,
+    /// IP header.
+    pub ip: IpRepr,
+    /// UDP source port (rxe: 0xC000 | hash of the QPN, for ECMP entropy).
+    pub udp_src_port: u16,
+    /// UDP checksum as carried: 0 means none, which RoCEv2 allows and rxe sends.
+    pub udp_checksum: u16,
+    /// Base transport header.
+    pub bth: bth::Repr,
+    /// Extension headers, as `bth.opcode` requires.
+    pub ext: ExtRepr,
+    /// Payload without pad bytes.
+    pub payload: &'a [u8],
+}
+
+impl<'a> FrameRepr<'a> {
+    /// Decodes a checked frame after verifying its ICRC. Under `cfg(fuzzing)` the ICRC is
+    /// not checked, so a fuzzer reaches the parsers behind it.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(frame: &Frame<&'a T>) -> Result<Self, FrameError> {
+        if !cfg!(fuzzing) {
+            frame.check_icrc()?;
+        }
+        Self::parse_ignoring_icrc(frame)
+    }
+
+    /// Decodes a checked frame without looking at its ICRC: for tools that show bad frames.
+    pub fn parse_ignoring_icrc<T: AsRef<[u8]> + ?Sized>(
+        frame: &Frame<&'a T>,
+    ) -> Result<Self, FrameError> {
+        let bytes: &'a [u8] = frame.buffer.as_ref();
+        let layout = &frame.layout;
+        let ethernet = parse_ethernet(bytes);
+        let ip = parse_ip(&bytes[layout.ip..layout.udp]);
+        let udp = &bytes[layout.udp..layout.bth];
+        let bth_packet = bth::Packet::new_unchecked(&bytes[layout.bth..layout.ext]);
+        let bth = bth::Repr::parse(&bth_packet).map_err(|_| FrameError::Malformed("BTH"))?;
+        let ext = ExtRepr::parse(layout.opcode, &bytes[layout.ext..layout.payload])
+            .map_err(|_| FrameError::Malformed("extension header"))?;
+        if layout.opcode == Opcode::RcAtomicWrite && layout.payload_end - layout.payload != 8 {
+            return Err(FrameError::Malformed("ATOMIC_WRITE payload is not 8 bytes"));
+        }
+        Ok(FrameRepr {
+            ethernet,
+            ip,
+            udp_src_port: u16::from_be_bytes([udp[0], udp[1]]),
+            udp_checksum: u16::from_be_bytes([udp[6], udp[7]]),
+            bth,
+            ext,
+            payload: &bytes[layout.payload..layout.payload_end],
+        })
+    }
+
+    /// Bytes [`emit`](Self::emit) writes: the frame without Ethernet padding.
+    pub fn buffer_len(&self) -> usize {
+        self.ip_offset() + self.ip_len()
+    }
+
+    fn ip_offset(&self) -> usize {
+        ETHERNET_HEADER_LEN
+            + if self.ethernet.vlan.is_some() {
+                VLAN_TAG_LEN
+            } else {
+                0
+            }
+    }
+
+    fn udp_len(&self) -> usize {
+        UDP_HEADER_LEN
+            + bth::HEADER_LEN
+            + ExtRepr::buffer_len(self.bth.opcode)
+            + self.payload.len()
+            + usize::from(self.bth.pad_count)
+            + ICRC_LEN
+    }
+
+    fn ip_len(&self) -> usize {
+        self.ip.header_len() + self.udp_len()
+    }
+
+    /// Writes the whole frame, deriving lengths, the IPv4 checksum and the ICRC. Fails when
+    /// `buffer` is too short or the fields are inconsistent (headers that do not match the
+    /// opcode, a payload on an opcode without one, a value too wide for its field).
+    pub fn emit(&self, buffer: &mut [u8]) -> crate::Result<usize> {
+        let info = self.bth.opcode.info();
+        let len = self.buffer_len();
+        let has_payload = !self.payload.is_empty() || self.bth.pad_count != 0;
+        if buffer.len() < len
+            || self.bth.pad_count > 3
+            || (has_payload && !info.has_payload)
+            || len > usize::from(u16::MAX)
+        {
+            return Err(Error);
+        }
+        let buffer = &mut buffer[..len];
+        let ip = self.emit_ethernet(buffer)?;
+        let udp = ip + self.emit_ip(&mut buffer[ip..])?;
+        let udp_header = UdpHeader {
+            source_port: self.udp_src_port,
+            destination_port: ROCEV2_UDP_PORT,
+            length: self.udp_len() as u16,
+            checksum: self.udp_checksum,
+        };
+        buffer[udp..udp + UDP_HEADER_LEN].copy_from_slice(&udp_header.to_bytes());
+        let bth = udp + UDP_HEADER_LEN;
+        self.bth
+            .emit(&mut bth::Packet::new_unchecked(&mut buffer[bth..]));
+        let ext = bth + bth::HEADER_LEN;
+        let payload = ext + self.ext.emit(self.bth.opcode, &mut buffer[ext..])?;
+        let pad = payload + self.payload.len();
+        buffer[payload..pad].copy_from_slice(self.payload);
+        let icrc = len - ICRC_LEN;
+        buffer[pad..icrc].fill(0);
+        let value = icrc::compute(&buffer[ip..icrc])?;
+        buffer[icrc..].copy_from_slice(&icrc::to_bytes(value));
+        Ok(len)
+    }
+
+    fn emit_ethernet(&self, buffer: &mut [u8]) -> crate::Result<usize> {
+        let ip_type = match self.ip {
+            IpRepr::V4(_) => EtherType::IPV4,
+            IpRepr::V6(_) => EtherType::IPV6,
+        };
+        let ethernet = Ethernet2Header {
+            source: self.ethernet.src,
+            destination: self.ethernet.dst,
+            ether_type: if self.ethernet.vlan.is_some() {
+                EtherType::VLAN_TAGGED_FRAME
+            } else {
+                ip_type
+            },
+        };
+        buffer[..ETHERNET_HEADER_LEN].copy_from_slice(&ethernet.to_bytes());
+        if let Some(tag) = self.ethernet.vlan {
+            let vlan = SingleVlanHeader {
+                pcp: VlanPcp::try_new(tag.pcp).map_err(|_| Error)?,
+                drop_eligible_indicator: tag.dei,
+                vlan_id: VlanId::try_new(tag.vid).map_err(|_| Error)?,
+                ether_type: ip_type,
+            };
+            buffer[ETHERNET_HEADER_LEN..ETHERNET_HEADER_LEN + VLAN_TAG_LEN]
+                .copy_from_slice(&vlan.to_bytes());
+        }
+        Ok(self.ip_offset())
+    }
+
+    /// Writes the IP header at the start of `buffer` and returns its length.
+    fn emit_ip(&self, buffer: &mut [u8]) -> crate::Result<usize> {
+        match self.ip {
+            IpRepr::V4(v4) => {
+                let mut header = Ipv4Header {
+                    dscp: IpDscp::try_new(v4.dscp).map_err(|_| Error)?,
+                    ecn: IpEcn::try_new(v4.ecn).map_err(|_| Error)?,
+                    total_len: self.ip_len() as u16,
+                    identification: v4.identification,
+                    dont_fragment: v4.dont_fragment,
+                    more_fragments: false,
+                    fragment_offset: IpFragOffset::ZERO,
+                    time_to_live: v4.ttl,
+                    protocol: IpNumber::UDP,
+                    header_checksum: 0,
+                    source: v4.src.octets(),
+                    destination: v4.dst.octets(),
+                    options: Ipv4Options::default(),
+                };
+                header.header_checksum = header.calc_header_checksum();
+                buffer[..IPV4_HEADER_LEN].copy_from_slice(&header.to_bytes());
+                Ok(IPV4_HEADER_LEN)
+            }
+            IpRepr::V6(v6) => {
+                let header = Ipv6Header {
+                    traffic_class: v6.traffic_class,
+                    flow_label: Ipv6FlowLabel::try_new(v6.flow_label).map_err(|_| Error)?,
+                    payload_length: self.udp_len() as u16,
+                    next_header: IpNumber::UDP,
+                    hop_limit: v6.hop_limit,
+                    source: v6.src.octets(),
+                    destination: v6.dst.octets(),
+                };
+                buffer[..IPV6_HEADER_LEN].copy_from_slice(&header.to_bytes());
+                Ok(IPV6_HEADER_LEN)
+            }
+        }
+    }
+}
+
+/// Decodes the Ethernet header of a frame `locate` accepted.
+fn parse_ethernet(bytes: &[u8]) -> EthernetRepr {
+    let header = Ethernet2HeaderSlice::from_slice(bytes).map(|slice| slice.to_header());
+    let header = header.unwrap_or_default();
+    let vlan = (header.ether_type == EtherType::VLAN_TAGGED_FRAME)
+        .then(|| SingleVlanHeaderSlice::from_slice(&bytes[ETHERNET_HEADER_LEN..]).ok())
+        .flatten()
+        .map(|tag| VlanTag {
+            pcp: tag.priority_code_point().value(),
+            dei: tag.drop_eligible_indicator(),
+            vid: tag.vlan_identifier().value(),
+        });
+    EthernetRepr {
+        dst: header.destination,
+        src: header.source,
+        vlan,
+    }
+}
+
+/// Decodes the IP header of a frame `locate` accepted.
+fn parse_ip(header: &[u8]) -> IpRepr {
+    if let Ok(v4) = Ipv4HeaderSlice::from_slice(header) {
+        IpRepr::V4(Ipv4Repr {
+            src: v4.source_addr(),
+            dst: v4.destination_addr(),
+            dscp: v4.dcp().value(),
+            ecn: v4.ecn().value(),
+            identification: v4.identification(),
+            dont_fragment: v4.dont_fragment(),
+            ttl: v4.ttl(),
+        })
+    } else {
+        let v6 = Ipv6HeaderSlice::from_slice(header).map(|slice| slice.to_header());
+        let v6 = v6.unwrap_or_default();
+        IpRepr::V6(Ipv6Repr {
+            src: Ipv6Addr::from(v6.source),
+            dst: Ipv6Addr::from(v6.destination),
+            traffic_class: v6.traffic_class,
+            flow_label: v6.flow_label.value(),
+            hop_limit: v6.hop_limit,
+        })
+    }
+}
+
+impl fmt::Display for FrameRepr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip {
+            IpRepr::V4(v4) => write!(f, "{} -> {}", v4.src, v4.dst)?,
+            IpRepr::V6(v6) => write!(f, "{} -> {}", v6.src, v6.dst)?,
+        }
+        write!(f, " sport={} {}", self.udp_src_port, self.bth)?;
+        if self.ext != ExtRepr::default() {
+            write!(f, " {}", self.ext)?;
+        }
+        write!(f, " len={}", self.payload.len())
+    }
+}

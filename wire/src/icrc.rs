@@ -1,0 +1,107 @@
+//! The invariant CRC that ends every RoCEv2 packet.
+//!
+//! CRC-32 (the Ethernet polynomial, reflected, complemented) over eight 0xFF bytes standing in
+//! for the InfiniBand LRH, then the IP header, UDP header, BTH, extension headers and payload,
+//! with every field a router may change masked to ones: IPv4 TOS, TTL and header checksum
+//! (IPv6 traffic class, flow label and hop limit), the UDP checksum, and BTH byte 4 (FECN,
+//! BECN, reserved). It is sent least significant byte first.
+
+use crate::{bth, Error, Result};
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;
+
+const UDP_HEADER_LEN: usize = 8;
+const UDP_CHECKSUM: usize = 6;
+const IPV4_TOS: usize = 1;
+const IPV4_TTL: usize = 8;
+const IPV4_CHECKSUM: core::ops::Range<usize> = 10..12;
+const IPV6_HEADER_LEN: usize = 40;
+const IPV6_HOP_LIMIT: usize = 7;
+const MAX_IPV4_HEADER_LEN: usize = 60;
+/// The longest masked prefix: IPv4 with options, UDP, BTH.
+const MAX_MASKED_LEN: usize = MAX_IPV4_HEADER_LEN + UDP_HEADER_LEN + bth::HEADER_LEN;
+
+/// Computes the ICRC of `ip_packet`: the bytes from the first byte of the IP header up to,
+/// not including, the ICRC. Fails when the bytes cannot hold an IP, UDP and BTH header.
+pub fn compute(ip_packet: &[u8]) -> Result<u32> {
+    let (is_ipv6, ip_header_len) = match ip_packet.first().map(|byte| byte >> 4) {
+        Some(4) => (false, usize::from(ip_packet[0] & 0x0F) * 4),
+        Some(6) => (true, IPV6_HEADER_LEN),
+        _ => return Err(Error),
+    };
+    let masked_len = ip_header_len + UDP_HEADER_LEN + bth::HEADER_LEN;
+    if ip_header_len < 20 || ip_packet.len() < masked_len {
+        return Err(Error);
+    }
+    let mut head = [0u8; MAX_MASKED_LEN];
+    let head = &mut head[..masked_len];
+    head.copy_from_slice(&ip_packet[..masked_len]);
+    if is_ipv6 {
+        head[0] |= 0x0F;
+        head[1..4].fill(0xFF);
+        head[IPV6_HOP_LIMIT] = 0xFF;
+    } else {
+        head[IPV4_TOS] = 0xFF;
+        head[IPV4_TTL] = 0xFF;
+        head[IPV4_CHECKSUM].fill(0xFF);
+    }
+    let udp = ip_header_len;
+    head[udp + UDP_CHECKSUM..udp + UDP_CHECKSUM + 2].fill(0xFF);
+    head[udp + UDP_HEADER_LEN + bth::ICRC_MASKED_BYTE] = 0xFF;
+
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&[0xFF; 8]);
+    hasher.update(head);
+    hasher.update(&ip_packet[masked_len..]);
+    Ok(hasher.finalize())
+}
+
+/// Reads an ICRC trailer as sent on the wire.
+pub fn read(trailer: [u8; ICRC_LEN]) -> u32 {
+    u32::from_le_bytes(trailer)
+}
+
+/// The wire bytes of an ICRC.
+pub fn to_bytes(icrc: u32) -> [u8; ICRC_LEN] {
+    icrc.to_le_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An RC_ACKNOWLEDGE from rc_pingpong.pcap, from the IPv4 header to the ICRC.
+    static ACK_IP_PACKET: [u8; 48] = [
+        0x45, 0x00, 0x00, 0x30, 0x9a, 0xaa, 0x40, 0x00, 0x40, 0x11, 0x8b, 0x4c, 0x0a, 0x58, 0x00,
+        0x0b, 0x0a, 0x58, 0x00, 0x0c, 0xc1, 0x21, 0x12, 0xb7, 0x00, 0x1c, 0x00, 0x00, 0x11, 0x00,
+        0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x18, 0xd6, 0xbb, 0x1f, 0x00, 0x00, 0x01, 0x37,
+        0xf0, 0x53, 0x3c,
+    ];
+
+    #[test]
+    fn matches_a_captured_rxe_ack() {
+        let (covered, trailer) = ACK_IP_PACKET.split_at(44);
+        assert_eq!(compute(covered), Ok(read(trailer.try_into().unwrap())));
+    }
+
+    #[test]
+    fn masked_fields_do_not_matter() {
+        let covered = &ACK_IP_PACKET[..44];
+        let expected = compute(covered).unwrap();
+        for offset in [1, 8, 10, 11, 26, 27, 32] {
+            let mut changed = *covered.first_chunk::<44>().unwrap();
+            changed[offset] ^= 0x5A;
+            assert_eq!(compute(&changed), Ok(expected), "offset {offset}");
+        }
+    }
+
+    #[test]
+    fn too_short_or_not_ip_is_an_error() {
+        assert_eq!(compute(&ACK_IP_PACKET[..39]), Err(Error));
+        assert_eq!(compute(&[]), Err(Error));
+        let mut not_ip = ACK_IP_PACKET;
+        not_ip[0] = 0x55;
+        assert_eq!(compute(&not_ip), Err(Error));
+    }
+}

@@ -1,0 +1,88 @@
+//! RoCEv2 packet formats: the Ethernet/IP/UDP framing, every InfiniBand transport header a
+//! RoCEv2 RC, UC or UD queue pair sends, and the invariant CRC (ICRC).
+//!
+//! Shaped like smoltcp's `wire`: each header has a [`Packet`](bth::Packet)-style view whose
+//! `new_checked` guarantees that no accessor panics afterwards, a private `field` module of
+//! byte ranges, and a plain `Repr` with `parse`, `emit` and `buffer_len`. Untrusted bytes only
+//! enter through `new_checked`; the transport only ever sees `Repr`s.
+//!
+//! Layers below the BTH (Ethernet II with an optional 802.1Q tag, IPv4, IPv6, UDP) are parsed
+//! and written with [etherparse]: it is no_std, allocation-free and well tested, and its header
+//! slices cost a few nanoseconds per frame (see the `wire` benchmark), so there was no reason
+//! to write them again.
+//!
+//! # CRC-32 implementation
+//! The ICRC uses [crc32fast], chosen by measurement (`cargo bench -p roce-wire --bench wire`,
+//! CRC-32 over the bytes an ICRC covers, same run, 2-core x86-64 build machine):
+//!
+#![doc = include_str!("../CRC_BENCH.md")]
+//!
+//! With the default `std` feature crc32fast detects PCLMULQDQ at run time; without it (true
+//! `no_std`) it uses the SIMD path only when the target enables `pclmulqdq` and `sse4.1` at
+//! compile time, and the table-driven one otherwise.
+#![no_std]
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+#[macro_use]
+mod macros;
+
+pub mod aeth;
+pub mod atomic_ack_eth;
+pub mod atomic_eth;
+pub mod bth;
+pub mod cnp;
+pub mod deth;
+pub mod ext;
+pub mod feth;
+pub mod frame;
+pub mod icrc;
+pub mod ieth;
+pub mod immdt;
+pub mod opcode;
+pub mod psn;
+pub mod reth;
+
+pub use ext::ExtRepr;
+pub use frame::{Frame, FrameError, FrameRepr};
+pub use opcode::{ExtHeader, Opcode, OpcodeInfo};
+pub use psn::Psn;
+
+/// A buffer was too short, or a field held a value the format does not allow.
+///
+/// Deliberately a unit type, as in smoltcp: callers drop or NAK a bad header, and the reason
+/// is only interesting to a human reading a dump, which [`FrameError`] describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Error;
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("malformed header")
+    }
+}
+
+impl core::error::Error for Error {}
+
+/// The result type of every parse and emit in this crate.
+pub type Result<T> = core::result::Result<T, Error>;
+
+/// A byte range inside a header.
+type Field = core::ops::Range<usize>;
+
+fn read_u24(bytes: &[u8]) -> u32 {
+    u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]])
+}
+
+fn write_u24(bytes: &mut [u8], value: u32) {
+    bytes.copy_from_slice(&value.to_be_bytes()[1..]);
+}
+
+fn read_u32(bytes: &[u8]) -> u32 {
+    u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+fn read_u64(bytes: &[u8]) -> u64 {
+    let mut raw = [0; 8];
+    raw.copy_from_slice(bytes);
+    u64::from_be_bytes(raw)
+}
