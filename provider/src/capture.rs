@@ -1,0 +1,129 @@
+//! Reading Ethernet frames from pcap and pcapng files, as tcpdump and Wireshark write them.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+use std::time::Duration;
+
+use pcap_file::pcap::PcapReader;
+use pcap_file::pcapng::{Block, PcapNgReader};
+use pcap_file::DataLink;
+
+/// Why a capture file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// The file could not be opened or read.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The bytes are not a pcap or pcapng file, or a record is damaged.
+    #[error("not a readable pcap/pcapng file: {0}")]
+    Format(String),
+    /// A link type other than Ethernet.
+    #[error("link type {0} is not Ethernet")]
+    LinkType(String),
+}
+
+impl From<pcap_file::PcapError> for CaptureError {
+    fn from(error: pcap_file::PcapError) -> Self {
+        CaptureError::Format(error.to_string())
+    }
+}
+
+/// One captured frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedFrame {
+    /// Capture time since the Unix epoch.
+    pub timestamp: Duration,
+    /// The frame from the Ethernet header on (as captured: possibly truncated to the snap length).
+    pub data: Vec<u8>,
+}
+
+enum Format {
+    Pcap(PcapReader<BufReader<File>>),
+    /// pcapng names a link type per interface; frames refer to interfaces by index.
+    PcapNg(PcapNgReader<BufReader<File>>, Vec<DataLink>),
+}
+
+/// Iterates over the Ethernet frames of a pcap or pcapng file.
+pub struct CaptureReader {
+    format: Format,
+}
+
+const PCAPNG_MAGIC: [u8; 4] = [0x0A, 0x0D, 0x0D, 0x0A];
+
+impl CaptureReader {
+    /// Opens a file, telling pcap from pcapng by its first bytes.
+    pub fn open(path: &Path) -> Result<Self, CaptureError> {
+        let mut magic = [0u8; 4];
+        File::open(path)?.read_exact(&mut magic)?;
+        let file = BufReader::new(File::open(path)?);
+        let format = if magic == PCAPNG_MAGIC {
+            Format::PcapNg(PcapNgReader::new(file)?, Vec::new())
+        } else {
+            let reader = PcapReader::new(file)?;
+            let link = reader.header().datalink;
+            if link != DataLink::ETHERNET {
+                return Err(CaptureError::LinkType(format!("{link:?}")));
+            }
+            Format::Pcap(reader)
+        };
+        Ok(CaptureReader { format })
+    }
+
+    fn next_frame(&mut self) -> Option<Result<CapturedFrame, CaptureError>> {
+        match &mut self.format {
+            Format::Pcap(reader) => {
+                let packet = reader.next_packet()?;
+                Some(
+                    packet
+                        .map_err(CaptureError::from)
+                        .map(|packet| CapturedFrame {
+                            timestamp: packet.timestamp,
+                            data: packet.data.into_owned(),
+                        }),
+                )
+            }
+            Format::PcapNg(reader, links) => loop {
+                let block = match reader.next_block()? {
+                    Ok(block) => block,
+                    Err(error) => return Some(Err(error.into())),
+                };
+                let (interface, timestamp, data) = match block {
+                    Block::InterfaceDescription(interface) => {
+                        links.push(interface.linktype);
+                        continue;
+                    }
+                    Block::EnhancedPacket(packet) => {
+                        (packet.interface_id as usize, packet.timestamp, packet.data)
+                    }
+                    Block::SimplePacket(packet) => (0, Duration::ZERO, packet.data),
+                    _ => continue,
+                };
+                return Some(match links.get(interface) {
+                    Some(DataLink::ETHERNET) => Ok(CapturedFrame {
+                        timestamp,
+                        data: data.into_owned(),
+                    }),
+                    Some(link) => Err(CaptureError::LinkType(format!("{link:?}"))),
+                    None => Err(CaptureError::Format(format!(
+                        "unknown interface {interface}"
+                    ))),
+                });
+            },
+        }
+    }
+}
+
+impl Iterator for CaptureReader {
+    type Item = Result<CapturedFrame, CaptureError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_frame()
+    }
+}
+
+/// Reads every frame of a capture file.
+pub fn read_frames(path: &Path) -> Result<Vec<CapturedFrame>, CaptureError> {
+    CaptureReader::open(path)?.collect()
+}
