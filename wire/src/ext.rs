@@ -41,7 +41,7 @@ impl ExtRepr {
         let mut ext = ExtRepr::default();
         let mut rest = bytes;
         for &header in opcode.info().headers {
-            let (this, tail) = take(rest, header.len())?;
+            let (this, tail) = take(rest, header.wire_len())?;
             rest = tail;
             match header {
                 ExtHeader::Reth => {
@@ -111,8 +111,8 @@ impl ExtRepr {
         }
         let mut offset = 0;
         for &header in opcode.info().headers {
-            let this = &mut bytes[offset..offset + header.len()];
-            offset += header.len();
+            let this = &mut bytes[offset..offset + header.wire_len()];
+            offset += header.wire_len();
             // `matches` guarantees each `Option` below is `Some`.
             match header {
                 ExtHeader::Reth => emit_some(self.reth, |r| {

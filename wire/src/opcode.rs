@@ -28,7 +28,7 @@ pub enum ExtHeader {
 
 impl ExtHeader {
     /// Length of the header on the wire, in bytes.
-    pub const fn len(self) -> usize {
+    pub const fn wire_len(self) -> usize {
         match self {
             ExtHeader::Reth => crate::reth::HEADER_LEN,
             ExtHeader::Aeth => crate::aeth::HEADER_LEN,
@@ -104,7 +104,7 @@ impl OpcodeInfo {
         let mut total = 0;
         let mut i = 0;
         while i < self.headers.len() {
-            total += self.headers[i].len();
+            total += self.headers[i].wire_len();
             i += 1;
         }
         total
