@@ -1,13 +1,13 @@
-//! Reading Ethernet frames from pcap and pcapng files, as tcpdump and Wireshark write them.
+//! Ethernet frames in pcap and pcapng files, as tcpdump and Wireshark read and write them.
 
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, BufWriter, Read};
 use std::path::Path;
 use std::time::Duration;
 
-use pcap_file::pcap::PcapReader;
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
 use pcap_file::pcapng::{Block, PcapNgReader};
-use pcap_file::DataLink;
+use pcap_file::{DataLink, Endianness};
 
 /// Why a capture file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -126,4 +126,58 @@ impl Iterator for CaptureReader {
 /// Reads every frame of a capture file.
 pub fn read_frames(path: &Path) -> Result<Vec<CapturedFrame>, CaptureError> {
     CaptureReader::open(path)?.collect()
+}
+
+/// Writes frames to a new pcap file (Ethernet link type, microsecond timestamps).
+pub fn write_frames<'a>(
+    path: &Path,
+    frames: impl IntoIterator<Item = &'a CapturedFrame>,
+) -> Result<(), CaptureError> {
+    let header = PcapHeader {
+        datalink: DataLink::ETHERNET,
+        endianness: Endianness::Little,
+        ..PcapHeader::default()
+    };
+    let mut writer = PcapWriter::with_header(BufWriter::new(File::create(path)?), header)?;
+    for frame in frames {
+        let len = u32::try_from(frame.data.len())
+            .map_err(|_| CaptureError::Format("frame longer than 4 GiB".into()))?;
+        writer.write_packet(&PcapPacket::new(frame.timestamp, len, &frame.data))?;
+    }
+    writer
+        .into_writer()
+        .into_inner()
+        .map_err(|e| CaptureError::Io(e.into_error()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_frames_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("frames.pcap");
+        let frames: Vec<CapturedFrame> = (0u8..5)
+            .map(|i| CapturedFrame {
+                timestamp: Duration::from_micros(1_000_000 + u64::from(i)),
+                data: vec![i; 60 + usize::from(i)],
+            })
+            .collect();
+        write_frames(&path, &frames).unwrap();
+        assert_eq!(read_frames(&path).unwrap(), frames);
+    }
+
+    #[test]
+    fn garbage_is_a_format_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("garbage.pcap");
+        std::fs::write(&path, b"definitely not a capture file").unwrap();
+        assert!(matches!(read_frames(&path), Err(CaptureError::Format(_))));
+        assert!(matches!(
+            read_frames(&dir.path().join("absent")),
+            Err(CaptureError::Io(_))
+        ));
+    }
 }

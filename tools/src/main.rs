@@ -1,0 +1,26 @@
+//! `roce`: the roce-xdp command-line tool, shaped like rdma-core's and perftest's programs.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod dump;
+
+#[derive(Parser)]
+#[command(name = "roce", version, about = "RoCEv2 in user space: tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
+    Dump(dump::Args),
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Dump(args) => dump::run(&args),
+    }
+}
