@@ -230,3 +230,103 @@ impl fmt::Display for Repr {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The BTH of an RC_SEND_LAST in rc_pingpong.pcap (AckReq set).
+    static HEADER_BYTES: [u8; 12] = [
+        0x02, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x18, 0xd6, 0xbb,
+    ];
+
+    const REPR: Repr = Repr {
+        opcode: Opcode::RcSendLast,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qpn: 0x11,
+        ack_req: true,
+        psn: Psn::new(0x18_d6bb),
+    };
+
+    #[test]
+    fn deconstruct() {
+        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
+        assert_eq!(packet.opcode(), 0x02);
+        assert!(!packet.solicited() && !packet.mig_req());
+        assert_eq!((packet.pad_count(), packet.tver()), (0, 0));
+        assert_eq!(packet.pkey(), 0xffff);
+        assert!(!packet.fecn() && !packet.becn());
+        assert_eq!(packet.dest_qpn(), 0x11);
+        assert!(packet.ack_req());
+        assert_eq!(packet.psn(), Psn::new(0x18_d6bb));
+    }
+
+    #[test]
+    fn construct() {
+        let mut bytes = [0xA5; 12];
+        let mut packet = Packet::new_unchecked(&mut bytes[..]);
+        packet.set_opcode(Opcode::RcSendLast);
+        packet.set_flags(false, false, 0);
+        packet.set_pkey(0xffff);
+        packet.set_congestion(false, false);
+        packet.set_dest_qpn(0x11);
+        packet.set_ack_req(true);
+        packet.set_psn(Psn::new(0x18_d6bb));
+        assert_eq!(bytes, HEADER_BYTES);
+    }
+
+    #[test]
+    fn parse() {
+        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
+        assert_eq!(Repr::parse(&packet), Ok(REPR));
+    }
+
+    #[test]
+    fn emit() {
+        let mut bytes = [0xA5; 12];
+        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes, HEADER_BYTES);
+    }
+
+    #[test]
+    fn every_flag_round_trips() {
+        let repr = Repr {
+            solicited: true,
+            mig_req: true,
+            pad_count: 3,
+            fecn: true,
+            becn: true,
+            ..REPR
+        };
+        let mut bytes = [0; 12];
+        repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes[1], 0xF0);
+        assert_eq!(bytes[4], 0xC0);
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Ok(repr)
+        );
+    }
+
+    #[test]
+    fn unknown_opcode_and_nonzero_tver_are_rejected() {
+        let mut bytes = HEADER_BYTES;
+        bytes[0] = 0x15;
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Err(Error)
+        );
+        let mut bytes = HEADER_BYTES;
+        bytes[1] |= 0x01;
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Err(Error)
+        );
+        assert!(Packet::new_checked(&HEADER_BYTES[..11]).is_err());
+    }
+}
