@@ -1,0 +1,244 @@
+//! Completion queues: a fixed number of slots; a completion with no slot is an error.
+
+use std::collections::VecDeque;
+
+/// How a work request ended, with the values of `enum ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    Success = 0,
+    /// `IBV_WC_LOC_LEN_ERR`: a message longer than the receive buffer.
+    LocalLength = 1,
+    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error.
+    LocalQpOperation = 2,
+    /// `IBV_WC_LOC_PROT_ERR`: a local key or access violation in a gather/scatter list.
+    LocalProtection = 4,
+    /// `IBV_WC_WR_FLUSH_ERR`: the QP entered ERR before the request ran.
+    WrFlush = 5,
+    /// `IBV_WC_BAD_RESP_ERR`: the responder answered with something impossible.
+    BadResponse = 7,
+    /// `IBV_WC_LOC_ACCESS_ERR`: a protection error on a local RDMA READ/atomic target.
+    LocalAccess = 8,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the responder NAKed an invalid request.
+    RemoteInvalidRequest = 9,
+    /// `IBV_WC_REM_ACCESS_ERR`: the responder NAKed an R_Key/access/bounds violation.
+    RemoteAccess = 10,
+    /// `IBV_WC_REM_OP_ERR`: the responder could not complete the request.
+    RemoteOperation = 11,
+    /// `IBV_WC_RETRY_EXC_ERR`: transport retries (timeouts, sequence NAKs) exhausted.
+    RetryExceeded = 12,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: RNR retries exhausted.
+    RnrRetryExceeded = 13,
+    /// `IBV_WC_GENERAL_ERR`.
+    General = 21,
+}
+
+/// What a completion reports, with the values of `enum ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate or invalidate) completed at the requester.
+    Send = 0,
+    /// An RDMA WRITE (with or without immediate) completed at the requester.
+    RdmaWrite = 1,
+    /// An RDMA READ completed.
+    RdmaRead = 2,
+    /// An atomic compare-and-swap completed.
+    CompareSwap = 3,
+    /// An atomic fetch-and-add completed.
+    FetchAdd = 4,
+    /// A receive consumed by a SEND.
+    Recv = 128,
+    /// A receive consumed by an RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+/// One completion: `struct ibv_wc` without the fields RoCE has no use for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The caller's identifier of the work request.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: WcOpcode,
+    /// Bytes received or read (receives and READs).
+    pub byte_len: u32,
+    /// Immediate data of a SEND or WRITE with immediate.
+    pub imm_data: Option<u32>,
+    /// The R_Key a SEND with invalidate invalidated.
+    pub invalidated_rkey: Option<u32>,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The sending QP (UD receives).
+    pub src_qp: u32,
+    /// Whether the SEND asked for a solicited event.
+    pub solicited: bool,
+}
+
+/// The CQ had no free slot: the completion is lost and the CQ is in error, as an HCA reports
+/// `IBV_EVENT_CQ_ERR`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("completion queue overflow")]
+pub struct CqOverflow;
+
+/// A completion queue of fixed depth with `ibv_req_notify_cq` arming.
+#[derive(Debug)]
+pub struct Cq {
+    depth: usize,
+    entries: VecDeque<WorkCompletion>,
+    overflowed: bool,
+    armed: Option<NotifyOn>,
+    event_pending: bool,
+}
+
+/// Which completions wake a waiter, as `ibv_req_notify_cq(cq, solicited_only)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifyOn {
+    /// Any new completion.
+    Any,
+    /// Only completions of solicited SENDs (and any error).
+    Solicited,
+}
+
+impl Cq {
+    /// An empty CQ with `depth` slots.
+    pub fn new(depth: usize) -> Self {
+        Cq {
+            depth,
+            entries: VecDeque::with_capacity(depth),
+            overflowed: false,
+            armed: None,
+            event_pending: false,
+        }
+    }
+
+    /// Number of slots.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no completion waits.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether a completion was ever lost; the CQ is then unusable.
+    pub fn is_overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Adds a completion, or fails and marks the CQ overflowed when every slot is taken.
+    pub fn push(&mut self, completion: WorkCompletion) -> Result<(), CqOverflow> {
+        if self.overflowed || self.entries.len() == self.depth {
+            self.overflowed = true;
+            return Err(CqOverflow);
+        }
+        let wakes = match self.armed {
+            Some(NotifyOn::Any) => true,
+            Some(NotifyOn::Solicited) => {
+                completion.solicited || completion.status != WcStatus::Success
+            }
+            None => false,
+        };
+        if wakes {
+            self.armed = None;
+            self.event_pending = true;
+        }
+        self.entries.push_back(completion);
+        Ok(())
+    }
+
+    /// Moves up to `max` completions, oldest first, into `out`; returns how many.
+    pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
+        let count = max.min(self.entries.len());
+        out.extend(self.entries.drain(..count));
+        count
+    }
+
+    /// Arms the CQ for one event, as `ibv_req_notify_cq`.
+    pub fn request_notify(&mut self, on: NotifyOn) {
+        self.armed = Some(on);
+    }
+
+    /// Takes the pending event, if an armed CQ received a matching completion.
+    pub fn take_event(&mut self) -> bool {
+        std::mem::take(&mut self.event_pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(wr_id: u64, solicited: bool) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: 1,
+            src_qp: 0,
+            solicited,
+        }
+    }
+
+    #[test]
+    fn completions_come_out_in_order() {
+        let mut cq = Cq::new(4);
+        for id in 0..4 {
+            cq.push(completion(id, false)).unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(cq.poll(3, &mut out), 3);
+        assert_eq!(cq.poll(3, &mut out), 1);
+        assert_eq!(
+            out.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
+        assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn overflow_is_an_error_that_sticks() {
+        let mut cq = Cq::new(2);
+        cq.push(completion(0, false)).unwrap();
+        cq.push(completion(1, false)).unwrap();
+        assert_eq!(cq.push(completion(2, false)), Err(CqOverflow));
+        assert!(cq.is_overflowed());
+        let mut out = Vec::new();
+        cq.poll(8, &mut out);
+        assert_eq!(
+            cq.push(completion(3, false)),
+            Err(CqOverflow),
+            "an overflowed CQ stays broken"
+        );
+    }
+
+    #[test]
+    fn notification_fires_once_per_arming() {
+        let mut cq = Cq::new(8);
+        cq.push(completion(0, false)).unwrap();
+        assert!(!cq.take_event(), "not armed");
+        cq.request_notify(NotifyOn::Solicited);
+        cq.push(completion(1, false)).unwrap();
+        assert!(!cq.take_event(), "unsolicited completion");
+        cq.push(completion(2, true)).unwrap();
+        assert!(cq.take_event());
+        assert!(!cq.take_event(), "taken");
+        cq.push(completion(3, true)).unwrap();
+        assert!(!cq.take_event(), "disarmed after firing");
+        cq.request_notify(NotifyOn::Any);
+        cq.push(completion(4, false)).unwrap();
+        assert!(cq.take_event());
+    }
+}

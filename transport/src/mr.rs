@@ -1,0 +1,379 @@
+//! Protection domains and memory regions: who may touch which bytes.
+//!
+//! A region's lkey and rkey are the same 32-bit value, as rxe and mlx5 hand out. Keys are
+//! drawn from a ChaCha12 stream seeded by the caller (from the OS in production, a constant in
+//! tests), so a peer cannot guess one, and a key is never issued twice in a table's lifetime:
+//! a peer that still holds an old rkey must hit "unknown key", never someone else's memory.
+
+use std::collections::{HashMap, HashSet};
+
+use rand_chacha::ChaCha12Rng;
+use rand_core::{Rng, SeedableRng};
+
+bitflags::bitflags! {
+    /// Memory and QP access rights, with the values of `IBV_ACCESS_*`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct AccessFlags: u32 {
+        /// The local HCA may write (receives, READ responses, atomic results).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA WRITE.
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA READ.
+        const REMOTE_READ = 4;
+        /// Peers may perform atomics.
+        const REMOTE_ATOMIC = 8;
+    }
+}
+
+/// A protection domain's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PdId(u32);
+
+/// Why a registration or an access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MrError {
+    /// No such protection domain.
+    #[error("unknown protection domain")]
+    UnknownPd,
+    /// The PD still has memory regions registered.
+    #[error("protection domain still has memory regions")]
+    PdBusy,
+    /// Remote write or atomic access without local write, which verbs forbids.
+    #[error("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE")]
+    InvalidAccess,
+    /// The region would wrap around the address space.
+    #[error("region wraps around the address space")]
+    AddressOverflow,
+    /// No region has this key (or it was deregistered).
+    #[error("unknown key")]
+    UnknownKey,
+    /// The region belongs to another protection domain.
+    #[error("region belongs to another protection domain")]
+    WrongPd,
+    /// The region does not grant the access asked for.
+    #[error("access not granted")]
+    AccessDenied,
+    /// The range is not inside the region.
+    #[error("range outside the region")]
+    OutOfBounds,
+    /// An atomic target that is not 8-byte aligned.
+    #[error("atomic target not 8-byte aligned")]
+    Misaligned,
+}
+
+/// A registered memory region; it owns its bytes.
+#[derive(Debug)]
+pub struct Mr {
+    pd: PdId,
+    iova: u64,
+    access: AccessFlags,
+    bytes: Box<[u8]>,
+}
+
+impl Mr {
+    /// The address peers use for the first byte.
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// The region's access rights.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// The region's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The region's bytes, for local writes (receives, READ responses).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+}
+
+/// Where an access landed: the region's key and the offset inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// The region's key.
+    pub key: u32,
+    /// Offset of the first byte from the region's start.
+    pub offset: usize,
+}
+
+/// All PDs and MRs of one device.
+#[derive(Debug)]
+pub struct MrTable {
+    rng: ChaCha12Rng,
+    next_pd: u32,
+    pds: HashMap<PdId, usize>,
+    mrs: HashMap<u32, Mr>,
+    issued: HashSet<u32>,
+}
+
+impl MrTable {
+    /// An empty table whose keys come from `seed`.
+    pub fn new(seed: [u8; 32]) -> Self {
+        MrTable {
+            rng: ChaCha12Rng::from_seed(seed),
+            next_pd: 0,
+            pds: HashMap::new(),
+            mrs: HashMap::new(),
+            issued: HashSet::new(),
+        }
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> PdId {
+        let pd = PdId(self.next_pd);
+        self.next_pd += 1;
+        self.pds.insert(pd, 0);
+        pd
+    }
+
+    /// Frees a protection domain that has no regions left.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), MrError> {
+        match self.pds.get(&pd) {
+            None => Err(MrError::UnknownPd),
+            Some(0) => {
+                self.pds.remove(&pd);
+                Ok(())
+            }
+            Some(_) => Err(MrError::PdBusy),
+        }
+    }
+
+    /// Registers `len` zeroed bytes that peers address from `iova`; returns the key.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        iova: u64,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<u32, MrError> {
+        let remote_mutation = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if access.intersects(remote_mutation) && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(MrError::InvalidAccess);
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(MrError::AddressOverflow);
+        }
+        let regions = self.pds.get_mut(&pd).ok_or(MrError::UnknownPd)?;
+        *regions += 1;
+        let key = self.fresh_key();
+        let bytes = vec![0; len].into_boxed_slice();
+        self.mrs.insert(
+            key,
+            Mr {
+                pd,
+                iova,
+                access,
+                bytes,
+            },
+        );
+        Ok(key)
+    }
+
+    fn fresh_key(&mut self) -> u32 {
+        loop {
+            let key = self.rng.next_u32();
+            if self.issued.insert(key) {
+                return key;
+            }
+        }
+    }
+
+    /// Deregisters a region and gives its bytes back. Its key is never issued again.
+    pub fn dereg_mr(&mut self, key: u32) -> Result<Box<[u8]>, MrError> {
+        let mr = self.mrs.remove(&key).ok_or(MrError::UnknownKey)?;
+        if let Some(regions) = self.pds.get_mut(&mr.pd) {
+            *regions -= 1;
+        }
+        Ok(mr.bytes)
+    }
+
+    /// The region with this key.
+    pub fn get(&self, key: u32) -> Option<&Mr> {
+        self.mrs.get(&key)
+    }
+
+    /// The region with this key, mutably.
+    pub fn get_mut(&mut self, key: u32) -> Option<&mut Mr> {
+        self.mrs.get_mut(&key)
+    }
+
+    /// Checks an access of `len` bytes at `address` through `key` by a QP in `pd`, needing
+    /// `needed` rights: the responder's R_Key check and the requester's L_Key check alike.
+    /// A zero-length access names no memory and is always allowed (IBTA 9.4.4: the R_Key of
+    /// a zero-length RDMA is not validated).
+    pub fn check(
+        &self,
+        pd: PdId,
+        key: u32,
+        address: u64,
+        len: u64,
+        needed: AccessFlags,
+    ) -> Result<Location, MrError> {
+        if len == 0 {
+            return Ok(Location { key, offset: 0 });
+        }
+        let mr = self.mrs.get(&key).ok_or(MrError::UnknownKey)?;
+        if mr.pd != pd {
+            return Err(MrError::WrongPd);
+        }
+        if !mr.access.contains(needed) {
+            return Err(MrError::AccessDenied);
+        }
+        let offset = address.checked_sub(mr.iova).ok_or(MrError::OutOfBounds)?;
+        let end = offset.checked_add(len).ok_or(MrError::OutOfBounds)?;
+        if end > mr.bytes.len() as u64 {
+            return Err(MrError::OutOfBounds);
+        }
+        Ok(Location {
+            key,
+            offset: offset as usize,
+        })
+    }
+
+    /// [`check`](Self::check) for an 8-byte atomic, which must also be aligned.
+    pub fn check_atomic(&self, pd: PdId, key: u32, address: u64) -> Result<Location, MrError> {
+        if !address.is_multiple_of(8) {
+            return Err(MrError::Misaligned);
+        }
+        self.check(pd, key, address, 8, AccessFlags::REMOTE_ATOMIC)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RW: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
+
+    fn table() -> (MrTable, PdId) {
+        let mut table = MrTable::new([7; 32]);
+        let pd = table.alloc_pd();
+        (table, pd)
+    }
+
+    #[test]
+    fn access_inside_the_region_is_located() {
+        let (mut table, pd) = table();
+        let key = table.reg_mr(pd, 0x1000, 64, RW).unwrap();
+        assert_eq!(
+            table.check(pd, key, 0x1010, 16, AccessFlags::REMOTE_WRITE),
+            Ok(Location { key, offset: 0x10 })
+        );
+        assert_eq!(
+            table
+                .check(pd, key, 0x1000, 64, AccessFlags::REMOTE_WRITE)
+                .map(|l| l.offset),
+            Ok(0)
+        );
+    }
+
+    #[test]
+    fn every_violation_has_its_error() {
+        let (mut table, pd) = table();
+        let other_pd = table.alloc_pd();
+        let key = table.reg_mr(pd, 0x1000, 64, RW).unwrap();
+        let write = AccessFlags::REMOTE_WRITE;
+        assert_eq!(
+            table.check(pd, key ^ 1, 0x1000, 8, write),
+            Err(MrError::UnknownKey)
+        );
+        assert_eq!(
+            table.check(other_pd, key, 0x1000, 8, write),
+            Err(MrError::WrongPd)
+        );
+        assert_eq!(
+            table.check(pd, key, 0x1000, 8, AccessFlags::REMOTE_READ),
+            Err(MrError::AccessDenied)
+        );
+        assert_eq!(
+            table.check(pd, key, 0xFFF, 8, write),
+            Err(MrError::OutOfBounds)
+        );
+        assert_eq!(
+            table.check(pd, key, 0x1039, 8, write),
+            Err(MrError::OutOfBounds)
+        );
+        assert_eq!(
+            table.check(pd, key, u64::MAX, 2, write),
+            Err(MrError::OutOfBounds)
+        );
+        assert_eq!(
+            table.check_atomic(pd, key, 0x1004),
+            Err(MrError::Misaligned)
+        );
+        assert_eq!(
+            table.check_atomic(pd, key, 0x1008),
+            Err(MrError::AccessDenied)
+        );
+    }
+
+    #[test]
+    fn zero_length_access_needs_no_key() {
+        let (table, pd) = table();
+        assert!(table
+            .check(pd, 0xdead, 0, 0, AccessFlags::REMOTE_READ)
+            .is_ok());
+    }
+
+    #[test]
+    fn remote_write_without_local_write_is_refused() {
+        let (mut table, pd) = table();
+        assert_eq!(
+            table.reg_mr(pd, 0, 8, AccessFlags::REMOTE_WRITE),
+            Err(MrError::InvalidAccess)
+        );
+        assert_eq!(
+            table.reg_mr(pd, 0, 8, AccessFlags::REMOTE_ATOMIC),
+            Err(MrError::InvalidAccess)
+        );
+        assert!(table.reg_mr(pd, 0, 8, AccessFlags::REMOTE_READ).is_ok());
+        assert_eq!(
+            table.reg_mr(pd, u64::MAX, 8, RW),
+            Err(MrError::AddressOverflow)
+        );
+    }
+
+    #[test]
+    fn keys_are_random_and_never_reused() {
+        let (mut table, pd) = table();
+        let mut seen = HashSet::new();
+        for _ in 0..2000 {
+            let key = table.reg_mr(pd, 0, 1, RW).unwrap();
+            assert!(seen.insert(key), "key {key:#x} issued twice");
+            table.dereg_mr(key).unwrap();
+            assert_eq!(
+                table.check(pd, key, 0, 1, AccessFlags::empty()),
+                Err(MrError::UnknownKey)
+            );
+        }
+        // Not a counter: consecutive keys are far apart.
+        let keys: Vec<u32> = (0..8)
+            .map(|_| table.reg_mr(pd, 0, 1, RW).unwrap())
+            .collect();
+        assert!(
+            keys.windows(2).all(|pair| pair[0].abs_diff(pair[1]) > 16),
+            "{keys:x?}"
+        );
+        // Another seed gives other keys.
+        let mut other = MrTable::new([8; 32]);
+        let other_pd = other.alloc_pd();
+        assert_ne!(other.reg_mr(other_pd, 0, 1, RW).unwrap(), keys[0]);
+    }
+
+    #[test]
+    fn pd_with_regions_cannot_be_freed() {
+        let (mut table, pd) = table();
+        let key = table.reg_mr(pd, 0, 8, RW).unwrap();
+        assert_eq!(table.dealloc_pd(pd), Err(MrError::PdBusy));
+        table.dereg_mr(key).unwrap();
+        assert_eq!(table.dealloc_pd(pd), Ok(()));
+        assert_eq!(table.dealloc_pd(pd), Err(MrError::UnknownPd));
+        assert_eq!(table.reg_mr(pd, 0, 8, RW), Err(MrError::UnknownPd));
+    }
+}
