@@ -322,7 +322,8 @@ pub enum IpRepr {
 }
 
 impl IpRepr {
-    const fn header_len(&self) -> usize {
+    /// Length of the header on the wire.
+    pub const fn header_len(&self) -> usize {
         match self {
             IpRepr::V4(_) => IPV4_HEADER_LEN,
             IpRepr::V6(_) => IPV6_HEADER_LEN,
@@ -429,7 +430,7 @@ impl<'a> FrameRepr<'a> {
         }
         let buffer = &mut buffer[..len];
         let ip = self.emit_ethernet(buffer)?;
-        let udp = ip + self.emit_ip(&mut buffer[ip..])?;
+        let udp = ip + self.ip.emit(self.udp_len(), &mut buffer[ip..])?;
         let udp_header = UdpHeader {
             source_port: self.udp_src_port,
             destination_port: ROCEV2_UDP_PORT,
@@ -478,15 +479,23 @@ impl<'a> FrameRepr<'a> {
         }
         Ok(self.ip_offset())
     }
+}
 
-    /// Writes the IP header at the start of `buffer` and returns its length.
-    fn emit_ip(&self, buffer: &mut [u8]) -> crate::Result<usize> {
-        match self.ip {
+impl IpRepr {
+    /// Writes this IP header for a UDP datagram of `udp_len` bytes at the start of `buffer`
+    /// (with the IPv4 checksum) and returns its length.
+    pub fn emit(&self, udp_len: usize, buffer: &mut [u8]) -> crate::Result<usize> {
+        let header_len = self.header_len();
+        let total = u16::try_from(header_len + udp_len).map_err(|_| Error)?;
+        if buffer.len() < header_len {
+            return Err(Error);
+        }
+        match *self {
             IpRepr::V4(v4) => {
                 let mut header = Ipv4Header {
                     dscp: IpDscp::try_new(v4.dscp).map_err(|_| Error)?,
                     ecn: IpEcn::try_new(v4.ecn).map_err(|_| Error)?,
-                    total_len: self.ip_len() as u16,
+                    total_len: total,
                     identification: v4.identification,
                     dont_fragment: v4.dont_fragment,
                     more_fragments: false,
@@ -500,22 +509,21 @@ impl<'a> FrameRepr<'a> {
                 };
                 header.header_checksum = header.calc_header_checksum();
                 buffer[..IPV4_HEADER_LEN].copy_from_slice(&header.to_bytes());
-                Ok(IPV4_HEADER_LEN)
             }
             IpRepr::V6(v6) => {
                 let header = Ipv6Header {
                     traffic_class: v6.traffic_class,
                     flow_label: Ipv6FlowLabel::try_new(v6.flow_label).map_err(|_| Error)?,
-                    payload_length: self.udp_len() as u16,
+                    payload_length: udp_len as u16,
                     next_header: IpNumber::UDP,
                     hop_limit: v6.hop_limit,
                     source: v6.src.octets(),
                     destination: v6.dst.octets(),
                 };
                 buffer[..IPV6_HEADER_LEN].copy_from_slice(&header.to_bytes());
-                Ok(IPV6_HEADER_LEN)
             }
         }
+        Ok(header_len)
     }
 }
 
