@@ -14,7 +14,13 @@
 #![warn(missing_docs)]
 
 pub mod cq;
+pub mod endpoint;
 pub mod mr;
+pub mod qp;
 pub mod qp_state;
+pub mod sim;
+mod timer;
+pub mod wr;
 
+pub use endpoint::{CqId, Endpoint, Transmit};
 pub use mr::AccessFlags;

@@ -10,6 +10,8 @@ use std::collections::{HashMap, HashSet};
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 
+use crate::wr::Sge;
+
 bitflags::bitflags! {
     /// Memory and QP access rights, with the values of `IBV_ACCESS_*`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -245,6 +247,118 @@ impl MrTable {
     }
 }
 
+impl MrTable {
+    /// Walks a gather/scatter list from byte `offset` for `len` bytes, checking each element
+    /// against `pd` and `needed`, and calls `visit` with each piece's location and length.
+    fn walk_sg(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        mut offset: u64,
+        mut len: u64,
+        needed: AccessFlags,
+        mut visit: impl FnMut(Location, usize),
+    ) -> Result<(), MrError> {
+        for sge in sg_list {
+            if len == 0 {
+                break;
+            }
+            let sge_len = u64::from(sge.length);
+            if offset >= sge_len {
+                offset -= sge_len;
+                continue;
+            }
+            let piece = (sge_len - offset).min(len);
+            let location = self.check(pd, sge.lkey, sge.addr + offset, piece, needed)?;
+            visit(location, piece as usize);
+            len -= piece;
+            offset = 0;
+        }
+        if len == 0 {
+            Ok(())
+        } else {
+            Err(MrError::OutOfBounds)
+        }
+    }
+
+    /// Copies bytes `offset..offset + out.len()` of a gather list into `out`.
+    pub fn gather(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MrError> {
+        let mut pieces = Vec::new();
+        self.walk_sg(
+            pd,
+            sg_list,
+            offset,
+            out.len() as u64,
+            AccessFlags::empty(),
+            |l, n| pieces.push((l, n)),
+        )?;
+        let mut written = 0;
+        for (location, len) in pieces {
+            out[written..written + len].copy_from_slice(self.slice(location, len));
+            written += len;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `offset` of a scatter list (needs LOCAL_WRITE).
+    pub fn scatter(
+        &mut self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), MrError> {
+        let mut pieces = Vec::new();
+        self.walk_sg(
+            pd,
+            sg_list,
+            offset,
+            data.len() as u64,
+            AccessFlags::LOCAL_WRITE,
+            |l, n| pieces.push((l, n)),
+        )?;
+        let mut read = 0;
+        for (location, len) in pieces {
+            self.slice_mut(location, len)
+                .copy_from_slice(&data[read..read + len]);
+            read += len;
+        }
+        Ok(())
+    }
+
+    /// The `len` bytes at a location [`check`](Self::check) returned.
+    ///
+    /// # Panics
+    /// If the location did not come from `check` with at least `len` bytes.
+    pub fn slice(&self, location: Location, len: usize) -> &[u8] {
+        let bytes = self
+            .mrs
+            .get(&location.key)
+            .map(|mr| &mr.bytes[..])
+            .unwrap_or(&[]);
+        &bytes[location.offset..location.offset + len]
+    }
+
+    /// The `len` bytes at a location [`check`](Self::check) returned, mutably.
+    ///
+    /// # Panics
+    /// If the location did not come from `check` with at least `len` bytes.
+    pub fn slice_mut(&mut self, location: Location, len: usize) -> &mut [u8] {
+        let bytes = self
+            .mrs
+            .get_mut(&location.key)
+            .map(|mr| &mut mr.bytes[..])
+            .unwrap_or(&mut []);
+        &mut bytes[location.offset..location.offset + len]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +478,42 @@ mod tests {
         let mut other = MrTable::new([8; 32]);
         let other_pd = other.alloc_pd();
         assert_ne!(other.reg_mr(other_pd, 0, 1, RW).unwrap(), keys[0]);
+    }
+
+    #[test]
+    fn gather_and_scatter_cross_elements() {
+        let (mut table, pd) = table();
+        let a = table.reg_mr(pd, 0x1000, 8, RW).unwrap();
+        let b = table.reg_mr(pd, 0x9000, 8, RW).unwrap();
+        let sg = [
+            Sge {
+                addr: 0x1004,
+                length: 4,
+                lkey: a,
+            },
+            Sge {
+                addr: 0x9000,
+                length: 8,
+                lkey: b,
+            },
+        ];
+        table.scatter(pd, &sg, 2, &[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(table.get(a).unwrap().bytes(), &[0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(table.get(b).unwrap().bytes(), &[3, 4, 5, 0, 0, 0, 0, 0]);
+        let mut out = [0; 6];
+        table.gather(pd, &sg, 1, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(
+            table.gather(pd, &sg, 8, &mut out),
+            Err(MrError::OutOfBounds)
+        );
+        let read_only = table.reg_mr(pd, 0, 8, AccessFlags::REMOTE_READ).unwrap();
+        let sg = [Sge {
+            addr: 0,
+            length: 8,
+            lkey: read_only,
+        }];
+        assert_eq!(table.scatter(pd, &sg, 0, &[1]), Err(MrError::AccessDenied));
     }
 
     #[test]

@@ -1,0 +1,231 @@
+//! One device's worth of verbs objects and the sans-IO interface that drives them.
+//!
+//! Calling order (the provider's loop, or a simulator's): feed inputs with
+//! [`handle_packet`](Endpoint::handle_packet) and [`handle_timeout`](Endpoint::handle_timeout)
+//! (and post work whenever), then drain [`poll_transmit`](Endpoint::poll_transmit) until it
+//! returns `None`, then sleep until [`poll_timeout`](Endpoint::poll_timeout) or the next
+//! packet.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use roce_wire::FrameRepr;
+
+use crate::cq::Cq;
+use crate::mr::MrTable;
+use crate::qp::{Ctx, OutPacket, PostError, Qp, QpInit, QpStats};
+use crate::qp_state::{ModifyQpError, QpAttr, QpState};
+use crate::wr::{RecvWr, SendWr};
+
+/// Identifies a completion queue of an [`Endpoint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(usize);
+
+/// Why creating a QP failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateQpError {
+    /// A CQ id that this endpoint did not create.
+    #[error("unknown completion queue")]
+    UnknownCq,
+    /// Every QP number is taken.
+    #[error("no QP numbers left")]
+    NoQpn,
+}
+
+/// Something that happened outside any work request (`ibv_get_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// A completion found its CQ full; the QP went to ERR.
+    CqOverflow {
+        /// The QP whose completion was lost.
+        qpn: u32,
+    },
+}
+
+/// A device: its memory regions, CQs and QPs.
+#[derive(Debug)]
+pub struct Endpoint {
+    mrs: MrTable,
+    cqs: Vec<Cq>,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    /// QP to look at first in the next `poll_transmit`, so no QP starves the others.
+    transmit_cursor: u32,
+    events: Vec<AsyncEvent>,
+    /// Packets for QPs that do not exist.
+    pub unknown_qp_drops: u64,
+}
+
+/// The first QP number handed out; 0 and 1 are the special QPs.
+const FIRST_QPN: u32 = 0x11;
+
+/// A packet to send, from a local QP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// The sending QP (its UDP source port is derived from it).
+    pub src_qpn: u32,
+    /// The packet.
+    pub packet: OutPacket,
+}
+
+impl Endpoint {
+    /// An endpoint whose memory keys come from `seed` (use OS entropy outside tests).
+    pub fn new(seed: [u8; 32]) -> Self {
+        Endpoint {
+            mrs: MrTable::new(seed),
+            cqs: Vec::new(),
+            qps: BTreeMap::new(),
+            next_qpn: FIRST_QPN,
+            transmit_cursor: 0,
+            events: Vec::new(),
+            unknown_qp_drops: 0,
+        }
+    }
+
+    /// Protection domains and memory regions.
+    pub fn mrs(&mut self) -> &mut MrTable {
+        &mut self.mrs
+    }
+
+    /// Creates a CQ with `depth` slots.
+    pub fn create_cq(&mut self, depth: usize) -> CqId {
+        self.cqs.push(Cq::new(depth));
+        CqId(self.cqs.len() - 1)
+    }
+
+    /// A CQ, to poll or arm.
+    pub fn cq(&mut self, id: CqId) -> &mut Cq {
+        &mut self.cqs[id.0]
+    }
+
+    /// Creates a QP in RESET and returns its number.
+    pub fn create_qp(
+        &mut self,
+        mut init: QpInit,
+        send_cq: CqId,
+        recv_cq: CqId,
+    ) -> Result<u32, CreateQpError> {
+        if send_cq.0 >= self.cqs.len() || recv_cq.0 >= self.cqs.len() {
+            return Err(CreateQpError::UnknownCq);
+        }
+        if self.next_qpn > 0xFF_FFFF {
+            return Err(CreateQpError::NoQpn);
+        }
+        init.send_cq = send_cq.0;
+        init.recv_cq = recv_cq.0;
+        let qpn = self.next_qpn;
+        self.next_qpn += 1;
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        Ok(qpn)
+    }
+
+    /// Destroys a QP; packets for it are dropped from now on.
+    pub fn destroy_qp(&mut self, qpn: u32) -> bool {
+        self.qps.remove(&qpn).is_some()
+    }
+
+    fn with_qp<T>(
+        &mut self,
+        qpn: u32,
+        now: Instant,
+        f: impl FnOnce(&mut Qp, &mut Ctx) -> T,
+    ) -> Option<T> {
+        let qp = self.qps.get_mut(&qpn)?;
+        let mut ctx = Ctx {
+            now,
+            mrs: &mut self.mrs,
+            cqs: &mut self.cqs,
+        };
+        let result = f(qp, &mut ctx);
+        if std::mem::take(&mut qp.cq_overflowed) {
+            self.events.push(AsyncEvent::CqOverflow { qpn });
+        }
+        Some(result)
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), ModifyQpError> {
+        let now = Instant::now();
+        self.with_qp(qpn, now, |qp, ctx| qp.modify(ctx, attr))
+            .unwrap_or(Err(ModifyQpError::OutOfRange("qpn")))
+    }
+
+    /// The QP's state, or `None` if it does not exist.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.qps.get(&qpn).map(|qp| qp.state)
+    }
+
+    /// The QP's counters.
+    pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
+        self.qps.get(&qpn).map(|qp| qp.stats)
+    }
+
+    /// `ibv_post_send` for one work request.
+    pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+        self.with_qp(qpn, now, |qp, ctx| qp.post_send(ctx, wr))
+            .unwrap_or(Err(PostError::UnknownQp))
+    }
+
+    /// `ibv_post_recv` for one work request.
+    pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+        self.with_qp(qpn, now, |qp, ctx| qp.post_recv(ctx, wr))
+            .unwrap_or(Err(PostError::UnknownQp))
+    }
+
+    /// Feeds one received packet (already parsed and ICRC-checked by the caller).
+    pub fn handle_packet(&mut self, now: Instant, frame: &FrameRepr) {
+        let handled = self.with_qp(frame.bth.dest_qpn, now, |qp, ctx| {
+            qp.handle_packet(ctx, frame)
+        });
+        if handled.is_none() {
+            self.unknown_qp_drops += 1;
+        }
+    }
+
+    /// Runs every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, qp)| qp.next_timeout().is_some_and(|deadline| deadline <= now))
+            .map(|(&qpn, _)| qpn)
+            .collect();
+        for qpn in due {
+            self.with_qp(qpn, now, |qp, ctx| qp.handle_timeout(ctx));
+        }
+    }
+
+    /// The next packet to send, taking QPs in turn.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        let qpns: Vec<u32> = self
+            .qps
+            .range(self.transmit_cursor..)
+            .chain(self.qps.range(..self.transmit_cursor))
+            .map(|(&q, _)| q)
+            .collect();
+        for qpn in qpns {
+            if let Some(packet) = self
+                .with_qp(qpn, now, |qp, ctx| qp.poll_packet(ctx))
+                .flatten()
+            {
+                self.transmit_cursor = qpn + 1;
+                return Some(Transmit {
+                    src_qpn: qpn,
+                    packet,
+                });
+            }
+        }
+        None
+    }
+
+    /// The earliest timer deadline of any QP.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(Qp::next_timeout).min()
+    }
+
+    /// Takes the async events that happened since the last call.
+    pub fn take_events(&mut self) -> Vec<AsyncEvent> {
+        std::mem::take(&mut self.events)
+    }
+}

@@ -1,0 +1,409 @@
+//! One queue pair: the coordinator over its requester, completer and responder.
+//!
+//! Calling order, for the [`Endpoint`](crate::Endpoint) that owns it: inputs
+//! (`post_send`, `post_recv`, `handle_packet`, `handle_timeout`) in any order, then
+//! `poll_packet` until it returns `None`, then `next_timeout` for when to call again.
+
+mod completer;
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use roce_wire::aeth::RnrTimer;
+use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
+
+use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
+use crate::mr::{MrTable, PdId};
+use crate::qp_state::{
+    check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
+};
+use crate::timer::{Timer, TimerTable};
+use crate::wr::{RecvWr, SendWr, UdDest};
+use crate::AccessFlags;
+
+pub(crate) use requester::Requester;
+pub(crate) use responder::Responder;
+
+/// Queue sizes and limits fixed at creation (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send work requests outstanding at once.
+    pub max_send_wr: u32,
+    /// Receive work requests outstanding at once.
+    pub max_recv_wr: u32,
+    /// Gather elements per send.
+    pub max_send_sge: u32,
+    /// Scatter elements per receive.
+    pub max_recv_sge: u32,
+    /// Bytes of inline data per send.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// Why a post was refused (the call fails; no completion is generated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostError {
+    /// No QP with that number.
+    #[error("no such QP")]
+    UnknownQp,
+    /// The QP's state does not accept this queue's work yet (RESET, or RESET/INIT for sends).
+    #[error("QP state does not allow posting")]
+    InvalidState,
+    /// The queue already holds `max_send_wr`/`max_recv_wr` requests.
+    #[error("work queue full")]
+    QueueFull,
+    /// More gather/scatter elements than the caps allow.
+    #[error("too many scatter/gather elements")]
+    TooManySge,
+    /// Inline data longer than `max_inline_data`.
+    #[error("inline data too long")]
+    InlineTooLong,
+    /// An operation this QP type cannot do (READ on UC, WRITE on UD, ...), or a UD send
+    /// without a destination.
+    #[error("operation not supported on this QP type")]
+    UnsupportedOperation,
+    /// A message longer than 2^31 bytes, or an atomic whose result buffer is not 8 bytes.
+    #[error("invalid length")]
+    InvalidLength,
+}
+
+/// The attributes a QP has been given through `modify_qp`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpConfig {
+    pub access: AccessFlags,
+    pub qkey: u32,
+    pub av: Option<AddressVector>,
+    pub mtu: usize,
+    pub dest_qpn: u32,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: RnrTimer,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub max_rd_atomic: u8,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            access: AccessFlags::empty(),
+            qkey: 0,
+            av: None,
+            mtu: PathMtu::Mtu1024.bytes(),
+            dest_qpn: 0,
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: RnrTimer::new(0),
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            max_rd_atomic: 0,
+        }
+    }
+}
+
+impl QpConfig {
+    /// Local ACK timeout: 4.096 µs × 2^timeout; `None` for 0, which means wait forever.
+    pub fn ack_timeout(&self) -> Option<Duration> {
+        (self.timeout != 0).then(|| Duration::from_nanos(4096 << self.timeout))
+    }
+}
+
+/// A packet a QP wants sent, before the provider adds Ethernet, IP and UDP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutPacket {
+    /// Base transport header.
+    pub bth: bth::Repr,
+    /// Extension headers.
+    pub ext: ExtRepr,
+    /// Payload (without pad).
+    pub payload: Vec<u8>,
+    /// Where it goes.
+    pub av: AddressVector,
+}
+
+/// Counters of one QP, for tools and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// Request packets sent again after a NAK, RNR NAK or timeout.
+    pub retransmits: u64,
+    /// Local ACK timeouts.
+    pub timeouts: u64,
+    /// NAKs (sequence, RNR and errors) this QP's responder sent.
+    pub naks_sent: u64,
+    /// NAKs this QP's completer received.
+    pub naks_received: u64,
+    /// Incoming packets dropped (wrong state, duplicate responses, ghosts, bad Q_Key...).
+    pub dropped: u64,
+}
+
+/// What a QP needs from its owner while it runs.
+pub(crate) struct Ctx<'a> {
+    pub now: Instant,
+    pub mrs: &'a mut MrTable,
+    pub cqs: &'a mut [Cq],
+}
+
+/// One queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub pd: PdId,
+    pub send_cq: usize,
+    pub recv_cq: usize,
+    pub caps: QpCaps,
+    pub sq_sig_all: bool,
+    pub state: QpState,
+    pub config: QpConfig,
+    pub req: Requester,
+    pub resp: Responder,
+    pub timers: TimerTable,
+    pub stats: QpStats,
+    /// Set when a completion could not be queued; the owner reports it as an async event.
+    pub cq_overflowed: bool,
+}
+
+/// Everything needed to create a QP.
+#[derive(Debug, Clone, Copy)]
+pub struct QpInit {
+    /// Protection domain of every region it touches.
+    pub pd: PdId,
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// CQ of send completions.
+    pub send_cq: usize,
+    /// CQ of receive completions.
+    pub recv_cq: usize,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// Complete every send, not only `SIGNALED` ones.
+    pub sq_sig_all: bool,
+}
+
+impl Qp {
+    pub fn new(qpn: u32, init: QpInit) -> Self {
+        Qp {
+            qpn,
+            qp_type: init.qp_type,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            caps: init.caps,
+            sq_sig_all: init.sq_sig_all,
+            state: QpState::Reset,
+            config: QpConfig::default(),
+            req: Requester::default(),
+            resp: Responder::default(),
+            timers: TimerTable::default(),
+            stats: QpStats::default(),
+            cq_overflowed: false,
+        }
+    }
+
+    pub fn modify(&mut self, ctx: &mut Ctx, attr: &QpAttr) -> Result<(), ModifyQpError> {
+        let to = check_modify(self.qp_type, self.state, attr)?;
+        let config = &mut self.config;
+        if let Some(access) = attr.access_flags {
+            config.access = access;
+        }
+        if let Some(qkey) = attr.qkey {
+            config.qkey = qkey;
+        }
+        if let Some(av) = attr.av {
+            config.av = Some(av);
+        }
+        if let Some(mtu) = attr.path_mtu {
+            config.mtu = mtu.bytes();
+        }
+        if let Some(qpn) = attr.dest_qp_num {
+            config.dest_qpn = qpn;
+        }
+        if let Some(n) = attr.max_dest_rd_atomic {
+            config.max_dest_rd_atomic = n;
+        }
+        if let Some(timer) = attr.min_rnr_timer {
+            config.min_rnr_timer = timer;
+        }
+        if let Some(timeout) = attr.timeout {
+            config.timeout = timeout;
+        }
+        if let Some(n) = attr.retry_cnt {
+            config.retry_cnt = n;
+            self.req.retries_left = n;
+        }
+        if let Some(n) = attr.rnr_retry {
+            config.rnr_retry = n;
+            self.req.rnr_retries_left = n;
+        }
+        if let Some(n) = attr.max_rd_atomic {
+            config.max_rd_atomic = n;
+        }
+        if let Some(psn) = attr.rq_psn {
+            self.resp.epsn = psn;
+        }
+        if let Some(psn) = attr.sq_psn {
+            self.req.next_psn = psn;
+            self.req.max_sent_psn = psn - 1;
+            self.req.acked_psn = psn - 1;
+        }
+        match to {
+            QpState::Err if self.state != QpState::Err => self.enter_error(ctx),
+            QpState::Reset => {
+                self.req = Requester::default();
+                self.resp = Responder::default();
+                self.timers = TimerTable::default();
+                self.state = QpState::Reset;
+            }
+            _ => self.state = to,
+        }
+        Ok(())
+    }
+
+    pub fn post_send(&mut self, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
+        requester::post(self, ctx, wr)
+    }
+
+    pub fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWr) -> Result<(), PostError> {
+        responder::post(self, ctx, wr)
+    }
+
+    pub fn handle_packet(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
+        if frame.bth.opcode.info().is_request {
+            responder::handle_request(self, ctx, frame);
+        } else if frame.bth.opcode != Opcode::Cnp {
+            completer::handle_response(self, ctx, frame);
+        }
+    }
+
+    pub fn handle_timeout(&mut self, ctx: &mut Ctx) {
+        let expired: Vec<Timer> = self.timers.expire(ctx.now).collect();
+        for timer in expired {
+            match timer {
+                Timer::Retransmit => completer::ack_timeout(self, ctx),
+                Timer::RnrWait => {}
+            }
+        }
+    }
+
+    /// The next packet to send: responses first (they unblock the peer), then requests.
+    pub fn poll_packet(&mut self, ctx: &mut Ctx) -> Option<OutPacket> {
+        if let Some(packet) = responder::next_packet(self) {
+            return Some(packet);
+        }
+        requester::next_packet(self, ctx)
+    }
+
+    pub fn next_timeout(&self) -> Option<Instant> {
+        self.timers.next_deadline()
+    }
+
+    /// The address of a connected QP's peer (UD packets carry their own).
+    fn connected_av(&self) -> AddressVector {
+        self.config.av.unwrap_or(AddressVector {
+            dgid: [0; 16],
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        })
+    }
+
+    /// Builds a packet to the connected peer.
+    fn packet(&self, bth: bth::Repr, ext: ExtRepr, payload: Vec<u8>) -> OutPacket {
+        OutPacket {
+            bth,
+            ext,
+            payload,
+            av: self.connected_av(),
+        }
+    }
+
+    /// A BTH to the connected peer with the fields every packet shares.
+    fn bth(&self, opcode: Opcode, psn: Psn, dest: Option<&UdDest>) -> bth::Repr {
+        bth::Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xFFFF,
+            fecn: false,
+            becn: false,
+            dest_qpn: dest.map_or(self.config.dest_qpn, |d| d.remote_qpn),
+            ack_req: false,
+            psn,
+        }
+    }
+
+    /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
+    fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
+        if ctx.cqs[cq].push(completion).is_err() {
+            self.cq_overflowed = true;
+            if self.state != QpState::Err {
+                self.enter_error(ctx);
+            }
+        }
+    }
+
+    fn send_completion(
+        &self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: self.qpn,
+            src_qp: 0,
+            solicited: false,
+        }
+    }
+
+    /// Moves to ERR and flushes every outstanding work request, sends first, in order.
+    pub fn enter_error(&mut self, ctx: &mut Ctx) {
+        self.state = QpState::Err;
+        self.timers = TimerTable::default();
+        let sends: VecDeque<_> = std::mem::take(&mut self.req.wqes);
+        for wqe in sends {
+            let completion = self.send_completion(
+                wqe.wr.wr_id,
+                WcStatus::WrFlush,
+                requester::wc_opcode(&wqe.wr),
+                0,
+            );
+            self.complete(ctx, self.send_cq, completion);
+        }
+        self.req = Requester {
+            wqes: VecDeque::new(),
+            ..std::mem::take(&mut self.req)
+        };
+        self.req.next = 0;
+        let recvs: Vec<RecvWr> = self.resp.drain_receives();
+        for wr in recvs {
+            let completion = WorkCompletion {
+                opcode: WcOpcode::Recv,
+                ..self.send_completion(wr.wr_id, WcStatus::WrFlush, WcOpcode::Recv, 0)
+            };
+            self.complete(ctx, self.recv_cq, completion);
+        }
+    }
+}

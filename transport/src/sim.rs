@@ -1,0 +1,463 @@
+//! A deterministic network for transport tests and `roce sim`: any number of endpoints on
+//! one simulated Ethernet, a simulated clock, latency, and seeded loss, reordering,
+//! duplication and corruption of whole frames.
+//!
+//! Frames cross it as bytes: every packet is emitted with Ethernet, IPv4, UDP and ICRC,
+//! possibly damaged, and parsed again on arrival, so corruption is caught (or not) by the
+//! same ICRC check a real receiver runs.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
+use roce_wire::{Frame, FrameRepr};
+
+use crate::endpoint::{CqId, Endpoint, Transmit};
+use crate::mr::PdId;
+use crate::qp::{QpCaps, QpInit};
+use crate::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType};
+use crate::AccessFlags;
+use roce_wire::aeth::RnrTimer;
+use roce_wire::Psn;
+
+/// Faults and timing of the simulated link, applied to every frame independently.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkConfig {
+    /// One-way delay.
+    pub latency: Duration,
+    /// Probability a frame is lost.
+    pub loss: f64,
+    /// Probability a frame is delayed by up to three extra latencies (so later ones pass it).
+    pub reorder: f64,
+    /// Probability a frame is delivered twice.
+    pub duplicate: f64,
+    /// Probability one byte after the Ethernet header is flipped.
+    pub corrupt: f64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            latency: Duration::from_micros(5),
+            loss: 0.0,
+            reorder: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+        }
+    }
+}
+
+/// What the network did, for reports and assertions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames handed to the network.
+    pub sent: u64,
+    /// Frames delivered (duplicates count twice).
+    pub delivered: u64,
+    /// Frames dropped on purpose.
+    pub lost: u64,
+    /// Frames corrupted on purpose.
+    pub corrupted: u64,
+    /// Corrupted frames the receiver's checks rejected.
+    pub corrupt_rejected: u64,
+    /// Corrupted frames that passed every check (must stay 0: the ICRC exists for this).
+    pub corrupt_accepted: u64,
+}
+
+/// An endpoint on the simulated network.
+#[derive(Debug)]
+pub struct Node {
+    /// The transport.
+    pub endpoint: Endpoint,
+    /// Its IPv4 address.
+    pub ip: Ipv4Addr,
+    /// A protection domain for the test's regions.
+    pub pd: PdId,
+    /// The CQ every QP of the node uses for sends.
+    pub send_cq: CqId,
+    /// The CQ every QP of the node uses for receives.
+    pub recv_cq: CqId,
+}
+
+struct InFlight {
+    to: usize,
+    corrupted: bool,
+    bytes: Vec<u8>,
+}
+
+/// The simulated network and clock.
+pub struct Sim {
+    /// The endpoints, by index.
+    pub nodes: Vec<Node>,
+    /// Link behaviour.
+    pub link: LinkConfig,
+    /// Simulated time.
+    pub now: Instant,
+    /// What happened to frames so far.
+    pub stats: NetStats,
+    rng: ChaCha8Rng,
+    queue: BinaryHeap<Reverse<(Instant, u64)>>,
+    frames: std::collections::HashMap<u64, InFlight>,
+    next_frame: u64,
+}
+
+/// A connected pair of QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpPair {
+    /// Node index and QPN of one side.
+    pub a: (usize, u32),
+    /// Node index and QPN of the other side.
+    pub b: (usize, u32),
+}
+
+/// Depth of each node's CQs in the simulator.
+pub const SIM_CQ_DEPTH: usize = 1 << 16;
+
+impl Sim {
+    /// An empty network whose every random choice comes from `seed`.
+    pub fn new(link: LinkConfig, seed: u64) -> Self {
+        Sim {
+            nodes: Vec::new(),
+            link,
+            now: Instant::now(),
+            stats: NetStats::default(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            queue: BinaryHeap::new(),
+            frames: std::collections::HashMap::new(),
+            next_frame: 0,
+        }
+    }
+
+    /// Adds an endpoint at 10.0.0.(n+1) with one PD and a send and a receive CQ.
+    pub fn add_node(&mut self) -> usize {
+        let index = self.nodes.len();
+        let mut key_seed = [0u8; 32];
+        self.rng.fill_bytes(&mut key_seed);
+        let mut endpoint = Endpoint::new(key_seed);
+        let pd = endpoint.mrs().alloc_pd();
+        let send_cq = endpoint.create_cq(SIM_CQ_DEPTH);
+        let recv_cq = endpoint.create_cq(SIM_CQ_DEPTH);
+        let ip = Ipv4Addr::new(10, 0, 0, index as u8 + 1);
+        self.nodes.push(Node {
+            endpoint,
+            ip,
+            pd,
+            send_cq,
+            recv_cq,
+        });
+        index
+    }
+
+    /// The address vector that reaches `node`.
+    pub fn av_of(&self, node: usize) -> AddressVector {
+        AddressVector {
+            dgid: self.nodes[node].ip.to_ipv6_mapped().octets(),
+            sgid_index: 1,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+    }
+
+    /// Creates a QP of `qp_type` on `node` in RESET.
+    pub fn create_qp(&mut self, node: usize, qp_type: QpType, caps: QpCaps) -> u32 {
+        let n = &mut self.nodes[node];
+        let init = QpInit {
+            pd: n.pd,
+            qp_type,
+            send_cq: 0,
+            recv_cq: 0,
+            caps,
+            sq_sig_all: false,
+        };
+        n.endpoint
+            .create_qp(init, n.send_cq, n.recv_cq)
+            .expect("CQs exist")
+    }
+
+    /// Connects a new QP on `a` with a new QP on `b` (RC or UC) and brings both to RTS, with
+    /// rc_pingpong's defaults except the given MTU, timeout and retry counts.
+    pub fn connect(
+        &mut self,
+        a: usize,
+        b: usize,
+        qp_type: QpType,
+        mtu: PathMtu,
+        retry: RetryConfig,
+    ) -> QpPair {
+        let caps = QpCaps {
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            ..QpCaps::default()
+        };
+        let qa = self.create_qp(a, qp_type, caps);
+        let qb = self.create_qp(b, qp_type, caps);
+        let psn_a = Psn::new(self.rng.next_u32());
+        let psn_b = Psn::new(self.rng.next_u32());
+        self.bring_up(a, qa, qp_type, self.av_of(b), qb, psn_b, psn_a, mtu, retry);
+        self.bring_up(b, qb, qp_type, self.av_of(a), qa, psn_a, psn_b, mtu, retry);
+        QpPair {
+            a: (a, qa),
+            b: (b, qb),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bring_up(
+        &mut self,
+        node: usize,
+        qpn: u32,
+        qp_type: QpType,
+        av: AddressVector,
+        dest_qpn: u32,
+        rq_psn: Psn,
+        sq_psn: Psn,
+        mtu: PathMtu,
+        retry: RetryConfig,
+    ) {
+        let rc = qp_type == QpType::Rc;
+        let access =
+            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        let steps = [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                access_flags: Some(if rc {
+                    access
+                } else {
+                    AccessFlags::REMOTE_WRITE
+                }),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                av: Some(av),
+                path_mtu: Some(mtu),
+                dest_qp_num: Some(dest_qpn),
+                rq_psn: Some(rq_psn),
+                max_dest_rd_atomic: rc.then_some(16),
+                min_rnr_timer: rc.then_some(retry.min_rnr_timer),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(sq_psn),
+                timeout: rc.then_some(retry.timeout),
+                retry_cnt: rc.then_some(retry.retry_cnt),
+                rnr_retry: rc.then_some(retry.rnr_retry),
+                max_rd_atomic: rc.then_some(16),
+                ..QpAttr::default()
+            },
+        ];
+        for attr in steps {
+            self.nodes[node]
+                .endpoint
+                .modify_qp(qpn, &attr)
+                .expect("valid bring-up");
+        }
+    }
+
+    /// Brings a UD QP to RTS with `qkey`.
+    pub fn bring_up_ud(&mut self, node: usize, qpn: u32, qkey: u32) {
+        let steps = [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port_num: Some(1),
+                qkey: Some(qkey),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(self.rng.next_u32())),
+                ..QpAttr::default()
+            },
+        ];
+        for attr in steps {
+            self.nodes[node]
+                .endpoint
+                .modify_qp(qpn, &attr)
+                .expect("valid bring-up");
+        }
+    }
+
+    fn chance(&mut self, probability: f64) -> bool {
+        probability > 0.0 && (self.rng.next_u64() as f64 / u64::MAX as f64) < probability
+    }
+
+    /// Turns a transmit into bytes on the wire, with the link's faults.
+    fn send(&mut self, from: usize, transmit: Transmit) {
+        self.stats.sent += 1;
+        let dst_ip =
+            Ipv4Addr::from(<[u8; 4]>::try_from(&transmit.packet.av.dgid[12..]).unwrap_or([0; 4]));
+        let Some(to) = self.nodes.iter().position(|node| node.ip == dst_ip) else {
+            self.stats.lost += 1;
+            return;
+        };
+        let repr = FrameRepr {
+            ethernet: EthernetRepr {
+                dst: mac(to),
+                src: mac(from),
+                vlan: None,
+            },
+            ip: IpRepr::V4(Ipv4Repr {
+                src: self.nodes[from].ip,
+                dst: dst_ip,
+                dscp: 0,
+                ecn: 0,
+                identification: 0,
+                dont_fragment: true,
+                ttl: transmit.packet.av.hop_limit,
+            }),
+            udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
+            udp_checksum: 0,
+            bth: transmit.packet.bth,
+            ext: transmit.packet.ext,
+            payload: &transmit.packet.payload,
+        };
+        let mut bytes = vec![0u8; repr.buffer_len()];
+        if repr.emit(&mut bytes).is_err() {
+            self.stats.lost += 1;
+            return;
+        }
+        if self.chance(self.link.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        let corrupted = self.chance(self.link.corrupt);
+        if corrupted {
+            self.stats.corrupted += 1;
+            let offset = 14 + (self.rng.next_u64() as usize) % (bytes.len() - 14);
+            bytes[offset] ^= 1 << (self.rng.next_u32() % 8);
+        }
+        let copies = if self.chance(self.link.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut delay = self.link.latency;
+            if self.chance(self.link.reorder) {
+                delay += self.link.latency * (1 + self.rng.next_u32() % 3);
+            }
+            let id = self.next_frame;
+            self.next_frame += 1;
+            self.queue.push(Reverse((self.now + delay, id)));
+            self.frames.insert(
+                id,
+                InFlight {
+                    to,
+                    corrupted,
+                    bytes: bytes.clone(),
+                },
+            );
+        }
+    }
+
+    fn deliver(&mut self, frame: InFlight) {
+        self.stats.delivered += 1;
+        let parsed =
+            Frame::new_checked(&frame.bytes[..]).and_then(|checked| FrameRepr::parse(&checked));
+        match (parsed, frame.corrupted) {
+            (Ok(repr), corrupted) => {
+                if corrupted {
+                    self.stats.corrupt_accepted += 1;
+                }
+                self.nodes[frame.to].endpoint.handle_packet(self.now, &repr);
+            }
+            (Err(_), true) => self.stats.corrupt_rejected += 1,
+            (Err(error), false) => panic!("the simulator emitted a frame it cannot parse: {error}"),
+        }
+    }
+
+    /// Sends everything every endpoint has to send now.
+    fn flush(&mut self) {
+        for index in 0..self.nodes.len() {
+            while let Some(transmit) = self.nodes[index].endpoint.poll_transmit(self.now) {
+                self.send(index, transmit);
+            }
+        }
+    }
+
+    /// Advances to the next event (a delivery or a timer) and handles it. Returns false when
+    /// nothing is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.flush();
+        let next_delivery = self.queue.peek().map(|Reverse((at, _))| *at);
+        let next_timer = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.endpoint.poll_timeout())
+            .min();
+        let Some(next) = [next_delivery, next_timer].into_iter().flatten().min() else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        while let Some(Reverse((at, id))) = self.queue.peek().copied() {
+            if at > self.now {
+                break;
+            }
+            self.queue.pop();
+            if let Some(frame) = self.frames.remove(&id) {
+                self.deliver(frame);
+            }
+        }
+        for node in &mut self.nodes {
+            node.endpoint.handle_timeout(self.now);
+        }
+        self.flush();
+        true
+    }
+
+    /// Steps until `done` holds or nothing is left to happen, at most `max_steps` times.
+    /// Returns whether `done` held.
+    pub fn run_until(&mut self, max_steps: u64, mut done: impl FnMut(&mut Sim) -> bool) -> bool {
+        for _ in 0..max_steps {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+        done(self)
+    }
+}
+
+/// The retry behaviour of connected QPs made by [`Sim::connect`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryConfig {
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR timer the responder asks for.
+    pub min_rnr_timer: RnrTimer,
+}
+
+impl Default for RetryConfig {
+    /// rc_pingpong's values, but a 0.5 ms ACK timeout (the simulated link is fast).
+    fn default() -> Self {
+        RetryConfig {
+            timeout: 7,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer::new(1),
+        }
+    }
+}
+
+fn mac(node: usize) -> [u8; 6] {
+    [0x02, 0, 0, 0, 0, node as u8 + 1]
+}

@@ -1,0 +1,142 @@
+//! Work requests: what applications post to send and receive queues.
+
+use crate::qp_state::AddressVector;
+
+/// A scatter/gather element: `length` bytes at `addr` in the region whose lkey is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Address (the region's iova space).
+    pub addr: u64,
+    /// Byte count.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
+
+/// What a send work request does, with its operands (`ibv_wr_opcode` and `wr.rdma`/`wr.atomic`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm(u32),
+    /// SEND that invalidates the given R_Key at the responder.
+    SendWithInv(u32),
+    /// RDMA WRITE to `remote_addr`.
+    RdmaWrite {
+        /// Target address at the responder.
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data (consumes a receive at the responder).
+    RdmaWriteWithImm {
+        /// Target address at the responder.
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ from `remote_addr` into the gather list.
+    RdmaRead {
+        /// Source address at the responder.
+        remote_addr: u64,
+        /// Source R_Key.
+        rkey: u32,
+    },
+    /// 64-bit compare and swap; the original value lands in the 8-byte gather list.
+    CompareSwap {
+        /// Target address (8-byte aligned).
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: u32,
+        /// Value compared with the target.
+        compare: u64,
+        /// Value stored when they are equal.
+        swap: u64,
+    },
+    /// 64-bit fetch and add; the original value lands in the 8-byte gather list.
+    FetchAdd {
+        /// Target address (8-byte aligned).
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: u32,
+        /// Value added.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// Whether the responder must keep a resource (and answer with data) for this request.
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// Whether this is an atomic.
+    pub const fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+bitflags::bitflags! {
+    /// Send flags, with the values of `IBV_SEND_*`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for every earlier RDMA READ and atomic to complete first.
+        const FENCE = 1;
+        /// Generate a completion even if the QP does not signal all.
+        const SIGNALED = 2;
+        /// Ask for a solicited event at the receiver.
+        const SOLICITED = 4;
+        /// Take the data from `inline_data` now, not from registered memory later.
+        const INLINE = 8;
+    }
+}
+
+/// Where a UD send goes (`wr.ud`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The address handle's contents.
+    pub av: AddressVector,
+    /// Destination QP.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// A send work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Where the local data is (or, for READ and atomics, where results go).
+    pub sg_list: Vec<Sge>,
+    /// The data of an `INLINE` send.
+    pub inline_data: Vec<u8>,
+    /// Signaled, fenced, solicited, inline.
+    pub flags: SendFlags,
+    /// Destination of a UD send.
+    pub ud: Option<UdDest>,
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where incoming data goes.
+    pub sg_list: Vec<Sge>,
+}
+
+/// Total bytes of a gather/scatter list; `None` if it overflows 32 bits.
+pub fn sg_len(sg_list: &[Sge]) -> Option<u32> {
+    sg_list
+        .iter()
+        .try_fold(0u32, |total, sge| total.checked_add(sge.length))
+}
