@@ -16,10 +16,12 @@ use rand_core::{Rng, SeedableRng};
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{Frame, FrameRepr};
 
+use crate::cq::WorkCompletion;
 use crate::endpoint::{CqId, Endpoint, Transmit};
 use crate::mr::PdId;
-use crate::qp::{QpCaps, QpInit};
+use crate::qp::{PostError, QpCaps, QpInit};
 use crate::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType};
+use crate::wr::{RecvWr, SendWr};
 use crate::AccessFlags;
 use roce_wire::aeth::RnrTimer;
 use roce_wire::Psn;
@@ -288,6 +290,56 @@ impl Sim {
                 .modify_qp(qpn, &attr)
                 .expect("valid bring-up");
         }
+    }
+
+    /// Registers a region on `node` at `iova` holding `contents`, with every access right;
+    /// returns its key.
+    pub fn reg(&mut self, node: usize, iova: u64, contents: &[u8]) -> u32 {
+        let pd = self.nodes[node].pd;
+        let mrs = self.nodes[node].endpoint.mrs();
+        let key = mrs
+            .reg_mr(pd, iova, contents.len(), AccessFlags::all())
+            .expect("valid region");
+        if let Some(mr) = mrs.get_mut(key) {
+            mr.bytes_mut().copy_from_slice(contents);
+        }
+        key
+    }
+
+    /// The current contents of a region.
+    pub fn mr_bytes(&mut self, node: usize, key: u32) -> Vec<u8> {
+        self.nodes[node]
+            .endpoint
+            .mrs()
+            .get(key)
+            .map(|mr| mr.bytes().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Posts a send at the current simulated time.
+    pub fn post_send(&mut self, node: usize, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+        self.nodes[node].endpoint.post_send(self.now, qpn, wr)
+    }
+
+    /// Posts a receive at the current simulated time.
+    pub fn post_recv(&mut self, node: usize, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+        self.nodes[node].endpoint.post_recv(self.now, qpn, wr)
+    }
+
+    /// Takes every completion waiting on `node`'s send CQ.
+    pub fn poll_send(&mut self, node: usize) -> Vec<WorkCompletion> {
+        let cq = self.nodes[node].send_cq;
+        let mut out = Vec::new();
+        self.nodes[node].endpoint.cq(cq).poll(usize::MAX, &mut out);
+        out
+    }
+
+    /// Takes every completion waiting on `node`'s receive CQ.
+    pub fn poll_recv(&mut self, node: usize) -> Vec<WorkCompletion> {
+        let cq = self.nodes[node].recv_cq;
+        let mut out = Vec::new();
+        self.nodes[node].endpoint.cq(cq).poll(usize::MAX, &mut out);
+        out
     }
 
     fn chance(&mut self, probability: f64) -> bool {
