@@ -10,7 +10,7 @@ use core::net::{Ipv4Addr, Ipv6Addr};
 use etherparse::{
     EtherType, Ethernet2Header, Ethernet2HeaderSlice, IpDscp, IpEcn, IpFragOffset, IpNumber,
     Ipv4Header, Ipv4HeaderSlice, Ipv4Options, Ipv6FlowLabel, Ipv6Header, Ipv6HeaderSlice,
-    SingleVlanHeader, SingleVlanHeaderSlice, UdpHeader, VlanId, VlanPcp,
+    SingleVlanHeader, SingleVlanHeaderSlice, UdpHeader, UdpHeaderSlice, VlanId, VlanPcp,
 };
 
 use crate::icrc::{self, ICRC_LEN};
@@ -173,10 +173,14 @@ fn locate(bytes: &[u8]) -> Result<Layout, FrameError> {
     if bytes.len() < end {
         return Err(Malformed("frame shorter than its IP length"));
     }
+    if end < udp + UDP_HEADER_LEN {
+        return Err(Malformed("IP length shorter than its headers"));
+    }
     let udp_len = u16::from_be_bytes([bytes[udp + 4], bytes[udp + 5]]);
     if usize::from(udp_len) != end - udp {
         return Err(Malformed("UDP length disagrees with IP length"));
     }
+    check_udp_checksum(bytes, ether_type, ip, udp, end)?;
     let bth = udp + UDP_HEADER_LEN;
     let bth_packet =
         bth::Packet::new_checked(&bytes[bth..end]).map_err(|_| Malformed("no room for a BTH"))?;
@@ -209,6 +213,36 @@ fn locate(bytes: &[u8]) -> Result<Layout, FrameError> {
         end,
         opcode,
     })
+}
+
+/// RoCEv2 senders normally put 0 (none) in the UDP checksum; when one is there, it must be
+/// right, since nothing else on the AF_XDP path checks it.
+fn check_udp_checksum(
+    bytes: &[u8],
+    ether_type: EtherType,
+    ip: usize,
+    udp: usize,
+    end: usize,
+) -> Result<(), FrameError> {
+    let carried = u16::from_be_bytes([bytes[udp + 6], bytes[udp + 7]]);
+    if carried == 0 || cfg!(fuzzing) {
+        return Ok(());
+    }
+    let header = UdpHeaderSlice::from_slice(&bytes[udp..end])
+        .map_err(|_| FrameError::Malformed("UDP header"))?
+        .to_header();
+    let payload = &bytes[udp + UDP_HEADER_LEN..end];
+    let computed = if ether_type == EtherType::IPV4 {
+        let address = |at: usize| [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]];
+        header.calc_checksum_ipv4_raw(address(ip + 12), address(ip + 16), payload)
+    } else {
+        let address = |at: usize| -> [u8; 16] { core::array::from_fn(|i| bytes[at + i]) };
+        header.calc_checksum_ipv6_raw(address(ip + 8), address(ip + 24), payload)
+    };
+    if computed != Ok(carried) {
+        return Err(FrameError::Malformed("bad UDP checksum"));
+    }
+    Ok(())
 }
 
 /// Returns the UDP header's offset and the IP packet's length, both from the IPv4 header.
@@ -768,6 +802,61 @@ mod tests {
             Frame::new_checked(&checksum[..]),
             Err(FrameError::Malformed(_))
         ));
+    }
+
+    /// Found by review: an IPv6 payload length too short for the UDP header once made the
+    /// UDP length read run past the IP packet.
+    #[test]
+    fn ipv6_payload_shorter_than_udp_is_malformed() {
+        let mut repr = ack_repr();
+        repr.ip = IpRepr::V6(Ipv6Repr {
+            src: Ipv6Addr::LOCALHOST,
+            dst: Ipv6Addr::LOCALHOST,
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 1,
+        });
+        let mut bytes = [0u8; 100];
+        let len = repr.emit(&mut bytes).unwrap();
+        for (payload_len, udp_len) in [(0u16, 0u16), (0, 28), (4, 4), (7, 7)] {
+            let mut frame = bytes[..len].to_vec();
+            frame[18..20].copy_from_slice(&payload_len.to_be_bytes());
+            frame[58..60].copy_from_slice(&udp_len.to_be_bytes());
+            for end in [54 + payload_len as usize, 58, 60, len] {
+                assert!(
+                    Frame::new_checked(&frame[..end]).is_err(),
+                    "{payload_len} {udp_len} {end}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_udp_checksum_when_present_must_be_right() {
+        let mut repr = ack_repr();
+        let IpRepr::V4(v4) = repr.ip else {
+            unreachable!()
+        };
+        let udp = UdpHeader {
+            source_port: repr.udp_src_port,
+            destination_port: ROCEV2_UDP_PORT,
+            length: 28,
+            checksum: 0,
+        };
+        let payload = &ACK_FRAME[42..];
+        let right = udp
+            .calc_checksum_ipv4_raw(v4.src.octets(), v4.dst.octets(), payload)
+            .unwrap();
+        let mut bytes = [0u8; 62];
+        repr.udp_checksum = right;
+        repr.emit(&mut bytes).unwrap();
+        assert_eq!(parse(&bytes), Ok(repr));
+        repr.udp_checksum = right ^ 0x0100;
+        repr.emit(&mut bytes).unwrap();
+        assert_eq!(
+            parse(&bytes),
+            Err(FrameError::Malformed("bad UDP checksum"))
+        );
     }
 
     #[test]

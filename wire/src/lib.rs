@@ -12,14 +12,15 @@
 //! to write them again.
 //!
 //! # CRC-32 implementation
-//! The ICRC uses [crc32fast], chosen by measurement (`cargo bench -p roce-wire --bench wire`,
-//! CRC-32 over the bytes an ICRC covers, same run, 2-core x86-64 build machine):
+//! The ICRC uses [crc32fast], chosen by measurement (`cargo bench -p roce-wire --bench wire`:
+//! CRC-32 over buffers of each size, every implementation in the same run):
 //!
 #![doc = include_str!("../CRC_BENCH.md")]
 //!
-//! With the default `std` feature crc32fast detects PCLMULQDQ at run time; without it (true
-//! `no_std`) it uses the SIMD path only when the target enables `pclmulqdq` and `sse4.1` at
-//! compile time, and the table-driven one otherwise.
+//! With the default `std` feature crc32fast picks its fastest kernel at run time (PCLMULQDQ,
+//! or AVX-512 VPCLMULQDQ for long buffers where the CPU has it); without it (true `no_std`) it
+//! uses carry-less multiplication only when the target enables it at compile time, and the
+//! table-driven code otherwise.
 #![no_std]
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
