@@ -34,20 +34,18 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     }
     let before = qp.req.acked_psn;
     match (frame.bth.opcode, frame.ext.aeth.map(|aeth| aeth.syndrome)) {
-        (Opcode::RcAcknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, ctx, psn),
+        (Opcode::RcAcknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, ctx, psn, true),
         (Opcode::RcAcknowledge, Some(Syndrome::RnrNak(timer))) => {
             qp.stats.naks_received += 1;
-            ack_through(qp, ctx, psn - 1);
-            retry(qp, ctx, psn, Retry::Rnr(timer));
+            nak_retry(qp, ctx, psn, Retry::Rnr(timer));
         }
         (Opcode::RcAcknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
             qp.stats.naks_received += 1;
-            ack_through(qp, ctx, psn - 1);
-            retry(qp, ctx, psn, Retry::Transport);
+            nak_retry(qp, ctx, psn, Retry::Transport);
         }
         (Opcode::RcAcknowledge, Some(Syndrome::Nak(code))) => {
             qp.stats.naks_received += 1;
-            ack_through(qp, ctx, psn - 1);
+            ack_through(qp, ctx, psn - 1, false);
             let status = match code {
                 NakCode::RemoteAccessError => WcStatus::RemoteAccess,
                 NakCode::RemoteOperationalError => WcStatus::RemoteOperation,
@@ -91,18 +89,55 @@ fn restart_retransmit_timer(qp: &mut Qp, ctx: &Ctx, progress: bool) {
     }
 }
 
+/// A sequence or RNR NAK for `psn` acknowledges everything before it, then the requester
+/// resends from the oldest PSN still unanswered: `psn` itself, or an earlier READ/atomic
+/// whose response was lost on the way back.
+///
+/// Like rxe, once a retry is under way further sequence NAKs that bring no progress are
+/// ignored: the responder sent them for gaps before it saw the retry, and acting on each
+/// would burn the whole retry budget within one round trip. An RNR NAK is always obeyed.
+fn nak_retry(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, why: Retry) {
+    let before = qp.req.acked_psn;
+    ack_through(qp, ctx, psn - 1, false);
+    if qp.state == QpState::Err {
+        return;
+    }
+    if qp.req.acked_psn != before {
+        qp.req.recovering = None;
+    }
+    if qp.req.recovering.is_some() && matches!(why, Retry::Transport) {
+        qp.stats.dropped += 1;
+        return;
+    }
+    let resume = match qp.req.wqes.front() {
+        Some(front) if front.wr.op.is_read_or_atomic() && psn.distance(front.first_psn) > 0 => {
+            front.first_psn + front.responses
+        }
+        _ => psn,
+    };
+    qp.req.recovering = Some(resume);
+    retry(qp, ctx, resume, why);
+}
+
 /// Completes every SEND/WRITE acknowledged by an ACK of `psn`. An ACK that covers a READ or
-/// atomic whose response never came is an implied NAK: that response was lost.
-fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn) {
+/// atomic whose response never came is an implied NAK: that response was lost, and with
+/// `implied_nak` the requester goes back for it.
+fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, implied_nak: bool) {
+    // The acknowledged PSN never passes a READ or atomic still waiting for its answer: the
+    // answer's own PSNs must stay acceptable.
+    let mut acked = psn;
     while let Some(front) = qp.req.wqes.front() {
         if qp.req.next == 0 && qp.req.pkt_in_wqe == 0 {
             break; // not started
         }
         if front.wr.op.is_read_or_atomic() {
-            if psn.distance(front.first_psn) >= 0 {
-                let resume = front.first_psn + front.responses;
-                retry_lost(qp, ctx, resume);
-                return;
+            let answered = front.first_psn + front.responses - 1;
+            if psn.distance(answered) > 0 {
+                acked = answered;
+                if implied_nak {
+                    retry_lost(qp, ctx, answered + 1);
+                    return;
+                }
             }
             break;
         }
@@ -112,8 +147,8 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn) {
         }
         complete_front(qp, ctx);
     }
-    if psn.distance(qp.req.acked_psn) > 0 && psn.distance(qp.req.next_psn) < 0 {
-        qp.req.acked_psn = psn;
+    if acked.distance(qp.req.acked_psn) > 0 && acked.distance(qp.req.next_psn) < 0 {
+        qp.req.acked_psn = acked;
     }
 }
 
@@ -219,10 +254,9 @@ fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
 }
 
 /// A response is missing before `psn` (responses after it arrived, or an ACK implied it):
-/// go back once per loss. Later evidence of the same loss is ignored until progress is made
-/// or the local ACK timer fires, or every reordered packet would cost a retry.
+/// go back for it, unless a retry is already under way (see [`nak_retry`]).
 fn retry_lost(qp: &mut Qp, ctx: &mut Ctx, psn: Psn) {
-    if qp.req.recovering == Some(psn) {
+    if qp.req.recovering.is_some() {
         qp.stats.dropped += 1;
         return;
     }

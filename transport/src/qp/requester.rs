@@ -63,7 +63,7 @@ pub(crate) struct Requester {
     pub rnr_retries_left: u8,
     /// Packets sent since the last one with AckReq.
     pub noack_pkts: u32,
-    /// PSN of a lost response already being recovered (see `completer::retry_lost`).
+    /// Where the retry under way resumed; cleared by progress or a timeout.
     pub recovering: Option<Psn>,
 }
 
