@@ -144,12 +144,13 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
         let (send_op, sge, opcode) = match *op {
             Op::Send(len) | Op::Write(len) => {
                 let data = fill(len, seed_i);
-                let source = sim.reg(a, next_iova(len), &data);
+                let source_at = next_iova(len);
+                let source = sim.reg(a, source_at, &data);
                 let at = next_iova(len);
                 let mut target = Target::new(&mut sim, b, at, len, seed_i + 1);
                 target.expected_inner = data;
                 let sge = Sge {
-                    addr: at - at + source_iova(&mut sim, a, source),
+                    addr: source_at,
                     length: len as u32,
                     lkey: source,
                 };
@@ -278,16 +279,6 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
     );
     prop_assert_eq!(sim.stats.corrupt_accepted, 0);
     Ok(())
-}
-
-/// The iova a region was registered at (regions here start where `Sim::reg` put them).
-fn source_iova(sim: &mut Sim, node: usize, key: u32) -> u64 {
-    sim.nodes[node]
-        .endpoint
-        .mrs()
-        .get(key)
-        .map(|mr| mr.iova())
-        .unwrap_or(0)
 }
 
 proptest! {
