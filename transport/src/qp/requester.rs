@@ -17,6 +17,10 @@ use crate::wr::{sg_len, SendFlags, SendOp, SendWr};
 /// rxe asks for an ACK at least this often within a long message.
 const MAX_PACKETS_PER_ACK: u32 = 64;
 
+/// At most this many PSNs unacknowledged at once (rxe's `RXE_MAX_UNACKED_PSNS`): with go back
+/// N, an unbounded window would resend everything posted after every loss.
+pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+
 /// A posted send and its progress.
 #[derive(Debug)]
 pub(crate) struct SendWqe {
@@ -295,6 +299,9 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
     }
     let index = qp.req.next;
     if index >= qp.req.wqes.len() || must_wait(qp, index) {
+        return None;
+    }
+    if qp.qp_type == QpType::Rc && qp.req.next_psn.distance(qp.req.acked_psn) > MAX_UNACKED_PSNS {
         return None;
     }
     if qp.req.pkt_in_wqe == 0 {
