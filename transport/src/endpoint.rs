@@ -144,9 +144,13 @@ impl Endpoint {
         Some(result)
     }
 
-    /// `ibv_modify_qp`.
-    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), ModifyQpError> {
-        let now = Instant::now();
+    /// `ibv_modify_qp`, at time `now` (entering ERR completes work requests).
+    pub fn modify_qp(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        attr: &QpAttr,
+    ) -> Result<(), ModifyQpError> {
         self.with_qp(qpn, now, |qp, ctx| qp.modify(ctx, attr))
             .unwrap_or(Err(ModifyQpError::OutOfRange("qpn")))
     }

@@ -37,7 +37,8 @@ pub struct LinkConfig {
     pub reorder: f64,
     /// Probability a frame is delivered twice.
     pub duplicate: f64,
-    /// Probability one byte after the Ethernet header is flipped.
+    /// Probability one bit after the Ethernet header is flipped. BTH byte 4 (FECN, BECN,
+    /// reserved) is spared: switches may rewrite it, so the ICRC deliberately ignores it.
     pub corrupt: f64,
 }
 
@@ -68,7 +69,15 @@ pub struct NetStats {
     pub corrupt_rejected: u64,
     /// Corrupted frames that passed every check (must stay 0: the ICRC exists for this).
     pub corrupt_accepted: u64,
+    /// Frames the [`Sim::drop_filter`] dropped (not counted in `lost`).
+    pub filtered: u64,
 }
+
+/// A test's hook to lose chosen frames: called as `filter(from, to, frame)` for every frame
+/// handed to the network, before the link's random faults; returning true drops the frame.
+/// It may also just record what it sees. Being a plain function of the frames it is shown, it
+/// keeps the simulation deterministic.
+pub type DropFilter = Box<dyn FnMut(usize, usize, &FrameRepr<'_>) -> bool>;
 
 /// An endpoint on the simulated network.
 #[derive(Debug)]
@@ -101,6 +110,8 @@ pub struct Sim {
     pub now: Instant,
     /// What happened to frames so far.
     pub stats: NetStats,
+    /// Drops the frames it returns true for (see [`DropFilter`]); `None` drops nothing.
+    pub drop_filter: Option<DropFilter>,
     rng: ChaCha8Rng,
     queue: BinaryHeap<Reverse<(Instant, u64)>>,
     frames: std::collections::HashMap<u64, InFlight>,
@@ -127,6 +138,7 @@ impl Sim {
             link,
             now: Instant::now(),
             stats: NetStats::default(),
+            drop_filter: None,
             rng: ChaCha8Rng::seed_from_u64(seed),
             queue: BinaryHeap::new(),
             frames: std::collections::HashMap::new(),
@@ -259,7 +271,7 @@ impl Sim {
         for attr in steps {
             self.nodes[node]
                 .endpoint
-                .modify_qp(qpn, &attr)
+                .modify_qp(self.now, qpn, &attr)
                 .expect("valid bring-up");
         }
     }
@@ -287,7 +299,7 @@ impl Sim {
         for attr in steps {
             self.nodes[node]
                 .endpoint
-                .modify_qp(qpn, &attr)
+                .modify_qp(self.now, qpn, &attr)
                 .expect("valid bring-up");
         }
     }
@@ -381,6 +393,12 @@ impl Sim {
             self.stats.lost += 1;
             return;
         }
+        if let Some(filter) = &mut self.drop_filter {
+            if filter(from, to, &repr) {
+                self.stats.filtered += 1;
+                return;
+            }
+        }
         if self.chance(self.link.loss) {
             self.stats.lost += 1;
             return;
@@ -388,7 +406,11 @@ impl Sim {
         let corrupted = self.chance(self.link.corrupt);
         if corrupted {
             self.stats.corrupted += 1;
-            let offset = 14 + (self.rng.next_u64() as usize) % (bytes.len() - 14);
+            let becn_byte = 14 + 20 + 8 + 4;
+            let mut offset = becn_byte;
+            while offset == becn_byte {
+                offset = 14 + (self.rng.next_u64() as usize) % (bytes.len() - 14);
+            }
             bytes[offset] ^= 1 << (self.rng.next_u32() % 8);
         }
         let copies = if self.chance(self.link.duplicate) {

@@ -68,10 +68,16 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     if qp.state == QpState::Err {
         return;
     }
+    let retried = matches!(
+        frame.ext.aeth.map(|aeth| aeth.syndrome),
+        Some(Syndrome::RnrNak(_) | Syndrome::Nak(NakCode::PsnSequenceError))
+    ) && frame.bth.opcode == Opcode::RcAcknowledge;
     if qp.req.acked_psn != before {
         qp.req.recovering = None;
-        qp.req.retries_left = qp.config.retry_cnt;
-        qp.req.rnr_retries_left = qp.config.rnr_retry;
+        if !retried {
+            qp.req.retries_left = qp.config.retry_cnt;
+            qp.req.rnr_retries_left = qp.config.rnr_retry;
+        }
     }
     restart_retransmit_timer(qp, ctx, qp.req.acked_psn != before);
 }
@@ -104,6 +110,9 @@ fn nak_retry(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, why: Retry) {
     }
     if qp.req.acked_psn != before {
         qp.req.recovering = None;
+        // Progress first, then charge this NAK's retry against the fresh budget.
+        qp.req.retries_left = qp.config.retry_cnt;
+        qp.req.rnr_retries_left = qp.config.rnr_retry;
     }
     if qp.req.recovering.is_some() && matches!(why, Retry::Transport) {
         qp.stats.dropped += 1;
