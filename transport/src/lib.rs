@@ -1,15 +1,26 @@
 //! The InfiniBand transport for RoCEv2, as a sans-IO state machine: no sockets, threads or
 //! clock reads, and randomness only from a seed the caller gives.
 //!
-//! Written so far, each a module of small functions with its own tests:
-//! - [`mr`]: protection domains and the memory-region table with unguessable, never-reused
-//!   keys, access flags, PD and bounds checks;
-//! - [`cq`]: completion queues of fixed depth whose overflow is an error, never a silent drop;
-//! - [`qp_state`]: the QP state machine RESET → INIT → RTR → RTS (and SQD, SQE, ERR) with the
-//!   attributes each transition requires and allows, as `ibv_modify_qp` checks them.
+//! An [`Endpoint`] is one device: its memory regions ([`mr`]), completion queues ([`cq`]) and
+//! queue pairs. It is driven, quinn-proto style, by `handle_packet(now, ..)`,
+//! `handle_timeout(now)` and posted work requests, and gives back `poll_transmit` (packets,
+//! before Ethernet/IP/UDP) and `poll_timeout` (its next deadline); completions land in CQs.
 //!
-//! Not written yet (issue #3): the requester, responder and completer, the timers, and the
-//! deterministic lossy simulator that proves them.
+//! Each QP ([`qp`]) is a small coordinator over three modules that share nothing but the
+//! send- and receive-queue state: the requester (segmentation, PSNs, AckReq, fences, the
+//! 128-PSN window), the completer (ACK, NAK, RNR NAK, READ responses, atomic results, implied
+//! NAKs, retries and timeouts) and the responder (PSN checks, duplicates, execution, NAKs,
+//! ACK coalescing). Its two timers live in one enum-indexed table. [`qp_state`] checks
+//! `modify_qp` attributes exactly as `ibv_modify_qp` does.
+//!
+//! [`sim`] is a deterministic network for tests and `roce sim`: frames cross it as real bytes
+//! (Ethernet, IPv4, UDP, ICRC) with seeded loss, reordering, duplication and corruption.
+//!
+//! Where this follows the spec rather than rxe: `retry_cnt` 7 is seven retries, not
+//! infinity (rxe treats it as infinite; only `rnr_retry` 7 is infinite in the IBTA).
+//! Not done yet: SEND with invalidate reports the R_Key in the completion but invalidates
+//! nothing (there are no memory windows); SQD does not stop new work requests; path
+//! migration and alternate paths are not supported.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
