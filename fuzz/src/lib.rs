@@ -18,7 +18,7 @@ pub fn ext_reserved(header: ExtHeader) -> &'static [u8] {
         ExtHeader::Feth => &[0xFF, 0xFF, 0xFF, 0xC0],
         // A CNP body is 16 reserved bytes.
         ExtHeader::Cnp => &[0xFF; 16],
-        other => &NONE_RESERVED[..other.len()],
+        other => &NONE_RESERVED[..other.wire_len()],
     }
 }
 

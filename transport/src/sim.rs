@@ -383,7 +383,7 @@ impl Sim {
                 ttl: transmit.packet.av.hop_limit,
             }),
             udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
-            udp_checksum: 0,
+            udp_checksum: false,
             bth: transmit.packet.bth,
             ext: transmit.packet.ext,
             payload: &transmit.packet.payload,

@@ -192,7 +192,7 @@ fn forged<'a>(
             ttl: 64,
         }),
         udp_src_port: 0xC000,
-        udp_checksum: 0,
+        udp_checksum: false,
         bth,
         ext,
         payload,

@@ -228,21 +228,28 @@ fn check_udp_checksum(
     if carried == 0 || cfg!(fuzzing) {
         return Ok(());
     }
-    let header = UdpHeaderSlice::from_slice(&bytes[udp..end])
+    let is_ipv4 = ether_type == EtherType::IPV4;
+    if udp_checksum(&bytes[..end], is_ipv4, ip, udp) != Ok(carried) {
+        return Err(FrameError::Malformed("bad UDP checksum"));
+    }
+    Ok(())
+}
+
+/// The UDP checksum of the datagram at `udp` (to the end of `bytes`), with the pseudo-header
+/// from the IP header at `ip`.
+fn udp_checksum(bytes: &[u8], is_ipv4: bool, ip: usize, udp: usize) -> Result<u16, FrameError> {
+    let header = UdpHeaderSlice::from_slice(&bytes[udp..])
         .map_err(|_| FrameError::Malformed("UDP header"))?
         .to_header();
-    let payload = &bytes[udp + UDP_HEADER_LEN..end];
-    let computed = if ether_type == EtherType::IPV4 {
+    let payload = &bytes[udp + UDP_HEADER_LEN..];
+    let computed = if is_ipv4 {
         let address = |at: usize| [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]];
         header.calc_checksum_ipv4_raw(address(ip + 12), address(ip + 16), payload)
     } else {
         let address = |at: usize| -> [u8; 16] { core::array::from_fn(|i| bytes[at + i]) };
         header.calc_checksum_ipv6_raw(address(ip + 8), address(ip + 24), payload)
     };
-    if computed != Ok(carried) {
-        return Err(FrameError::Malformed("bad UDP checksum"));
-    }
-    Ok(())
+    computed.map_err(|_| FrameError::Malformed("UDP datagram too long"))
 }
 
 /// Returns the UDP header's offset and the IP packet's length, both from the IPv4 header.
@@ -374,8 +381,9 @@ pub struct FrameRepr<'a> {
     pub ip: IpRepr,
     /// UDP source port (rxe: 0xC000 | hash of the QPN, for ECMP entropy).
     pub udp_src_port: u16,
-    /// UDP checksum as carried: 0 means none, which RoCEv2 allows and rxe sends.
-    pub udp_checksum: u16,
+    /// Whether the UDP checksum is present (verified on parse, computed on emit). RoCEv2
+    /// allows none, and rxe and HCAs send none.
+    pub udp_checksum: bool,
     /// Base transport header.
     pub bth: bth::Repr,
     /// Extension headers, as `bth.opcode` requires.
@@ -414,7 +422,7 @@ impl<'a> FrameRepr<'a> {
             ethernet,
             ip,
             udp_src_port: u16::from_be_bytes([udp[0], udp[1]]),
-            udp_checksum: u16::from_be_bytes([udp[6], udp[7]]),
+            udp_checksum: udp[6..8] != [0, 0],
             bth,
             ext,
             payload: &bytes[layout.payload..layout.payload_end],
@@ -455,10 +463,15 @@ impl<'a> FrameRepr<'a> {
         let info = self.bth.opcode.info();
         let len = self.buffer_len();
         let has_payload = !self.payload.is_empty() || self.bth.pad_count != 0;
+        // The IPv4 total length, or the IPv6 payload length, must fit its 16-bit field.
+        let length_field = match self.ip {
+            IpRepr::V4(_) => self.ip_len(),
+            IpRepr::V6(_) => self.udp_len(),
+        };
         if buffer.len() < len
             || self.bth.pad_count > 3
             || (has_payload && !info.has_payload)
-            || len > usize::from(u16::MAX)
+            || length_field > usize::from(u16::MAX)
         {
             return Err(Error);
         }
@@ -469,7 +482,7 @@ impl<'a> FrameRepr<'a> {
             source_port: self.udp_src_port,
             destination_port: ROCEV2_UDP_PORT,
             length: self.udp_len() as u16,
-            checksum: self.udp_checksum,
+            checksum: 0,
         };
         buffer[udp..udp + UDP_HEADER_LEN].copy_from_slice(&udp_header.to_bytes());
         let bth = udp + UDP_HEADER_LEN;
@@ -483,6 +496,12 @@ impl<'a> FrameRepr<'a> {
         buffer[pad..icrc].fill(0);
         let value = icrc::compute(&buffer[ip..icrc])?;
         buffer[icrc..].copy_from_slice(&icrc::to_bytes(value));
+        // The UDP checksum covers the ICRC, and the ICRC ignores the UDP checksum: last.
+        if self.udp_checksum {
+            let is_ipv4 = matches!(self.ip, IpRepr::V4(_));
+            let checksum = udp_checksum(buffer, is_ipv4, ip, udp).map_err(|_| Error)?;
+            buffer[udp + 6..udp + 8].copy_from_slice(&checksum.to_be_bytes());
+        }
         Ok(len)
     }
 
@@ -650,7 +669,7 @@ mod tests {
                 ttl: 64,
             }),
             udp_src_port: 0xc121,
-            udp_checksum: 0,
+            udp_checksum: false,
             bth: bth::Repr {
                 opcode: Opcode::RcAcknowledge,
                 solicited: false,
@@ -833,29 +852,59 @@ mod tests {
 
     #[test]
     fn a_udp_checksum_when_present_must_be_right() {
-        let mut repr = ack_repr();
-        let IpRepr::V4(v4) = repr.ip else {
-            unreachable!()
+        for ip in [ack_repr().ip, ipv6()] {
+            let repr = FrameRepr {
+                udp_checksum: true,
+                ip,
+                ..ack_repr()
+            };
+            let mut bytes = [0u8; 100];
+            let len = repr.emit(&mut bytes).unwrap();
+            let udp = len - 28;
+            assert_ne!(bytes[udp + 6..udp + 8], [0, 0]);
+            assert_eq!(parse(&bytes[..len]), Ok(repr));
+            bytes[udp + 7] ^= 1;
+            assert_eq!(
+                parse(&bytes[..len]),
+                Err(FrameError::Malformed("bad UDP checksum"))
+            );
+        }
+    }
+
+    fn ipv6() -> IpRepr {
+        IpRepr::V6(Ipv6Repr {
+            src: Ipv6Addr::LOCALHOST,
+            dst: Ipv6Addr::LOCALHOST,
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 1,
+        })
+    }
+
+    /// Found by review: the length limit applied to the whole Ethernet frame, not to the IP
+    /// length fields.
+    #[test]
+    fn largest_datagrams_emit() {
+        let payload = [7u8; 65_535 - 20 - 8 - 12 - 4];
+        let repr = FrameRepr {
+            payload: &payload,
+            ..ack_repr()
         };
-        let udp = UdpHeader {
-            source_port: repr.udp_src_port,
-            destination_port: ROCEV2_UDP_PORT,
-            length: 28,
-            checksum: 0,
-        };
-        let payload = &ACK_FRAME[42..];
-        let right = udp
-            .calc_checksum_ipv4_raw(v4.src.octets(), v4.dst.octets(), payload)
-            .unwrap();
-        let mut bytes = [0u8; 62];
-        repr.udp_checksum = right;
-        repr.emit(&mut bytes).unwrap();
-        assert_eq!(parse(&bytes), Ok(repr));
-        repr.udp_checksum = right ^ 0x0100;
-        repr.emit(&mut bytes).unwrap();
+        let mut repr = repr;
+        repr.bth.opcode = Opcode::RcSendOnly;
+        repr.ext = ExtRepr::default();
+        let mut bytes = [0u8; 70_000];
+        let len = repr.emit(&mut bytes).unwrap();
+        assert_eq!(len, 14 + 65_535);
+        assert_eq!(parse(&bytes[..len]), Ok(repr));
+        let too_long = [7u8; 65_535 - 20 - 8 - 12];
         assert_eq!(
-            parse(&bytes),
-            Err(FrameError::Malformed("bad UDP checksum"))
+            FrameRepr {
+                payload: &too_long,
+                ..repr
+            }
+            .emit(&mut bytes),
+            Err(Error)
         );
     }
 
