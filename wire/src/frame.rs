@@ -850,6 +850,24 @@ mod tests {
         }
     }
 
+    /// The fuzzer's reproducers for the same bug, byte for byte.
+    #[test]
+    fn fuzz_reproducers_are_errors() {
+        const REPRODUCERS: [&str; 3] = [
+            "02000000000202000000000186dd60000000000011400000000000000000000000000000000000000000000000000000000000000000c00012b7",
+            "02000000000202000000000186dd60000000000011400000000000000000000000000000000000000000000000000000000000000000c00012b700000000",
+            "02000000000202000000000186dd60000000000611400000000000000000000000000000000000000000000000000000000000000000c00012b70006",
+        ];
+        for hex in REPRODUCERS {
+            let mut bytes = [0u8; 64];
+            let len = hex.len() / 2;
+            for (i, byte) in bytes.iter_mut().take(len).enumerate() {
+                *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+            }
+            assert!(Frame::new_checked(&bytes[..len]).is_err(), "{hex}");
+        }
+    }
+
     #[test]
     fn a_udp_checksum_when_present_must_be_right() {
         for ip in [ack_repr().ip, ipv6()] {
