@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod dump;
+mod sim;
 
 #[derive(Parser)]
 #[command(name = "roce", version, about = "RoCEv2 in user space: tools")]
@@ -17,10 +18,13 @@ struct Cli {
 enum Command {
     /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
     Dump(dump::Args),
+    /// Move data between two simulated endpoints over a lossy link and verify every byte.
+    Sim(sim::Args),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Dump(args) => dump::run(&args),
+        Command::Sim(args) => sim::run(&args),
     }
 }

@@ -37,8 +37,10 @@ pub struct LinkConfig {
     pub reorder: f64,
     /// Probability a frame is delivered twice.
     pub duplicate: f64,
-    /// Probability one bit after the Ethernet header is flipped. BTH byte 4 (FECN, BECN,
-    /// reserved) is spared: switches may rewrite it, so the ICRC deliberately ignores it.
+    /// Probability one bit after the Ethernet header is flipped. Spared: BTH byte 4 (FECN,
+    /// BECN, reserved), which switches may rewrite and the ICRC deliberately ignores, and the
+    /// UDP checksum, where a flip turns "no checksum" into one that is right once in 65,536
+    /// tries without changing anything the frame means.
     pub corrupt: f64,
 }
 
@@ -406,9 +408,10 @@ impl Sim {
         let corrupted = self.chance(self.link.corrupt);
         if corrupted {
             self.stats.corrupted += 1;
-            let becn_byte = 14 + 20 + 8 + 4;
-            let mut offset = becn_byte;
-            while offset == becn_byte {
+            let udp_checksum = 14 + 20 + 6;
+            let spared = [udp_checksum, udp_checksum + 1, 14 + 20 + 8 + 4];
+            let mut offset = spared[0];
+            while spared.contains(&offset) {
                 offset = 14 + (self.rng.next_u64() as usize) % (bytes.len() - 14);
             }
             bytes[offset] ^= 1 << (self.rng.next_u32() % 8);

@@ -84,7 +84,7 @@ fn frame_template(payload: &[u8]) -> FrameRepr<'_> {
             ttl: 64,
         }),
         udp_src_port: 0xC121,
-        udp_checksum: 0,
+        udp_checksum: false,
         bth: bth::Repr {
             opcode: Opcode::RcSendOnly,
             solicited: false,

@@ -325,8 +325,10 @@ pub(crate) fn ack_timeout(qp: &mut Qp, ctx: &mut Ctx) {
         return;
     }
     qp.stats.timeouts += 1;
-    qp.req.recovering = None;
+    // This resend is the recovery now: loss signals that arrive before it makes progress
+    // describe the same loss and must not cost another retry.
     let resume = qp.req.acked_psn + 1;
+    qp.req.recovering = Some(resume);
     retry(qp, ctx, resume, Retry::Transport);
 }
 

@@ -1,0 +1,967 @@
+//! `roce sim`: moves data between two endpoints of the deterministic simulator in
+//! `roce_transport::sim`, over a link that loses, reorders, duplicates and corrupts frames,
+//! and checks every byte that arrives.
+//!
+//! Each RC QP pair owns a window of [`SLOTS`] slots of [`MESSAGE`] bytes on each side,
+//! reused message after message, so memory stays near 2 MiB per pair whatever `--bytes` is.
+//! Message k of a pair uses slot k mod [`SLOTS`]; before it is posted, its source is filled
+//! with bytes unique to (seed, pair, k) and its destination with a canary, and when it has
+//! completed the destination must hold exactly those bytes and the canary after them (up to
+//! the next slot) must be intact. Atomics act on two counters per pair at the responder: every
+//! FETCH_ADD and CMP_SWAP must return the value the counter held at that point of the pair's
+//! request order, and at the end the FETCH_ADD counter must hold the sum of every add.
+//!
+//! The last line of stdout is `verified=BYTES ops=N retransmits=R naks=K status=ok`, or the
+//! same with `status=FAIL reason="..."` after the first failed check; the exit status is 0
+//! for ok, 1 for FAIL and 2 for arguments that cannot be run.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+use roce_transport::qp::QpStats;
+use roce_transport::qp_state::{PathMtu, QpType};
+use roce_transport::sim::{LinkConfig, QpPair, RetryConfig, Sim};
+use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+
+/// Bytes of a data message (SEND, WRITE, READ); the last one of a run may be shorter.
+const MESSAGE: usize = 64 * 1024;
+/// Messages in flight per QP pair, each in its own slot: a 1 MiB window per side.
+const SLOTS: usize = 16;
+/// Canary bytes after every slot and before the first, which no operation addresses.
+const GUARD: usize = 256;
+/// A slot and the guard after it.
+const STRIDE: usize = MESSAGE + GUARD;
+/// Bytes of one window.
+const WINDOW_LEN: usize = GUARD + SLOTS * STRIDE;
+/// What unaddressed memory holds, and must still hold when checked.
+const CANARY: u8 = 0xA5;
+/// Simulator steps allowed without a single message completing before the run is stuck.
+const STALL_STEPS: u64 = 1_000_000;
+/// Runs shorter than this print no progress.
+const QUIET_FOR: Duration = Duration::from_secs(1);
+
+/// The requester node (every QP pair's `a` side).
+const A: usize = 0;
+/// The responder node.
+const B: usize = 1;
+
+/// Arguments of `roce sim`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Operations to use in turn, one message each (an atomic alternates FETCH_ADD and
+    /// CMP_SWAP).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "send,write,read,atomic"
+    )]
+    ops: Vec<Op>,
+    /// Bytes to move and verify in total, with an optional K, M or G suffix (KiB, MiB, GiB).
+    /// SEND, WRITE and READ move 64 KiB per message (the last one may be shorter); an atomic
+    /// moves 8 bytes.
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_size)]
+    bytes: u64,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, value_name = "BYTES", default_value = "1024", value_parser = parse_mtu)]
+    mtu: PathMtu,
+    /// Frames lost, in percent (`--loss 5` is 5 %, `--loss 0.5` is 0.5 %).
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    loss: f64,
+    /// Frames delayed by one to three extra link latencies, so later ones overtake them,
+    /// in percent.
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    reorder: f64,
+    /// Frames delivered twice, in percent.
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    dup: f64,
+    /// Frames with one bit flipped after the Ethernet header, in percent (the receiver's
+    /// ICRC check must reject every one).
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    corrupt: f64,
+    /// Seed of every random choice: the same arguments replay the same run.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// RC QP pairs between the two endpoints; messages go to them in turn.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    qps: u16,
+}
+
+/// An operation `--ops` can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Op {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Send => "send",
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Atomic => "atomic",
+        })
+    }
+}
+
+/// `16M`, `64K`, `1G`, `4096`: bytes, with binary suffixes (an `iB` after them is allowed).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let number = lower.strip_suffix("ib").unwrap_or(&lower);
+    let (digits, shift) = match number.as_bytes().last() {
+        Some(b'k') => (&number[..number.len() - 1], 10),
+        Some(b'm') => (&number[..number.len() - 1], 20),
+        Some(b'g') => (&number[..number.len() - 1], 30),
+        _ => (number, 0),
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size such as 4096, 64K, 16M or 1G"))?;
+    let bytes = value
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))?;
+    if bytes == 0 {
+        return Err("the size must be at least 1 byte".into());
+    }
+    Ok(bytes)
+}
+
+fn parse_mtu(text: &str) -> Result<PathMtu, String> {
+    match text.trim() {
+        "256" => Ok(PathMtu::Mtu256),
+        "512" => Ok(PathMtu::Mtu512),
+        "1024" => Ok(PathMtu::Mtu1024),
+        "2048" => Ok(PathMtu::Mtu2048),
+        "4096" => Ok(PathMtu::Mtu4096),
+        _ => Err("the MTU must be 256, 512, 1024, 2048 or 4096".into()),
+    }
+}
+
+/// A percentage from 0 to 100, returned as a probability.
+fn parse_percent(text: &str) -> Result<f64, String> {
+    let percent: f64 = text
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("`{text}` is not a percentage such as 5 or 0.5"))?;
+    if !(0.0..=100.0).contains(&percent) {
+        return Err("a percentage must be between 0 and 100".into());
+    }
+    Ok(percent / 100.0)
+}
+
+/// One posted work request and what has come back for it.
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    seq: u64,
+    work: Work,
+    /// Bytes it moves (8 for an atomic).
+    len: usize,
+    /// The send completion arrived.
+    sent: bool,
+    /// The receive completion arrived (always true for anything but a SEND).
+    received: bool,
+}
+
+impl Message {
+    fn slot(&self) -> usize {
+        (self.seq % SLOTS as u64) as usize
+    }
+}
+
+/// What a message does, with what an atomic must return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Send,
+    Write,
+    Read,
+    FetchAdd {
+        add: u64,
+        original: u64,
+    },
+    CompareSwap {
+        compare: u64,
+        swap: u64,
+        original: u64,
+    },
+}
+
+impl Work {
+    fn opcode(&self) -> WcOpcode {
+        match self {
+            Work::Send => WcOpcode::Send,
+            Work::Write => WcOpcode::RdmaWrite,
+            Work::Read => WcOpcode::RdmaRead,
+            Work::FetchAdd { .. } => WcOpcode::FetchAdd,
+            Work::CompareSwap { .. } => WcOpcode::CompareSwap,
+        }
+    }
+}
+
+impl fmt::Display for Work {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Work::Send => "SEND",
+            Work::Write => "WRITE",
+            Work::Read => "READ",
+            Work::FetchAdd { .. } => "FETCH_ADD",
+            Work::CompareSwap { .. } => "CMP_SWAP",
+        })
+    }
+}
+
+/// One QP pair and its windows.
+struct Lane {
+    pair: QpPair,
+    /// Key of the window on the requester.
+    local: u32,
+    /// Key of the window on the responder.
+    remote: u32,
+    /// Key of the responder's atomic counters.
+    counters: u32,
+    in_flight: VecDeque<Message>,
+    next_seq: u64,
+    /// Index in `--ops` of this pair's next operation: every pair takes every operation.
+    next_op: usize,
+    atomics: u64,
+    /// What the FETCH_ADD counter holds once every atomic posted so far has run.
+    sum: u64,
+    /// The same for the CMP_SWAP word.
+    word: u64,
+}
+
+/// Where windows live in each node's address space; pair i's is `i` × `WINDOW_SPACING` on.
+const WINDOW_IOVA: u64 = 0x1000_0000;
+const WINDOW_SPACING: u64 = 0x100_0000;
+/// The responder's atomic counters: a guard, the FETCH_ADD counter, the CMP_SWAP word, a guard.
+const COUNTERS_IOVA: u64 = 0x8000_0000;
+const COUNTERS_LEN: usize = GUARD + 16 + GUARD;
+
+fn window_iova(lane: usize) -> u64 {
+    WINDOW_IOVA + lane as u64 * WINDOW_SPACING
+}
+
+fn counters_iova(lane: usize) -> u64 {
+    COUNTERS_IOVA + lane as u64 * WINDOW_SPACING
+}
+
+/// Offset of a slot in its window.
+fn slot_offset(slot: usize) -> usize {
+    GUARD + slot * STRIDE
+}
+
+/// SplitMix64: one step of a tiny generator that is a bijection of its state.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The seed of message `seq` of pair `lane`: distinct for every pair (below 2^16) and
+/// message (below 2^48), so bytes left over from an earlier message never pass for a later one.
+fn message_key(seed: u64, lane: usize, seq: u64) -> u64 {
+    let mut state = seed ^ ((lane as u64) << 48) ^ seq;
+    splitmix64(&mut state)
+}
+
+/// The bytes a message carries.
+fn fill_pattern(key: u64, out: &mut [u8]) {
+    let mut state = key;
+    for chunk in out.chunks_mut(8) {
+        let word = splitmix64(&mut state).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+}
+
+/// Checks a slot and its guard: `want`, then canary only.
+fn check_stride(stride: &[u8], want: &[u8]) -> Result<(), String> {
+    if let Some(at) = stride[..want.len()]
+        .iter()
+        .zip(want)
+        .position(|(got, want)| got != want)
+    {
+        return Err(format!(
+            "byte {at} of {} is {:#04x}, expected {:#04x}",
+            want.len(),
+            stride[at],
+            want[at]
+        ));
+    }
+    match stride[want.len()..].iter().position(|&b| b != CANARY) {
+        Some(at) => Err(format!(
+            "byte {at} after the {} addressed bytes was overwritten",
+            want.len()
+        )),
+        None => Ok(()),
+    }
+}
+
+fn wr_id(lane: usize, seq: u64) -> u64 {
+    (lane as u64) << 48 | seq
+}
+
+fn split_wr_id(wr_id: u64) -> (usize, u64) {
+    ((wr_id >> 48) as usize, wr_id & ((1 << 48) - 1))
+}
+
+/// The mutable bytes of a region.
+fn region(sim: &mut Sim, node: usize, key: u32) -> &mut [u8] {
+    sim.nodes[node]
+        .endpoint
+        .mrs()
+        .get_mut(key)
+        .expect("the run registered this region")
+        .bytes_mut()
+}
+
+impl Lane {
+    /// The windows (node, key) a message's bytes come from and go to; an atomic's come from
+    /// the counters.
+    fn ends(&self, work: Work) -> (Option<(usize, u32)>, (usize, u32)) {
+        match work {
+            Work::Send | Work::Write => (Some((A, self.local)), (B, self.remote)),
+            Work::Read => (Some((B, self.remote)), (A, self.local)),
+            Work::FetchAdd { .. } | Work::CompareSwap { .. } => (None, (A, self.local)),
+        }
+    }
+}
+
+/// Everything the run has posted and checked.
+struct Run {
+    seed: u64,
+    ops: Vec<Op>,
+    target: u64,
+    lanes: Vec<Lane>,
+    /// Bytes posted so far.
+    posted: u64,
+    /// Bytes that arrived and were checked.
+    verified: u64,
+    /// Messages that completed and were checked.
+    done: u64,
+    /// Pair to post the next message on.
+    next_lane: usize,
+    /// Scratch space for the bytes a message should have delivered.
+    expected: Vec<u8>,
+}
+
+impl Run {
+    /// Connects the pairs and registers their windows.
+    fn new(args: &Args, sim: &mut Sim) -> Self {
+        let blank = vec![CANARY; WINDOW_LEN];
+        let mut counters = vec![CANARY; COUNTERS_LEN];
+        counters[GUARD..GUARD + 16].fill(0);
+        let lanes = (0..usize::from(args.qps))
+            .map(|lane| {
+                let pair = sim.connect(A, B, QpType::Rc, args.mtu, RetryConfig::default());
+                Lane {
+                    pair,
+                    local: sim.reg(A, window_iova(lane), &blank),
+                    remote: sim.reg(B, window_iova(lane), &blank),
+                    counters: sim.reg(B, counters_iova(lane), &counters),
+                    in_flight: VecDeque::with_capacity(SLOTS),
+                    next_seq: 0,
+                    next_op: 0,
+                    atomics: 0,
+                    sum: 0,
+                    word: 0,
+                }
+            })
+            .collect();
+        Run {
+            seed: args.seed,
+            ops: args.ops.clone(),
+            target: args.bytes,
+            lanes,
+            posted: 0,
+            verified: 0,
+            done: 0,
+            next_lane: 0,
+            expected: vec![0; MESSAGE],
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.posted == self.target && self.lanes.iter().all(|l| l.in_flight.is_empty())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.lanes.iter().map(|l| l.in_flight.len()).sum()
+    }
+
+    /// Posts messages until every window is full or every byte is posted.
+    fn refill(&mut self, sim: &mut Sim) -> Result<(), String> {
+        let lanes = self.lanes.len();
+        while self.posted < self.target {
+            let Some(lane) = (0..lanes)
+                .map(|i| (self.next_lane + i) % lanes)
+                .find(|&i| self.lanes[i].in_flight.len() < SLOTS)
+            else {
+                break;
+            };
+            self.next_lane = (lane + 1) % lanes;
+            let op = self.take_op(lane);
+            self.post(sim, lane, op)?;
+        }
+        Ok(())
+    }
+
+    /// A pair's next operation in turn that fits in the bytes left: an atomic needs 8.
+    fn take_op(&mut self, lane: usize) -> Op {
+        let left = self.target - self.posted;
+        let next = &mut self.lanes[lane].next_op;
+        for _ in 0..self.ops.len() {
+            let op = self.ops[*next];
+            *next = (*next + 1) % self.ops.len();
+            if op != Op::Atomic || left >= 8 {
+                return op;
+            }
+        }
+        unreachable!("`check_args` refuses sizes that no chosen operation can end on")
+    }
+
+    /// The next atomic of a pair, with the value it must return: FETCH_ADD, CMP_SWAP that
+    /// swaps, FETCH_ADD, CMP_SWAP whose compare fails.
+    fn next_atomic(&mut self, lane: usize, key: u64) -> Work {
+        let l = &mut self.lanes[lane];
+        let k = l.atomics;
+        l.atomics += 1;
+        match k % 4 {
+            0 | 2 => {
+                let add = (key >> 40) + 1;
+                let original = l.sum;
+                l.sum = l.sum.wrapping_add(add);
+                Work::FetchAdd { add, original }
+            }
+            1 => {
+                let original = l.word;
+                let swap = if key == l.word { !key } else { key };
+                l.word = swap;
+                Work::CompareSwap {
+                    compare: original,
+                    swap,
+                    original,
+                }
+            }
+            _ => Work::CompareSwap {
+                compare: !l.word,
+                swap: key,
+                original: l.word,
+            },
+        }
+    }
+
+    /// Prepares a slot and posts one message (and, for a SEND, its receive).
+    fn post(&mut self, sim: &mut Sim, lane: usize, op: Op) -> Result<(), String> {
+        let seq = self.lanes[lane].next_seq;
+        self.lanes[lane].next_seq += 1;
+        let key = message_key(self.seed, lane, seq);
+        let left = self.target - self.posted;
+        let data_len = (MESSAGE as u64).min(left) as usize;
+        let (work, len) = match op {
+            Op::Send => (Work::Send, data_len),
+            Op::Write => (Work::Write, data_len),
+            Op::Read => (Work::Read, data_len),
+            Op::Atomic => (self.next_atomic(lane, key), 8),
+        };
+        let message = Message {
+            seq,
+            work,
+            len,
+            sent: false,
+            received: work != Work::Send,
+        };
+        let l = &self.lanes[lane];
+        let (local, remote, counters) = (l.local, l.remote, l.counters);
+        let (qp_a, qp_b) = (l.pair.a.1, l.pair.b.1);
+        let offset = slot_offset(message.slot());
+        // Both windows of a pair sit at the same address on their node.
+        let addr = window_iova(lane) + offset as u64;
+        let counter_addr = counters_iova(lane) + GUARD as u64;
+        // The source gets this message's bytes, the destination the canary.
+        let (source, (node, window)) = l.ends(work);
+        if let Some((node, window)) = source {
+            fill_pattern(key, &mut region(sim, node, window)[offset..offset + len]);
+        }
+        region(sim, node, window)[offset..offset + MESSAGE].fill(CANARY);
+
+        let local_sge = Sge {
+            addr,
+            length: len as u32,
+            lkey: local,
+        };
+        let op = match work {
+            Work::Send => {
+                let receive = RecvWr {
+                    wr_id: wr_id(lane, seq),
+                    sg_list: vec![Sge {
+                        addr,
+                        length: MESSAGE as u32,
+                        lkey: remote,
+                    }],
+                };
+                sim.post_recv(B, qp_b, receive)
+                    .map_err(|e| format!("post_recv on QP {qp_b:#x}: {e}"))?;
+                SendOp::Send
+            }
+            Work::Write => SendOp::RdmaWrite {
+                remote_addr: addr,
+                rkey: remote,
+            },
+            Work::Read => SendOp::RdmaRead {
+                remote_addr: addr,
+                rkey: remote,
+            },
+            Work::FetchAdd { add, .. } => SendOp::FetchAdd {
+                remote_addr: counter_addr,
+                rkey: counters,
+                add,
+            },
+            Work::CompareSwap { compare, swap, .. } => SendOp::CompareSwap {
+                remote_addr: counter_addr + 8,
+                rkey: counters,
+                compare,
+                swap,
+            },
+        };
+        let wr = SendWr {
+            wr_id: wr_id(lane, seq),
+            op,
+            sg_list: vec![local_sge],
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        sim.post_send(A, qp_a, wr)
+            .map_err(|e| format!("post_send on QP {qp_a:#x}: {e}"))?;
+        self.lanes[lane].in_flight.push_back(message);
+        self.posted += len as u64;
+        Ok(())
+    }
+
+    /// Takes every completion, and checks and retires the messages that are complete.
+    /// Returns how many were retired.
+    fn collect(&mut self, sim: &mut Sim) -> Result<usize, String> {
+        for completion in sim.poll_send(A) {
+            self.on_send_completion(&completion)?;
+        }
+        for completion in sim.poll_recv(B) {
+            self.on_recv_completion(&completion)?;
+        }
+        let mut retired = 0;
+        for lane in 0..self.lanes.len() {
+            while let Some(&message) = self.lanes[lane].in_flight.front() {
+                if !(message.sent && message.received) {
+                    break;
+                }
+                self.check(sim, lane, &message)?;
+                self.lanes[lane].in_flight.pop_front();
+                self.verified += message.len as u64;
+                self.done += 1;
+                retired += 1;
+            }
+        }
+        Ok(retired)
+    }
+
+    /// The in-flight message a completion names.
+    fn find(&self, completion: &WorkCompletion) -> Result<(usize, usize), String> {
+        let (lane, seq) = split_wr_id(completion.wr_id);
+        let index = self
+            .lanes
+            .get(lane)
+            .and_then(|l| Some(seq.checked_sub(l.in_flight.front()?.seq)? as usize))
+            .filter(|&index| index < self.lanes[lane].in_flight.len())
+            .ok_or_else(|| {
+                format!(
+                    "a completion for wr_id {:#x} that is not in flight",
+                    completion.wr_id
+                )
+            })?;
+        Ok((lane, index))
+    }
+
+    fn on_send_completion(&mut self, completion: &WorkCompletion) -> Result<(), String> {
+        let (lane, index) = self.find(completion)?;
+        let l = &mut self.lanes[lane];
+        let message = l.in_flight[index];
+        let qpn = l.pair.a.1;
+        let name = || format!("QP {qpn:#x} message {} ({})", message.seq, message.work);
+        if completion.status != WcStatus::Success {
+            return Err(format!("{} completed with {:?}", name(), completion.status));
+        }
+        if completion.opcode != message.work.opcode() || completion.qp_num != qpn {
+            return Err(format!("{} completed as {completion:?}", name()));
+        }
+        // RC completes a send queue in order.
+        if message.sent || l.in_flight.iter().take(index).any(|m| !m.sent) {
+            return Err(format!("{} completed out of order", name()));
+        }
+        l.in_flight[index].sent = true;
+        Ok(())
+    }
+
+    fn on_recv_completion(&mut self, completion: &WorkCompletion) -> Result<(), String> {
+        let (lane, index) = self.find(completion)?;
+        let l = &mut self.lanes[lane];
+        let message = l.in_flight[index];
+        let qpn = l.pair.b.1;
+        let name = || format!("QP {qpn:#x} receive {}", message.seq);
+        if completion.status != WcStatus::Success {
+            return Err(format!("{} completed with {:?}", name(), completion.status));
+        }
+        let expected = (WcOpcode::Recv, message.len as u32, qpn);
+        let got = (completion.opcode, completion.byte_len, completion.qp_num);
+        if message.work != Work::Send || message.received || got != expected {
+            return Err(format!("{} completed as {completion:?}", name()));
+        }
+        l.in_flight[index].received = true;
+        Ok(())
+    }
+
+    /// Checks a completed message: its destination holds its bytes and canary after them,
+    /// and its source still holds its bytes.
+    fn check(&mut self, sim: &mut Sim, lane: usize, message: &Message) -> Result<(), String> {
+        let l = &self.lanes[lane];
+        let qpn = l.pair.a.1;
+        let name = || format!("QP {qpn:#x} message {} ({})", message.seq, message.work);
+        let (source, (node, window)) = l.ends(message.work);
+        let want = &mut self.expected[..message.len];
+        match message.work {
+            Work::FetchAdd { original, .. } | Work::CompareSwap { original, .. } => {
+                want.copy_from_slice(&original.to_ne_bytes());
+            }
+            _ => fill_pattern(message_key(self.seed, lane, message.seq), want),
+        }
+        let offset = slot_offset(message.slot());
+        let stride = &region(sim, node, window)[offset..offset + STRIDE];
+        check_stride(stride, want).map_err(|e| format!("{}: {e}", name()))?;
+        if let Some((node, window)) = source {
+            let sent = &region(sim, node, window)[offset..offset + want.len()];
+            if sent != &want[..] {
+                return Err(format!("{}: its source changed", name()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks what only the end of a run can: the counters' final values, and that no guard
+    /// was ever written.
+    fn check_end(&self, sim: &mut Sim) -> Result<(), String> {
+        for (lane, l) in self.lanes.iter().enumerate() {
+            let qpn = l.pair.a.1;
+            let counters = region(sim, B, l.counters);
+            let value = |at: usize| u64::from_ne_bytes(counters[at..at + 8].try_into().unwrap());
+            let (sum, word) = (value(GUARD), value(GUARD + 8));
+            if (sum, word) != (l.sum, l.word) {
+                return Err(format!(
+                    "QP {qpn:#x}: FETCH_ADD counter {sum:#x} and CMP_SWAP word {word:#x}, \
+                     expected {:#x} (the sum of every add) and {:#x}",
+                    l.sum, l.word
+                ));
+            }
+            let guards = [&counters[..GUARD], &counters[GUARD + 16..]];
+            if guards.iter().any(|g| g.iter().any(|&b| b != CANARY)) {
+                return Err(format!(
+                    "QP {qpn:#x}: a guard around the counters was written"
+                ));
+            }
+            for (node, key) in [(A, l.local), (B, l.remote)] {
+                let window = region(sim, node, key);
+                let mut guards = std::iter::once(0..GUARD)
+                    .chain((0..SLOTS).map(|s| slot_offset(s) + MESSAGE..slot_offset(s) + STRIDE));
+                if let Some(g) = guards.find(|g| window[g.clone()].iter().any(|&b| b != CANARY)) {
+                    return Err(format!(
+                        "QP {qpn:#x}: the guard at offset {} of pair {lane}'s window on node {node} \
+                         was written",
+                        g.start
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prints a line on stderr each time another tenth of the bytes is verified, once the run has
+/// taken long enough for that to help.
+struct Progress {
+    started: Instant,
+    tenths: u64,
+}
+
+impl Progress {
+    fn update(&mut self, verified: u64, target: u64) {
+        let tenths = (u128::from(verified) * 10 / u128::from(target)) as u64;
+        if tenths > self.tenths && self.started.elapsed() >= QUIET_FOR {
+            eprintln!(
+                "roce sim: {}% ({verified} of {target} bytes verified, {:.1?})",
+                tenths * 10,
+                self.started.elapsed()
+            );
+        }
+        self.tenths = self.tenths.max(tenths);
+    }
+}
+
+/// Runs the simulator until every byte is verified or a check fails.
+fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Progress) -> Result<(), String> {
+    run.refill(sim)?;
+    while !run.finished() {
+        let mut failure = None;
+        let mut calls = 0u64;
+        let moved = sim.run_until(STALL_STEPS, |sim| {
+            calls += 1;
+            match run.collect(sim) {
+                Ok(retired) => retired > 0,
+                Err(reason) => {
+                    failure = Some(reason);
+                    true
+                }
+            }
+        });
+        if let Some(reason) = failure {
+            return Err(reason);
+        }
+        if !moved {
+            return Err(if calls > STALL_STEPS {
+                format!("no message completed in {STALL_STEPS} simulator steps (run_until bound)")
+            } else {
+                format!(
+                    "the network went idle with {} messages in flight",
+                    run.in_flight()
+                )
+            });
+        }
+        if sim.stats.corrupt_accepted > 0 {
+            return Err(format!(
+                "{} corrupted frames passed the receiver's checks",
+                sim.stats.corrupt_accepted
+            ));
+        }
+        for node in [A, B] {
+            if let Some(event) = sim.nodes[node].endpoint.take_events().first() {
+                return Err(format!("node {node}: {event:?}"));
+            }
+        }
+        progress.update(run.verified, run.target);
+        run.refill(sim)?;
+    }
+    run.check_end(sim)
+}
+
+/// Arguments clap cannot check alone.
+fn check_args(args: &Args) -> Result<(), String> {
+    if args.ops.iter().all(|&op| op == Op::Atomic) && !args.bytes.is_multiple_of(8) {
+        return Err(
+            "atomics move 8 bytes each: with --ops atomic, --bytes must be a multiple \
+                    of 8"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Counters of every QP of both nodes, added up.
+fn total_stats(sim: &Sim, run: &Run) -> QpStats {
+    let mut total = QpStats::default();
+    for lane in &run.lanes {
+        for (node, qpn) in [lane.pair.a, lane.pair.b] {
+            let stats = sim.nodes[node].endpoint.qp_stats(qpn).unwrap_or_default();
+            total.retransmits += stats.retransmits;
+            total.timeouts += stats.timeouts;
+            total.naks_sent += stats.naks_sent;
+            total.naks_received += stats.naks_received;
+            total.dropped += stats.dropped;
+        }
+    }
+    total
+}
+
+fn percent(probability: f64) -> String {
+    format!("{}%", probability * 100.0)
+}
+
+fn report(
+    out: &mut impl Write,
+    args: &Args,
+    sim: &Sim,
+    run: &Run,
+    simulated: Duration,
+    wall: Duration,
+    outcome: &Result<(), String>,
+) -> io::Result<()> {
+    let ops: Vec<String> = args.ops.iter().map(Op::to_string).collect();
+    writeln!(
+        out,
+        "qps={} mtu={} message={MESSAGE} ops={} bytes={} seed={} loss={} reorder={} dup={} \
+         corrupt={}",
+        args.qps,
+        args.mtu.bytes(),
+        ops.join(","),
+        args.bytes,
+        args.seed,
+        percent(sim.link.loss),
+        percent(sim.link.reorder),
+        percent(sim.link.duplicate),
+        percent(sim.link.corrupt),
+    )?;
+    let net = &sim.stats;
+    writeln!(
+        out,
+        "frames sent={} delivered={} lost={} corrupted={} corrupt_rejected={} \
+         corrupt_accepted={}",
+        net.sent,
+        net.delivered,
+        net.lost,
+        net.corrupted,
+        net.corrupt_rejected,
+        net.corrupt_accepted
+    )?;
+    for lane in &run.lanes {
+        let stats =
+            |(node, qpn): (usize, u32)| sim.nodes[node].endpoint.qp_stats(qpn).unwrap_or_default();
+        let (a, b) = (stats(lane.pair.a), stats(lane.pair.b));
+        writeln!(
+            out,
+            "qp {:#x}->{:#x} retransmits={} timeouts={} naks_sent={} naks_received={} \
+             dropped={}",
+            lane.pair.a.1,
+            lane.pair.b.1,
+            a.retransmits + b.retransmits,
+            a.timeouts + b.timeouts,
+            a.naks_sent + b.naks_sent,
+            a.naks_received + b.naks_received,
+            a.dropped + b.dropped,
+        )?;
+    }
+    let mib_per_s = run.verified as f64 / (1 << 20) as f64 / wall.as_secs_f64().max(1e-9);
+    writeln!(
+        out,
+        "simulated={simulated:.3?} wall={wall:.3?} ({mib_per_s:.1} MiB/s verified)"
+    )?;
+    let total = total_stats(sim, run);
+    write!(
+        out,
+        "verified={} ops={} retransmits={} naks={} ",
+        run.verified, run.done, total.retransmits, total.naks_received
+    )?;
+    match outcome {
+        Ok(()) => writeln!(out, "status=ok"),
+        Err(reason) => writeln!(out, "status=FAIL reason=\"{}\"", reason.replace('"', "'")),
+    }
+}
+
+/// Runs `roce sim`.
+pub fn run(args: &Args) -> ExitCode {
+    if let Err(error) = check_args(args) {
+        eprintln!("roce sim: {error}");
+        return ExitCode::from(2);
+    }
+    let link = LinkConfig {
+        loss: args.loss,
+        reorder: args.reorder,
+        duplicate: args.dup,
+        corrupt: args.corrupt,
+        ..LinkConfig::default()
+    };
+    let started = Instant::now();
+    let mut sim = Sim::new(link, args.seed);
+    sim.add_node();
+    sim.add_node();
+    let sim_start = sim.now;
+    let mut run = Run::new(args, &mut sim);
+    let mut progress = Progress { started, tenths: 0 };
+    let outcome = drive(&mut sim, &mut run, &mut progress);
+    let simulated = sim.now - sim_start;
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let written = report(
+        &mut out,
+        args,
+        &sim,
+        &run,
+        simulated,
+        started.elapsed(),
+        &outcome,
+    )
+    .and_then(|()| out.flush());
+    match (written, outcome) {
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Ok(()), Err(_)) => ExitCode::FAILURE,
+        (Err(error), _) if error.kind() == io::ErrorKind::BrokenPipe => ExitCode::from(141),
+        (Err(error), _) => {
+            eprintln!("roce sim: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("16m"), Ok(16 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        for bad in ["", "M", "0", "1.5M", "-1", "1T", "99999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn percentages() {
+        assert_eq!(parse_percent("5"), Ok(0.05));
+        assert_eq!(parse_percent("0.5"), Ok(0.005));
+        assert_eq!(parse_percent("100%"), Ok(1.0));
+        for bad in ["-1", "100.5", "x", "NaN"] {
+            assert!(parse_percent(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mtus() {
+        assert_eq!(parse_mtu("256"), Ok(PathMtu::Mtu256));
+        assert_eq!(parse_mtu("4096"), Ok(PathMtu::Mtu4096));
+        assert!(parse_mtu("300").is_err());
+        assert!(parse_mtu("8192").is_err());
+    }
+
+    #[test]
+    fn messages_differ() {
+        let (mut one, mut two) = ([0u8; 64], [0u8; 64]);
+        fill_pattern(message_key(1, 0, 0), &mut one);
+        fill_pattern(message_key(1, 0, SLOTS as u64), &mut two);
+        assert_ne!(
+            one, two,
+            "a slot's next message must not look like its last"
+        );
+    }
+
+    #[test]
+    fn stride_check_reports_both_kinds_of_damage() {
+        let mut stride = vec![CANARY; 32];
+        stride[..4].copy_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(check_stride(&stride, &[1, 2, 3, 4]), Ok(()));
+        assert!(check_stride(&stride, &[1, 2, 9, 4])
+            .unwrap_err()
+            .starts_with("byte 2 of 4"));
+        stride[10] = 0;
+        assert!(check_stride(&stride, &[1, 2, 3, 4])
+            .unwrap_err()
+            .starts_with("byte 6 after"));
+    }
+}

@@ -1,0 +1,182 @@
+//! `roce sim` as a user runs it: clean and faulty links, each operation alone, both MTU
+//! extremes, several QPs, and the runs that must not say ok.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Output};
+
+/// Every fault at once, at the rates the issue asks the simulator to survive.
+const FAULTS: [&str; 8] = [
+    "--loss",
+    "5",
+    "--reorder",
+    "5",
+    "--dup",
+    "1",
+    "--corrupt",
+    "1",
+];
+
+fn roce_sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_roce"))
+        .arg("sim")
+        .args(args)
+        .output()
+        .expect("run roce")
+}
+
+fn last_line(output: &Output) -> String {
+    let stdout = String::from_utf8(output.stdout.clone()).unwrap();
+    stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// The `key=value` fields of the last line, checked to be exactly the documented ones.
+fn summary(output: &Output) -> BTreeMap<String, String> {
+    let line = last_line(output);
+    let fields: BTreeMap<String, String> = line
+        .splitn(5, ' ')
+        .map(|field| {
+            let (key, value) = field.split_once('=').expect("key=value");
+            (key.to_string(), value.to_string())
+        })
+        .collect();
+    let keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        ["naks", "ops", "retransmits", "status", "verified"],
+        "{line}"
+    );
+    fields
+}
+
+fn number(fields: &BTreeMap<String, String>, key: &str) -> u64 {
+    fields[key].parse().unwrap()
+}
+
+/// Runs `roce sim` and asserts that it verified `bytes` and said ok; returns the last line's
+/// fields.
+fn assert_ok(args: &[&str], bytes: u64) -> BTreeMap<String, String> {
+    let output = roce_sim(args);
+    let fields = summary(&output);
+    assert_eq!(fields["status"], "ok", "{args:?}: {}", last_line(&output));
+    assert_eq!(output.status.code(), Some(0), "{args:?}");
+    assert_eq!(number(&fields, "verified"), bytes, "{args:?}");
+    fields
+}
+
+fn with_faults<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    args.iter().copied().chain(FAULTS).collect()
+}
+
+#[test]
+fn clean_link_moves_every_byte_without_retransmitting() {
+    let fields = assert_ok(&["--bytes", "1M"], 1 << 20);
+    assert_eq!(number(&fields, "retransmits"), 0);
+    assert_eq!(number(&fields, "naks"), 0);
+    // 16 data messages of 64 KiB minus room for the interleaved atomics, plus the atomics.
+    assert!(number(&fields, "ops") > 16);
+}
+
+#[test]
+fn faulty_link_with_every_operation() {
+    let fields = assert_ok(&with_faults(&["--bytes", "1M"]), 1 << 20);
+    assert!(number(&fields, "retransmits") > 0, "{fields:?}");
+    assert!(number(&fields, "naks") > 0, "{fields:?}");
+}
+
+#[test]
+fn each_operation_alone_over_a_faulty_link() {
+    for op in ["send", "write", "read"] {
+        let fields = assert_ok(&with_faults(&["--ops", op, "--bytes", "512K"]), 512 << 10);
+        assert_eq!(number(&fields, "ops"), 8, "{op}: 64 KiB messages");
+        assert!(number(&fields, "retransmits") > 0, "{op}: {fields:?}");
+    }
+    let fields = assert_ok(&with_faults(&["--ops", "atomic", "--bytes", "4K"]), 4096);
+    assert_eq!(number(&fields, "ops"), 512, "8 bytes per atomic");
+}
+
+#[test]
+fn smallest_and_largest_mtu() {
+    for mtu in ["256", "4096"] {
+        let fields = assert_ok(
+            &with_faults(&["--mtu", mtu, "--bytes", "512K", "--seed", "7"]),
+            512 << 10,
+        );
+        assert!(number(&fields, "retransmits") > 0, "MTU {mtu}: {fields:?}");
+    }
+}
+
+#[test]
+fn two_qps_share_the_work() {
+    let output = roce_sim(&with_faults(&["--qps", "2", "--bytes", "1M"]));
+    let stdout = String::from_utf8(output.stdout.clone()).unwrap();
+    let per_qp = stdout.lines().filter(|l| l.starts_with("qp ")).count();
+    assert_eq!(per_qp, 2, "{stdout}");
+    assert_eq!(summary(&output)["status"], "ok", "{stdout}");
+    assert_eq!(number(&summary(&output), "verified"), 1 << 20);
+    assert_eq!(output.status.code(), Some(0));
+}
+
+#[test]
+fn odd_sizes_end_exactly() {
+    assert_ok(&["--bytes", "100003"], 100_003);
+    // The run ends on a READ of 5 bytes: an atomic would not fit.
+    let fields = assert_ok(&["--ops", "atomic,read", "--bytes", "13"], 13);
+    assert_eq!(number(&fields, "ops"), 2);
+}
+
+#[test]
+fn same_seed_same_run() {
+    let args = with_faults(&["--bytes", "256K", "--seed", "42"]);
+    let (one, two) = (roce_sim(&args), roce_sim(&args));
+    // Everything but the wall-clock line.
+    let stable = |output: &Output| {
+        String::from_utf8(output.stdout.clone())
+            .unwrap()
+            .lines()
+            .filter(|line| !line.starts_with("simulated="))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(stable(&one), stable(&two));
+}
+
+#[test]
+fn a_dead_link_fails_the_run() {
+    // Every frame lost: the requester exhausts its retries and the WR completes in error.
+    let output = roce_sim(&["--loss", "100", "--bytes", "64K"]);
+    assert_eq!(output.status.code(), Some(1));
+    let line = last_line(&output);
+    assert!(line.starts_with("verified=0 ops=0 retransmits="), "{line}");
+    assert!(
+        line.ends_with(
+            " naks=0 status=FAIL reason=\"QP 0x11 message 0 (SEND) completed with RetryExceeded\""
+        ),
+        "{line}"
+    );
+    let retransmits = line.split(' ').nth(2).unwrap();
+    assert_ne!(
+        retransmits, "retransmits=0",
+        "it tried again before giving up"
+    );
+}
+
+#[test]
+fn impossible_arguments_exit_2() {
+    for args in [
+        &["--mtu", "300"][..],
+        &["--mtu", "8192"],
+        &["--loss", "101"],
+        &["--loss", "-1"],
+        &["--bytes", "0"],
+        &["--bytes", "1T"],
+        &["--ops", "cas"],
+        &["--qps", "0"],
+        // Atomics move 8 bytes each, so 12 bytes of atomics cannot be moved.
+        &["--ops", "atomic", "--bytes", "12"],
+    ] {
+        let output = roce_sim(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+        assert!(!output.stderr.is_empty(), "{args:?}");
+    }
+}
