@@ -202,13 +202,24 @@ impl Endpoint {
 
     /// The next packet to send, taking QPs in turn.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        let qpns: Vec<u32> = self
-            .qps
-            .range(self.transmit_cursor..)
-            .chain(self.qps.range(..self.transmit_cursor))
-            .map(|(&q, _)| q)
-            .collect();
-        for qpn in qpns {
+        // From the cursor to the end, then from the start to the cursor, without allocating.
+        let start = self.transmit_cursor;
+        let mut from = start;
+        let mut wrapped = false;
+        loop {
+            let next = if wrapped {
+                self.qps.range(from..start).next()
+            } else {
+                self.qps.range(from..).next()
+            };
+            let Some(qpn) = next.map(|(&qpn, _)| qpn) else {
+                if wrapped || start == 0 {
+                    return None;
+                }
+                wrapped = true;
+                from = 0;
+                continue;
+            };
             if let Some(packet) = self
                 .with_qp(qpn, now, |qp, ctx| qp.poll_packet(ctx))
                 .flatten()
@@ -219,8 +230,8 @@ impl Endpoint {
                     packet,
                 });
             }
+            from = qpn + 1;
         }
-        None
     }
 
     /// The earliest timer deadline of any QP.

@@ -150,6 +150,10 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostErr
 /// Whether the WQE at `index` must wait: for a fence, or for a read/atomic slot.
 fn must_wait(qp: &Qp, index: usize) -> bool {
     let wqe = &qp.req.wqes[index];
+    let fence = wqe.wr.flags.contains(SendFlags::FENCE);
+    if !fence && !wqe.wr.op.is_read_or_atomic() {
+        return false; // the common case, without scanning the queue
+    }
     let earlier_reads = qp
         .req
         .wqes
@@ -157,7 +161,7 @@ fn must_wait(qp: &Qp, index: usize) -> bool {
         .take(index)
         .filter(|w| w.wr.op.is_read_or_atomic())
         .count();
-    let fenced = wqe.wr.flags.contains(SendFlags::FENCE) && earlier_reads > 0;
+    let fenced = fence && earlier_reads > 0;
     let starting = qp.req.pkt_in_wqe == 0;
     let no_slot = wqe.wr.op.is_read_or_atomic()
         && starting
