@@ -252,37 +252,28 @@ impl MrTable {
 }
 
 impl MrTable {
-    /// Walks a gather/scatter list from byte `offset` for `len` bytes, checking each element
-    /// against `pd` and `needed`, and calls `visit` with each piece's location and length.
-    fn walk_sg(
+    /// The next piece of a gather/scatter list at byte `offset`, at most `len` bytes: its
+    /// location (checked against `pd` and `needed`), its length, and the list offset after it.
+    fn sg_piece(
         &self,
         pd: PdId,
         sg_list: &[Sge],
-        mut offset: u64,
-        mut len: u64,
+        offset: u64,
+        len: u64,
         needed: AccessFlags,
-        mut visit: impl FnMut(Location, usize),
-    ) -> Result<(), MrError> {
+    ) -> Result<(Location, usize), MrError> {
+        let mut skip = offset;
         for sge in sg_list {
-            if len == 0 {
-                break;
-            }
             let sge_len = u64::from(sge.length);
-            if offset >= sge_len {
-                offset -= sge_len;
+            if skip >= sge_len {
+                skip -= sge_len;
                 continue;
             }
-            let piece = (sge_len - offset).min(len);
-            let location = self.check(pd, sge.lkey, sge.addr + offset, piece, needed)?;
-            visit(location, piece as usize);
-            len -= piece;
-            offset = 0;
+            let piece = (sge_len - skip).min(len);
+            let location = self.check(pd, sge.lkey, sge.addr + skip, piece, needed)?;
+            return Ok((location, piece as usize));
         }
-        if len == 0 {
-            Ok(())
-        } else {
-            Err(MrError::OutOfBounds)
-        }
+        Err(MrError::OutOfBounds)
     }
 
     /// Copies bytes `offset..offset + out.len()` of a gather list into `out`.
@@ -293,24 +284,24 @@ impl MrTable {
         offset: u64,
         out: &mut [u8],
     ) -> Result<(), MrError> {
-        let mut pieces = Vec::new();
-        self.walk_sg(
-            pd,
-            sg_list,
-            offset,
-            out.len() as u64,
-            AccessFlags::empty(),
-            |l, n| pieces.push((l, n)),
-        )?;
-        let mut written = 0;
-        for (location, len) in pieces {
-            out[written..written + len].copy_from_slice(self.slice(location, len));
-            written += len;
+        let mut done = 0;
+        while done < out.len() {
+            let remaining = (out.len() - done) as u64;
+            let (location, piece) = self.sg_piece(
+                pd,
+                sg_list,
+                offset + done as u64,
+                remaining,
+                AccessFlags::empty(),
+            )?;
+            out[done..done + piece].copy_from_slice(self.slice(location, piece));
+            done += piece;
         }
         Ok(())
     }
 
-    /// Writes `data` at byte `offset` of a scatter list (needs LOCAL_WRITE).
+    /// Writes `data` at byte `offset` of a scatter list (needs LOCAL_WRITE). Nothing is
+    /// written unless all of it fits.
     pub fn scatter(
         &mut self,
         pd: PdId,
@@ -318,20 +309,22 @@ impl MrTable {
         offset: u64,
         data: &[u8],
     ) -> Result<(), MrError> {
-        let mut pieces = Vec::new();
-        self.walk_sg(
-            pd,
-            sg_list,
-            offset,
-            data.len() as u64,
-            AccessFlags::LOCAL_WRITE,
-            |l, n| pieces.push((l, n)),
-        )?;
-        let mut read = 0;
-        for (location, len) in pieces {
-            self.slice_mut(location, len)
-                .copy_from_slice(&data[read..read + len]);
-            read += len;
+        let mut checked = 0;
+        while checked < data.len() {
+            let remaining = (data.len() - checked) as u64;
+            let at = offset + checked as u64;
+            let (_, piece) = self.sg_piece(pd, sg_list, at, remaining, AccessFlags::LOCAL_WRITE)?;
+            checked += piece;
+        }
+        let mut done = 0;
+        while done < data.len() {
+            let remaining = (data.len() - done) as u64;
+            let at = offset + done as u64;
+            let (location, piece) =
+                self.sg_piece(pd, sg_list, at, remaining, AccessFlags::LOCAL_WRITE)?;
+            self.slice_mut(location, piece)
+                .copy_from_slice(&data[done..done + piece]);
+            done += piece;
         }
         Ok(())
     }
