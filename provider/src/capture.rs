@@ -1,13 +1,16 @@
 //! Ethernet frames in pcap and pcapng files, as tcpdump and Wireshark read and write them.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
 use pcap_file::pcapng::{Block, PcapNgReader};
 use pcap_file::{DataLink, Endianness};
+
+use crate::backend::Backend;
 
 /// Why a capture file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -128,17 +131,103 @@ pub fn read_frames(path: &Path) -> Result<Vec<CapturedFrame>, CaptureError> {
     CaptureReader::open(path)?.collect()
 }
 
+/// Wraps a backend and writes every frame it sends or receives to a pcap file, readable by
+/// `roce dump` and Wireshark.
+pub struct PcapRecorder<B> {
+    inner: B,
+    writer: PcapWriter<SharedFile>,
+    /// The same file as the writer's, kept to flush it (pcap-file lends no `get_mut`).
+    file: SharedFile,
+}
+
+/// A buffered file that several owners can write and flush.
+#[derive(Clone)]
+struct SharedFile(Arc<Mutex<BufWriter<File>>>);
+
+impl Write for SharedFile {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("poisoned"))?
+            .write(bytes)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("poisoned"))?
+            .flush()
+    }
+}
+
+impl<B: Backend> PcapRecorder<B> {
+    /// Records `inner`'s traffic into a new file at `path`.
+    pub fn create(inner: B, path: &Path) -> Result<Self, CaptureError> {
+        let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(File::create(path)?))));
+        let writer = PcapWriter::with_header(file.clone(), pcap_header())?;
+        Ok(PcapRecorder {
+            inner,
+            writer,
+            file,
+        })
+    }
+
+    fn record(&mut self, frame: &[u8]) -> io::Result<()> {
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let packet = PcapPacket::new(since_epoch, frame.len() as u32, frame);
+        self.writer
+            .write_packet(&packet)
+            .map(|_| ())
+            .map_err(io::Error::other)
+    }
+
+    /// Flushes the file.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl<B: Backend> Backend for PcapRecorder<B> {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.record(frame)?;
+        self.inner.send(frame)
+    }
+
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+        let received = self.inner.recv(buffer)?;
+        if let Some(len) = received {
+            self.record(&buffer[..len])?;
+        }
+        Ok(received)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.wait(timeout)
+    }
+}
+
+impl<B> Drop for PcapRecorder<B> {
+    fn drop(&mut self) {
+        let _ = self.file.flush();
+    }
+}
+
+fn pcap_header() -> PcapHeader {
+    PcapHeader {
+        datalink: DataLink::ETHERNET,
+        endianness: Endianness::Little,
+        ..PcapHeader::default()
+    }
+}
+
 /// Writes frames to a new pcap file (Ethernet link type, microsecond timestamps).
 pub fn write_frames<'a>(
     path: &Path,
     frames: impl IntoIterator<Item = &'a CapturedFrame>,
 ) -> Result<(), CaptureError> {
-    let header = PcapHeader {
-        datalink: DataLink::ETHERNET,
-        endianness: Endianness::Little,
-        ..PcapHeader::default()
-    };
-    let mut writer = PcapWriter::with_header(BufWriter::new(File::create(path)?), header)?;
+    let mut writer = PcapWriter::with_header(BufWriter::new(File::create(path)?), pcap_header())?;
     for frame in frames {
         let len = u32::try_from(frame.data.len())
             .map_err(|_| CaptureError::Format("frame longer than 4 GiB".into()))?;
@@ -167,6 +256,26 @@ mod tests {
             .collect();
         write_frames(&path, &frames).unwrap();
         assert_eq!(read_frames(&path).unwrap(), frames);
+    }
+
+    #[test]
+    fn recorder_keeps_both_directions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("recorded.pcap");
+        let (a, mut b) = crate::memory::memory_pair();
+        let mut recorded = PcapRecorder::create(a, &path).unwrap();
+        recorded.send(&[1; 60]).unwrap();
+        b.send(&[2; 70]).unwrap();
+        let mut buffer = [0u8; 128];
+        recorded.wait(Some(Duration::from_secs(1))).unwrap();
+        assert_eq!(recorded.recv(&mut buffer).unwrap(), Some(70));
+        drop(recorded);
+        let frames: Vec<Vec<u8>> = read_frames(&path)
+            .unwrap()
+            .into_iter()
+            .map(|f| f.data)
+            .collect();
+        assert_eq!(frames, [vec![1; 60], vec![2; 70]]);
     }
 
     #[test]

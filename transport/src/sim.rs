@@ -357,7 +357,7 @@ impl Sim {
     }
 
     fn chance(&mut self, probability: f64) -> bool {
-        probability > 0.0 && (self.rng.next_u64() as f64 / u64::MAX as f64) < probability
+        chance(&mut self.rng, probability)
     }
 
     /// Turns a transmit into bytes on the wire, with the link's faults.
@@ -408,13 +408,7 @@ impl Sim {
         let corrupted = self.chance(self.link.corrupt);
         if corrupted {
             self.stats.corrupted += 1;
-            let udp_checksum = 14 + 20 + 6;
-            let spared = [udp_checksum, udp_checksum + 1, 14 + 20 + 8 + 4];
-            let mut offset = spared[0];
-            while spared.contains(&offset) {
-                offset = 14 + (self.rng.next_u64() as usize) % (bytes.len() - 14);
-            }
-            bytes[offset] ^= 1 << (self.rng.next_u32() % 8);
+            flip_random_bit(&mut bytes, &mut self.rng);
         }
         let copies = if self.chance(self.link.duplicate) {
             2
@@ -533,6 +527,26 @@ impl Default for RetryConfig {
             min_rnr_timer: RnrTimer::new(1),
         }
     }
+}
+
+/// Flips one random bit after the Ethernet header of an untagged IPv4 RoCEv2 frame, sparing
+/// what [`LinkConfig::corrupt`] spares: a corruption every receiver must catch.
+pub fn flip_random_bit(frame: &mut [u8], rng: &mut impl Rng) {
+    let udp_checksum = 14 + 20 + 6;
+    let spared = [udp_checksum, udp_checksum + 1, 14 + 20 + 8 + 4];
+    if frame.len() <= 14 + 20 + 8 + 12 {
+        return;
+    }
+    let mut offset = spared[0];
+    while spared.contains(&offset) {
+        offset = 14 + (rng.next_u64() as usize) % (frame.len() - 14);
+    }
+    frame[offset] ^= 1 << (rng.next_u32() % 8);
+}
+
+/// Whether an event of `probability` happens, drawing from `rng`.
+pub fn chance(rng: &mut impl Rng, probability: f64) -> bool {
+    probability > 0.0 && (rng.next_u64() as f64 / u64::MAX as f64) < probability
 }
 
 fn mac(node: usize) -> [u8; 6] {

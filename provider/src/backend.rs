@@ -1,0 +1,36 @@
+//! The one interface every way of moving Ethernet frames implements.
+
+use std::io;
+use std::time::Duration;
+
+/// Sends and receives whole Ethernet frames (from the destination MAC to the end of the
+/// payload; no FCS).
+///
+/// Wrappers ([`FaultInjector`](crate::fault::FaultInjector),
+/// [`PcapRecorder`](crate::pcap::PcapRecorder)) implement it over any other backend, so they
+/// compose.
+pub trait Backend: Send {
+    /// Sends one frame.
+    fn send(&mut self, frame: &[u8]) -> io::Result<()>;
+
+    /// Copies one waiting frame into `buffer` and returns its length, or `None` when nothing
+    /// is waiting. Never blocks. A frame longer than `buffer` is truncated.
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>>;
+
+    /// Blocks until a frame may be waiting or `timeout` has passed (`None`: no limit).
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        (**self).send(frame)
+    }
+
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+        (**self).recv(buffer)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        (**self).wait(timeout)
+    }
+}

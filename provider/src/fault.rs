@@ -1,0 +1,187 @@
+//! Seeded fault injection on any backend: lose, reorder, duplicate and corrupt sent frames.
+
+use std::io;
+use std::time::Duration;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+use roce_transport::sim::{chance, flip_random_bit, LinkConfig};
+
+use crate::backend::Backend;
+
+/// Wraps a backend and damages what it sends, with the simulator's fault model
+/// ([`LinkConfig`]'s probabilities; its latency is not used). A reordered frame is held back
+/// and sent after the next one (or before the next wait).
+pub struct FaultInjector<B> {
+    inner: B,
+    faults: LinkConfig,
+    rng: ChaCha8Rng,
+    held: Option<Vec<u8>>,
+    /// What has been done so far.
+    pub stats: FaultStats,
+}
+
+/// Counts of injected faults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Frames passed to `send`.
+    pub frames: u64,
+    /// Frames dropped.
+    pub lost: u64,
+    /// Frames held back behind a later one.
+    pub reordered: u64,
+    /// Frames sent twice.
+    pub duplicated: u64,
+    /// Frames with a bit flipped.
+    pub corrupted: u64,
+}
+
+impl<B: Backend> FaultInjector<B> {
+    /// Injects `faults` into what `inner` sends, every choice drawn from `seed`.
+    pub fn new(inner: B, faults: LinkConfig, seed: u64) -> Self {
+        FaultInjector {
+            inner,
+            faults,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            held: None,
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    fn release_held(&mut self) -> io::Result<()> {
+        match self.held.take() {
+            Some(frame) => self.inner.send(&frame),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<B: Backend> Backend for FaultInjector<B> {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.stats.frames += 1;
+        if chance(&mut self.rng, self.faults.loss) {
+            self.stats.lost += 1;
+            return self.release_held();
+        }
+        let mut frame = frame.to_vec();
+        if chance(&mut self.rng, self.faults.corrupt) {
+            self.stats.corrupted += 1;
+            flip_random_bit(&mut frame, &mut self.rng);
+        }
+        let copies = if chance(&mut self.rng, self.faults.duplicate) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        if self.held.is_none() && chance(&mut self.rng, self.faults.reorder) {
+            self.stats.reordered += 1;
+            self.held = Some(frame.clone());
+            return if copies == 2 {
+                self.inner.send(&frame)
+            } else {
+                Ok(())
+            };
+        }
+        for _ in 0..copies {
+            self.inner.send(&frame)?;
+        }
+        self.release_held()
+    }
+
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+        self.inner.recv(buffer)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // A held frame must not wait for traffic that may never come.
+        self.release_held()?;
+        self.inner.wait(timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::memory_pair;
+
+    fn received(backend: &mut impl Backend) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let mut buffer = [0u8; 256];
+        while let Some(len) = backend.recv(&mut buffer).unwrap() {
+            frames.push(buffer[..len].to_vec());
+        }
+        frames
+    }
+
+    fn frame(tag: u8) -> Vec<u8> {
+        vec![tag; 100]
+    }
+
+    #[test]
+    fn clean_config_changes_nothing() {
+        let (a, mut b) = memory_pair();
+        let mut faulty = FaultInjector::new(a, LinkConfig::default(), 1);
+        for tag in 0..50 {
+            faulty.send(&frame(tag)).unwrap();
+        }
+        assert_eq!(received(&mut b), (0..50).map(frame).collect::<Vec<_>>());
+        assert_eq!(
+            faulty.stats,
+            FaultStats {
+                frames: 50,
+                ..FaultStats::default()
+            }
+        );
+    }
+
+    #[test]
+    fn every_fault_happens_at_about_its_rate_and_is_seeded() {
+        let faults = LinkConfig {
+            loss: 0.1,
+            reorder: 0.1,
+            duplicate: 0.1,
+            corrupt: 0.1,
+            ..LinkConfig::default()
+        };
+        let run = |seed| {
+            let (a, mut b) = memory_pair();
+            let mut faulty = FaultInjector::new(a, faults, seed);
+            for tag in 0..=255u8 {
+                for _ in 0..8 {
+                    faulty.send(&frame(tag)).unwrap();
+                }
+            }
+            faulty.wait(Some(Duration::ZERO)).unwrap();
+            (faulty.stats, received(&mut b))
+        };
+        let (stats, frames) = run(7);
+        for count in [
+            stats.lost,
+            stats.reordered,
+            stats.duplicated,
+            stats.corrupted,
+        ] {
+            assert!((100..320).contains(&count), "{stats:?}");
+        }
+        // Corruption is decided after loss, so every corrupted frame arrives (maybe twice).
+        let damaged = frames
+            .iter()
+            .filter(|f| f.iter().any(|&b| b != f[0]))
+            .count() as u64;
+        assert!(damaged >= stats.corrupted, "{damaged} {stats:?}");
+        assert_eq!(
+            frames.len() as u64,
+            stats.frames - stats.lost + stats.duplicated
+        );
+        let out_of_order = frames.windows(2).filter(|w| w[1][50] < w[0][50]).count();
+        assert!(out_of_order > 0);
+        assert_eq!(run(7).1, frames, "same seed, same damage");
+        assert_ne!(run(8).1, frames);
+    }
+}
