@@ -368,6 +368,124 @@ fn check_ranges(attr: &QpAttr) -> Result<(), ModifyQpError> {
     }
 }
 
+/// The retry behaviour of a connected QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryConfig {
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR timer the responder asks for.
+    pub min_rnr_timer: RnrTimer,
+}
+
+impl RetryConfig {
+    /// What `ibv_rc_pingpong` and perftest use: a 67 ms ACK timeout, 7 retries, RNR retries
+    /// forever, a 0.64 ms RNR timer.
+    pub const RC_PINGPONG: RetryConfig = RetryConfig {
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: RnrTimer::new(12),
+    };
+}
+
+impl Default for RetryConfig {
+    /// rc_pingpong's counts with a 0.5 ms ACK timeout and a 10 µs RNR timer: for fast links
+    /// (the simulator, veth).
+    fn default() -> Self {
+        RetryConfig {
+            timeout: 7,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer::new(1),
+        }
+    }
+}
+
+/// The peer a connected QP talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// How to reach it.
+    pub av: AddressVector,
+    /// Its QP number.
+    pub qpn: u32,
+    /// The PSN of its first request (our `rq_psn`).
+    pub psn: Psn,
+}
+
+/// Most READs and atomics a connected QP made by [`connect_attrs`] keeps outstanding, either way.
+pub const CONNECT_RD_ATOMIC: u8 = 16;
+
+/// The three `modify_qp` calls (to INIT, RTR, RTS) that connect an RC or UC QP to `peer`, as
+/// rc_pingpong makes them; the QP allows every remote access its type can have.
+pub fn connect_attrs(
+    qp_type: QpType,
+    peer: Peer,
+    sq_psn: Psn,
+    mtu: PathMtu,
+    retry: RetryConfig,
+) -> [QpAttr; 3] {
+    let rc = qp_type == QpType::Rc;
+    let access = if rc {
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
+    } else {
+        AccessFlags::REMOTE_WRITE
+    };
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(access),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(peer.av),
+            path_mtu: Some(mtu),
+            dest_qp_num: Some(peer.qpn),
+            rq_psn: Some(peer.psn),
+            max_dest_rd_atomic: rc.then_some(CONNECT_RD_ATOMIC),
+            min_rnr_timer: rc.then_some(retry.min_rnr_timer),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(sq_psn),
+            timeout: rc.then_some(retry.timeout),
+            retry_cnt: rc.then_some(retry.retry_cnt),
+            rnr_retry: rc.then_some(retry.rnr_retry),
+            max_rd_atomic: rc.then_some(CONNECT_RD_ATOMIC),
+            ..QpAttr::default()
+        },
+    ]
+}
+
+/// The three `modify_qp` calls that bring a UD QP to RTS with `qkey`.
+pub fn ud_attrs(qkey: u32, sq_psn: Psn) -> [QpAttr; 3] {
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            qkey: Some(qkey),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(sq_psn),
+            ..QpAttr::default()
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

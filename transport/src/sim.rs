@@ -20,10 +20,10 @@ use crate::cq::WorkCompletion;
 use crate::endpoint::{CqId, Endpoint, Transmit};
 use crate::mr::PdId;
 use crate::qp::{PostError, QpCaps, QpInit};
-use crate::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType};
+pub use crate::qp_state::RetryConfig;
+use crate::qp_state::{connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpType};
 use crate::wr::{RecvWr, SendWr};
 use crate::AccessFlags;
-use roce_wire::aeth::RnrTimer;
 use roce_wire::Psn;
 
 /// Faults and timing of the simulated link, applied to every frame independently.
@@ -235,41 +235,12 @@ impl Sim {
         mtu: PathMtu,
         retry: RetryConfig,
     ) {
-        let rc = qp_type == QpType::Rc;
-        let access =
-            AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-        let steps = [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port_num: Some(1),
-                access_flags: Some(if rc {
-                    access
-                } else {
-                    AccessFlags::REMOTE_WRITE
-                }),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                av: Some(av),
-                path_mtu: Some(mtu),
-                dest_qp_num: Some(dest_qpn),
-                rq_psn: Some(rq_psn),
-                max_dest_rd_atomic: rc.then_some(16),
-                min_rnr_timer: rc.then_some(retry.min_rnr_timer),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(sq_psn),
-                timeout: rc.then_some(retry.timeout),
-                retry_cnt: rc.then_some(retry.retry_cnt),
-                rnr_retry: rc.then_some(retry.rnr_retry),
-                max_rd_atomic: rc.then_some(16),
-                ..QpAttr::default()
-            },
-        ];
+        let peer = Peer {
+            av,
+            qpn: dest_qpn,
+            psn: rq_psn,
+        };
+        let steps = connect_attrs(qp_type, peer, sq_psn, mtu, retry);
         for attr in steps {
             self.nodes[node]
                 .endpoint
@@ -280,24 +251,7 @@ impl Sim {
 
     /// Brings a UD QP to RTS with `qkey`.
     pub fn bring_up_ud(&mut self, node: usize, qpn: u32, qkey: u32) {
-        let steps = [
-            QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port_num: Some(1),
-                qkey: Some(qkey),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(self.rng.next_u32())),
-                ..QpAttr::default()
-            },
-        ];
+        let steps = ud_attrs(qkey, Psn::new(self.rng.next_u32()));
         for attr in steps {
             self.nodes[node]
                 .endpoint
@@ -501,31 +455,6 @@ impl Sim {
             }
         }
         done(self)
-    }
-}
-
-/// The retry behaviour of connected QPs made by [`Sim::connect`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryConfig {
-    /// Local ACK timeout exponent.
-    pub timeout: u8,
-    /// Transport retries.
-    pub retry_cnt: u8,
-    /// RNR retries (7 = forever).
-    pub rnr_retry: u8,
-    /// RNR timer the responder asks for.
-    pub min_rnr_timer: RnrTimer,
-}
-
-impl Default for RetryConfig {
-    /// rc_pingpong's values, but a 0.5 ms ACK timeout (the simulated link is fast).
-    fn default() -> Self {
-        RetryConfig {
-            timeout: 7,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: RnrTimer::new(1),
-        }
     }
 }
 
