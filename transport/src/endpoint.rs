@@ -9,6 +9,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::FrameRepr;
 
 use crate::cq::Cq;
@@ -67,6 +70,47 @@ pub struct Transmit {
     pub src_qpn: u32,
     /// The packet.
     pub packet: OutPacket,
+}
+
+impl Transmit {
+    /// The IPv4 destination, when the packet's GID is IPv4-mapped (`::ffff:a.b.c.d`).
+    pub fn ipv4_destination(&self) -> Option<Ipv4Addr> {
+        Ipv6Addr::from(self.packet.av.dgid).to_ipv4_mapped()
+    }
+
+    /// The RoCEv2 frame that carries this packet from `src` (MAC and IPv4 address) to the
+    /// MAC `dst_mac`, as rxe builds it: DF set, identification 0, no UDP checksum, UDP source
+    /// port `0xC000 | (qpn & 0x3FFF)` so each QP keeps one ECMP path. `None` for a GID that
+    /// is not IPv4-mapped.
+    pub fn ipv4_frame(
+        &self,
+        src_mac: [u8; 6],
+        src_ip: Ipv4Addr,
+        dst_mac: [u8; 6],
+    ) -> Option<FrameRepr<'_>> {
+        let av = &self.packet.av;
+        Some(FrameRepr {
+            ethernet: EthernetRepr {
+                dst: dst_mac,
+                src: src_mac,
+                vlan: None,
+            },
+            ip: IpRepr::V4(Ipv4Repr {
+                src: src_ip,
+                dst: self.ipv4_destination()?,
+                dscp: av.traffic_class >> 2,
+                ecn: av.traffic_class & 0x3,
+                identification: 0,
+                dont_fragment: true,
+                ttl: av.hop_limit,
+            }),
+            udp_src_port: 0xC000 | (self.src_qpn & 0x3FFF) as u16,
+            udp_checksum: false,
+            bth: self.packet.bth,
+            ext: self.packet.ext,
+            payload: &self.packet.payload,
+        })
+    }
 }
 
 impl Endpoint {

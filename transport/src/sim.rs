@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{Frame, FrameRepr};
 
 use crate::cq::WorkCompletion;
@@ -317,32 +316,14 @@ impl Sim {
     /// Turns a transmit into bytes on the wire, with the link's faults.
     fn send(&mut self, from: usize, transmit: Transmit) {
         self.stats.sent += 1;
-        let dst_ip =
-            Ipv4Addr::from(<[u8; 4]>::try_from(&transmit.packet.av.dgid[12..]).unwrap_or([0; 4]));
-        let Some(to) = self.nodes.iter().position(|node| node.ip == dst_ip) else {
+        let dst_ip = transmit.ipv4_destination();
+        let Some(to) = self.nodes.iter().position(|node| Some(node.ip) == dst_ip) else {
             self.stats.lost += 1;
             return;
         };
-        let repr = FrameRepr {
-            ethernet: EthernetRepr {
-                dst: mac(to),
-                src: mac(from),
-                vlan: None,
-            },
-            ip: IpRepr::V4(Ipv4Repr {
-                src: self.nodes[from].ip,
-                dst: dst_ip,
-                dscp: 0,
-                ecn: 0,
-                identification: 0,
-                dont_fragment: true,
-                ttl: transmit.packet.av.hop_limit,
-            }),
-            udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
-            udp_checksum: false,
-            bth: transmit.packet.bth,
-            ext: transmit.packet.ext,
-            payload: &transmit.packet.payload,
+        let Some(repr) = transmit.ipv4_frame(mac(from), self.nodes[from].ip, mac(to)) else {
+            self.stats.lost += 1;
+            return;
         };
         let mut bytes = vec![0u8; repr.buffer_len()];
         if repr.emit(&mut bytes).is_err() {
