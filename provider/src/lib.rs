@@ -3,14 +3,17 @@
 //! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements;
 //! - [`memory`]: an in-memory wire for tests;
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
-//! - [`capture`]: reading pcap/pcapng files and writing pcap.
+//! - [`capture`]: reading pcap/pcapng files and writing pcap;
+//! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
+//!   clock.
 //!
-//! Not written yet (issue #4): the AF_XDP and kernel-UDP backends, neighbour resolution,
-//! the engine threads that drive a `roce_transport::Endpoint` over a backend.
+//! Not written yet (issue #4): the AF_XDP and kernel-UDP backends, neighbour resolution from
+//! the kernel's table, and the threads of the verbs layer.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod capture;
+pub mod engine;
 pub mod fault;
 pub mod memory;
