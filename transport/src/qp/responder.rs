@@ -10,7 +10,7 @@ use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use super::{Ctx, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
-use crate::mr::MrError;
+use crate::mr::{Location, MrError};
 use crate::qp_state::{QpState, QpType};
 use crate::wr::RecvWr;
 use crate::AccessFlags;
@@ -294,9 +294,6 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
                 .ext
                 .reth
                 .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-            if !qp.config.access.contains(AccessFlags::REMOTE_READ) {
-                return Err(Refusal::Fatal(NakCode::RemoteAccessError, None));
-            }
             let npsn = read_responses(
                 qp,
                 ctx,
@@ -379,17 +376,15 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             .ext
             .reth
             .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-        let allowed = qp.config.access.contains(AccessFlags::REMOTE_WRITE);
-        let checked = ctx.mrs.check(
-            qp.pd,
+        let write = AccessFlags::REMOTE_WRITE;
+        remote_access(
+            qp,
+            ctx,
             reth.rkey,
             reth.virtual_address,
-            u64::from(reth.dma_length),
-            AccessFlags::REMOTE_WRITE,
-        );
-        if !allowed || checked.is_err() {
-            return Err(Refusal::Fatal(NakCode::RemoteAccessError, None));
-        }
+            reth.dma_length,
+            write,
+        )?;
         qp.resp.in_message = Some(InMessage::Write {
             address: reth.virtual_address,
             rkey: reth.rkey,
@@ -419,16 +414,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     if len > 0 {
-        let location = ctx
-            .mrs
-            .check(
-                qp.pd,
-                rkey,
-                address,
-                u64::from(len),
-                AccessFlags::REMOTE_WRITE,
-            )
-            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+        let location = remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_WRITE)?;
         ctx.mrs
             .slice_mut(location, len as usize)
             .copy_from_slice(frame.payload);
@@ -457,6 +443,24 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
     Ok(())
 }
 
+/// The responder's access check, QP rights then R_Key, region and bounds: a violation is a
+/// remote access error NAK.
+fn remote_access(
+    qp: &Qp,
+    ctx: &Ctx,
+    rkey: u32,
+    address: u64,
+    len: u32,
+    needed: AccessFlags,
+) -> Result<Location, Refusal> {
+    if !qp.config.access.contains(needed) {
+        return Err(Refusal::Fatal(NakCode::RemoteAccessError, None));
+    }
+    ctx.mrs
+        .check(qp.pd, rkey, address, u64::from(len), needed)
+        .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
+}
+
 /// Queues the READ responses for `len` bytes at `address`, starting at `psn`; returns how
 /// many PSNs they use.
 fn read_responses(
@@ -467,16 +471,7 @@ fn read_responses(
     rkey: u32,
     len: u32,
 ) -> Result<u32, Refusal> {
-    let location = ctx
-        .mrs
-        .check(
-            qp.pd,
-            rkey,
-            address,
-            u64::from(len),
-            AccessFlags::REMOTE_READ,
-        )
-        .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
+    let location = remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
     let mtu = qp.config.mtu;
     let npsn = (len as usize).div_ceil(mtu).max(1) as u32;
     let msn = qp.resp.msn.wrapping_add(1);
