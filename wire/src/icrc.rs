@@ -147,7 +147,7 @@ fn solve(columns: &[u32; 17], target: u32) -> Option<u32> {
         }
         basis[rank] = (vector, made_of);
         rank += 1;
-        basis[..rank].sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        basis[..rank].sort_unstable_by_key(|&(pivot, _)| core::cmp::Reverse(pivot));
     }
     let (mut rest, mut solution) = (target, 0);
     for &(pivot, made_of) in &basis[..rank] {
