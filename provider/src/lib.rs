@@ -2,12 +2,13 @@
 //!
 //! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements;
 //! - [`memory`]: an in-memory wire for tests;
+//! - [`udp`]: the kernel UDP-socket backend (no root, no AF_XDP);
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
 //!
-//! Not written yet (issue #4): the AF_XDP and kernel-UDP backends, neighbour resolution from
+//! Not written yet (issue #4): the AF_XDP backend, neighbour resolution from
 //! the kernel's table, and the threads of the verbs layer.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -17,3 +18,4 @@ pub mod capture;
 pub mod engine;
 pub mod fault;
 pub mod memory;
+pub mod udp;
