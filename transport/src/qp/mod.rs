@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::RnrTimer;
+use roce_wire::frame::IpRepr;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
@@ -254,6 +255,7 @@ impl Qp {
         }
         if let Some(psn) = attr.rq_psn {
             self.resp.epsn = psn;
+            self.resp.ack_psn = psn;
         }
         if let Some(psn) = attr.sq_psn {
             self.req.next_psn = psn;
@@ -282,11 +284,27 @@ impl Qp {
     }
 
     pub fn handle_packet(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
+        // Only the default partition exists (full or limited member), and a connected QP
+        // hears only its peer (rxe's check_keys and check_addr).
+        let connected = self.qp_type != QpType::Ud;
+        if frame.bth.pkey & 0x7FFF != 0x7FFF || (connected && !self.is_from_peer(frame)) {
+            self.stats.dropped += 1;
+            return;
+        }
         if frame.bth.opcode.info().is_request {
             responder::handle_request(self, ctx, frame);
         } else if frame.bth.opcode != Opcode::Cnp {
             completer::handle_response(self, ctx, frame);
         }
+    }
+
+    /// Whether a frame comes from the address this connected QP was given.
+    fn is_from_peer(&self, frame: &FrameRepr) -> bool {
+        let source = match frame.ip {
+            IpRepr::V4(v4) => v4.src.to_ipv6_mapped().octets(),
+            IpRepr::V6(v6) => v6.src.octets(),
+        };
+        self.config.av.is_some_and(|av| av.dgid == source)
     }
 
     pub fn handle_timeout(&mut self, ctx: &mut Ctx) {

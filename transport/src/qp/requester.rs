@@ -301,6 +301,10 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.timers.is_set(Timer::RnrWait) {
         return None;
     }
+    // SQD drains: what was already sent may go again, nothing new starts.
+    if qp.state == QpState::Sqd && qp.req.next_psn.distance(qp.req.max_sent_psn) > 0 {
+        return None;
+    }
     let index = qp.req.next;
     if index >= qp.req.wqes.len() || must_wait(qp, index) {
         return None;

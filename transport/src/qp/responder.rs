@@ -39,7 +39,35 @@ enum InMessage {
 struct Resource {
     first_psn: Psn,
     npsn: u32,
-    atomic_original: Option<u64>,
+    kind: ResourceKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ResourceKind {
+    /// A READ of `len` bytes at `address` through `rkey`: a duplicate may ask again for any
+    /// tail of it (a retry from a lost response), and for nothing else.
+    Read { address: u64, rkey: u32, len: u32 },
+    /// An atomic and the value it found.
+    Atomic { original: u64 },
+}
+
+impl Resource {
+    /// Whether a duplicate READ request at `psn` for `len` bytes at `address` asks for the
+    /// part of this READ that begins at its packet `psn`.
+    fn covers_read(&self, psn: Psn, mtu: usize, rkey: u32, address: u64, len: u32) -> bool {
+        let ResourceKind::Read {
+            address: start,
+            rkey: key,
+            len: total,
+        } = self.kind
+        else {
+            return false;
+        };
+        let offset = psn.distance(self.first_psn) as u64 * mtu as u64;
+        key == rkey
+            && address == start + offset
+            && u64::from(len) == u64::from(total) - offset.min(u64::from(total))
+    }
 }
 
 /// Receive-queue and responder state.
@@ -47,6 +75,10 @@ struct Resource {
 pub(crate) struct Responder {
     /// Expected PSN of the next new request.
     pub epsn: Psn,
+    /// The PSN after the last SEND, WRITE or atomic executed: duplicates are acknowledged
+    /// with the one before it, as rxe does, so a duplicate's ACK never names a READ's PSN
+    /// (which would complete that READ at an rxe requester without its data).
+    pub ack_psn: Psn,
     /// Requests completed (the AETH's MSN).
     pub msn: u32,
     rq: VecDeque<RecvWr>,
@@ -213,31 +245,28 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     });
     match frame.bth.opcode {
         Opcode::RcRdmaReadRequest => {
-            if resource.is_some() {
-                if let Some(reth) = frame.ext.reth {
-                    let _ = read_responses(
-                        qp,
-                        ctx,
-                        psn,
-                        reth.virtual_address,
-                        reth.rkey,
-                        reth.dma_length,
-                    );
-                }
-            } else {
-                qp.stats.dropped += 1;
-            }
-        }
-        Opcode::RcCompareSwap | Opcode::RcFetchAdd => {
-            match resource.and_then(|r| r.atomic_original) {
-                Some(original) => {
-                    let packet = atomic_ack_packet(qp, psn, original);
-                    respond(qp, packet);
+            let mtu = qp.config.mtu;
+            let asked = frame.ext.reth.filter(|reth| {
+                resource.is_some_and(|r| {
+                    r.covers_read(psn, mtu, reth.rkey, reth.virtual_address, reth.dma_length)
+                })
+            });
+            match asked {
+                Some(reth) => {
+                    let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
+                    let _ = read_responses(qp, ctx, psn, address, rkey, len);
                 }
                 None => qp.stats.dropped += 1,
             }
         }
-        _ => qp.resp.pending_ack = Some(qp.resp.epsn - 1),
+        Opcode::RcCompareSwap | Opcode::RcFetchAdd => match resource.map(|r| r.kind) {
+            Some(ResourceKind::Atomic { original }) => {
+                let packet = atomic_ack_packet(qp, psn, original);
+                respond(qp, packet);
+            }
+            _ => qp.stats.dropped += 1,
+        },
+        _ => qp.resp.pending_ack = Some(qp.resp.ack_psn - 1),
     }
 }
 
@@ -250,24 +279,50 @@ enum Kind {
     Atomic,
 }
 
-fn kind(opcode: Opcode) -> Kind {
-    let info = opcode.info();
-    if opcode == Opcode::RcRdmaReadRequest {
-        Kind::Read
-    } else if info.headers.contains(&roce_wire::ExtHeader::AtomicEth) {
-        Kind::Atomic
-    } else if opcode.name().contains("WRITE") {
-        Kind::Write
-    } else {
-        Kind::Send
-    }
+/// What the responder does with a request opcode; `None` for the ones it does not implement
+/// (FLUSH, ATOMIC WRITE), which are NAKed as invalid requests.
+fn kind(opcode: Opcode) -> Option<Kind> {
+    use Opcode::*;
+    Some(match opcode {
+        RcRdmaReadRequest => Kind::Read,
+        RcCompareSwap | RcFetchAdd => Kind::Atomic,
+        RcRdmaWriteFirst
+        | RcRdmaWriteMiddle
+        | RcRdmaWriteLast
+        | RcRdmaWriteLastWithImmediate
+        | RcRdmaWriteOnly
+        | RcRdmaWriteOnlyWithImmediate
+        | UcRdmaWriteFirst
+        | UcRdmaWriteMiddle
+        | UcRdmaWriteLast
+        | UcRdmaWriteLastWithImmediate
+        | UcRdmaWriteOnly
+        | UcRdmaWriteOnlyWithImmediate => Kind::Write,
+        RcSendFirst
+        | RcSendMiddle
+        | RcSendLast
+        | RcSendLastWithImmediate
+        | RcSendOnly
+        | RcSendOnlyWithImmediate
+        | RcSendLastWithInvalidate
+        | RcSendOnlyWithInvalidate
+        | UcSendFirst
+        | UcSendMiddle
+        | UcSendLast
+        | UcSendLastWithImmediate
+        | UcSendOnly
+        | UcSendOnlyWithImmediate
+        | UdSendOnly
+        | UdSendOnlyWithImmediate => Kind::Send,
+        _ => return None,
+    })
 }
 
 /// Executes an in-order request; on success the expected PSN moves past it.
 fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
     let opcode = frame.bth.opcode;
     let position = opcode.info().position;
-    let kind = kind(opcode);
+    let kind = kind(opcode).ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     let continuing = match &qp.resp.in_message {
         Some(InMessage::Send { .. }) => Some(Kind::Send),
         Some(InMessage::Write { .. }) => Some(Kind::Write),
@@ -281,9 +336,20 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     if !sequence_ok {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
+    // FIRST and MIDDLE carry exactly one MTU; LAST between one byte and one MTU.
     let mtu = qp.config.mtu;
-    let full_packet = matches!(position, Position::First | Position::Middle);
-    if full_packet && frame.payload.len() != mtu || frame.payload.len() > mtu {
+    let len = frame.payload.len();
+    let length_ok = match position {
+        Position::First | Position::Middle => len == mtu,
+        Position::Last => (1..=mtu).contains(&len),
+        Position::Only => len <= mtu,
+    };
+    let too_long = frame.ext.reth.is_some_and(|reth| reth.dma_length > 1 << 31);
+    if !length_ok || too_long {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+    }
+    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
+    if matches!(kind, Kind::Read | Kind::Atomic) && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     match kind {
@@ -302,12 +368,17 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
                 reth.rkey,
                 reth.dma_length,
             )?;
+            let kind = ResourceKind::Read {
+                address: reth.virtual_address,
+                rkey: reth.rkey,
+                len: reth.dma_length,
+            };
             remember(
                 qp,
                 Resource {
                     first_psn: frame.bth.psn,
                     npsn,
-                    atomic_original: None,
+                    kind,
                 },
             );
             qp.resp.msn = qp.resp.msn.wrapping_add(1);
@@ -317,10 +388,12 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
         Kind::Atomic => {
             atomic(qp, ctx, frame)?;
             qp.resp.epsn = qp.resp.epsn + 1;
+            qp.resp.ack_psn = qp.resp.epsn;
             return Ok(());
         }
     }
     qp.resp.epsn = qp.resp.epsn + 1;
+    qp.resp.ack_psn = qp.resp.epsn;
     if frame.bth.ack_req && qp.qp_type == QpType::Rc {
         qp.resp.pending_ack = Some(frame.bth.psn);
     }
@@ -532,12 +605,13 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
         _ => original.wrapping_add(op.swap_add),
     };
     target.copy_from_slice(&new.to_ne_bytes());
+    let kind = ResourceKind::Atomic { original };
     remember(
         qp,
         Resource {
             first_psn: frame.bth.psn,
             npsn: 1,
-            atomic_original: Some(original),
+            kind,
         },
     );
     qp.resp.msn = qp.resp.msn.wrapping_add(1);
@@ -584,7 +658,11 @@ fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         qp.resp.uc_resync = false;
         qp.resp.epsn = frame.bth.psn;
     }
-    if execute(qp, ctx, frame).is_err() {
+    if let Err(refusal) = execute(qp, ctx, frame) {
+        // A receive the failed packet had taken goes back for the next message.
+        if let Refusal::Fatal(_, Some((wqe, _))) = refusal {
+            qp.resp.rq.push_front(wqe);
+        }
         abandon_message(qp);
         qp.resp.uc_resync = true;
         qp.resp.epsn = frame.bth.psn + 1;
