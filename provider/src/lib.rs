@@ -3,12 +3,14 @@
 //! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements;
 //! - [`memory`]: an in-memory wire for tests;
 //! - [`udp`]: the kernel UDP-socket backend (no root, no AF_XDP);
+//! - [`xdp`]: our XDP program (UDP 4791 to AF_XDP sockets, the rest to the kernel) and its
+//!   bpf(2) loader;
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
 //!
-//! Not written yet (issue #4): the AF_XDP backend, neighbour resolution from
+//! Not written yet (issue #4): the AF_XDP socket backend, neighbour resolution from
 //! the kernel's table, and the threads of the verbs layer.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
@@ -19,3 +21,4 @@ pub mod engine;
 pub mod fault;
 pub mod memory;
 pub mod udp;
+pub mod xdp;
