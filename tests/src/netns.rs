@@ -74,6 +74,21 @@ impl Netns {
             .expect("ifindex")
     }
 
+    /// The MAC address of `interface` in this namespace.
+    pub fn mac(&self, interface: &str) -> [u8; 6] {
+        let output = self.ip(&["-o", "link", "show", interface]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let after = text
+            .split("link/ether ")
+            .nth(1)
+            .expect("an Ethernet interface");
+        let mut mac = [0u8; 6];
+        for (byte, hex) in mac.iter_mut().zip(after.split(':')) {
+            *byte = u8::from_str_radix(&hex[..2], 16).expect("hex MAC");
+        }
+        mac
+    }
+
     /// Moves the calling thread into this namespace (a thread's network namespace is its own).
     pub fn enter(&self) {
         let file = File::open(format!("/var/run/netns/{}", self.name)).expect("namespace file");

@@ -116,6 +116,18 @@ pub fn write_read_send<A: Backend, B: Backend>(
     backend_b: B,
     ip_b: Ipv4Addr,
 ) -> (Engine<A>, Engine<B>) {
+    write_read_send_with_macs(backend_a, ip_a, MAC_A, backend_b, ip_b, MAC_B)
+}
+
+/// [`write_read_send`] with the MACs the two sides really have.
+pub fn write_read_send_with_macs<A: Backend, B: Backend>(
+    backend_a: A,
+    ip_a: Ipv4Addr,
+    mac_a: [u8; 6],
+    backend_b: B,
+    ip_b: Ipv4Addr,
+    mac_b: [u8; 6],
+) -> (Engine<A>, Engine<B>) {
     let (mut side_a, mut side_b) = (side(1), side(2));
     let (qa, qb) = (side_a.qpn, side_b.qpn);
     side_a.connect(
@@ -188,12 +200,12 @@ pub fn write_read_send<A: Backend, B: Backend>(
     let mut a = Engine::new(
         side_a.endpoint,
         backend_a,
-        addressing(MAC_A, ip_a, MAC_B, ip_b),
+        addressing(mac_a, ip_a, mac_b, ip_b),
     );
     let mut b = Engine::new(
         side_b.endpoint,
         backend_b,
-        addressing(MAC_B, ip_b, MAC_A, ip_a),
+        addressing(mac_b, ip_b, mac_a, ip_a),
     );
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
     // Bounded in rounds and in time; the run takes well under a second.

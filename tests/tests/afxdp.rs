@@ -1,0 +1,53 @@
+//! Two endpoints over AF_XDP on a veth pair between two namespaces: RDMA WRITE, READ and
+//! SEND with kernel bypass, native and generic mode. Needs root (CI is root).
+
+use std::net::Ipv4Addr;
+use std::sync::mpsc;
+use std::thread;
+
+use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::xdp::XdpMode;
+use roce_tests::netns::{is_root, veth, Netns};
+use roce_tests::rdma::write_read_send_with_macs;
+
+/// Opens the backend on `interface` from a thread inside `ns` (a socket belongs to the
+/// namespace it was bound in, and can be used from anywhere after).
+fn open_in(ns: &Netns, interface: &str, mode: XdpMode) -> AfXdpBackend {
+    let (name, interface) = (ns.name.clone(), interface.to_string());
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        Netns { name }.enter_and_forget();
+        tx.send(AfXdpBackend::open(&interface, mode)).unwrap();
+    });
+    rx.recv().unwrap().expect("AF_XDP socket")
+}
+
+#[test]
+fn rdma_over_af_xdp_between_namespaces() {
+    if !is_root() {
+        eprintln!("SKIPPED rdma_over_af_xdp_between_namespaces: needs root");
+        return;
+    }
+    for mode in [XdpMode::Native, XdpMode::Generic] {
+        let a = Netns::create("roce-afxdp-a");
+        let b = Netns::create("roce-afxdp-b");
+        veth(&a, "xa", "10.78.0.1/24", &b, "xb", "10.78.0.2/24", 1500);
+        let (mac_a, mac_b) = (a.mac("xa"), b.mac("xb"));
+        let backend_a = open_in(&a, "xa", mode);
+        let backend_b = open_in(&b, "xb", mode);
+        let (ip_a, ip_b) = (Ipv4Addr::new(10, 78, 0, 1), Ipv4Addr::new(10, 78, 0, 2));
+        let (engine_a, engine_b) =
+            write_read_send_with_macs(backend_a, ip_a, mac_a, backend_b, ip_b, mac_b);
+        assert_eq!(
+            (engine_a.stats.rx_rejected, engine_b.stats.rx_rejected),
+            (0, 0),
+            "{mode:?}"
+        );
+        // The kernel still answers ping on the same interface while we hold its RoCE traffic.
+        let ping = b.run(&["ping", "-c", "1", "-W", "2", "10.78.0.1"]);
+        assert!(
+            ping.status.success(),
+            "{mode:?}: ping failed while AF_XDP was attached"
+        );
+    }
+}
