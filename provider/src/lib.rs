@@ -8,6 +8,7 @@
 //!   bpf(2) loader;
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
+//! - [`netns`]: network namespaces and veth pairs for tests and the demo;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
 //!
@@ -23,5 +24,6 @@ pub mod capture;
 pub mod engine;
 pub mod fault;
 pub mod memory;
+pub mod netns;
 pub mod udp;
 pub mod xdp;

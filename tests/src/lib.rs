@@ -1,7 +1,6 @@
 //! Support for the cross-crate tests: the bundled captures of real rxe traffic and the
 //! per-opcode counts their README promises.
 
-pub mod netns;
 pub mod rdma;
 
 use std::collections::BTreeMap;

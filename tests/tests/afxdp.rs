@@ -6,8 +6,8 @@ use std::sync::mpsc;
 use std::thread;
 
 use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_provider::xdp::XdpMode;
-use roce_tests::netns::{is_root, veth, Netns};
 use roce_tests::rdma::write_read_send_with_macs;
 
 /// Opens the backend on `interface` from a thread inside `ns` (a socket belongs to the
@@ -16,7 +16,7 @@ fn open_in(ns: &Netns, interface: &str, mode: XdpMode) -> AfXdpBackend {
     let (name, interface) = (ns.name.clone(), interface.to_string());
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        Netns { name }.enter_and_forget();
+        netns::enter(&name).unwrap();
         tx.send(AfXdpBackend::open(&interface, mode)).unwrap();
     });
     rx.recv().unwrap().expect("AF_XDP socket")
@@ -29,10 +29,10 @@ fn rdma_over_af_xdp_between_namespaces() {
         return;
     }
     for mode in [XdpMode::Native, XdpMode::Generic] {
-        let a = Netns::create("roce-afxdp-a");
-        let b = Netns::create("roce-afxdp-b");
-        veth(&a, "xa", "10.78.0.1/24", &b, "xb", "10.78.0.2/24", 1500);
-        let (mac_a, mac_b) = (a.mac("xa"), b.mac("xb"));
+        let a = Netns::create("roce-afxdp-a").unwrap();
+        let b = Netns::create("roce-afxdp-b").unwrap();
+        veth((&a, "xa", "10.78.0.1/24"), (&b, "xb", "10.78.0.2/24"), 1500).unwrap();
+        let (mac_a, mac_b) = (a.mac("xa").unwrap(), b.mac("xb").unwrap());
         let backend_a = open_in(&a, "xa", mode);
         let backend_b = open_in(&b, "xb", mode);
         let (ip_a, ip_b) = (Ipv4Addr::new(10, 78, 0, 1), Ipv4Addr::new(10, 78, 0, 2));
@@ -44,7 +44,7 @@ fn rdma_over_af_xdp_between_namespaces() {
             "{mode:?}"
         );
         // The kernel still answers ping on the same interface while we hold its RoCE traffic.
-        let ping = b.run(&["ping", "-c", "1", "-W", "2", "10.78.0.1"]);
+        let ping = b.run(&["ping", "-c", "1", "-W", "2", "10.78.0.1"]).unwrap();
         assert!(
             ping.status.success(),
             "{mode:?}: ping failed while AF_XDP was attached"

@@ -4,13 +4,8 @@
 use std::sync::mpsc;
 use std::thread;
 
+use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_provider::xdp::{XdpMode, XdpProgram};
-use roce_tests::netns::{is_root, veth, Netns};
-
-fn attached(ns: &Netns, interface: &str) -> bool {
-    let output = ns.ip(&["link", "show", interface]);
-    String::from_utf8_lossy(&output.stdout).contains("prog/xdp")
-}
 
 #[test]
 fn xdp_program_passes_other_traffic_and_detaches() {
@@ -18,16 +13,16 @@ fn xdp_program_passes_other_traffic_and_detaches() {
         eprintln!("SKIPPED xdp_program_passes_other_traffic_and_detaches: needs root");
         return;
     }
-    let a = Netns::create("roce-xdp-a");
-    let b = Netns::create("roce-xdp-b");
-    veth(&a, "va", "10.77.0.1/24", &b, "vb", "10.77.0.2/24", 9000);
+    let a = Netns::create("roce-xdp-a").unwrap();
+    let b = Netns::create("roce-xdp-b").unwrap();
+    veth((&a, "va", "10.77.0.1/24"), (&b, "vb", "10.77.0.2/24"), 9000).unwrap();
     for mode in [XdpMode::Native, XdpMode::Generic] {
         let (attached_tx, attached_rx) = mpsc::channel();
         let (release_tx, release_rx) = mpsc::channel::<()>();
-        let ifindex = a.ifindex("va");
+        let ifindex = a.ifindex("va").unwrap();
         let name = a.name.clone();
         let owner = thread::spawn(move || {
-            Netns { name }.enter_and_forget();
+            netns::enter(&name).unwrap();
             let mut program = XdpProgram::load(1, true).expect("load");
             program.attach(ifindex, mode).expect("attach");
             attached_tx.send(()).unwrap();
@@ -35,15 +30,17 @@ fn xdp_program_passes_other_traffic_and_detaches() {
             drop(program);
         });
         attached_rx.recv().expect("the program attached");
-        assert!(attached(&a, "va"), "{mode:?}: not attached");
-        let ping = b.run(&["ping", "-c", "2", "-W", "2", "10.77.0.1"]);
+        assert!(a.has_xdp("va").unwrap(), "{mode:?}: not attached");
+        let ping = b.run(&["ping", "-c", "2", "-W", "2", "10.77.0.1"]).unwrap();
         assert!(
             ping.status.success(),
-            "{mode:?}: ping through the program failed: {}",
-            String::from_utf8_lossy(&ping.stdout)
+            "{mode:?}: ping through the program failed"
         );
         release_tx.send(()).unwrap();
         owner.join().unwrap();
-        assert!(!attached(&a, "va"), "{mode:?}: still attached after drop");
+        assert!(
+            !a.has_xdp("va").unwrap(),
+            "{mode:?}: still attached after drop"
+        );
     }
 }
