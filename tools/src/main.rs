@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod dump;
 mod sim;
 
@@ -16,6 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Two RoCEv2 endpoints over AF_XDP in network namespaces, next to kernel TCP (root).
+    Demo(demo::Args),
     /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
@@ -24,6 +27,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Demo(args) => demo::run(&args),
         Command::Dump(args) => dump::run(&args),
         Command::Sim(args) => sim::run(&args),
     }

@@ -113,7 +113,7 @@ impl fmt::Display for Op {
 }
 
 /// `16M`, `64K`, `1G`, `4096`: bytes, with binary suffixes (an `iB` after them is allowed).
-fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let lower = text.trim().to_ascii_lowercase();
     let number = lower.strip_suffix("ib").unwrap_or(&lower);
     let (digits, shift) = match number.as_bytes().last() {

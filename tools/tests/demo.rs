@@ -1,0 +1,94 @@
+//! `roce demo` as a newcomer runs it (root): it succeeds, reports verified bytes, and leaves no
+//! namespace behind, also when interrupted.
+
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
+}
+
+/// Namespaces of the demo process `pid` (their names carry it).
+fn demo_namespaces(pid: u32) -> usize {
+    let output = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let tag = format!("-{pid}-");
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .filter(|line| line.starts_with("roce-demo-") && line.contains(&tag))
+        .count()
+}
+
+#[test]
+fn demo_runs_verifies_and_cleans_up() {
+    if !is_root() {
+        eprintln!("SKIPPED demo_runs_verifies_and_cleans_up: needs root");
+        return;
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["demo", "--iters", "300", "--bytes", "4M"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run roce demo");
+    let pid = child.id();
+    let output = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    let verified: u64 = last
+        .strip_prefix("verified=")
+        .and_then(|rest| rest.strip_suffix(" status=ok"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("last line: {last:?}"));
+    assert!(verified >= 4 << 20, "{verified}");
+    assert!(
+        stdout.contains("half round trip") && stdout.contains("RDMA READ"),
+        "{stdout}"
+    );
+    assert_eq!(demo_namespaces(pid), 0, "namespaces left behind");
+}
+
+#[test]
+fn interrupted_demo_removes_its_namespaces() {
+    if !is_root() {
+        eprintln!("SKIPPED interrupted_demo_removes_its_namespaces: needs root");
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["demo", "--iters", "100000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start roce demo");
+    // Wait until its namespaces exist, then interrupt it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid = child.id();
+    while demo_namespaces(pid) < 2 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(demo_namespaces(pid), 2, "the demo did not start");
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(
+        demo_namespaces(pid),
+        0,
+        "namespaces left behind after Ctrl-C"
+    );
+}
