@@ -276,13 +276,10 @@ impl Side {
 
     fn connect(&mut self, peer: Peer, sq_psn: Psn) -> io::Result<()> {
         let now = Instant::now();
-        for attr in connect_attrs(
-            QpType::Rc,
-            peer,
-            sq_psn,
-            PathMtu::Mtu1024,
-            RetryConfig::default(),
-        ) {
+        // rc_pingpong's 67 ms ACK timeout: the two busy-polling sides share two cores with
+        // whatever else runs, and a side descheduled for a few ms must not use up the retries.
+        let retry = RetryConfig::RC_PINGPONG;
+        for attr in connect_attrs(QpType::Rc, peer, sq_psn, PathMtu::Mtu1024, retry) {
             self.endpoint
                 .modify_qp(now, self.qpn, &attr)
                 .map_err(io::Error::other)?;
