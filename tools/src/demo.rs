@@ -12,18 +12,19 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use roce_provider::afxdp::AfXdpBackend;
 use roce_provider::engine::{Addressing, Engine};
+
+use crate::rdma::{av, check_ok, signaled, wait, Side, STALL};
 use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_provider::xdp::XdpMode;
-use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
-use roce_transport::mr::PdId;
-use roce_transport::qp::{QpCaps, QpInit};
-use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType, RetryConfig};
+use roce_transport::cq::WcOpcode;
+use roce_transport::qp::QpCaps;
+use roce_transport::qp_state::{PathMtu, Peer};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
-use roce_transport::{AccessFlags, CqId, Endpoint};
+use roce_transport::CqId;
 use roce_wire::Psn;
 
 /// Arguments of `roce demo`.
@@ -46,8 +47,6 @@ const MESSAGE: usize = 64 * 1024;
 /// WRITE/READ messages in flight; also the number of 64 KiB slots in the target window.
 const WINDOW: usize = 16;
 const PING: usize = 64;
-/// Bound on any single wait, so a broken run ends instead of hanging.
-const STALL: Duration = Duration::from_secs(10);
 
 // Where things live in each endpoint's address space.
 const A_SOURCE: u64 = 0x1_0000_0000;
@@ -239,72 +238,6 @@ fn tcp_baseline(a: &Netns, b: &Netns, args: &Args) -> io::Result<TcpFigures> {
     Ok(figures)
 }
 
-/// One side: an endpoint with one PD, one CQ and one RC QP.
-struct Side {
-    endpoint: Endpoint,
-    qpn: u32,
-    pd: PdId,
-    cq: CqId,
-}
-
-impl Side {
-    fn new(seed: [u8; 32]) -> io::Result<Side> {
-        let mut endpoint = Endpoint::new(seed);
-        let pd = endpoint.mrs().alloc_pd();
-        let cq = endpoint.create_cq(4096);
-        let caps = QpCaps {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            ..QpCaps::default()
-        };
-        let init = QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: 0,
-            recv_cq: 0,
-            caps,
-            sq_sig_all: false,
-        };
-        let qpn = endpoint.create_qp(init, cq, cq).map_err(io::Error::other)?;
-        Ok(Side {
-            endpoint,
-            qpn,
-            pd,
-            cq,
-        })
-    }
-
-    fn connect(&mut self, peer: Peer, sq_psn: Psn) -> io::Result<()> {
-        let now = Instant::now();
-        // rc_pingpong's 67 ms ACK timeout: the two busy-polling sides share two cores with
-        // whatever else runs, and a side descheduled for a few ms must not use up the retries.
-        let retry = RetryConfig::RC_PINGPONG;
-        for attr in connect_attrs(QpType::Rc, peer, sq_psn, PathMtu::Mtu1024, retry) {
-            self.endpoint
-                .modify_qp(now, self.qpn, &attr)
-                .map_err(io::Error::other)?;
-        }
-        Ok(())
-    }
-
-    fn register(&mut self, iova: u64, len: usize) -> io::Result<u32> {
-        self.endpoint
-            .mrs()
-            .reg_mr(self.pd, iova, len, AccessFlags::all())
-            .map_err(io::Error::other)
-    }
-}
-
-fn av(ip: Ipv4Addr) -> AddressVector {
-    AddressVector {
-        dgid: ip.to_ipv6_mapped().octets(),
-        sgid_index: 1,
-        hop_limit: 64,
-        traffic_class: 0,
-        flow_label: 0,
-    }
-}
-
 struct RoceFigures {
     half_rtt_us: f64,
     write_gbps: f64,
@@ -329,7 +262,12 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
     for seed in &mut seeds {
         rustix::rand::getrandom(seed, rustix::rand::GetRandomFlags::empty())?;
     }
-    let (mut side_a, mut side_b) = (Side::new(seeds[0])?, Side::new(seeds[1])?);
+    let caps = QpCaps {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        ..QpCaps::default()
+    };
+    let (mut side_a, mut side_b) = (Side::new(seeds[0], caps)?, Side::new(seeds[1], caps)?);
     side_a.connect(
         Peer {
             av: av(IP_B),
@@ -337,6 +275,7 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
             psn: Psn::new(0xB0),
         },
         Psn::new(0xA0),
+        PathMtu::Mtu1024,
     )?;
     side_b.connect(
         Peer {
@@ -345,6 +284,7 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
             psn: Psn::new(0xA0),
         },
         Psn::new(0xB0),
+        PathMtu::Mtu1024,
     )?;
     let source = side_a.register(A_SOURCE, MESSAGE * WINDOW)?;
     let read_back = side_a.register(A_READ_BACK, MESSAGE * WINDOW)?;
@@ -481,54 +421,6 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
     let figures = requester?;
     served?;
     Ok(figures)
-}
-
-fn check_ok(completion: &WorkCompletion) -> io::Result<()> {
-    if completion.status == WcStatus::Success {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "work request {} ended {:?}",
-            completion.wr_id, completion.status
-        )))
-    }
-}
-
-/// Polls `engine` until `want` completions arrived (each must be a success), then returns
-/// them; fails after [`STALL`] without progress.
-fn wait<B: roce_provider::backend::Backend>(
-    engine: &mut Engine<B>,
-    cq: CqId,
-    want: usize,
-) -> io::Result<Vec<WorkCompletion>> {
-    let mut completions = Vec::with_capacity(want);
-    let mut last_progress = Instant::now();
-    while completions.len() < want {
-        engine.poll()?;
-        let before = completions.len();
-        engine
-            .endpoint()
-            .cq(cq)
-            .poll(want - completions.len(), &mut completions);
-        if completions.len() > before {
-            last_progress = Instant::now();
-        } else if last_progress.elapsed() > STALL {
-            return Err(io::Error::other("no completion for 10 s"));
-        }
-    }
-    completions.iter().try_for_each(check_ok)?;
-    Ok(completions)
-}
-
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: vec![sge],
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
 }
 
 /// 64-byte SEND ping-pong; returns the half round trip in µs.

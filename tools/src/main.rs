@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dump;
+mod rdma;
 mod sim;
 
 #[derive(Parser)]
