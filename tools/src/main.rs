@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dump;
+mod pingpong;
 mod rdma;
 mod sim;
 
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Two RoCEv2 endpoints over AF_XDP in network namespaces, next to kernel TCP (root).
     Demo(demo::Args),
+    /// RC ping-pong, wire- and option-compatible with rdma-core's ibv_rc_pingpong.
+    Pingpong(pingpong::Args),
     /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Demo(args) => demo::run(&args),
         Command::Dump(args) => dump::run(&args),
+        Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),
     }
 }
