@@ -207,10 +207,11 @@ impl Dest {
         Ok(Dest { lid, qpn, psn, gid })
     }
 
-    /// Prints the line rdma-core prints (`which` is "local " or "remote").
+    /// Prints the line rdma-core prints (`which` is "local" or "remote", which it aligns).
     fn print(&self, which: &str) {
+        let pad = if which == "local" { " " } else { "" };
         println!(
-            "  {which} address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            "  {which} address: {pad}LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
             self.lid,
             self.qpn,
             self.psn.value(),
@@ -295,7 +296,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
         psn,
         gid: ip.to_ipv6_mapped().octets(),
     };
-    mine.print("local ");
+    mine.print("local");
     let (peer, peer_ip) = exchange(args, mine, |peer| {
         side.connect(
             Peer {

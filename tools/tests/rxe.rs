@@ -1,0 +1,137 @@
+//! Interoperability with Linux soft-RoCE: `roce pingpong` against rdma-core's `ibv_rc_pingpong`
+//! running on rxe in a VM (../shared/rxe-peer), in both roles, over AF_XDP and kernel UDP, and
+//! with 5 % of RoCE frames dropped on the bridge. Needs root and the rxe-peer tool (CI has
+//! both; the VM build is cached in $RXE_DIR).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::Duration;
+
+const ITERS: &str = "50";
+
+fn rxe_peer() -> Option<PathBuf> {
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh");
+    script.exists().then_some(script)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
+}
+
+struct Vm(PathBuf);
+
+impl Vm {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("bash")
+            .arg(&self.0)
+            .args(args)
+            .output()
+            .expect("run rxe-peer.sh")
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.run(&["loss", "0"]);
+        let _ = self.run(&["stop"]);
+    }
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Our pingpong in the host namespace.
+fn ours(args: &[&str]) -> Child {
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            "rxe-host",
+            "timeout",
+            "120",
+            env!("CARGO_BIN_EXE_roce"),
+            "pingpong",
+            "-d",
+            "host0",
+            "-n",
+            ITERS,
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start roce pingpong")
+}
+
+fn check(what: &str, ours: Output, theirs: Output) {
+    let (ours_text, theirs_text) = (text(&ours), text(&theirs));
+    let done = format!("{ITERS} iters in");
+    assert!(
+        ours.status.success() && ours_text.contains(&done),
+        "{what}: ours failed:\n{ours_text}\nrxe:\n{theirs_text}"
+    );
+    assert!(
+        theirs.status.success() && theirs_text.contains(&done),
+        "{what}: rxe failed:\n{theirs_text}\nours:\n{ours_text}"
+    );
+}
+
+/// rdma-core serves, we connect.
+fn rxe_server(vm: &Vm, what: &str, our_args: &[&str]) {
+    let command = format!("ibv_rc_pingpong -d rxe0 -g $(rxe-gid) -n {ITERS}");
+    let job = vm.run(&["spawn", "1", "-t", "120", &command]);
+    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    thread::sleep(Duration::from_secs(2));
+    let mut args = our_args.to_vec();
+    args.push("10.88.0.11");
+    let ours = ours(&args).wait_with_output().expect("our client");
+    let theirs = vm.run(&["wait", "1", &job, "120"]);
+    check(what, ours, theirs);
+}
+
+/// We serve, rdma-core connects.
+fn rxe_client(vm: &Vm, what: &str, our_args: &[&str]) {
+    let server = ours(our_args);
+    thread::sleep(Duration::from_secs(1));
+    let command = format!("ibv_rc_pingpong -d rxe0 -g $(rxe-gid) -n {ITERS} 10.88.0.1");
+    let theirs = vm.run(&["exec", "1", "-t", "120", &command]);
+    let ours = server.wait_with_output().expect("our server");
+    check(what, ours, theirs);
+}
+
+#[test]
+fn rc_pingpong_with_rxe_in_both_roles() {
+    let Some(script) = rxe_peer().filter(|_| is_root()) else {
+        eprintln!("SKIPPED rc_pingpong_with_rxe_in_both_roles: needs root and ../shared/rxe-peer");
+        return;
+    };
+    let vm = Vm(script);
+    let built = vm.run(&["build"]);
+    assert!(built.status.success(), "rxe-peer build:\n{}", text(&built));
+    let started = vm.run(&["start", "1"]);
+    assert!(
+        started.status.success(),
+        "rxe-peer start:\n{}",
+        text(&started)
+    );
+
+    rxe_server(&vm, "AF_XDP client", &[]);
+    rxe_server(&vm, "UDP client", &["--udp"]);
+    rxe_client(&vm, "AF_XDP server", &[]);
+    rxe_client(&vm, "UDP server", &["--udp"]);
+    let lossy = vm.run(&["loss", "5"]);
+    assert!(lossy.status.success(), "rxe-peer loss:\n{}", text(&lossy));
+    rxe_server(&vm, "AF_XDP client, 5 % loss", &[]);
+    rxe_client(&vm, "UDP server, 5 % loss", &["--udp"]);
+}
