@@ -22,7 +22,7 @@ use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_provider::xdp::XdpMode;
 use roce_transport::cq::WcOpcode;
 use roce_transport::qp::QpCaps;
-use roce_transport::qp_state::{PathMtu, Peer};
+use roce_transport::qp_state::{PathMtu, Peer, QpType};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 use roce_transport::CqId;
 use roce_wire::Psn;
@@ -267,7 +267,10 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
         max_recv_wr: 256,
         ..QpCaps::default()
     };
-    let (mut side_a, mut side_b) = (Side::new(seeds[0], caps)?, Side::new(seeds[1], caps)?);
+    let (mut side_a, mut side_b) = (
+        Side::new(seeds[0], QpType::Rc, caps)?,
+        Side::new(seeds[1], QpType::Rc, caps)?,
+    );
     side_a.connect(
         Peer {
             av: av(IP_B),

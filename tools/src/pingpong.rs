@@ -1,10 +1,10 @@
-//! `roce pingpong`: RC ping-pong that interoperates with rdma-core's `ibv_rc_pingpong`, on the
-//! wire and at the command line. It is a server without a host argument and a client with
+//! `roce pingpong`: RC and UC ping-pong that interoperate with rdma-core's `ibv_rc_pingpong`
+//! and `ibv_uc_pingpong`, on the wire and at the command line. It is a server without a host argument and a client with
 //! one; the two sides swap `LID:QPN:PSN:GID` over TCP (port 18515), then bounce `-s`-byte SENDs
 //! `-n` times, and print rdma-core's two result lines. Exit status 0 only when every message
 //! arrived intact. Over AF_XDP (root) by default, or kernel UDP sockets with `--udp`.
 //!
-//! Not yet: `--uc` and `--ud` (ibv_uc_pingpong, ibv_ud_pingpong).
+//! Not yet: `--ud` (ibv_ud_pingpong).
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -19,7 +19,7 @@ use roce_provider::udp::UdpBackend;
 use roce_provider::xdp::XdpMode;
 use roce_transport::cq::WcOpcode;
 use roce_transport::qp::QpCaps;
-use roce_transport::qp_state::{PathMtu, Peer};
+use roce_transport::qp_state::{PathMtu, Peer, QpType};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 use roce_wire::Psn;
 
@@ -63,9 +63,12 @@ pub struct Args {
     /// Validate received buffers (also on without it: every message is checked).
     #[arg(short = 'c', long = "chk")]
     check: bool,
-    /// Reliable connection (the default and, for now, the only transport).
-    #[arg(long)]
+    /// Reliable connection (the default), as ibv_rc_pingpong.
+    #[arg(long, conflicts_with = "uc")]
     rc: bool,
+    /// Unreliable connection, as ibv_uc_pingpong.
+    #[arg(long)]
+    uc: bool,
     /// Use kernel UDP sockets instead of AF_XDP (no root needed).
     #[arg(long)]
     udp: bool,
@@ -274,7 +277,8 @@ fn pingpong(args: &Args) -> io::Result<()> {
         max_recv_wr: args.rx_depth.max(1),
         ..QpCaps::default()
     };
-    let mut side = Side::new(seed, caps)?;
+    let qp_type = if args.uc { QpType::Uc } else { QpType::Rc };
+    let mut side = Side::new(seed, qp_type, caps)?;
     let size = args.size as usize;
     let send_key = side.register(BUFFER, size)?;
     let recv_key = side.register(BUFFER * 2, size)?;
@@ -297,6 +301,13 @@ fn pingpong(args: &Args) -> io::Result<()> {
         gid: ip.to_ipv6_mapped().octets(),
     };
     mine.print("local");
+    // Listening before the exchange: the peer may send as soon as it is over.
+    let backend: Box<dyn Backend> = if args.udp {
+        Box::new(UdpBackend::bind(ip, mac)?)
+    } else {
+        let native = AfXdpBackend::open(&interface, XdpMode::Native);
+        Box::new(native.or_else(|_| AfXdpBackend::open(&interface, XdpMode::Generic))?)
+    };
     let (peer, peer_ip) = exchange(args, mine, |peer| {
         side.connect(
             Peer {
@@ -321,32 +332,15 @@ fn pingpong(args: &Args) -> io::Result<()> {
         ip,
         neighbours: [(peer_ip, peer_mac)].into(),
     };
-    let (cq, qpn) = (side.cq, side.qpn);
-    if args.udp {
-        let backend = UdpBackend::bind(ip, mac)?;
-        bounce(
-            Engine::new(side.endpoint, backend, addressing([0; 6])),
-            qpn,
-            cq,
-            send_key,
-            recv_key,
-            &message,
-            args,
-        )
+    let peer_mac = if args.udp {
+        [0; 6]
     } else {
-        let backend = AfXdpBackend::open(&interface, XdpMode::Native)
-            .or_else(|_| AfXdpBackend::open(&interface, XdpMode::Generic))?;
-        let peer_mac = neighbour_mac(peer_ip)?;
-        bounce(
-            Engine::new(side.endpoint, backend, addressing(peer_mac)),
-            qpn,
-            cq,
-            send_key,
-            recv_key,
-            &message,
-            args,
-        )
-    }
+        neighbour_mac(peer_ip)?
+    };
+    let engine = Engine::new(side.endpoint, backend, addressing(peer_mac));
+    bounce(
+        engine, side.qpn, side.cq, send_key, recv_key, &message, args,
+    )
 }
 
 /// The ping-pong itself, as `ibv_rc_pingpong` runs it: a side sends again once its last SEND

@@ -18,7 +18,7 @@ use roce_wire::Psn;
 /// Bound on any single wait, so a broken run ends instead of hanging.
 pub const STALL: Duration = Duration::from_secs(10);
 
-/// An endpoint with one PD, one CQ and one RC QP.
+/// An endpoint with one PD, one CQ and one connected (RC or UC) QP.
 pub struct Side {
     /// The endpoint.
     pub endpoint: Endpoint,
@@ -28,17 +28,20 @@ pub struct Side {
     pub pd: PdId,
     /// The CQ of both its queues.
     pub cq: CqId,
+    /// RC or UC.
+    pub qp_type: QpType,
 }
 
 impl Side {
-    /// A fresh endpoint whose keys come from `seed`, with a QP of `caps` in RESET.
-    pub fn new(seed: [u8; 32], caps: QpCaps) -> io::Result<Side> {
+    /// A fresh endpoint whose keys come from `seed`, with a QP of `qp_type` and `caps` in
+    /// RESET.
+    pub fn new(seed: [u8; 32], qp_type: QpType, caps: QpCaps) -> io::Result<Side> {
         let mut endpoint = Endpoint::new(seed);
         let pd = endpoint.mrs().alloc_pd();
         let cq = endpoint.create_cq(8192);
         let init = QpInit {
             pd,
-            qp_type: QpType::Rc,
+            qp_type,
             send_cq: 0,
             recv_cq: 0,
             caps,
@@ -50,6 +53,7 @@ impl Side {
             qpn,
             pd,
             cq,
+            qp_type,
         })
     }
 
@@ -57,7 +61,7 @@ impl Side {
     /// a side descheduled for a few ms must not use up the retries).
     pub fn connect(&mut self, peer: Peer, sq_psn: Psn, mtu: PathMtu) -> io::Result<()> {
         let now = Instant::now();
-        for attr in connect_attrs(QpType::Rc, peer, sq_psn, mtu, RetryConfig::RC_PINGPONG) {
+        for attr in connect_attrs(self.qp_type, peer, sq_psn, mtu, RetryConfig::RC_PINGPONG) {
             self.endpoint
                 .modify_qp(now, self.qpn, &attr)
                 .map_err(io::Error::other)?;
