@@ -1,6 +1,6 @@
-//! Interoperability with Linux soft-RoCE: `roce pingpong` against rdma-core's `ibv_rc_pingpong`
-//! running on rxe in a VM (../shared/rxe-peer), in both roles, over AF_XDP and kernel UDP, and
-//! with 5 % of RoCE frames dropped on the bridge. Needs root and the rxe-peer tool (CI has
+//! Interoperability with Linux soft-RoCE: `roce pingpong` against rdma-core's
+//! `ibv_rc_pingpong` and `ibv_uc_pingpong` running on rxe in a VM (../shared/rxe-peer), in both
+//! roles, over AF_XDP and kernel UDP, and (RC) with 5 % of RoCE frames dropped on the bridge. Needs root and the rxe-peer tool (CI has
 //! both; the VM build is cached in $RXE_DIR).
 
 use std::path::PathBuf;
@@ -87,9 +87,9 @@ fn check(what: &str, ours: Output, theirs: Output) {
     );
 }
 
-/// rdma-core serves, we connect.
-fn rxe_server(vm: &Vm, what: &str, our_args: &[&str]) {
-    let command = format!("ibv_rc_pingpong -d rxe0 -g $(rxe-gid) -n {ITERS}");
+/// rdma-core's `program` serves, we connect.
+fn rxe_server(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
+    let command = format!("{program} -d rxe0 -g $(rxe-gid) -n {ITERS}");
     let job = vm.run(&["spawn", "1", "-t", "120", &command]);
     let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
     thread::sleep(Duration::from_secs(2));
@@ -100,20 +100,20 @@ fn rxe_server(vm: &Vm, what: &str, our_args: &[&str]) {
     check(what, ours, theirs);
 }
 
-/// We serve, rdma-core connects.
-fn rxe_client(vm: &Vm, what: &str, our_args: &[&str]) {
+/// We serve, rdma-core's `program` connects.
+fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
     let server = ours(our_args);
     thread::sleep(Duration::from_secs(1));
-    let command = format!("ibv_rc_pingpong -d rxe0 -g $(rxe-gid) -n {ITERS} 10.88.0.1");
+    let command = format!("{program} -d rxe0 -g $(rxe-gid) -n {ITERS} 10.88.0.1");
     let theirs = vm.run(&["exec", "1", "-t", "120", &command]);
     let ours = server.wait_with_output().expect("our server");
     check(what, ours, theirs);
 }
 
 #[test]
-fn rc_pingpong_with_rxe_in_both_roles() {
+fn pingpong_with_rxe_in_both_roles() {
     let Some(script) = rxe_peer().filter(|_| is_root()) else {
-        eprintln!("SKIPPED rc_pingpong_with_rxe_in_both_roles: needs root and ../shared/rxe-peer");
+        eprintln!("SKIPPED pingpong_with_rxe_in_both_roles: needs root and ../shared/rxe-peer");
         return;
     };
     let vm = Vm(script);
@@ -126,12 +126,17 @@ fn rc_pingpong_with_rxe_in_both_roles() {
         text(&started)
     );
 
-    rxe_server(&vm, "AF_XDP client", &[]);
-    rxe_server(&vm, "UDP client", &["--udp"]);
-    rxe_client(&vm, "AF_XDP server", &[]);
-    rxe_client(&vm, "UDP server", &["--udp"]);
+    let rc = "ibv_rc_pingpong";
+    rxe_server(&vm, rc, "RC, AF_XDP client", &[]);
+    rxe_server(&vm, rc, "RC, UDP client", &["--udp"]);
+    rxe_client(&vm, rc, "RC, AF_XDP server", &[]);
+    rxe_client(&vm, rc, "RC, UDP server", &["--udp"]);
+    let uc = "ibv_uc_pingpong";
+    rxe_server(&vm, uc, "UC, AF_XDP client", &["--uc"]);
+    rxe_client(&vm, uc, "UC, UDP server", &["--uc", "--udp"]);
+    // Only RC recovers from loss (a lost UC message stalls either program).
     let lossy = vm.run(&["loss", "5"]);
     assert!(lossy.status.success(), "rxe-peer loss:\n{}", text(&lossy));
-    rxe_server(&vm, "AF_XDP client, 5 % loss", &[]);
-    rxe_client(&vm, "UDP server, 5 % loss", &["--udp"]);
+    rxe_server(&vm, rc, "RC, AF_XDP client, 5 % loss", &[]);
+    rxe_client(&vm, rc, "RC, UDP server, 5 % loss", &["--udp"]);
 }
