@@ -1,10 +1,10 @@
-//! `roce pingpong`: RC and UC ping-pong that interoperate with rdma-core's `ibv_rc_pingpong`
-//! and `ibv_uc_pingpong`, on the wire and at the command line. It is a server without a host argument and a client with
+//! `roce pingpong`: RC, UC and UD ping-pong that interoperate with rdma-core's
+//! `ibv_rc_pingpong`, `ibv_uc_pingpong` and `ibv_ud_pingpong`, on the wire and at the command
+//! line. It is a server without a host argument and a client with
 //! one; the two sides swap `LID:QPN:PSN:GID` over TCP (port 18515), then bounce `-s`-byte SENDs
 //! `-n` times, and print rdma-core's two result lines. Exit status 0 only when every message
 //! arrived intact. Over AF_XDP (root) by default, or kernel UDP sockets with `--udp`.
 //!
-//! Not yet: `--ud` (ibv_ud_pingpong).
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -20,7 +20,7 @@ use roce_provider::xdp::XdpMode;
 use roce_transport::cq::WcOpcode;
 use roce_transport::qp::QpCaps;
 use roce_transport::qp_state::{PathMtu, Peer, QpType};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
 use roce_wire::Psn;
 
 use crate::rdma::{av, check_ok, Side, STALL};
@@ -67,13 +67,20 @@ pub struct Args {
     #[arg(long, conflicts_with = "uc")]
     rc: bool,
     /// Unreliable connection, as ibv_uc_pingpong.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "ud")]
     uc: bool,
+    /// Unreliable datagram, as ibv_ud_pingpong (messages up to the path MTU).
+    #[arg(long)]
+    ud: bool,
     /// Use kernel UDP sockets instead of AF_XDP (no root needed).
     #[arg(long)]
     udp: bool,
 }
 
+/// The Q_Key ibv_ud_pingpong uses.
+const UD_QKEY: u32 = 0x1111_1111;
+/// Bytes in front of every UD receive.
+const GRH: usize = 40;
 const SEND_WRID: u64 = 1;
 const RECV_WRID: u64 = 2;
 const BUFFER: u64 = 0x10_0000;
@@ -277,11 +284,17 @@ fn pingpong(args: &Args) -> io::Result<()> {
         max_recv_wr: args.rx_depth.max(1),
         ..QpCaps::default()
     };
-    let qp_type = if args.uc { QpType::Uc } else { QpType::Rc };
+    let qp_type = match (args.uc, args.ud) {
+        (true, _) => QpType::Uc,
+        (_, true) => QpType::Ud,
+        _ => QpType::Rc,
+    };
     let mut side = Side::new(seed, qp_type, caps)?;
     let size = args.size as usize;
     let send_key = side.register(BUFFER, size)?;
-    let recv_key = side.register(BUFFER * 2, size)?;
+    // A UD receive starts with the 40-byte GRH area.
+    let grh = if args.ud { GRH } else { 0 };
+    let recv_key = side.register(BUFFER * 2, size + grh)?;
     // What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.
     let mut message = vec![0x7bu8; size];
     if args.check {
@@ -309,11 +322,15 @@ fn pingpong(args: &Args) -> io::Result<()> {
         Box::new(native.or_else(|_| AfXdpBackend::open(&interface, XdpMode::Generic))?)
     };
     let (peer, peer_ip) = exchange(args, mine, |peer| {
+        if args.ud {
+            return side.bring_up_ud(UD_QKEY, psn);
+        }
+        let peer_ip = Ipv6Addr::from(peer.gid)
+            .to_ipv4_mapped()
+            .unwrap_or(Ipv4Addr::UNSPECIFIED);
         side.connect(
             Peer {
-                av: av(Ipv6Addr::from(peer.gid)
-                    .to_ipv4_mapped()
-                    .unwrap_or(Ipv4Addr::UNSPECIFIED)),
+                av: av(peer_ip),
                 qpn: peer.qpn,
                 psn: peer.psn,
             },
@@ -338,29 +355,47 @@ fn pingpong(args: &Args) -> io::Result<()> {
         neighbour_mac(peer_ip)?
     };
     let engine = Engine::new(side.endpoint, backend, addressing(peer_mac));
-    bounce(
-        engine, side.qpn, side.cq, send_key, recv_key, &message, args,
-    )
+    let ud = args.ud.then_some(UdDest {
+        av: av(peer_ip),
+        remote_qpn: peer.qpn,
+        remote_qkey: UD_QKEY,
+    });
+    let buffers = Buffers {
+        send_key,
+        recv_key,
+        grh,
+        ud,
+    };
+    bounce(engine, side.qpn, side.cq, &buffers, &message, args)
 }
 
 /// The ping-pong itself, as `ibv_rc_pingpong` runs it: a side sends again once its last SEND
 /// completed and the next message arrived; the client sends first.
+/// The two buffers of a ping-pong, and where UD sends go.
+struct Buffers {
+    send_key: u32,
+    recv_key: u32,
+    /// Bytes before the message in a receive (the UD GRH area).
+    grh: usize,
+    ud: Option<UdDest>,
+}
+
 fn bounce<B: Backend>(
     mut engine: Engine<B>,
     qpn: u32,
     cq: roce_transport::CqId,
-    send_key: u32,
-    recv_key: u32,
+    buffers: &Buffers,
     message: &[u8],
     args: &Args,
 ) -> io::Result<()> {
     let size = message.len() as u32;
+    let grh = buffers.grh;
     let recv = RecvWr {
         wr_id: RECV_WRID,
         sg_list: vec![Sge {
             addr: BUFFER * 2,
-            length: size,
-            lkey: recv_key,
+            length: size + grh as u32,
+            lkey: buffers.recv_key,
         }],
     };
     let send = SendWr {
@@ -369,11 +404,11 @@ fn bounce<B: Backend>(
         sg_list: vec![Sge {
             addr: BUFFER,
             length: size,
-            lkey: send_key,
+            lkey: buffers.send_key,
         }],
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
-        ud: None,
+        ud: buffers.ud,
     };
     let now = Instant::now();
     for _ in 0..args.rx_depth.max(1) {
@@ -420,9 +455,9 @@ fn bounce<B: Backend>(
                     let got = engine
                         .endpoint()
                         .mrs()
-                        .get(recv_key)
-                        .map(|mr| mr.bytes() == message);
-                    if got != Some(true) || completion.byte_len != size {
+                        .get(buffers.recv_key)
+                        .map(|mr| &mr.bytes()[grh..] == message);
+                    if got != Some(true) || completion.byte_len != size + grh as u32 {
                         return Err(io::Error::other(format!(
                             "message {received} arrived damaged"
                         )));

@@ -1,5 +1,5 @@
 //! Interoperability with Linux soft-RoCE: `roce pingpong` against rdma-core's
-//! `ibv_rc_pingpong` and `ibv_uc_pingpong` running on rxe in a VM (../shared/rxe-peer), in both
+//! `ibv_rc_pingpong`, `ibv_uc_pingpong` and `ibv_ud_pingpong` running on rxe in a VM (../shared/rxe-peer), in both
 //! roles, over AF_XDP and kernel UDP, and (RC) with 5 % of RoCE frames dropped on the bridge. Needs root and the rxe-peer tool (CI has
 //! both; the VM build is cached in $RXE_DIR).
 
@@ -134,6 +134,10 @@ fn pingpong_with_rxe_in_both_roles() {
     let uc = "ibv_uc_pingpong";
     rxe_server(&vm, uc, "UC, AF_XDP client", &["--uc"]);
     rxe_client(&vm, uc, "UC, UDP server", &["--uc", "--udp"]);
+    // UD messages must fit the path MTU (1024 here).
+    let ud = "ibv_ud_pingpong -s 512";
+    rxe_server(&vm, ud, "UD, AF_XDP client", &["--ud", "-s", "512"]);
+    rxe_client(&vm, ud, "UD, UDP server", &["--ud", "-s", "512", "--udp"]);
     // Only RC recovers from loss (a lost UC message stalls either program).
     let lossy = vm.run(&["loss", "5"]);
     assert!(lossy.status.success(), "rxe-peer loss:\n{}", text(&lossy));
