@@ -4,9 +4,10 @@
 //!
 //! Rings come from the `xdpilone` crate: pure Rust, builds in seconds with no system packages
 //! (xsk-rs needs libxdp's C build, and libxdp's default program also swallows ARP and outlives
-//! a crashed process). One socket on one queue, copy mode (veth has no zero-copy), frames up
-//! to one UMEM chunk (4096 bytes minus the kernel's 256-byte headroom: path MTU up to 2048).
-//! Multi-buffer frames (XDP_USE_SG, for path MTU 4096) are not done yet.
+//! a crashed process). One socket on one queue, copy mode (veth has no zero-copy). A UMEM chunk
+//! holds 4096 bytes, of which copy mode keeps 256 as headroom on receive, so frames of path MTU
+//! 4096 span two chunks: the socket is bound with XDP_USE_SG and the program loaded with frags
+//! support, and a frame's descriptors carry XDP_PKT_CONTD on all but the last.
 
 use std::alloc::{self, Layout};
 use std::ffi::CString;
@@ -30,6 +31,12 @@ const FRAME_SIZE: u32 = 4096;
 const RX_FRAMES: u32 = 2048;
 const TX_FRAMES: u32 = 1024;
 const RING_SIZE: u32 = 1024;
+/// Bind flag for multi-buffer frames (linux/if_xdp.h, kernel 6.6 on).
+const XDP_USE_SG: u16 = 1 << 4;
+/// Descriptor option: more of this frame follows in the next descriptor.
+const XDP_PKT_CONTD: u32 = 1;
+/// Largest frame sent or received: path MTU 4096 plus every header, with room to spare.
+pub const MAX_FRAME: usize = 2 * FRAME_SIZE as usize;
 
 /// Page-aligned memory the kernel reads and writes frames in.
 struct Area {
@@ -93,6 +100,8 @@ pub struct AfXdpBackend {
     to_fill: Vec<u64>,
     /// TX chunks free to write a frame into.
     free_tx: Vec<u64>,
+    /// The first pieces of a multi-buffer frame whose last piece has not been read yet.
+    partial: Vec<u8>,
     fd: i32,
 }
 
@@ -113,7 +122,7 @@ impl AfXdpBackend {
         let mut info = IfInfo::invalid();
         info.from_name(&name).map_err(errno)?;
         info.set_queue(0);
-        let mut program = XdpProgram::load(1, false)?;
+        let mut program = XdpProgram::load(1, true)?;
         program.attach(info.ifindex(), mode)?;
 
         let area = Area::new(((RX_FRAMES + TX_FRAMES) * FRAME_SIZE) as usize)?;
@@ -132,7 +141,7 @@ impl AfXdpBackend {
         let rings = SocketConfig {
             rx_size: NonZeroU32::new(RING_SIZE),
             tx_size: NonZeroU32::new(RING_SIZE),
-            bind_flags: SocketConfig::XDP_BIND_COPY,
+            bind_flags: SocketConfig::XDP_BIND_COPY | XDP_USE_SG,
         };
         let user = umem.rx_tx(&socket, &rings).map_err(errno)?;
         let rx = user.map_rx().map_err(errno)?;
@@ -157,6 +166,7 @@ impl AfXdpBackend {
             program,
             to_fill,
             free_tx,
+            partial: Vec::new(),
             fd,
         };
         backend.refill();
@@ -191,30 +201,42 @@ impl AfXdpBackend {
 
 impl Backend for AfXdpBackend {
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        if frame.len() > (FRAME_SIZE - 256) as usize {
+        if frame.len() > MAX_FRAME {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "frame larger than a UMEM chunk",
+                "frame larger than two UMEM chunks",
             ));
         }
         self.reclaim();
-        let Some(offset) = self.free_tx.pop() else {
+        let pieces = frame.chunks(FRAME_SIZE as usize);
+        if self.free_tx.len() < pieces.len() {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 "AF_XDP TX ring full",
             ));
+        }
+        let count = pieces.len();
+        let mut descs = Vec::with_capacity(count);
+        for (i, piece) in pieces.enumerate() {
+            let offset = self.free_tx.pop().unwrap_or_default();
+            self.area.bytes(offset, piece.len()).copy_from_slice(piece);
+            let options = if i + 1 < count { XDP_PKT_CONTD } else { 0 };
+            descs.push(XdpDesc {
+                addr: offset,
+                len: piece.len() as u32,
+                options,
+            });
+        }
+        let mut writer = self.tx.transmit(count as u32);
+        let queued = if writer.capacity() as usize >= count {
+            writer.insert(descs.iter().copied())
+        } else {
+            0
         };
-        self.area.bytes(offset, frame.len()).copy_from_slice(frame);
-        let mut writer = self.tx.transmit(1);
-        let queued = writer.insert_once(XdpDesc {
-            addr: offset,
-            len: frame.len() as u32,
-            options: 0,
-        });
         writer.commit();
         drop(writer);
-        if !queued {
-            self.free_tx.push(offset);
+        if queued as usize != count {
+            self.free_tx.extend(descs.iter().map(|desc| desc.addr));
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 "AF_XDP TX ring full",
@@ -226,20 +248,28 @@ impl Backend for AfXdpBackend {
     }
 
     fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        let mut reader = self.rx.receive(1);
-        let desc = reader.read();
-        reader.release();
-        drop(reader);
-        let Some(desc) = desc else {
+        loop {
+            let mut reader = self.rx.receive(1);
+            let desc = reader.read();
+            reader.release();
+            drop(reader);
+            let Some(desc) = desc else {
+                self.refill();
+                return Ok(None);
+            };
+            let piece = self.area.bytes(desc.addr, desc.len as usize).to_vec();
+            self.to_fill
+                .push(desc.addr - desc.addr % u64::from(FRAME_SIZE));
+            self.partial.extend_from_slice(&piece);
+            if desc.options & XDP_PKT_CONTD != 0 {
+                continue; // the rest of the frame is in the next descriptor
+            }
             self.refill();
-            return Ok(None);
-        };
-        let len = (desc.len as usize).min(buffer.len());
-        buffer[..len].copy_from_slice(self.area.bytes(desc.addr, len));
-        self.to_fill
-            .push(desc.addr - desc.addr % u64::from(FRAME_SIZE));
-        self.refill();
-        Ok(Some(len))
+            let len = self.partial.len().min(buffer.len());
+            buffer[..len].copy_from_slice(&self.partial[..len]);
+            self.partial.clear();
+            return Ok(Some(len));
+        }
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {

@@ -11,8 +11,9 @@ use roce_wire::{Frame, FrameError, FrameRepr};
 
 use crate::backend::Backend;
 
-/// Largest frame the engine sends or receives: path MTU 4096 plus every header.
-pub const MAX_FRAME: usize = 4096 + 128;
+/// Largest frame the engine sends or receives: path MTU 4096 plus every header, rounded up
+/// to the two UMEM chunks an AF_XDP frame may span.
+pub const MAX_FRAME: usize = 2 * 4096;
 
 /// Who this endpoint is on the link, and the neighbours it can reach.
 #[derive(Debug, Clone, PartialEq, Eq)]

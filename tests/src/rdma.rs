@@ -69,15 +69,9 @@ fn side(seed: u8) -> Side {
 }
 
 impl Side {
-    fn connect(&mut self, peer: Peer, sq_psn: Psn) {
+    fn connect(&mut self, peer: Peer, sq_psn: Psn, mtu: PathMtu) {
         let now = Instant::now();
-        for attr in connect_attrs(
-            QpType::Rc,
-            peer,
-            sq_psn,
-            PathMtu::Mtu1024,
-            RetryConfig::default(),
-        ) {
+        for attr in connect_attrs(QpType::Rc, peer, sq_psn, mtu, RetryConfig::default()) {
             self.endpoint
                 .modify_qp(now, self.qpn, &attr)
                 .expect("bring-up");
@@ -116,17 +110,15 @@ pub fn write_read_send<A: Backend, B: Backend>(
     backend_b: B,
     ip_b: Ipv4Addr,
 ) -> (Engine<A>, Engine<B>) {
-    write_read_send_with_macs(backend_a, ip_a, MAC_A, backend_b, ip_b, MAC_B)
+    let a = (backend_a, ip_a, MAC_A);
+    write_read_send_with_macs(a, (backend_b, ip_b, MAC_B), PathMtu::Mtu1024)
 }
 
-/// [`write_read_send`] with the MACs the two sides really have.
+/// [`write_read_send`] with each side's backend, IPv4 address and real MAC, at path MTU `mtu`.
 pub fn write_read_send_with_macs<A: Backend, B: Backend>(
-    backend_a: A,
-    ip_a: Ipv4Addr,
-    mac_a: [u8; 6],
-    backend_b: B,
-    ip_b: Ipv4Addr,
-    mac_b: [u8; 6],
+    (backend_a, ip_a, mac_a): (A, Ipv4Addr, [u8; 6]),
+    (backend_b, ip_b, mac_b): (B, Ipv4Addr, [u8; 6]),
+    mtu: PathMtu,
 ) -> (Engine<A>, Engine<B>) {
     let (mut side_a, mut side_b) = (side(1), side(2));
     let (qa, qb) = (side_a.qpn, side_b.qpn);
@@ -137,6 +129,7 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
             psn: Psn::new(200),
         },
         Psn::new(100),
+        mtu,
     );
     side_b.connect(
         Peer {
@@ -145,6 +138,7 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
             psn: Psn::new(100),
         },
         Psn::new(200),
+        mtu,
     );
 
     let len = 1 << 20;

@@ -1,5 +1,6 @@
 //! Two endpoints over AF_XDP on a veth pair between two namespaces: RDMA WRITE, READ and
-//! SEND with kernel bypass, native and generic mode. Needs root (CI is root).
+//! SEND with kernel bypass, native and generic mode, path MTU 1024 (veth MTU 1500) and 4096
+//! (MTU 9000: frames of two UMEM chunks). Needs root (CI is root).
 
 use std::net::Ipv4Addr;
 use std::sync::mpsc;
@@ -9,6 +10,7 @@ use roce_provider::afxdp::AfXdpBackend;
 use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_provider::xdp::XdpMode;
 use roce_tests::rdma::write_read_send_with_macs;
+use roce_transport::qp_state::PathMtu;
 
 /// Opens the backend on `interface` from a thread inside `ns` (a socket belongs to the
 /// namespace it was bound in, and can be used from anywhere after).
@@ -28,20 +30,31 @@ fn rdma_over_af_xdp_between_namespaces() {
         eprintln!("SKIPPED rdma_over_af_xdp_between_namespaces: needs root");
         return;
     }
-    for mode in [XdpMode::Native, XdpMode::Generic] {
+    let runs = [
+        (XdpMode::Native, 1500, PathMtu::Mtu1024),
+        (XdpMode::Generic, 1500, PathMtu::Mtu1024),
+        (XdpMode::Native, 9000, PathMtu::Mtu4096),
+        (XdpMode::Generic, 9000, PathMtu::Mtu4096),
+    ];
+    for (mode, veth_mtu, path_mtu) in runs {
         let a = Netns::create("roce-afxdp-a").unwrap();
         let b = Netns::create("roce-afxdp-b").unwrap();
-        veth((&a, "xa", "10.78.0.1/24"), (&b, "xb", "10.78.0.2/24"), 1500).unwrap();
+        veth(
+            (&a, "xa", "10.78.0.1/24"),
+            (&b, "xb", "10.78.0.2/24"),
+            veth_mtu,
+        )
+        .unwrap();
         let (mac_a, mac_b) = (a.mac("xa").unwrap(), b.mac("xb").unwrap());
         let backend_a = open_in(&a, "xa", mode);
         let backend_b = open_in(&b, "xb", mode);
         let (ip_a, ip_b) = (Ipv4Addr::new(10, 78, 0, 1), Ipv4Addr::new(10, 78, 0, 2));
         let (engine_a, engine_b) =
-            write_read_send_with_macs(backend_a, ip_a, mac_a, backend_b, ip_b, mac_b);
+            write_read_send_with_macs((backend_a, ip_a, mac_a), (backend_b, ip_b, mac_b), path_mtu);
         assert_eq!(
             (engine_a.stats.rx_rejected, engine_b.stats.rx_rejected),
             (0, 0),
-            "{mode:?}"
+            "{mode:?} {path_mtu:?}"
         );
         // The kernel still answers ping on the same interface while we hold its RoCE traffic.
         let ping = b.run(&["ping", "-c", "1", "-W", "2", "10.78.0.1"]).unwrap();
