@@ -46,6 +46,8 @@ const IP_B: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 2);
 const MESSAGE: usize = 64 * 1024;
 /// WRITE/READ messages in flight; also the number of 64 KiB slots in the target window.
 const WINDOW: usize = 16;
+/// READs in flight (see `bandwidth`).
+const READS_IN_FLIGHT: u64 = 4;
 const PING: usize = 64;
 
 // Where things live in each endpoint's address space.
@@ -515,11 +517,17 @@ fn bandwidth<B: roce_provider::backend::Backend>(
             .bytes_mut()
             .copy_from_slice(&pattern);
     }
+    // READ responses arrive in bursts the receiver must absorb; keeping fewer READs in flight
+    // keeps a busy (or descheduled) requester from overflowing its AF_XDP receive ring.
+    let in_flight = match transfer {
+        Transfer::Write { .. } => WINDOW as u64,
+        Transfer::Read { .. } => READS_IN_FLIGHT,
+    };
     let started = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
     let mut last_shown = 0;
     while done < messages {
-        while posted < messages && posted - done < WINDOW as u64 {
+        while posted < messages && posted - done < in_flight {
             let slot = (posted % WINDOW as u64) as usize;
             let offset = (slot * MESSAGE) as u64;
             let (op, sge) = match transfer {
