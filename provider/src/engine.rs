@@ -39,6 +39,9 @@ pub struct EngineStats {
     pub tx_frames: u64,
     /// Packets dropped for want of a route (no IPv4-mapped GID, or no known neighbour).
     pub tx_unroutable: u64,
+    /// Packets dropped because the backend's transmit queue was full; the transport resends
+    /// them, as after a loss on the wire.
+    pub tx_dropped: u64,
 }
 
 /// An endpoint, the backend it talks through, and the buffers in between.
@@ -115,8 +118,17 @@ impl<B: Backend> Engine<B> {
         let len = repr
             .emit(&mut self.tx)
             .map_err(|_| io::Error::other("packet does not fit a frame"))?;
-        self.stats.tx_frames += 1;
-        self.backend.send(&self.tx[..len])
+        match self.backend.send(&self.tx[..len]) {
+            Ok(()) => {
+                self.stats.tx_frames += 1;
+                Ok(())
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                self.stats.tx_dropped += 1;
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
     }
 }
 

@@ -3,8 +3,9 @@
 //! run; every byte verified. Needs root. The namespaces go away on every exit path, Ctrl-C
 //! included.
 //!
-//! The veth has MTU 9000, so the path MTU is 4096 and every full frame spans two UMEM chunks
-//! (multi-buffer AF_XDP).
+//! The veth has MTU 1500 (path MTU 1024) unless `--mtu 9000` asks for path MTU 4096, where every
+//! full frame spans two UMEM chunks (multi-buffer AF_XDP). That mode still fails now and then
+//! (a READ retried until RETRY_EXC_ERR: see the session notes), so it is not the default.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -15,6 +16,8 @@ use std::thread;
 use std::time::Instant;
 
 use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::backend::Backend;
+use roce_provider::capture::PcapRecorder;
 use roce_provider::engine::{Addressing, Engine};
 
 use crate::rdma::{av, check_ok, signaled, wait, Side, STALL};
@@ -39,6 +42,13 @@ pub struct Args {
     /// Attach the XDP program in generic mode instead of in the driver.
     #[arg(long)]
     generic: bool,
+    /// MTU of the veth: 9000 gives path MTU 4096 (frames of two AF_XDP buffers), 1500 gives
+    /// path MTU 1024.
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1500..=9000))]
+    mtu: u32,
+    /// Write every frame the first endpoint sends and receives to this pcap file.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
 }
 
 const IP_A: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
@@ -58,6 +68,15 @@ const A_ATOMIC: u64 = 0x4_0000_0000;
 const B_WINDOW: u64 = 0x5_0000_0000;
 const B_PING: u64 = 0x6_0000_0000;
 const B_COUNTER: u64 = 0x7_0000_0000;
+
+/// The path MTU a veth MTU allows.
+fn path_mtu(veth_mtu: u32) -> PathMtu {
+    if veth_mtu >= 9000 {
+        PathMtu::Mtu4096
+    } else {
+        PathMtu::Mtu1024
+    }
+}
 
 /// Namespaces to delete if the process is interrupted.
 static NAMESPACES: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -107,7 +126,7 @@ fn demo(args: &Args) -> io::Result<bool> {
     veth(
         (&a, "roce0", "10.79.0.1/24"),
         (&b, "roce0", "10.79.0.2/24"),
-        9000,
+        args.mtu,
     )?;
     let mode = if args.generic {
         XdpMode::Generic
@@ -115,8 +134,11 @@ fn demo(args: &Args) -> io::Result<bool> {
         XdpMode::Native
     };
     eprintln!(
-        "roce demo: namespaces {} and {} joined by a veth (MTU 9000, path MTU 4096), XDP {mode:?}",
-        a.name, b.name
+        "roce demo: namespaces {} and {} joined by a veth (MTU {}, path MTU {}), XDP {mode:?}",
+        a.name,
+        b.name,
+        args.mtu,
+        path_mtu(args.mtu).bytes()
     );
 
     eprintln!("roce demo: kernel TCP baseline...");
@@ -280,7 +302,7 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
             psn: Psn::new(0xB0),
         },
         Psn::new(0xA0),
-        PathMtu::Mtu4096,
+        path_mtu(args.mtu),
     )?;
     side_b.connect(
         Peer {
@@ -289,7 +311,7 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
             psn: Psn::new(0xA0),
         },
         Psn::new(0xB0),
-        PathMtu::Mtu4096,
+        path_mtu(args.mtu),
     )?;
     let source = side_a.register(A_SOURCE, MESSAGE * WINDOW)?;
     let read_back = side_a.register(A_READ_BACK, MESSAGE * WINDOW)?;
@@ -306,9 +328,15 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
         neighbours: [(peer_ip, peer_mac)].into(),
     };
     let (qa, qb, cq_a, cq_b) = (side_a.qpn, side_b.qpn, side_a.cq, side_b.cq);
+    let backend_a: Box<dyn Backend> = match &args.pcap {
+        Some(path) => {
+            Box::new(PcapRecorder::create(open_in(a, mode)?, path).map_err(io::Error::other)?)
+        }
+        None => Box::new(open_in(a, mode)?),
+    };
     let mut engine_a = Engine::new(
         side_a.endpoint,
-        open_in(a, mode)?,
+        backend_a,
         addressing(mac_a, IP_A, mac_b, IP_B),
     );
     let mut engine_b = Engine::new(
@@ -423,9 +451,9 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
     let served = responder
         .join()
         .map_err(|_| io::Error::other("responder panicked"))?;
-    let figures = requester?;
+    // The responder's failure, if any, explains the requester's.
     served?;
-    Ok(figures)
+    requester
 }
 
 /// 64-byte SEND ping-pong; returns the half round trip in µs.
