@@ -210,6 +210,11 @@ impl Backend for AfXdpBackend {
         self.reclaim();
         let pieces = frame.chunks(FRAME_SIZE as usize);
         if self.free_tx.len() < pieces.len() {
+            // Let the kernel finish what is queued, then look again.
+            self.tx.wake();
+            self.reclaim();
+        }
+        if self.free_tx.len() < pieces.len() {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 "AF_XDP TX ring full",
@@ -227,20 +232,27 @@ impl Backend for AfXdpBackend {
                 options,
             });
         }
-        let mut writer = self.tx.transmit(count as u32);
-        let queued = if writer.capacity() as usize >= count {
-            writer.insert(descs.iter().copied())
-        } else {
-            0
-        };
-        writer.commit();
-        drop(writer);
-        if queued as usize != count {
+        // The kernel must never see the first piece of a frame without the rest, so check the
+        // ring's real room first, then queue piece by piece: xdpilone refreshes its view of the
+        // kernel's consumer only when it has no free slot cached, so asking for two at once
+        // when one is cached would fail for ever (seen as a stalled sender at path MTU 4096).
+        if RING_SIZE - self.tx.pending() < count as u32 {
             self.free_tx.extend(descs.iter().map(|desc| desc.addr));
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 "AF_XDP TX ring full",
             ));
+        }
+        for desc in &descs {
+            let mut writer = self.tx.transmit(1);
+            let queued = writer.insert_once(*desc);
+            writer.commit();
+            drop(writer);
+            if !queued {
+                return Err(io::Error::other(
+                    "AF_XDP TX ring full in the middle of a frame",
+                ));
+            }
         }
         // Copy mode sends only when kicked.
         self.tx.wake();

@@ -3,9 +3,8 @@
 //! run; every byte verified. Needs root. The namespaces go away on every exit path, Ctrl-C
 //! included.
 //!
-//! The veth has MTU 1500 (path MTU 1024) unless `--mtu 9000` asks for path MTU 4096, where every
-//! full frame spans two UMEM chunks (multi-buffer AF_XDP). That mode still fails now and then
-//! (a READ retried until RETRY_EXC_ERR: see the session notes), so it is not the default.
+//! The veth has MTU 9000, so the path MTU is 4096 and every full frame spans two UMEM chunks
+//! (multi-buffer AF_XDP); `--mtu 1500` gives path MTU 1024.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -44,7 +43,7 @@ pub struct Args {
     generic: bool,
     /// MTU of the veth: 9000 gives path MTU 4096 (frames of two AF_XDP buffers), 1500 gives
     /// path MTU 1024.
-    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1500..=9000))]
+    #[arg(long, default_value_t = 9000, value_parser = clap::value_parser!(u32).range(1500..=9000))]
     mtu: u32,
     /// Write every frame the first endpoint sends and receives to this pcap file.
     #[arg(long, value_name = "FILE")]
