@@ -3,24 +3,10 @@
 use roce_transport::cq::{WcOpcode, WcStatus};
 use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use roce_transport::wr::{RecvWr, SendOp, Sge};
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn send_wr(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: vec![sge],
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
-}
+mod common;
+use common::{pattern, signaled};
 
 fn lossy() -> LinkConfig {
     LinkConfig {
@@ -62,7 +48,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: len as u32,
         lkey: src_key,
     };
-    sim.post_send(a, qa, send_wr(1, SendOp::Send, whole))
+    sim.post_send(a, qa, signaled(1, SendOp::Send, whole))
         .unwrap();
     let mut recv = Vec::new();
     assert!(sim.run_until(1_000_000, |sim| {
@@ -82,7 +68,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         remote_addr: 0x40_0000 + len as u64,
         rkey: target,
     };
-    sim.post_send(a, qa, send_wr(2, write, whole)).unwrap();
+    sim.post_send(a, qa, signaled(2, write, whole)).unwrap();
     let back_key = sim.reg(a, 0x80_0000, &vec![0; len]);
     let read = SendOp::RdmaRead {
         remote_addr: 0x40_0000 + len as u64,
@@ -93,7 +79,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: len as u32,
         lkey: back_key,
     };
-    sim.post_send(a, qa, send_wr(3, read, back)).unwrap();
+    sim.post_send(a, qa, signaled(3, read, back)).unwrap();
     // Atomics on an 8-byte counter at the start of `target`.
     let result_key = sim.reg(a, 0x90_0000, &[0; 16]);
     let faa = SendOp::FetchAdd {
@@ -106,7 +92,8 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: 8,
         lkey: result_key,
     };
-    sim.post_send(a, qa, send_wr(4, faa, first_result)).unwrap();
+    sim.post_send(a, qa, signaled(4, faa, first_result))
+        .unwrap();
     let cas = SendOp::CompareSwap {
         remote_addr: 0x40_0000,
         rkey: target,
@@ -118,7 +105,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: 8,
         lkey: result_key,
     };
-    sim.post_send(a, qa, send_wr(5, cas, second_result))
+    sim.post_send(a, qa, signaled(5, cas, second_result))
         .unwrap();
 
     let mut sends = Vec::new();
@@ -208,14 +195,14 @@ fn uc_send_and_write_with_immediate() {
         length: 1000,
         lkey: src_key,
     };
-    sim.post_send(a, qa, send_wr(1, SendOp::SendWithImm(0xfeed), whole))
+    sim.post_send(a, qa, signaled(1, SendOp::SendWithImm(0xfeed), whole))
         .unwrap();
     let write = SendOp::RdmaWriteWithImm {
         remote_addr: 0x9000,
         rkey: target_key,
         imm: 7,
     };
-    sim.post_send(a, qa, send_wr(2, write, whole)).unwrap();
+    sim.post_send(a, qa, signaled(2, write, whole)).unwrap();
     let mut recv = Vec::new();
     assert!(sim.run_until(10_000, |sim| {
         recv.extend(sim.poll_recv(b));
@@ -276,7 +263,7 @@ fn ud_send_delivers_with_grh() {
         },
     )
     .unwrap();
-    let mut wr = send_wr(
+    let mut wr = signaled(
         1,
         SendOp::Send,
         Sge {

@@ -5,66 +5,23 @@
 //! Particular packets are lost with the simulator's `drop_filter`; packets no correct peer
 //! would send are forged and fed to `Endpoint::handle_packet` directly.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::net::Ipv4Addr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+use roce_transport::cq::{WcOpcode, WcStatus};
 use roce_transport::endpoint::AsyncEvent;
 use roce_transport::qp::{QpCaps, QpStats};
 use roce_transport::qp_state::{PathMtu, QpAttr, QpState, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use roce_transport::wr::{SendOp, SendWr, Sge, UdDest};
 use roce_transport::AccessFlags;
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
-use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
+use roce_wire::{ExtRepr, Opcode, Psn};
 
-/// The requester's node (node indices are fixed by the order of `add_node`).
-const A: usize = 0;
-/// The responder's node.
-const B: usize = 1;
-/// Step bound of every wait: far more than any scenario needs.
-const STEPS: u64 = 200_000;
-/// Where test data lives at A.
-const SRC: u64 = 0x1_0000;
-/// Where targets and receive buffers live at B.
-const DST: u64 = 0x10_0000;
-/// A second buffer at B.
-const DST2: u64 = 0x20_0000;
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn sge(addr: u64, length: usize, lkey: u32) -> Sge {
-    Sge {
-        addr,
-        length: length as u32,
-        lkey,
-    }
-}
-
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: vec![sge],
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
-}
-
-fn recv_wr(wr_id: u64, sge: Sge) -> RecvWr {
-    RecvWr {
-        wr_id,
-        sg_list: vec![sge],
-    }
-}
+mod common;
+use common::*;
 
 fn retry(retry_cnt: u8, rnr_retry: u8) -> RetryConfig {
     RetryConfig {
@@ -86,132 +43,9 @@ fn stats(sim: &Sim, node: usize, qpn: u32) -> QpStats {
     sim.nodes[node].endpoint.qp_stats(qpn).expect("QP exists")
 }
 
-fn state(sim: &Sim, node: usize, qpn: u32) -> QpState {
-    sim.nodes[node].endpoint.qp_state(qpn).expect("QP exists")
-}
-
-fn summary(completions: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
-    completions.iter().map(|c| (c.wr_id, c.status)).collect()
-}
-
-/// Runs until `node`'s send CQ has given `n` completions; fails the test if it never does.
-fn wait_send(sim: &mut Sim, node: usize, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let done = sim.run_until(STEPS, |sim| {
-        out.extend(sim.poll_send(node));
-        out.len() >= n
-    });
-    assert!(done, "waited for {n} send completions, got {out:?}");
-    out
-}
-
-/// Runs until `node`'s receive CQ has given `n` completions; fails the test if it never does.
-fn wait_recv(sim: &mut Sim, node: usize, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let done = sim.run_until(STEPS, |sim| {
-        out.extend(sim.poll_recv(node));
-        out.len() >= n
-    });
-    assert!(done, "waited for {n} receive completions, got {out:?}");
-    out
-}
-
-/// Runs until nothing is left to happen, or for `STEPS` steps if something keeps going.
-fn settle(sim: &mut Sim) {
-    sim.run_until(STEPS, |_| false);
-}
-
-/// What the network was handed: one frame, as the drop filter saw it.
-#[derive(Debug, Clone)]
-struct Seen {
-    from: usize,
-    opcode: Opcode,
-    psn: Psn,
-    syndrome: Option<Syndrome>,
-    dropped: bool,
-}
-
-type Log = Rc<RefCell<Vec<Seen>>>;
-
-/// Records every frame and drops those `drop` picks; `drop` is shown the frame and every
-/// frame before it.
-fn tap(sim: &mut Sim, mut drop: impl FnMut(&Seen, &[Seen]) -> bool + 'static) -> Log {
-    let log: Log = Rc::default();
-    let writer = log.clone();
-    sim.drop_filter = Some(Box::new(move |from, _to, frame: &FrameRepr<'_>| {
-        let mut seen = Seen {
-            from,
-            opcode: frame.bth.opcode,
-            psn: frame.bth.psn,
-            syndrome: frame.ext.aeth.map(|aeth| aeth.syndrome),
-            dropped: false,
-        };
-        let mut log = writer.borrow_mut();
-        seen.dropped = drop(&seen, &log);
-        log.push(seen.clone());
-        seen.dropped
-    }));
-    log
-}
-
-/// Frames in `log` sent by `from` with `opcode`.
-fn count(log: &Log, from: usize, opcode: Opcode) -> usize {
-    log.borrow()
-        .iter()
-        .filter(|s| s.from == from && s.opcode == opcode)
-        .count()
-}
-
 /// Drops the first `n` frames B sends (its ACKs and responses).
 fn drop_first_responses(n: usize) -> impl FnMut(&Seen, &[Seen]) -> bool {
     move |frame, before| frame.from == B && before.iter().filter(|s| s.from == B).count() < n
-}
-
-/// A frame from `from` to `to` that no QP sent, for `Endpoint::handle_packet`.
-fn forged<'a>(
-    sim: &Sim,
-    from: usize,
-    to: usize,
-    bth: bth::Repr,
-    ext: ExtRepr,
-    payload: &'a [u8],
-) -> FrameRepr<'a> {
-    FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [2, 0, 0, 0, 0, to as u8 + 1],
-            src: [2, 0, 0, 0, 0, from as u8 + 1],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: sim.nodes[from].ip,
-            dst: sim.nodes[to].ip,
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
-        udp_src_port: 0xC000,
-        udp_checksum: false,
-        bth,
-        ext,
-        payload,
-    }
-}
-
-fn forged_bth(opcode: Opcode, dest_qpn: u32, psn: Psn, payload_len: usize) -> bth::Repr {
-    bth::Repr {
-        opcode,
-        solicited: false,
-        mig_req: false,
-        pad_count: ((4 - payload_len % 4) % 4) as u8,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qpn,
-        ack_req: false,
-        psn,
-    }
 }
 
 fn ack_ext(syndrome: Syndrome) -> ExtRepr {
@@ -620,7 +454,7 @@ fn ghost_ack_ignored() {
 
     let dropped = stats(&sim, A, qa).dropped;
     let ack = Syndrome::Ack(CreditCount::UNLIMITED);
-    let ghost_bth = forged_bth(Opcode::RcAcknowledge, qa, sent + 3, 0);
+    let ghost_bth = forged_bth(Opcode::RcAcknowledge, qa, sent + 3, 0, false);
     let ghost = forged(&sim, B, A, ghost_bth, ack_ext(ack), &[]);
     sim.nodes[A].endpoint.handle_packet(sim.now, &ghost);
     assert_eq!(stats(&sim, A, qa).dropped, dropped + 1);
@@ -671,7 +505,7 @@ fn unexpected_opcode_naks_invalid_request() {
     let expected = log.borrow()[0].psn + 1;
 
     let payload = vec![0xAB; PathMtu::Mtu1024.bytes()];
-    let middle_bth = forged_bth(Opcode::RcSendMiddle, qb, expected, payload.len());
+    let middle_bth = forged_bth(Opcode::RcSendMiddle, qb, expected, payload.len(), false);
     let middle = forged(&sim, A, B, middle_bth, ExtRepr::default(), &payload);
     sim.nodes[B].endpoint.handle_packet(sim.now, &middle);
     let mut out = Vec::new();
@@ -705,7 +539,13 @@ fn read_response_to_a_send_is_bad_response() {
     let psn = log.borrow()[0].psn;
 
     let payload = [7u8; 8];
-    let response_bth = forged_bth(Opcode::RcRdmaReadResponseOnly, qa, psn, payload.len());
+    let response_bth = forged_bth(
+        Opcode::RcRdmaReadResponseOnly,
+        qa,
+        psn,
+        payload.len(),
+        false,
+    );
     let ack = ack_ext(Syndrome::Ack(CreditCount::UNLIMITED));
     let response = forged(&sim, B, A, response_bth, ack, &payload);
     sim.nodes[A].endpoint.handle_packet(sim.now, &response);
@@ -730,7 +570,13 @@ fn read_response_of_wrong_length_is_bad_response() {
     let psn = log.borrow()[0].psn;
 
     let payload = [7u8; 50];
-    let response_bth = forged_bth(Opcode::RcRdmaReadResponseOnly, qa, psn, payload.len());
+    let response_bth = forged_bth(
+        Opcode::RcRdmaReadResponseOnly,
+        qa,
+        psn,
+        payload.len(),
+        false,
+    );
     let ack = ack_ext(Syndrome::Ack(CreditCount::UNLIMITED));
     let response = forged(&sim, B, A, response_bth, ack, &payload);
     sim.nodes[A].endpoint.handle_packet(sim.now, &response);

@@ -1,90 +1,25 @@
 //! Review findings against the IBTA transport rules and Linux rxe's behaviour: one small test
 //! per bug, each failing on the code as reviewed (all fixed since).
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
-use roce_transport::cq::{WcStatus, WorkCompletion};
+use roce_transport::cq::WcStatus;
 use roce_transport::qp_state::{PathMtu, QpAttr, QpState, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use roce_transport::wr::SendOp;
 use roce_wire::aeth::{NakCode, Syndrome};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
-use roce_wire::{bth, feth, reth, ExtRepr, FrameRepr, Opcode, Psn};
+use roce_wire::{feth, reth, ExtRepr, Opcode, Psn};
 
-const A: usize = 0;
-const B: usize = 1;
+mod common;
+use common::*;
+
 const C: usize = 2;
-const STEPS: u64 = 200_000;
-const SRC: u64 = 0x1_0000;
 const SRC2: u64 = 0x2_0000;
-const DST: u64 = 0x10_0000;
-const DST2: u64 = 0x20_0000;
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn sge(addr: u64, length: usize, lkey: u32) -> Sge {
-    Sge {
-        addr,
-        length: length as u32,
-        lkey,
-    }
-}
-
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: vec![sge],
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
-}
-
-fn recv_wr(wr_id: u64, sge: Sge) -> RecvWr {
-    RecvWr {
-        wr_id,
-        sg_list: vec![sge],
-    }
-}
-
-fn retry() -> RetryConfig {
-    RetryConfig::default()
-}
 
 /// Three nodes (A, B and a stranger C), one connected pair A -> B.
 fn pair(qp_type: QpType) -> (Sim, u32, u32) {
     let mut sim = Sim::new(LinkConfig::default(), 7);
     assert_eq!((sim.add_node(), sim.add_node(), sim.add_node()), (A, B, C));
-    let pair = sim.connect(A, B, qp_type, PathMtu::Mtu1024, retry());
+    let pair = sim.connect(A, B, qp_type, PathMtu::Mtu1024, RetryConfig::default());
     (sim, pair.a.1, pair.b.1)
-}
-
-fn state(sim: &Sim, node: usize, qpn: u32) -> QpState {
-    sim.nodes[node].endpoint.qp_state(qpn).expect("QP exists")
-}
-
-fn summary(completions: &[WorkCompletion]) -> Vec<(u64, WcStatus)> {
-    completions.iter().map(|c| (c.wr_id, c.status)).collect()
-}
-
-fn wait_send(sim: &mut Sim, node: usize, n: usize) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let done = sim.run_until(STEPS, |sim| {
-        out.extend(sim.poll_send(node));
-        out.len() >= n
-    });
-    assert!(done, "waited for {n} send completions, got {out:?}");
-    out
-}
-
-fn settle(sim: &mut Sim) {
-    sim.run_until(STEPS, |_| false);
 }
 
 fn to_state(sim: &mut Sim, node: usize, qpn: u32, to: QpState) {
@@ -98,94 +33,12 @@ fn to_state(sim: &mut Sim, node: usize, qpn: u32, to: QpState) {
         .unwrap();
 }
 
-#[derive(Debug, Clone)]
-struct Seen {
-    from: usize,
-    opcode: Opcode,
-    psn: Psn,
-    syndrome: Option<Syndrome>,
-}
-
-type Log = Rc<RefCell<Vec<Seen>>>;
-
-/// Records every frame; drops those `drop` picks (shown the frame and all before it).
-fn tap(sim: &mut Sim, mut drop: impl FnMut(&Seen, &[Seen]) -> bool + 'static) -> Log {
-    let log: Log = Rc::default();
-    let writer = log.clone();
-    sim.drop_filter = Some(Box::new(move |from, _to, frame: &FrameRepr<'_>| {
-        let seen = Seen {
-            from,
-            opcode: frame.bth.opcode,
-            psn: frame.bth.psn,
-            syndrome: frame.ext.aeth.map(|aeth| aeth.syndrome),
-        };
-        let mut log = writer.borrow_mut();
-        let dropped = drop(&seen, &log);
-        log.push(seen);
-        dropped
-    }));
-    log
-}
-
-fn count(log: &Log, from: usize, opcode: Opcode) -> usize {
-    log.borrow()
-        .iter()
-        .filter(|s| s.from == from && s.opcode == opcode)
-        .count()
-}
-
 fn first_psn(log: &Log, from: usize, opcode: Opcode) -> Psn {
     log.borrow()
         .iter()
         .find(|s| s.from == from && s.opcode == opcode)
         .map(|s| s.psn)
         .expect("frame seen")
-}
-
-fn forged_bth(opcode: Opcode, dest_qpn: u32, psn: Psn, payload_len: usize) -> bth::Repr {
-    bth::Repr {
-        opcode,
-        solicited: false,
-        mig_req: false,
-        pad_count: ((4 - payload_len % 4) % 4) as u8,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qpn,
-        ack_req: true,
-        psn,
-    }
-}
-
-fn forged<'a>(
-    sim: &Sim,
-    from: usize,
-    to: usize,
-    bth: bth::Repr,
-    ext: ExtRepr,
-    payload: &'a [u8],
-) -> FrameRepr<'a> {
-    FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [2, 0, 0, 0, 0, to as u8 + 1],
-            src: [2, 0, 0, 0, 0, from as u8 + 1],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: sim.nodes[from].ip,
-            dst: sim.nodes[to].ip,
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
-        udp_src_port: 0xC000,
-        udp_checksum: false,
-        bth,
-        ext,
-        payload,
-    }
 }
 
 fn reth_ext(virtual_address: u64, rkey: u32, dma_length: u32) -> ExtRepr {
@@ -327,7 +180,7 @@ fn connected_qp_ignores_a_stranger() {
         &sim,
         C,
         B,
-        forged_bth(Opcode::RcRdmaWriteOnly, qb, psn + 1, 8),
+        forged_bth(Opcode::RcRdmaWriteOnly, qb, psn + 1, 8, true),
         reth_ext(DST + 32, target, 8),
         &payload,
     );
@@ -344,7 +197,7 @@ fn foreign_pkey_dropped() {
     let log = tap(&mut sim, |_, _| false);
     let (psn, target) = prime(&mut sim, &log, qa);
     let payload = [0xEE; 8];
-    let mut bth = forged_bth(Opcode::RcRdmaWriteOnly, qb, psn + 1, 8);
+    let mut bth = forged_bth(Opcode::RcRdmaWriteOnly, qb, psn + 1, 8, true);
     bth.pkey = 0x1234;
     let frame = forged(&sim, A, B, bth, reth_ext(DST + 32, target, 8), &payload);
     sim.nodes[B].endpoint.handle_packet(sim.now, &frame);
@@ -379,7 +232,7 @@ fn flush_is_not_a_send() {
         &sim,
         A,
         B,
-        forged_bth(Opcode::RcFlush, qb, psn + 1, 0),
+        forged_bth(Opcode::RcFlush, qb, psn + 1, 0, true),
         ext,
         &[],
     );
@@ -404,15 +257,14 @@ fn empty_last_packet_is_invalid() {
     sim.post_recv(B, qb, recv_wr(7, sge(DST2, 2048, dst)))
         .unwrap();
     let full = pattern(1024, 6);
-    let mut first_bth = forged_bth(Opcode::RcSendFirst, qb, psn + 1, 1024);
-    first_bth.ack_req = false;
+    let first_bth = forged_bth(Opcode::RcSendFirst, qb, psn + 1, 1024, false);
     let first = forged(&sim, A, B, first_bth, ExtRepr::default(), &full);
     sim.nodes[B].endpoint.handle_packet(sim.now, &first);
     let last = forged(
         &sim,
         A,
         B,
-        forged_bth(Opcode::RcSendLast, qb, psn + 2, 0),
+        forged_bth(Opcode::RcSendLast, qb, psn + 2, 0, true),
         ExtRepr::default(),
         &[],
     );
@@ -456,7 +308,7 @@ fn duplicate_read_limited_to_original_range() {
         &sim,
         A,
         B,
-        forged_bth(Opcode::RcRdmaReadRequest, qb, read_psn, 0),
+        forged_bth(Opcode::RcRdmaReadRequest, qb, read_psn, 0, true),
         reth_ext(DST2 + 2000, source, 100),
         &[],
     );
