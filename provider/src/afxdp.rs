@@ -298,4 +298,10 @@ impl Backend for AfXdpBackend {
             Err(error) => Err(error.into()),
         }
     }
+
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        // SAFETY: `self.fd` is the socket's, open while `self` lives, which the borrow ties.
+        #[allow(unsafe_code)]
+        Some(unsafe { BorrowedFd::borrow_raw(self.fd) })
+    }
 }

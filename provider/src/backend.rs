@@ -1,6 +1,7 @@
 //! The one interface every way of moving Ethernet frames implements.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 /// Sends and receives whole Ethernet frames (from the destination MAC to the end of the
@@ -19,6 +20,14 @@ pub trait Backend: Send {
 
     /// Blocks until a frame may be waiting or `timeout` has passed (`None`: no limit).
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+
+    /// A file descriptor that polls readable when a frame may be waiting, so another thread
+    /// can sleep in poll(2)/epoll without holding the backend. `None` when readiness is not
+    /// a file descriptor's (the in-memory wire; wrappers that hold frames back): the caller
+    /// then polls with short sleeps.
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -32,5 +41,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).wait(timeout)
+    }
+
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).readiness_fd()
     }
 }

@@ -206,6 +206,10 @@ impl<B: Backend> Backend for PcapRecorder<B> {
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         self.inner.wait(timeout)
     }
+
+    fn readiness_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.readiness_fd()
+    }
 }
 
 impl<B> Drop for PcapRecorder<B> {

@@ -78,6 +78,16 @@ impl<B: Backend> Engine<B> {
         &mut self.backend
     }
 
+    /// Who this endpoint is on the link.
+    pub fn addressing(&self) -> &Addressing {
+        &self.addressing
+    }
+
+    /// Learns (or updates) the MAC of an IPv4 neighbour.
+    pub fn add_neighbour(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+        self.addressing.neighbours.insert(ip, mac);
+    }
+
     /// Does everything possible now without blocking: every waiting frame, due timers, every
     /// packet ready to go.
     pub fn poll(&mut self) -> io::Result<()> {

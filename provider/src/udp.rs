@@ -15,6 +15,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use roce_wire::frame::{IpRepr, Ipv4Repr, ROCEV2_UDP_PORT};
@@ -122,6 +123,10 @@ impl Backend for UdpBackend {
             Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
             Err(error) => Err(error.into()),
         }
+    }
+
+    fn readiness_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.socket.as_fd())
     }
 }
 

@@ -1,4 +1,107 @@
-//! The user-facing verbs API, with rdma-core's names where they fit.
+//! The verbs API of roce-xdp, with rdma-core's names where they fit: RDMA over RoCEv2 on any
+//! network interface, in user space.
 //!
-//! Nothing is implemented yet: this crate is an empty placeholder for issue #4.
+//! ```text
+//! devices() → Context::open → alloc_pd → reg_mr / create_cq (+ create_comp_channel)
+//!           → create_qp → connect (or modify through RESET→INIT→RTR→RTS)
+//!           → post_send / post_recv → poll / req_notify + get_cq_event
+//! ```
+//!
+//! - **Progress.** A context drives its transport endpoint over a backend (AF_XDP, kernel UDP
+//!   sockets, or any [`Backend`](roce_provider::backend::Backend)) from a background thread
+//!   that busy-polls or sleeps in poll(2) ([`Progress`]), or from the caller's own posts and
+//!   polls ([`Progress::Caller`], lowest latency for one thread).
+//! - **Memory.** A region owns its bytes ([`Mr`]); programs read and write them through it,
+//!   so nothing the peer can write is ever freed or moved under it, and no call is `unsafe`.
+//! - **Locking.** Each context has one lock over its endpoint, held only for the length of a
+//!   call (never across a wait): threads on different contexts never meet; threads on one
+//!   context take turns. Finer locks (per QP) are future work.
+//! - **Neighbours.** Over AF_XDP the peer's MAC comes from the kernel's table, resolved on
+//!   demand when a QP is given a destination or an address handle is created.
+//! - **Errors** are typed ([`Error`]); posts report which work request failed
+//!   ([`PostFailure`]).
+//!
+//! Not yet: IPv6 paths (IPv6 GIDs are listed but cannot be a destination or source),
+//! shared receive queues, memory windows, a C ABI.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod context;
+mod cq;
+pub mod device;
+mod mr;
+mod neighbour;
+mod qp;
+
+use std::net::Ipv4Addr;
+
+pub use context::{BackendChoice, BackendKind, Context, OpenOptions, Progress};
+pub use cq::{CompChannel, Cq};
+pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
+pub use mr::{Mr, Pd};
+pub use qp::{AddressHandle, ConnectOptions, PostFailure, Qp, QpEndpoint, QpInitAttr};
+
+pub use roce_provider::engine::{Addressing, EngineStats};
+pub use roce_provider::xdp::XdpMode;
+pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+pub use roce_transport::endpoint::AsyncEvent;
+pub use roce_transport::qp::{QpCaps, QpStats};
+pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
+pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use roce_transport::{AccessFlags, CqId};
+pub use roce_wire::aeth::RnrTimer;
+pub use roce_wire::Psn;
+
+/// Why a verbs call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operating system refused something (opening a socket, AF_XDP, ...).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// Registering or freeing memory failed.
+    #[error("memory region: {0}")]
+    Mr(#[from] roce_transport::mr::MrError),
+    /// A QP transition or attribute was refused, as `ibv_modify_qp` refuses it.
+    #[error("modify QP: {0}")]
+    ModifyQp(#[from] roce_transport::qp_state::ModifyQpError),
+    /// A work request was refused.
+    #[error("post: {0}")]
+    Post(#[from] roce_transport::qp::PostError),
+    /// A QP could not be created.
+    #[error("create QP: {0}")]
+    CreateQp(#[from] roce_transport::endpoint::CreateQpError),
+    /// The engine failed (its backend broke); the context is unusable.
+    #[error("the device's engine stopped: {0}")]
+    EngineFailed(String),
+    /// A thread panicked while holding the device's lock.
+    #[error("a thread panicked inside a verbs call; the device is unusable")]
+    Poisoned,
+    /// An object made from another context.
+    #[error("the {0} belongs to another device context")]
+    ForeignObject(&'static str),
+    /// The object was destroyed underneath.
+    #[error("the object no longer exists")]
+    Gone,
+    /// A wait ran out of time.
+    #[error("timed out")]
+    TimedOut,
+    /// A CQ lost a completion for want of room; it is unusable, as after `IBV_EVENT_CQ_ERR`.
+    #[error("completion queue overflow")]
+    CqOverflow,
+    /// An offset and length outside a memory region.
+    #[error("outside the memory region")]
+    OutOfBounds,
+    /// No GID at this index.
+    #[error("no GID at index {0}")]
+    NoGid(u8),
+    /// The neighbour's MAC could not be resolved.
+    #[error("no neighbour entry for {0} (ARP got no answer)")]
+    NoNeighbour(Ipv4Addr),
+    /// A bad argument.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// Something this implementation does not do yet.
+    #[error("not supported yet: {0}")]
+    Unsupported(&'static str),
+}

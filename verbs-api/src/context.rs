@@ -1,0 +1,446 @@
+//! An open device (`ibv_open_device`): the engine that drives transport and backend, and
+//! what makes it progress (a background thread, busy-polling or sleeping, or the caller).
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::Ipv6Addr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::backend::Backend;
+use roce_provider::engine::{Addressing, Engine, EngineStats};
+use roce_provider::udp::UdpBackend;
+use roce_provider::xdp::XdpMode;
+use roce_transport::endpoint::AsyncEvent;
+use roce_transport::{CqId, Endpoint};
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+
+use crate::cq::{ChannelInner, CompChannel, Cq};
+use crate::device::Device;
+use crate::neighbour;
+use crate::{Error, Pd};
+
+/// How frames move for this context.
+#[non_exhaustive]
+pub enum BackendChoice {
+    /// AF_XDP in native mode, else generic mode, else kernel UDP sockets; which one was
+    /// taken, and why, is in [`Context::backend_kind`].
+    Auto,
+    /// AF_XDP only (root).
+    AfXdp(XdpMode),
+    /// Kernel UDP sockets on port 4791 of the device's IPv4 address (no root).
+    Udp,
+    /// Any backend (the in-memory wire, fault injection, pcap): the caller says who we are
+    /// on the link and which MACs the neighbours have.
+    Custom(Box<dyn Backend>, Addressing),
+}
+
+/// What drives the engine: receiving, timers, transmitting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A background thread that never sleeps: lowest latency, one core spent.
+    BusyPoll,
+    /// A background thread that sleeps in poll(2) until a frame, a timer or a post.
+    Events,
+    /// No thread: posting and polling a CQ drive the engine (one thread per context).
+    Caller,
+}
+
+/// Options of [`Context::open`].
+pub struct OpenOptions {
+    /// How frames move.
+    pub backend: BackendChoice,
+    /// What drives the engine.
+    pub progress: Progress,
+    /// Seed of the memory keys; `None` takes it from the OS (use a seed only in tests).
+    pub seed: Option<[u8; 32]>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            backend: BackendChoice::Auto,
+            progress: Progress::Events,
+            seed: None,
+        }
+    }
+}
+
+/// Which backend a context ended up with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendKind {
+    /// AF_XDP in this mode.
+    AfXdp(XdpMode),
+    /// Kernel UDP sockets; `fallback` says why AF_XDP was not used, when it was tried.
+    Udp {
+        /// The AF_XDP error, for [`BackendChoice::Auto`].
+        fallback: Option<String>,
+    },
+    /// A backend the caller gave.
+    Custom,
+}
+
+/// Where neighbours' MACs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Neighbours {
+    /// The kernel's table, asking it to resolve missing entries.
+    Kernel,
+    /// The kernel addresses the frames (UDP sockets): no MAC needed.
+    NotNeeded,
+    /// Only those the caller gave.
+    Static,
+}
+
+/// Everything behind the one lock of a context.
+pub(crate) struct Core {
+    pub(crate) engine: Engine<Box<dyn Backend>>,
+    /// The channel of each CQ that has one.
+    pub(crate) channels: HashMap<CqId, Arc<ChannelInner>>,
+    pub(crate) async_events: VecDeque<AsyncEvent>,
+}
+
+impl Core {
+    pub(crate) fn endpoint(&mut self) -> &mut Endpoint {
+        self.engine.endpoint()
+    }
+
+    /// Moves the engine's news to where users wait for it: CQ events to their channels,
+    /// async events to the context.
+    fn deliver(&mut self) {
+        for (&cq, channel) in &self.channels {
+            if self.engine.endpoint().cq(cq).take_event() {
+                channel.push(cq);
+            }
+        }
+        self.async_events
+            .extend(self.engine.endpoint().take_events());
+    }
+
+    /// One round of the engine: every waiting frame, due timers, every packet ready.
+    pub(crate) fn drive(&mut self) -> io::Result<()> {
+        let result = self.engine.poll();
+        self.deliver();
+        result
+    }
+}
+
+/// State shared by a context and every object made from it.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    pub(crate) device: Device,
+    pub(crate) kind: BackendKind,
+    pub(crate) progress: Progress,
+    neighbours: Neighbours,
+    /// Set while the background thread runs; otherwise callers drive the engine.
+    thread_running: AtomicBool,
+    stop: AtomicBool,
+    /// Written to wake a sleeping background thread (a post, or stopping).
+    wake: OwnedFd,
+    /// The error that stopped the engine, if one did.
+    failure: Mutex<Option<String>>,
+    /// Next address handed to a region registered without one.
+    next_iova: AtomicU64,
+}
+
+impl Shared {
+    /// The lock over engine, endpoint and CQs; fails once the engine has failed.
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Core>, Error> {
+        if let Some(why) = self.failure.lock().map_err(|_| Error::Poisoned)?.as_ref() {
+            return Err(Error::EngineFailed(why.clone()));
+        }
+        self.core.lock().map_err(|_| Error::Poisoned)
+    }
+
+    /// Whether callers must drive the engine themselves.
+    pub(crate) fn caller_drives(&self) -> bool {
+        !self.thread_running.load(Ordering::Acquire)
+    }
+
+    /// After a post: make the new work leave now.
+    pub(crate) fn kick(&self, core: &mut Core) -> Result<(), Error> {
+        if self.caller_drives() {
+            self.drive(core)
+        } else {
+            if self.progress == Progress::Events {
+                self.wake_thread();
+            }
+            Ok(())
+        }
+    }
+
+    /// [`Core::drive`], recording a failure for every later call.
+    pub(crate) fn drive(&self, core: &mut Core) -> Result<(), Error> {
+        core.drive().map_err(|error| self.fail(error))
+    }
+
+    fn fail(&self, error: io::Error) -> Error {
+        let why = error.to_string();
+        if let Ok(mut failure) = self.failure.lock() {
+            failure.get_or_insert(why.clone());
+        }
+        Error::EngineFailed(why)
+    }
+
+    fn wake_thread(&self) {
+        // A full counter already means "wake up"; nothing to do on error.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// A fresh, page-aligned address range of `len` bytes for a region, with a guard gap so
+    /// an off-by-one address never lands in the next region.
+    pub(crate) fn allocate_iova(&self, len: usize) -> u64 {
+        let span = (len as u64).div_ceil(4096) * 4096 + 4096;
+        self.next_iova.fetch_add(span, Ordering::Relaxed)
+    }
+
+    /// Makes sure the engine can reach `dgid`: an IPv4-mapped GID whose MAC is known.
+    pub(crate) fn resolve(&self, dgid: [u8; 16]) -> Result<(), Error> {
+        let ip = Ipv6Addr::from(dgid)
+            .to_ipv4_mapped()
+            .ok_or(Error::Unsupported(
+                "destinations that are not IPv4-mapped GIDs",
+            ))?;
+        match self.neighbours {
+            Neighbours::NotNeeded => Ok(()),
+            Neighbours::Static => {
+                let known = self
+                    .lock()?
+                    .engine
+                    .addressing()
+                    .neighbours
+                    .contains_key(&ip);
+                known.then_some(()).ok_or(Error::NoNeighbour(ip))
+            }
+            Neighbours::Kernel => {
+                // Outside the lock: resolving may take a few hundred milliseconds.
+                let mac = neighbour::resolve(ip, &self.device.name)?;
+                self.lock()?.engine.add_neighbour(ip, mac);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An open device.
+///
+/// Every object made from it ([`Pd`], [`Cq`], [`Qp`](crate::Qp), ...) keeps the device open;
+/// dropping the context stops its background thread, after which polling a CQ drives the
+/// engine instead.
+pub struct Context {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Context {
+    /// Opens `device` (in this thread's network namespace).
+    pub fn open(device: &Device, options: OpenOptions) -> Result<Context, Error> {
+        let ip = device.ipv4().ok_or(Error::Unsupported(
+            "devices without an IPv4 address (no IPv4-mapped GID)",
+        ))?;
+        let addressing = Addressing {
+            mac: device.mac,
+            ip,
+            neighbours: HashMap::new(),
+        };
+        let (backend, addressing, kind): (Box<dyn Backend>, _, _) = match options.backend {
+            BackendChoice::AfXdp(mode) => (
+                Box::new(AfXdpBackend::open(&device.name, mode)?),
+                addressing,
+                BackendKind::AfXdp(mode),
+            ),
+            BackendChoice::Udp => (
+                Box::new(UdpBackend::bind(ip, device.mac)?),
+                addressing,
+                BackendKind::Udp { fallback: None },
+            ),
+            BackendChoice::Auto => {
+                let native = AfXdpBackend::open(&device.name, XdpMode::Native)
+                    .map(|backend| (backend, XdpMode::Native));
+                match native.or_else(|_| {
+                    AfXdpBackend::open(&device.name, XdpMode::Generic)
+                        .map(|backend| (backend, XdpMode::Generic))
+                }) {
+                    Ok((backend, mode)) => {
+                        (Box::new(backend), addressing, BackendKind::AfXdp(mode))
+                    }
+                    Err(error) => (
+                        Box::new(UdpBackend::bind(ip, device.mac)?),
+                        addressing,
+                        BackendKind::Udp {
+                            fallback: Some(error.to_string()),
+                        },
+                    ),
+                }
+            }
+            BackendChoice::Custom(backend, addressing) => {
+                (backend, addressing, BackendKind::Custom)
+            }
+        };
+        let neighbours = match kind {
+            BackendKind::AfXdp(_) => Neighbours::Kernel,
+            BackendKind::Udp { .. } => Neighbours::NotNeeded,
+            BackendKind::Custom => Neighbours::Static,
+        };
+        let seed = match options.seed {
+            Some(seed) => seed,
+            None => {
+                let mut seed = [0u8; 32];
+                rustix::rand::getrandom(&mut seed, rustix::rand::GetRandomFlags::empty())
+                    .map_err(io::Error::from)?;
+                seed
+            }
+        };
+        let engine = Engine::new(Endpoint::new(seed), backend, addressing);
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                channels: HashMap::new(),
+                async_events: VecDeque::new(),
+            }),
+            device: device.clone(),
+            kind,
+            progress: options.progress,
+            neighbours,
+            thread_running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                .map_err(io::Error::from)?,
+            failure: Mutex::new(None),
+            next_iova: AtomicU64::new(0x1_0000_0000),
+        });
+        let thread = match options.progress {
+            Progress::Caller => None,
+            progress => {
+                shared.thread_running.store(true, Ordering::Release);
+                let for_thread = Arc::clone(&shared);
+                Some(
+                    std::thread::Builder::new()
+                        .name(format!("roce-{}", device.name))
+                        .spawn(move || run(&for_thread, progress))?,
+                )
+            }
+        };
+        Ok(Context { shared, thread })
+    }
+
+    /// The device this context drives.
+    pub fn device(&self) -> &Device {
+        &self.shared.device
+    }
+
+    /// Which backend carries the frames.
+    pub fn backend_kind(&self) -> &BackendKind {
+        &self.shared.kind
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(&self) -> Result<Pd, Error> {
+        Pd::new(&self.shared)
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    pub fn create_comp_channel(&self) -> Result<CompChannel, Error> {
+        CompChannel::new(&self.shared)
+    }
+
+    /// Creates a CQ of `depth` entries whose events go to `channel` (`ibv_create_cq`).
+    pub fn create_cq(&self, depth: usize, channel: Option<&CompChannel>) -> Result<Cq, Error> {
+        Cq::new(&self.shared, depth, channel)
+    }
+
+    /// Takes the oldest async event (`ibv_get_async_event`, without blocking).
+    pub fn get_async_event(&self) -> Result<Option<AsyncEvent>, Error> {
+        Ok(self.shared.lock()?.async_events.pop_front())
+    }
+
+    /// The engine's frame counters.
+    pub fn stats(&self) -> Result<EngineStats, Error> {
+        Ok(self.shared.lock()?.engine.stats)
+    }
+
+    /// Runs `f` on the backend, e.g. to flush a pcap recorder.
+    pub fn with_backend<T>(&self, f: impl FnOnce(&mut dyn Backend) -> T) -> Result<T, Error> {
+        Ok(f(self.shared.lock()?.engine.backend().as_mut()))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake_thread();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.shared.thread_running.store(false, Ordering::Release);
+    }
+}
+
+/// Longest sleep of the event-driven thread when the backend has no readiness fd (the
+/// in-memory wire): frames are then noticed this late at worst.
+const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
+/// Longest sleep otherwise, so a stop request is never missed for long.
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// The background thread.
+fn run(shared: &Shared, progress: Progress) {
+    // A duplicate of the backend's fd, to sleep on without holding the lock.
+    let readiness = match shared.core.lock() {
+        Ok(mut core) => core
+            .engine
+            .backend()
+            .readiness_fd()
+            .map(|fd| fd.try_clone_to_owned()),
+        Err(_) => return,
+    };
+    let readiness = match readiness.transpose() {
+        Ok(fd) => fd,
+        Err(error) => {
+            shared.fail(error);
+            return;
+        }
+    };
+    while !shared.stop.load(Ordering::Acquire) {
+        let next_timer = {
+            let Ok(mut core) = shared.core.lock() else {
+                return;
+            };
+            if let Err(error) = core.drive() {
+                drop(core);
+                shared.fail(error);
+                return;
+            }
+            core.engine.endpoint().poll_timeout()
+        };
+        match progress {
+            Progress::BusyPoll => std::thread::yield_now(),
+            _ => sleep(shared, readiness.as_ref(), next_timer),
+        }
+    }
+}
+
+/// Sleeps until a frame may be waiting, the next timer, a wake-up, or a bound.
+fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instant>) {
+    let bound = if readiness.is_some() {
+        MAX_SLEEP
+    } else {
+        POLL_WITHOUT_FD
+    };
+    let until_timer = next_timer.map(|at| at.saturating_duration_since(Instant::now()));
+    let timeout = until_timer.map_or(bound, |until| until.min(bound));
+    let Ok(timeout) = Timespec::try_from(timeout) else {
+        return;
+    };
+    let mut fds = vec![PollFd::new(&shared.wake, PollFlags::IN)];
+    if let Some(fd) = readiness {
+        fds.push(PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN));
+    }
+    let _ = poll(&mut fds, Some(&timeout));
+    if fds[0].revents().contains(PollFlags::IN) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(&shared.wake, &mut counter);
+    }
+}

@@ -1,0 +1,492 @@
+//! The verbs API end to end over the in-memory wire (with seeded faults): every progress
+//! mode, RC WRITE/READ/SEND/atomics, UD through an address handle, completion channels, and
+//! the errors a program gets for bad calls.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use roce_provider::fault::FaultInjector;
+use roce_provider::memory::memory_pair;
+use roce_transport::sim::LinkConfig;
+use roce_verbs::device::link_local_gid;
+use roce_verbs::{
+    AccessFlags, AddressVector, Addressing, AsyncEvent, BackendChoice, ConnectOptions, Context, Cq,
+    Device, Error, OpenOptions, PathMtu, Progress, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
+    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
+
+const STALL: Duration = Duration::from_secs(20);
+const IP_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const IP_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
+const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
+
+fn device(name: &str, mac: [u8; 6], ip: Ipv4Addr) -> Device {
+    Device {
+        name: name.into(),
+        mac,
+        netdev_mtu: 9000,
+        up: true,
+        gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
+    }
+}
+
+/// Two contexts joined by an in-memory wire that loses, reorders, duplicates and corrupts
+/// frames with the given probability each.
+fn pair(progress: Progress, fault: f64) -> (Context, Context) {
+    let (wire_a, wire_b) = memory_pair();
+    let faults = LinkConfig {
+        loss: fault,
+        reorder: fault,
+        duplicate: fault,
+        corrupt: fault,
+        ..LinkConfig::default()
+    };
+    let open = |wire, seed, (mac, ip), (peer_mac, peer_ip)| {
+        let addressing = Addressing {
+            mac,
+            ip,
+            neighbours: HashMap::from([(peer_ip, peer_mac)]),
+        };
+        let backend = Box::new(FaultInjector::new(wire, faults, seed));
+        let options = OpenOptions {
+            backend: BackendChoice::Custom(backend, addressing),
+            progress,
+            seed: Some([seed as u8; 32]),
+        };
+        Context::open(&device("mem", mac, ip), options).expect("open")
+    };
+    (
+        open(wire_a, 1, (MAC_A, IP_A), (MAC_B, IP_B)),
+        open(wire_b, 2, (MAC_B, IP_B), (MAC_A, IP_A)),
+    )
+}
+
+/// A 16 ms ACK timeout: lost tails are resent quickly, yet two engine threads descheduled
+/// for a few milliseconds on a busy two-core machine do not use up the retries (0.5 ms did).
+fn fast() -> ConnectOptions {
+    ConnectOptions {
+        mtu: PathMtu::Mtu1024,
+        retry: RetryConfig {
+            timeout: 12,
+            ..RetryConfig::default()
+        },
+        ..ConnectOptions::default()
+    }
+}
+
+fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sg_list: vec![sge],
+        inline_data: Vec::new(),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }
+}
+
+/// Keeps polling `cq` (which, in caller-driven mode, is what moves B's engine) until told
+/// to stop; returns what it collected.
+fn drive_until(cq: &Cq, stop: &AtomicBool) -> Vec<roce_verbs::WorkCompletion> {
+    let mut seen = Vec::new();
+    for _ in 0..50_000_000u64 {
+        // One last poll after the stop: what arrived before it counts.
+        let stopping = stop.load(Ordering::Acquire);
+        cq.poll_into(16, &mut seen).expect("poll");
+        if stopping {
+            break;
+        }
+        thread::yield_now();
+    }
+    seen
+}
+
+/// A WRITEs 1 MiB to B, READs it back, SENDs 4 KiB with immediate data and does both
+/// atomics, over a lossy wire; every byte and result is checked.
+fn rc_scenario(progress: Progress) {
+    let (ctx_a, ctx_b) = pair(progress, 0.01);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let cq_a = ctx_a.create_cq(64, None).unwrap();
+    let channel_b = ctx_b.create_comp_channel().unwrap();
+    let cq_b = ctx_b.create_cq(64, Some(&channel_b)).unwrap();
+    let caps = QpCaps::default();
+    let qp_attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps,
+        sq_sig_all: false,
+    };
+    let qp_a = pd_a.create_qp(&qp_attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&qp_attr(&cq_b)).unwrap();
+    assert_eq!(qp_a.state().unwrap(), QpState::Reset);
+    let (end_a, end_b) = (qp_a.endpoint(1).unwrap(), qp_b.endpoint(1).unwrap());
+    // The typed handshake survives its byte form.
+    let end_b = roce_verbs::QpEndpoint::from_bytes(&end_b.to_bytes()).unwrap();
+    qp_a.connect(&end_b, &fast()).unwrap();
+    qp_b.connect(&end_a, &fast()).unwrap();
+    assert_eq!(qp_a.state().unwrap(), QpState::Rts);
+
+    let len = 1 << 20;
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 509) as u8).collect();
+    let all = AccessFlags::all();
+    let src = pd_a.reg_mr(len, all).unwrap();
+    src.write(0, &data).unwrap();
+    let back = pd_a.reg_mr(len, all).unwrap();
+    let results = pd_a.reg_mr(16, all).unwrap();
+    let target = pd_b.reg_mr(len, all).unwrap();
+    let inbox = pd_b.reg_mr(4096, all).unwrap();
+    let counter = pd_b.reg_mr(8, all).unwrap();
+    counter.write(0, &40u64.to_le_bytes()).unwrap();
+    assert_ne!(src.addr(), back.addr(), "regions get their own addresses");
+
+    qp_b.post_recv([RecvWr {
+        wr_id: 9,
+        sg_list: vec![inbox.sge(0, 4096)],
+    }])
+    .unwrap();
+    cq_b.req_notify(false).unwrap();
+
+    let write = SendOp::RdmaWrite {
+        remote_addr: target.addr(),
+        rkey: target.rkey(),
+    };
+    let read = SendOp::RdmaRead {
+        remote_addr: target.addr(),
+        rkey: target.rkey(),
+    };
+    let fetch_add = SendOp::FetchAdd {
+        remote_addr: counter.addr(),
+        rkey: counter.rkey(),
+        add: 2,
+    };
+    let compare_swap = SendOp::CompareSwap {
+        remote_addr: counter.addr(),
+        rkey: counter.rkey(),
+        compare: 42,
+        swap: 7,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let b_side = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            // Block on the channel for B's receive, as an event-driven program would.
+            if progress != Progress::Caller {
+                assert_eq!(channel_b.get_cq_event(Some(STALL)).unwrap(), cq_b.id());
+                assert!(channel_b.get_cq_event(Some(Duration::ZERO)).is_err());
+            }
+            let seen = drive_until(&cq_b, &stop);
+            (seen, qp_b, target, inbox, counter, pd_b, cq_b, ctx_b)
+        })
+    };
+
+    qp_a.post_send([
+        signaled(1, write, src.sge(0, len as u32)),
+        signaled(2, read, back.sge(0, len as u32)),
+        signaled(3, SendOp::SendWithImm(0xABCD), src.sge(0, 4096)),
+        signaled(4, fetch_add, results.sge(0, 8)),
+        signaled(5, compare_swap, results.sge(8, 8)),
+    ])
+    .unwrap();
+    let done = cq_a.wait_for(5, STALL).expect("A's completions");
+    stop.store(true, Ordering::Release);
+    let (seen_b, qp_b, target, inbox, counter, _pd_b, _cq_b, ctx_b) = b_side.join().unwrap();
+
+    let statuses: Vec<_> = done.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    let ok = WcStatus::Success;
+    assert_eq!(statuses, [(1, ok), (2, ok), (3, ok), (4, ok), (5, ok)]);
+    assert_eq!(target.to_vec().unwrap(), data);
+    assert_eq!(back.to_vec().unwrap(), data);
+    assert_eq!(inbox.to_vec().unwrap(), data[..4096]);
+    let mut old = [0u8; 16];
+    results.read(0, &mut old).unwrap();
+    assert_eq!(old[..8], 40u64.to_le_bytes(), "FETCH_ADD saw the original");
+    assert_eq!(
+        old[8..],
+        42u64.to_le_bytes(),
+        "CMP_SWAP saw the added value"
+    );
+    assert_eq!(counter.to_vec().unwrap(), 7u64.to_le_bytes());
+    let recv: Vec<_> = seen_b
+        .iter()
+        .map(|wc| (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data))
+        .collect();
+    assert_eq!(
+        recv,
+        [(9, ok, WcOpcode::Recv, 4096, Some(0xABCD))],
+        "{progress:?}"
+    );
+    // The faults really happened: something was resent.
+    let stats = qp_a.stats().unwrap();
+    assert!(stats.retransmits > 0, "{stats:?}");
+    assert_eq!(ctx_b.get_async_event().unwrap(), None);
+    drop(qp_b);
+}
+
+#[test]
+fn rc_over_a_lossy_wire_with_a_sleeping_engine_thread() {
+    rc_scenario(Progress::Events);
+}
+
+#[test]
+fn rc_over_a_lossy_wire_with_a_busy_polling_engine_thread() {
+    rc_scenario(Progress::BusyPoll);
+}
+
+#[test]
+fn rc_over_a_lossy_wire_driven_by_the_callers() {
+    rc_scenario(Progress::Caller);
+}
+
+#[test]
+fn ud_through_an_address_handle() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(16, None).unwrap(),
+        ctx_b.create_cq(16, None).unwrap(),
+    );
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Ud,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: true,
+    };
+    let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
+    qp_a.ready_ud(0x1111_1111).unwrap();
+    qp_b.ready_ud(0x1111_1111).unwrap();
+    let message: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let send_buf = pd_a.reg_mr(1000, AccessFlags::LOCAL_WRITE).unwrap();
+    send_buf.write(0, &message).unwrap();
+    let recv_buf = pd_b.reg_mr(40 + 1000, AccessFlags::LOCAL_WRITE).unwrap();
+    qp_b.post_recv([RecvWr {
+        wr_id: 7,
+        sg_list: vec![recv_buf.sge(0, 1040)],
+    }])
+    .unwrap();
+
+    let to_b = AddressVector {
+        dgid: IP_B.to_ipv6_mapped().octets(),
+        sgid_index: 1,
+        hop_limit: 64,
+        traffic_class: 0,
+        flow_label: 0,
+    };
+    let ah = pd_a.create_ah(to_b).unwrap();
+    let mut wr = signaled(1, SendOp::Send, send_buf.sge(0, 1000));
+    wr.ud = Some(ah.dest(qp_b.qp_num(), 0x1111_1111));
+    qp_a.post_send([wr]).unwrap();
+    assert_eq!(
+        cq_a.wait_for(1, STALL).unwrap()[0].status,
+        WcStatus::Success
+    );
+    let got = cq_b.wait_for(1, STALL).unwrap();
+    assert_eq!(
+        (got[0].wr_id, got[0].status, got[0].byte_len, got[0].src_qp),
+        (7, WcStatus::Success, 1040, qp_a.qp_num())
+    );
+    // The message follows the 40-byte GRH area, as verbs lays out a UD receive.
+    assert_eq!(recv_buf.to_vec().unwrap()[40..], message[..]);
+
+    // An address handle to a host whose MAC is unknown is refused up front.
+    let nowhere = AddressVector {
+        dgid: Ipv4Addr::new(10, 0, 0, 99).to_ipv6_mapped().octets(),
+        ..to_b
+    };
+    assert!(matches!(
+        pd_a.create_ah(nowhere),
+        Err(Error::NoNeighbour(ip)) if ip == Ipv4Addr::new(10, 0, 0, 99)
+    ));
+    // A source GID that is not ours (index 0, link-local IPv6) is refused.
+    let from_ll = AddressVector {
+        sgid_index: 0,
+        ..to_b
+    };
+    assert!(matches!(
+        pd_a.create_ah(from_ll),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        pd_a.create_ah(AddressVector {
+            sgid_index: 5,
+            ..to_b
+        }),
+        Err(Error::NoGid(5))
+    ));
+}
+
+#[test]
+fn bad_calls_get_clear_errors() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let pd = ctx_a.alloc_pd().unwrap();
+    let cq = ctx_a.create_cq(2, None).unwrap();
+    let other_cq = ctx_b.create_cq(2, None).unwrap();
+    assert!(matches!(
+        ctx_a.create_cq(0, None),
+        Err(Error::InvalidArgument(_))
+    ));
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps {
+            max_send_wr: 2,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    assert!(matches!(
+        pd.create_qp(&attr(&other_cq)),
+        Err(Error::ForeignObject("CQ"))
+    ));
+    let qp = pd.create_qp(&attr(&cq)).unwrap();
+    // RESET → RTS skips INIT and RTR: refused as ibv_modify_qp refuses it.
+    let to_rts = QpAttr {
+        state: Some(QpState::Rts),
+        ..QpAttr::default()
+    };
+    assert!(matches!(qp.modify(&to_rts), Err(Error::ModifyQp(_))));
+    assert_eq!(qp.state().unwrap(), QpState::Reset);
+    // Sends before RTS are refused, and the failure names the first request.
+    let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let send = |wr_id| signaled(wr_id, SendOp::Send, mr.sge(0, 8));
+    let failure = qp.post_send([send(1)]).unwrap_err();
+    assert_eq!(failure.index, 0);
+    assert!(matches!(failure.error, Error::Post(_)));
+    // A UD-only call on an RC QP.
+    assert!(matches!(qp.ready_ud(1), Err(Error::InvalidArgument(_))));
+    // req_notify needs a channel.
+    assert!(matches!(
+        cq.req_notify(false),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Regions: out-of-bounds copies fail, in-bounds ones work.
+    assert!(matches!(mr.write(60, &[0; 8]), Err(Error::OutOfBounds)));
+    assert!(matches!(
+        mr.read(usize::MAX, &mut [0; 2]),
+        Err(Error::OutOfBounds)
+    ));
+    mr.write(56, &[1; 8]).unwrap();
+    // REMOTE_WRITE without LOCAL_WRITE is refused, as ibv_reg_mr does.
+    assert!(matches!(
+        pd.reg_mr(8, AccessFlags::REMOTE_WRITE),
+        Err(Error::Mr(_))
+    ));
+
+    // A posted list stops at the first request over the queue's depth (2): index 2.
+    let peer_pd = ctx_b.alloc_pd().unwrap();
+    let peer = peer_pd.create_qp(&attr(&other_cq)).unwrap();
+    qp.connect(&peer.endpoint(1).unwrap(), &fast()).unwrap();
+    let failure = qp.post_send([send(1), send(2), send(3)]).unwrap_err();
+    assert_eq!(failure.index, 2, "{failure}");
+}
+
+#[test]
+fn cq_overflow_is_an_error_and_an_async_event() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    // One slot on A, and three signaled WRITEs.
+    let cq_a = ctx_a.create_cq(1, None).unwrap();
+    let cq_b = ctx_b.create_cq(4, None).unwrap();
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
+    qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+    qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
+    let src = pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pd_b.reg_mr(8, AccessFlags::all()).unwrap();
+    let write = SendOp::RdmaWrite {
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    qp_a.post_send((1..=3).map(|wr_id| signaled(wr_id, write, src.sge(0, 8))))
+        .unwrap();
+    let deadline = std::time::Instant::now() + STALL;
+    let event = loop {
+        if let Some(event) = ctx_a.get_async_event().unwrap() {
+            break event;
+        }
+        assert!(std::time::Instant::now() < deadline, "no async event");
+        thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(event, AsyncEvent::CqOverflow { qpn: qp_a.qp_num() });
+    assert!(matches!(cq_a.poll(4), Err(Error::CqOverflow)));
+    assert_eq!(qp_a.state().unwrap(), QpState::Err);
+}
+
+#[test]
+fn a_channel_fd_polls_readable_only_while_an_event_waits() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let cq_a = ctx_a.create_cq(8, None).unwrap();
+    let channel = ctx_b.create_comp_channel().unwrap();
+    let cq_b = ctx_b.create_cq(8, Some(&channel)).unwrap();
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
+    qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+    qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
+    let buf_a = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let buf_b = pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let readable = |timeout: Duration| {
+        let fd = channel.as_fd();
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec::try_from(timeout).unwrap();
+        rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
+    };
+    let brief = Duration::from_millis(20);
+    let recv = |wr_id| RecvWr {
+        wr_id,
+        sg_list: vec![buf_b.sge(0, 64)],
+    };
+    qp_b.post_recv([recv(1), recv(2)]).unwrap();
+
+    // Not armed: a completion arrives, but no event.
+    qp_a.post_send([signaled(1, SendOp::Send, buf_a.sge(0, 8))])
+        .unwrap();
+    assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].wr_id, 1);
+    assert!(!readable(brief));
+    // Armed for solicited completions only: an unsolicited SEND does not wake.
+    cq_b.req_notify(true).unwrap();
+    qp_a.post_send([signaled(2, SendOp::Send, buf_a.sge(0, 8))])
+        .unwrap();
+    assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].wr_id, 2);
+    assert!(!readable(brief));
+    // A solicited one does: readable until the event is taken, once.
+    qp_b.post_recv([recv(3)]).unwrap();
+    let mut solicited = signaled(3, SendOp::Send, buf_a.sge(0, 8));
+    solicited.flags |= SendFlags::SOLICITED;
+    qp_a.post_send([solicited]).unwrap();
+    assert!(readable(STALL));
+    assert_eq!(channel.get_cq_event(Some(STALL)).unwrap(), cq_b.id());
+    assert!(!readable(Duration::ZERO));
+    assert!(matches!(
+        channel.get_cq_event(Some(Duration::from_millis(5))),
+        Err(Error::TimedOut)
+    ));
+    assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].wr_id, 3);
+    assert_eq!(cq_a.wait_for(3, STALL).unwrap().len(), 3);
+}
