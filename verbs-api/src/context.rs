@@ -205,7 +205,11 @@ impl Shared {
                 "destinations that are not IPv4-mapped GIDs",
             ))?;
         match self.neighbours {
-            Neighbours::NotNeeded => Ok(()),
+            Neighbours::NotNeeded => {
+                // The engine still wants an entry; the kernel picks the real MAC.
+                self.lock()?.engine.add_neighbour(ip, [0; 6]);
+                Ok(())
+            }
             Neighbours::Static => {
                 let known = self
                     .lock()?
