@@ -6,24 +6,20 @@
 //! arrived intact. Over AF_XDP (root) by default, or kernel UDP sockets with `--udp`.
 //!
 
-use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use roce_provider::afxdp::AfXdpBackend;
-use roce_provider::backend::Backend;
-use roce_provider::engine::{Addressing, Engine};
-use roce_provider::udp::UdpBackend;
-use roce_provider::xdp::XdpMode;
-use roce_transport::cq::WcOpcode;
-use roce_transport::qp::QpCaps;
-use roce_transport::qp_state::{PathMtu, Peer, QpType};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use roce_verbs::{
+    devices, AccessFlags, AddressVector, BackendChoice, BackendKind, CompChannel, ConnectOptions,
+    Context, Cq, Device, Mr, OpenOptions, PathMtu, Progress, Qp, QpCaps, QpEndpoint, QpInitAttr,
+    QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
+};
 use roce_wire::Psn;
 
-use crate::rdma::{av, check_ok, Side, STALL};
+/// Bound on any single wait, so a broken run ends instead of hanging.
+const STALL: Duration = Duration::from_secs(10);
 
 /// Arguments of `roce pingpong`, named as `ibv_rc_pingpong` names them.
 #[derive(clap::Args)]
@@ -54,10 +50,11 @@ pub struct Args {
     /// Service level (accepted for compatibility; RoCEv2 has none).
     #[arg(short = 'l', long = "sl", default_value_t = 0)]
     sl: u8,
-    /// Sleep on completion events instead of polling.
+    /// Sleep on completion events instead of polling (a completion channel, and an engine
+    /// thread that sleeps in poll(2)).
     #[arg(short = 'e', long = "events")]
     events: bool,
-    /// GID index: 1 is the IPv4-mapped GID, as on rxe (index 0, link-local IPv6, not yet).
+    /// GID index: 1 is the IPv4-mapped GID, as on rxe (only that one can carry traffic).
     #[arg(short = 'g', long = "gid-idx", default_value_t = 1)]
     gid_index: u8,
     /// Validate received buffers (also on without it: every message is checked).
@@ -83,7 +80,6 @@ const UD_QKEY: u32 = 0x1111_1111;
 const GRH: usize = 40;
 const SEND_WRID: u64 = 1;
 const RECV_WRID: u64 = 2;
-const BUFFER: u64 = 0x10_0000;
 
 /// Runs `roce pingpong`.
 pub fn run(args: &Args) -> ExitCode {
@@ -105,71 +101,6 @@ fn path_mtu(bytes: u32) -> io::Result<PathMtu> {
         4096 => PathMtu::Mtu4096,
         _ => return Err(io::Error::other(format!("invalid MTU {bytes}"))),
     })
-}
-
-/// The first interface that is up and not loopback, as rdma-core takes the first device.
-fn first_interface() -> io::Result<String> {
-    let mut names: Vec<String> = fs::read_dir("/sys/class/net")?
-        .filter_map(|entry| {
-            entry
-                .ok()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-        })
-        .filter(|name| name != "lo")
-        .collect();
-    names.sort();
-    names
-        .into_iter()
-        .next()
-        .ok_or_else(|| io::Error::other("no network interface"))
-}
-
-/// The interface's first IPv4 address and its MAC.
-fn interface_addresses(interface: &str) -> io::Result<(Ipv4Addr, [u8; 6])> {
-    let output = Command::new("ip")
-        .args(["-o", "-4", "addr", "show", "dev", interface])
-        .output()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let ip = text
-        .split_whitespace()
-        .skip_while(|word| *word != "inet")
-        .nth(1)
-        .and_then(|cidr| cidr.split('/').next())
-        .and_then(|ip| ip.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("{interface} has no IPv4 address")))?;
-    let mac_text = fs::read_to_string(format!("/sys/class/net/{interface}/address"))?;
-    Ok((ip, parse_mac(&mac_text)?))
-}
-
-fn parse_mac(text: &str) -> io::Result<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = text.trim().split(':');
-    for byte in &mut mac {
-        let part = parts.next().ok_or_else(|| io::Error::other("bad MAC"))?;
-        *byte = u8::from_str_radix(part, 16).map_err(io::Error::other)?;
-    }
-    Ok(mac)
-}
-
-/// The peer's MAC from the kernel's neighbour table (the TCP exchange has just filled it).
-fn neighbour_mac(ip: Ipv4Addr) -> io::Result<[u8; 6]> {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let table = fs::read_to_string("/proc/net/arp")?;
-        let entry = table
-            .lines()
-            .skip(1)
-            .find(|line| line.split_whitespace().next() == Some(&ip.to_string()));
-        if let Some(mac) = entry.and_then(|line| line.split_whitespace().nth(3)) {
-            if mac != "00:00:00:00:00:00" {
-                return parse_mac(mac);
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(io::Error::other(format!("no neighbour entry for {ip}")));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// One side's address, as `ibv_rc_pingpong` sends it.
@@ -266,77 +197,111 @@ fn exchange(
 }
 
 fn pingpong(args: &Args) -> io::Result<()> {
-    if args.ib_port != 1 || args.gid_index != 1 {
-        return Err(io::Error::other(
-            "only port 1 and GID index 1 (IPv4-mapped) exist",
-        ));
+    if args.ib_port != 1 {
+        return Err(io::Error::other("only port 1 exists"));
     }
     let mtu = path_mtu(args.mtu)?;
-    let interface = match &args.device {
-        Some(name) => name.clone(),
-        None => first_interface()?,
+    let device = match &args.device {
+        Some(name) => Device::by_name(name)?,
+        None => devices()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| io::Error::other("no network interface"))?,
     };
-    let (ip, mac) = interface_addresses(&interface)?;
-    let mut seed = [0u8; 32];
-    rustix::rand::getrandom(&mut seed, rustix::rand::GetRandomFlags::empty())?;
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: args.rx_depth.max(1),
-        ..QpCaps::default()
+    let options = OpenOptions {
+        backend: if args.udp {
+            BackendChoice::Udp
+        } else {
+            BackendChoice::Auto
+        },
+        // One thread: it drives the engine itself, unless it sleeps on events.
+        progress: if args.events {
+            Progress::Events
+        } else {
+            Progress::Caller
+        },
+        seed: None,
     };
+    let ctx = Context::open(&device, options)?;
+    if let BackendKind::Udp {
+        fallback: Some(why),
+    } = ctx.backend_kind()
+    {
+        eprintln!("roce pingpong: AF_XDP unavailable ({why}); using kernel UDP sockets");
+    }
     let qp_type = match (args.uc, args.ud) {
         (true, _) => QpType::Uc,
         (_, true) => QpType::Ud,
         _ => QpType::Rc,
     };
-    let mut side = Side::new(seed, qp_type, caps)?;
+    let pd = ctx.alloc_pd()?;
+    let channel = args.events.then(|| ctx.create_comp_channel()).transpose()?;
+    let rx_depth = args.rx_depth.max(1);
+    let cq = ctx.create_cq(rx_depth as usize + 16, channel.as_ref())?;
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: rx_depth,
+        ..QpCaps::default()
+    };
+    let qp = pd.create_qp(&QpInitAttr {
+        qp_type,
+        send_cq: &cq,
+        recv_cq: &cq,
+        caps,
+        sq_sig_all: false,
+    })?;
     let size = args.size as usize;
-    let send_key = side.register(BUFFER, size)?;
     // A UD receive starts with the 40-byte GRH area.
     let grh = if args.ud { GRH } else { 0 };
-    let recv_key = side.register(BUFFER * 2, size + grh)?;
+    let send_buf = pd.reg_mr(size, AccessFlags::LOCAL_WRITE)?;
+    let recv_buf = pd.reg_mr(size + grh, AccessFlags::all())?;
     // What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.
     let mut message = vec![0x7bu8; size];
     if args.check {
         message.iter_mut().step_by(4096).for_each(|byte| *byte = 0);
     }
-    side.endpoint
-        .mrs()
-        .get_mut(send_key)
-        .ok_or_else(|| io::Error::other("buffer"))?
-        .bytes_mut()
-        .copy_from_slice(&message);
-    let psn = Psn::new(u32::from_le_bytes([seed[0], seed[1], seed[2], 0]));
+    send_buf.write(0, &message)?;
+    let endpoint = qp.endpoint(args.gid_index)?;
     let mine = Dest {
         lid: 0,
-        qpn: side.qpn,
-        psn,
-        gid: ip.to_ipv6_mapped().octets(),
+        qpn: endpoint.qpn,
+        psn: endpoint.psn,
+        gid: endpoint.gid,
     };
     mine.print("local");
-    // Listening before the exchange: the peer may send as soon as it is over.
-    let backend: Box<dyn Backend> = if args.udp {
-        Box::new(UdpBackend::bind(ip, mac)?)
-    } else {
-        let native = AfXdpBackend::open(&interface, XdpMode::Native);
-        Box::new(native.or_else(|_| AfXdpBackend::open(&interface, XdpMode::Generic))?)
+    let recv = RecvWr {
+        wr_id: RECV_WRID,
+        sg_list: vec![recv_buf.sge(0, (size + grh) as u32)],
     };
+    let mut ud = None;
     let (peer, peer_ip) = exchange(args, mine, |peer| {
+        // Receives go up before the peer can send: right after the QP can take them.
         if args.ud {
-            return side.bring_up_ud(UD_QKEY, psn);
-        }
-        let peer_ip = Ipv6Addr::from(peer.gid)
-            .to_ipv4_mapped()
-            .unwrap_or(Ipv4Addr::UNSPECIFIED);
-        side.connect(
-            Peer {
-                av: av(peer_ip),
+            qp.ready_ud(UD_QKEY)?;
+            let ah = pd.create_ah(AddressVector {
+                dgid: peer.gid,
+                sgid_index: args.gid_index,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+            })?;
+            ud = Some(ah.dest(peer.qpn, UD_QKEY));
+        } else {
+            let remote = QpEndpoint {
                 qpn: peer.qpn,
                 psn: peer.psn,
-            },
-            psn,
-            mtu,
-        )
+                gid: peer.gid,
+            };
+            let options = ConnectOptions {
+                mtu,
+                retry: RetryConfig::RC_PINGPONG,
+                sgid_index: args.gid_index,
+                hop_limit: 64,
+            };
+            qp.connect(&remote, &options)?;
+        }
+        qp.post_recv((0..rx_depth).map(|_| recv.clone()))?;
+        Ok(())
     })?;
     peer.print("remote");
     if Ipv6Addr::from(peer.gid).to_ipv4_mapped() != Some(peer_ip) {
@@ -344,151 +309,119 @@ fn pingpong(args: &Args) -> io::Result<()> {
             "the peer's GID is not the IPv4-mapped address it connected from",
         ));
     }
-    let addressing = |peer_mac| Addressing {
-        mac,
-        ip,
-        neighbours: [(peer_ip, peer_mac)].into(),
-    };
-    let peer_mac = if args.udp {
-        [0; 6]
-    } else {
-        neighbour_mac(peer_ip)?
-    };
-    let engine = Engine::new(side.endpoint, backend, addressing(peer_mac));
-    let ud = args.ud.then_some(UdDest {
-        av: av(peer_ip),
-        remote_qpn: peer.qpn,
-        remote_qkey: UD_QKEY,
-    });
-    let buffers = Buffers {
-        send_key,
-        recv_key,
+    let ping = Ping {
+        qp: &qp,
+        cq: &cq,
+        channel: channel.as_ref(),
+        send_buf: &send_buf,
+        recv_buf: &recv_buf,
+        recv,
         grh,
         ud,
     };
-    bounce(engine, side.qpn, side.cq, &buffers, &message, args)
+    ping.bounce(&message, args)
 }
 
-/// The ping-pong itself, as `ibv_rc_pingpong` runs it: a side sends again once its last SEND
-/// completed and the next message arrived; the client sends first.
-/// The two buffers of a ping-pong, and where UD sends go.
-struct Buffers {
-    send_key: u32,
-    recv_key: u32,
+/// The ping-pong's verbs objects.
+struct Ping<'a> {
+    qp: &'a Qp,
+    cq: &'a Cq,
+    channel: Option<&'a CompChannel>,
+    send_buf: &'a Mr,
+    recv_buf: &'a Mr,
+    recv: RecvWr,
     /// Bytes before the message in a receive (the UD GRH area).
     grh: usize,
+    /// Where UD sends go.
     ud: Option<UdDest>,
 }
 
-fn bounce<B: Backend>(
-    mut engine: Engine<B>,
-    qpn: u32,
-    cq: roce_transport::CqId,
-    buffers: &Buffers,
-    message: &[u8],
-    args: &Args,
-) -> io::Result<()> {
-    let size = message.len() as u32;
-    let grh = buffers.grh;
-    let recv = RecvWr {
-        wr_id: RECV_WRID,
-        sg_list: vec![Sge {
-            addr: BUFFER * 2,
-            length: size + grh as u32,
-            lkey: buffers.recv_key,
-        }],
-    };
-    let send = SendWr {
-        wr_id: SEND_WRID,
-        op: SendOp::Send,
-        sg_list: vec![Sge {
-            addr: BUFFER,
-            length: size,
-            lkey: buffers.send_key,
-        }],
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: buffers.ud,
-    };
-    let now = Instant::now();
-    for _ in 0..args.rx_depth.max(1) {
-        engine
-            .endpoint()
-            .post_recv(now, qpn, recv.clone())
-            .map_err(io::Error::other)?;
-    }
-    let started = Instant::now();
-    let mut pending = RECV_WRID;
-    if args.host.is_some() {
-        engine
-            .endpoint()
-            .post_send(now, qpn, send.clone())
-            .map_err(io::Error::other)?;
-        pending |= SEND_WRID;
-    }
-    let (mut sent, mut received) = (0u32, 0u32);
-    let mut completions = Vec::new();
-    let mut last_progress = Instant::now();
-    while sent < args.iters || received < args.iters {
-        if args.events {
-            engine.run_once(Duration::from_millis(10))?;
-        } else {
-            engine.poll()?;
+impl Ping<'_> {
+    /// The ping-pong itself, as `ibv_rc_pingpong` runs it: a side sends again once its last
+    /// SEND completed and the next message arrived; the client sends first.
+    fn bounce(&self, message: &[u8], args: &Args) -> io::Result<()> {
+        let size = message.len() as u32;
+        let send = SendWr {
+            wr_id: SEND_WRID,
+            op: SendOp::Send,
+            sg_list: vec![self.send_buf.sge(0, size)],
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: self.ud,
+        };
+        let started = Instant::now();
+        let mut pending = RECV_WRID;
+        if args.host.is_some() {
+            self.qp.post_send([send.clone()])?;
+            pending |= SEND_WRID;
         }
-        completions.clear();
-        engine.endpoint().cq(cq).poll(16, &mut completions);
-        if completions.is_empty() {
-            if last_progress.elapsed() > STALL {
-                return Err(io::Error::other(format!(
-                    "stalled after {sent} sends and {received} receives"
-                )));
-            }
-            continue;
-        }
-        last_progress = Instant::now();
-        for completion in &completions {
-            check_ok(completion)?;
-            match completion.opcode {
-                WcOpcode::Send => sent += 1,
-                WcOpcode::Recv => {
-                    received += 1;
-                    let got = engine
-                        .endpoint()
-                        .mrs()
-                        .get(buffers.recv_key)
-                        .map(|mr| &mr.bytes()[grh..] == message);
-                    if got != Some(true) || completion.byte_len != size + grh as u32 {
-                        return Err(io::Error::other(format!(
-                            "message {received} arrived damaged"
-                        )));
-                    }
-                    engine
-                        .endpoint()
-                        .post_recv(Instant::now(), qpn, recv.clone())
-                        .map_err(io::Error::other)?;
+        let (mut sent, mut received) = (0u32, 0u32);
+        let mut completions = Vec::new();
+        let mut last_progress = Instant::now();
+        while sent < args.iters || received < args.iters {
+            completions.clear();
+            if let Some(channel) = self.channel {
+                // rc_pingpong -e: arm, sleep until the event, then drain.
+                self.cq.req_notify(false)?;
+                if self.cq.poll_into(16, &mut completions)? == 0 {
+                    channel.get_cq_event(Some(STALL))?;
+                    self.cq.poll_into(16, &mut completions)?;
                 }
-                other => return Err(io::Error::other(format!("unexpected completion {other:?}"))),
+            } else {
+                self.cq.poll_into(16, &mut completions)?;
             }
-            pending &= !completion.wr_id;
-            if sent < args.iters && pending == 0 {
-                engine
-                    .endpoint()
-                    .post_send(Instant::now(), qpn, send.clone())
-                    .map_err(io::Error::other)?;
-                pending = RECV_WRID | SEND_WRID;
+            if completions.is_empty() {
+                if last_progress.elapsed() > STALL {
+                    return Err(io::Error::other(format!(
+                        "stalled after {sent} sends and {received} receives"
+                    )));
+                }
+                continue;
+            }
+            last_progress = Instant::now();
+            for completion in &completions {
+                if completion.status != WcStatus::Success {
+                    return Err(io::Error::other(format!(
+                        "work request {} ended {:?}",
+                        completion.wr_id, completion.status
+                    )));
+                }
+                match completion.opcode {
+                    WcOpcode::Send => sent += 1,
+                    WcOpcode::Recv => {
+                        received += 1;
+                        let intact = self
+                            .recv_buf
+                            .with_bytes(|bytes| &bytes[self.grh..] == message)?;
+                        if !intact || completion.byte_len != size + self.grh as u32 {
+                            return Err(io::Error::other(format!(
+                                "message {received} arrived damaged"
+                            )));
+                        }
+                        self.qp.post_recv([self.recv.clone()])?;
+                    }
+                    other => {
+                        return Err(io::Error::other(format!("unexpected completion {other:?}")))
+                    }
+                }
+                pending &= !completion.wr_id;
+                if sent < args.iters && pending == 0 {
+                    self.qp.post_send([send.clone()])?;
+                    pending = RECV_WRID | SEND_WRID;
+                }
             }
         }
+        let seconds = started.elapsed().as_secs_f64();
+        let bytes = u64::from(size) * u64::from(args.iters) * 2;
+        println!(
+            "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
+            bytes as f64 * 8.0 / seconds / 1e6
+        );
+        println!(
+            "{} iters in {seconds:.2} seconds = {:.2} usec/iter",
+            args.iters,
+            seconds * 1e6 / f64::from(args.iters)
+        );
+        Ok(())
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let bytes = u64::from(size) * u64::from(args.iters) * 2;
-    println!(
-        "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
-        bytes as f64 * 8.0 / seconds / 1e6
-    );
-    println!(
-        "{} iters in {seconds:.2} seconds = {:.2} usec/iter",
-        args.iters,
-        seconds * 1e6 / f64::from(args.iters)
-    );
-    Ok(())
 }

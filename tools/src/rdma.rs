@@ -10,9 +10,7 @@ use roce_provider::engine::Engine;
 use roce_transport::cq::{WcStatus, WorkCompletion};
 use roce_transport::mr::PdId;
 use roce_transport::qp::{QpCaps, QpInit};
-use roce_transport::qp_state::{
-    connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpType, RetryConfig,
-};
+use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType, RetryConfig};
 use roce_transport::wr::{SendFlags, SendOp, SendWr, Sge};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 use roce_wire::Psn;
@@ -64,17 +62,6 @@ impl Side {
     pub fn connect(&mut self, peer: Peer, sq_psn: Psn, mtu: PathMtu) -> io::Result<()> {
         let now = Instant::now();
         for attr in connect_attrs(self.qp_type, peer, sq_psn, mtu, RetryConfig::RC_PINGPONG) {
-            self.endpoint
-                .modify_qp(now, self.qpn, &attr)
-                .map_err(io::Error::other)?;
-        }
-        Ok(())
-    }
-
-    /// Brings a UD QP to RTS with `qkey`.
-    pub fn bring_up_ud(&mut self, qkey: u32, sq_psn: Psn) -> io::Result<()> {
-        let now = Instant::now();
-        for attr in ud_attrs(qkey, sq_psn) {
             self.endpoint
                 .modify_qp(now, self.qpn, &attr)
                 .map_err(io::Error::other)?;

@@ -105,3 +105,19 @@ pub enum Error {
     #[error("not supported yet: {0}")]
     Unsupported(&'static str),
 }
+
+impl From<Error> for std::io::Error {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Io(error) => error,
+            Error::TimedOut => std::io::Error::new(std::io::ErrorKind::TimedOut, error),
+            other => std::io::Error::other(other),
+        }
+    }
+}
+
+impl From<PostFailure> for std::io::Error {
+    fn from(failure: PostFailure) -> Self {
+        std::io::Error::other(failure)
+    }
+}

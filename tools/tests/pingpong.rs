@@ -1,0 +1,83 @@
+//! `roce pingpong` against itself between two network namespaces on a veth pair: RC (polling
+//! and `-e` events), UC and UD over AF_XDP, and RC over kernel UDP sockets. Each run checks
+//! both sides' exit status and rdma-core's result lines; the tool itself checks every byte
+//! of every message. Needs root (CI is root).
+
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use roce_provider::netns::{is_root, veth, Netns};
+
+/// Waits until something listens on TCP `port` inside `ns` (bounded).
+fn wait_for_listener(ns: &Netns, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let output = ns.run(&["ss", "-Hltn", &format!("sport = :{port}")]).unwrap();
+        if !output.stdout.is_empty() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on {port} in {}", ns.name);
+}
+
+fn roce_in(ns: &Netns, args: &[&str]) -> Command {
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_roce"), "pingpong"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn check(side: &str, output: &Output, iters: u32, size: u32) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{side}: {stdout}\n{stderr}");
+    let bytes = format!("{} bytes in ", u64::from(size) * u64::from(iters) * 2);
+    let line = format!("{iters} iters in ");
+    assert!(
+        stdout.contains(&bytes) && stdout.contains(&line) && stdout.contains("usec/iter"),
+        "{side}: {stdout}"
+    );
+    assert!(stdout.contains("remote address:"), "{side}: {stdout}");
+}
+
+#[test]
+fn pingpong_against_itself_in_every_mode() {
+    if !is_root() {
+        eprintln!("SKIPPED pingpong_against_itself_in_every_mode: needs root");
+        return;
+    }
+    let a = Netns::create("roce-pp-a").unwrap();
+    let b = Netns::create("roce-pp-b").unwrap();
+    veth((&a, "pa", "10.81.0.1/24"), (&b, "pb", "10.81.0.2/24"), 9000).unwrap();
+    let runs: [(&str, &[&str]); 6] = [
+        ("rc", &["--rc", "-s", "4096"]),
+        ("rc events", &["--rc", "-e", "-s", "65536", "-m", "4096"]),
+        ("uc", &["--uc", "-s", "1024"]),
+        ("ud", &["--ud", "-s", "1024", "-m", "2048"]),
+        ("rc udp", &["--rc", "--udp", "-s", "4096"]),
+        ("rc 1 byte", &["-s", "1", "-g", "1"]),
+    ];
+    for (name, flags) in runs {
+        let iters = 200;
+        let size: u32 = flags
+            .windows(2)
+            .find(|pair| pair[0] == "-s")
+            .map_or(4096, |pair| pair[1].parse().unwrap());
+        let n = iters.to_string();
+        let mut server_args = vec!["-n", &n];
+        server_args.extend_from_slice(flags);
+        let server = roce_in(&b, &server_args).spawn().unwrap();
+        wait_for_listener(&b, 18515);
+        let mut client_args = server_args.clone();
+        client_args.push("10.81.0.2");
+        let client = roce_in(&a, &client_args).output().unwrap();
+        let server = server.wait_with_output().unwrap();
+        check(&format!("{name} client"), &client, iters, size);
+        check(&format!("{name} server"), &server, iters, size);
+    }
+}
