@@ -47,6 +47,7 @@ fn side(ns: String, backend: fn() -> BackendChoice, active: bool, link: Link) ->
         backend: backend(),
         progress: Progress::Events,
         seed: None,
+        pcap: None,
     };
     let ctx = Context::open(device, options).unwrap();
     let pd = ctx.alloc_pd().unwrap();

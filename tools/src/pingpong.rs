@@ -72,6 +72,9 @@ pub struct Args {
     /// Use kernel UDP sockets instead of AF_XDP (no root needed).
     #[arg(long)]
     udp: bool,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<std::path::PathBuf>,
 }
 
 /// The Q_Key ibv_ud_pingpong uses.
@@ -221,6 +224,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
             Progress::Caller
         },
         seed: None,
+        pcap: args.pcap.clone(),
     };
     let ctx = Context::open(&device, options)?;
     if let BackendKind::Udp {
@@ -296,7 +300,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
                 mtu,
                 retry: RetryConfig::RC_PINGPONG,
                 sgid_index: args.gid_index,
-                hop_limit: 64,
+                ..ConnectOptions::default()
             };
             qp.connect(&remote, &options)?;
         }

@@ -13,7 +13,9 @@ use roce_provider::netns::{is_root, veth, Netns};
 fn wait_for_listener(ns: &Netns, port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        let output = ns.run(&["ss", "-Hltn", &format!("sport = :{port}")]).unwrap();
+        let output = ns
+            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
+            .unwrap();
         if !output.stdout.is_empty() {
             return;
         }
@@ -25,7 +27,13 @@ fn wait_for_listener(ns: &Netns, port: u16) {
 fn roce_in(ns: &Netns, args: &[&str]) -> Command {
     let mut command = Command::new("ip");
     command
-        .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_roce"), "pingpong"])
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            env!("CARGO_BIN_EXE_roce"),
+            "pingpong",
+        ])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use roce_provider::afxdp::AfXdpBackend;
 use roce_provider::backend::Backend;
+use roce_provider::capture::PcapRecorder;
 use roce_provider::engine::{Addressing, Engine, EngineStats};
 use roce_provider::udp::UdpBackend;
 use roce_provider::xdp::XdpMode;
@@ -58,6 +59,8 @@ pub struct OpenOptions {
     pub progress: Progress,
     /// Seed of the memory keys; `None` takes it from the OS (use a seed only in tests).
     pub seed: Option<[u8; 32]>,
+    /// Write every frame sent and received to this pcap file.
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 impl Default for OpenOptions {
@@ -66,6 +69,7 @@ impl Default for OpenOptions {
             backend: BackendChoice::Auto,
             progress: Progress::Events,
             seed: None,
+            pcap: None,
         }
     }
 }
@@ -283,6 +287,12 @@ impl Context {
             BackendChoice::Custom(backend, addressing) => {
                 (backend, addressing, BackendKind::Custom)
             }
+        };
+        let backend: Box<dyn Backend> = match &options.pcap {
+            Some(path) => Box::new(
+                PcapRecorder::create(backend, path).map_err(|error| io::Error::other(error))?,
+            ),
+            None => backend,
         };
         let neighbours = match kind {
             BackendKind::AfXdp(_) => Neighbours::Kernel,

@@ -6,6 +6,7 @@ use std::time::Instant;
 use roce_transport::qp::{QpCaps, QpInit, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpAttr, QpState, QpType, RetryConfig,
+    CONNECT_RD_ATOMIC,
 };
 use roce_transport::wr::{RecvWr, SendWr, UdDest};
 use roce_wire::Psn;
@@ -88,6 +89,10 @@ pub struct ConnectOptions {
     pub sgid_index: u8,
     /// IPv4 TTL of our packets.
     pub hop_limit: u8,
+    /// READs and atomics we keep outstanding towards the peer (at most what it offers).
+    pub max_rd_atomic: u8,
+    /// READs and atomics of the peer we hold state for.
+    pub max_dest_rd_atomic: u8,
 }
 
 impl Default for ConnectOptions {
@@ -98,6 +103,8 @@ impl Default for ConnectOptions {
             retry: RetryConfig::RC_PINGPONG,
             sgid_index: 1,
             hop_limit: 64,
+            max_rd_atomic: CONNECT_RD_ATOMIC,
+            max_dest_rd_atomic: CONNECT_RD_ATOMIC,
         }
     }
 }

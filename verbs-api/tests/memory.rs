@@ -58,6 +58,7 @@ fn pair(progress: Progress, fault: f64) -> (Context, Context) {
             backend: BackendChoice::Custom(backend, addressing),
             progress,
             seed: Some([seed as u8; 32]),
+            pcap: None,
         };
         Context::open(&device("mem", mac, ip), options).expect("open")
     };
