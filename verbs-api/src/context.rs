@@ -289,9 +289,7 @@ impl Context {
             }
         };
         let backend: Box<dyn Backend> = match &options.pcap {
-            Some(path) => Box::new(
-                PcapRecorder::create(backend, path).map_err(|error| io::Error::other(error))?,
-            ),
+            Some(path) => Box::new(PcapRecorder::create(backend, path).map_err(io::Error::other)?),
             None => backend,
         };
         let neighbours = match kind {
