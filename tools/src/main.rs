@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dump;
+mod perf;
 mod pingpong;
 mod rdma;
 mod sim;
@@ -23,6 +24,8 @@ enum Command {
     Demo(demo::Args),
     /// RC ping-pong, wire- and option-compatible with rdma-core's ibv_rc_pingpong.
     Pingpong(pingpong::Args),
+    /// perftest's bandwidth and latency tests, wire-compatible with ib_write_bw and friends.
+    Perf(perf::Args),
     /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Demo(args) => demo::run(&args),
         Command::Dump(args) => dump::run(&args),
+        Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),
     }

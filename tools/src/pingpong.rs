@@ -12,11 +12,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use roce_verbs::{
-    devices, AccessFlags, AddressVector, BackendChoice, BackendKind, CompChannel, ConnectOptions,
-    Context, Cq, Device, Mr, OpenOptions, PathMtu, Progress, Qp, QpCaps, QpEndpoint, QpInitAttr,
-    QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest, WcOpcode, WcStatus,
+    AccessFlags, AddressVector, CompChannel, ConnectOptions, Cq, Mr, PathMtu, Progress, Qp, QpCaps,
+    QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest,
+    WcOpcode, WcStatus,
 };
 use roce_wire::Psn;
+
+use crate::rdma::open_device;
 
 /// Bound on any single wait, so a broken run ends instead of hanging.
 const STALL: Duration = Duration::from_secs(10);
@@ -204,35 +206,19 @@ fn pingpong(args: &Args) -> io::Result<()> {
         return Err(io::Error::other("only port 1 exists"));
     }
     let mtu = path_mtu(args.mtu)?;
-    let device = match &args.device {
-        Some(name) => Device::by_name(name)?,
-        None => devices()?
-            .into_iter()
-            .next()
-            .ok_or_else(|| io::Error::other("no network interface"))?,
+    // One thread: it drives the engine itself, unless it sleeps on events.
+    let progress = if args.events {
+        Progress::Events
+    } else {
+        Progress::Caller
     };
-    let options = OpenOptions {
-        backend: if args.udp {
-            BackendChoice::Udp
-        } else {
-            BackendChoice::Auto
-        },
-        // One thread: it drives the engine itself, unless it sleeps on events.
-        progress: if args.events {
-            Progress::Events
-        } else {
-            Progress::Caller
-        },
-        seed: None,
-        pcap: args.pcap.clone(),
-    };
-    let ctx = Context::open(&device, options)?;
-    if let BackendKind::Udp {
-        fallback: Some(why),
-    } = ctx.backend_kind()
-    {
-        eprintln!("roce pingpong: AF_XDP unavailable ({why}); using kernel UDP sockets");
-    }
+    let ctx = open_device(
+        "pingpong",
+        args.device.as_deref(),
+        args.udp,
+        progress,
+        args.pcap.as_deref(),
+    )?;
     let qp_type = match (args.uc, args.ud) {
         (true, _) => QpType::Uc,
         (_, true) => QpType::Ud,

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use roce_provider::backend::Backend;
@@ -13,7 +14,44 @@ use roce_transport::qp::{QpCaps, QpInit};
 use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType, RetryConfig};
 use roce_transport::wr::{SendFlags, SendOp, SendWr, Sge};
 use roce_transport::{AccessFlags, CqId, Endpoint};
+use roce_verbs::{devices, BackendChoice, BackendKind, Context, Device, OpenOptions, Progress};
 use roce_wire::Psn;
+
+/// Opens the device named `name` (or the first, as rdma-core does) over AF_XDP, or kernel
+/// UDP sockets with `udp` or when AF_XDP is unavailable (and says so on stderr).
+pub fn open_device(
+    tool: &str,
+    name: Option<&str>,
+    udp: bool,
+    progress: Progress,
+    pcap: Option<&Path>,
+) -> io::Result<Context> {
+    let device = match name {
+        Some(name) => Device::by_name(name)?,
+        None => devices()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| io::Error::other("no network interface"))?,
+    };
+    let options = OpenOptions {
+        backend: if udp {
+            BackendChoice::Udp
+        } else {
+            BackendChoice::Auto
+        },
+        progress,
+        seed: None,
+        pcap: pcap.map(Path::to_path_buf),
+    };
+    let ctx = Context::open(&device, options)?;
+    if let BackendKind::Udp {
+        fallback: Some(why),
+    } = ctx.backend_kind()
+    {
+        eprintln!("roce {tool}: AF_XDP unavailable ({why}); using kernel UDP sockets");
+    }
+    Ok(ctx)
+}
 
 /// Bound on any single wait, so a broken run ends instead of hanging.
 pub const STALL: Duration = Duration::from_secs(10);

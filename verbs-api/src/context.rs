@@ -364,6 +364,17 @@ impl Context {
         Cq::new(&self.shared, depth, channel)
     }
 
+    /// With [`Progress::Caller`], one round of the engine: what a program calls while it
+    /// waits on something other than a CQ (memory a peer WRITEs, a socket), so that the
+    /// peer's traffic is still answered. With a background thread it does nothing.
+    pub fn progress(&self) -> Result<(), Error> {
+        if self.shared.caller_drives() {
+            let mut core = self.shared.lock()?;
+            self.shared.drive(&mut core)?;
+        }
+        Ok(())
+    }
+
     /// Takes the oldest async event (`ibv_get_async_event`, without blocking).
     pub fn get_async_event(&self) -> Result<Option<AsyncEvent>, Error> {
         Ok(self.shared.lock()?.async_events.pop_front())
