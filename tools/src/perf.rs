@@ -459,8 +459,8 @@ struct Rdma<'a> {
     ctx: &'a Context,
     qp: &'a Qp,
     cq: &'a Cq,
-    /// Our buffer: the first window is what we send from (and READ into), the second is
-    /// what the peer reaches.
+    /// Our buffer, perftest's layout: from the start what we send (and READ into), from
+    /// `BUFF_SIZE` the window the peer reaches; each part rounded up to a cache line.
     buf: &'a Mr,
     params: Params,
 }
@@ -727,9 +727,9 @@ fn perf(args: &Args) -> io::Result<()> {
 
 /// What goes in our buffer before the run.
 fn fill(buf: &Mr, params: &Params) -> io::Result<()> {
-    let window = buf.len() / 2;
+    let exposed_at = params.buff_size() as usize;
     buf.with_bytes_mut(|bytes| {
-        let (local, exposed) = bytes.split_at_mut(window);
+        let (local, exposed) = bytes.split_at_mut(exposed_at);
         if params.verify {
             let patterned = |part: &mut [u8]| {
                 for (i, byte) in part.iter_mut().enumerate() {
@@ -828,12 +828,16 @@ impl BwReport {
 }
 
 impl Rdma<'_> {
+    /// Where, in our buffer, the window the peer reaches starts (the VADDR we advertise).
+    fn exposed_at(&self) -> usize {
+        self.params.buff_size() as usize
+    }
+
     /// Posts up to `count` receives of one message each into the exposed window.
     fn post_receives(&self, count: u64) -> io::Result<()> {
-        let window = self.buf.len() as u64 / 2;
         let wr = RecvWr {
             wr_id: 0,
-            sg_list: vec![self.buf.sge(window as usize, self.params.size as u32)],
+            sg_list: vec![self.buf.sge(self.exposed_at(), self.params.size as u32)],
         };
         self.qp.post_recv((0..count).map(|_| wr.clone()))?;
         Ok(())
@@ -968,7 +972,7 @@ impl Rdma<'_> {
         if !self.params.verify {
             return Ok(());
         }
-        let window = self.buf.len() / 2;
+        let window = self.exposed_at();
         let size = self.params.size as usize;
         let intact = self.buf.with_bytes(|bytes| {
             bytes[window..window + size]
@@ -984,7 +988,7 @@ impl Rdma<'_> {
     /// Checks after a bandwidth or READ run what can be checked on this side.
     fn verify_after(&self, peer: &KeyMsg) -> io::Result<()> {
         let params = &self.params;
-        let window = self.buf.len() / 2;
+        let window = self.exposed_at();
         let bytes = self.buf.to_vec()?;
         match (params.test.verb(), params.client) {
             // Any client: every atomic hit one of our 64 slots.
@@ -1099,7 +1103,7 @@ impl Rdma<'_> {
     fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
         let params = &self.params;
         let size = params.size as usize;
-        let window = self.buf.len() / 2;
+        let window = self.exposed_at();
         let poll_at = window + size - 1;
         let mut posted = Vec::with_capacity(params.iters as usize);
         let (mut sent, mut received) = (0u64, 0u64);

@@ -1,14 +1,20 @@
-//! Interoperability with Linux soft-RoCE: `roce pingpong` against rdma-core's
-//! `ibv_rc_pingpong`, `ibv_uc_pingpong` and `ibv_ud_pingpong` running on rxe in a VM (../shared/rxe-peer), in both
-//! roles, over AF_XDP and kernel UDP, at path MTU 1024 and (RC) 4096. Needs root and the rxe-peer tool (CI has
-//! both; the VM build is cached in $RXE_DIR).
+//! Interoperability with Linux soft-RoCE in a VM (../shared/rxe-peer), in both roles:
+//! `roce pingpong` against rdma-core's `ibv_rc_pingpong`, `ibv_uc_pingpong` and
+//! `ibv_ud_pingpong` (over AF_XDP and kernel UDP, path MTU 1024 and 4096, 1 B to 64 KiB, RC
+//! with `-e` events), and `roce perf` against perftest's `ib_{send,write,read}_{bw,lat}` and
+//! `ib_atomic_bw` (both atomics). Needs root and the rxe-peer tool (CI has both; the VM build
+//! is cached in $RXE_DIR). The tests share the one VM, so they take turns.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
 const ITERS: &str = "50";
+
+/// One VM for every test: they take turns.
+static VM: Mutex<()> = Mutex::new(());
 
 fn rxe_peer() -> Option<PathBuf> {
     let script =
@@ -69,6 +75,11 @@ fn text(output: &Output) -> String {
 
 /// Our pingpong in the host namespace.
 fn ours(args: &[&str]) -> Child {
+    ours_tool("pingpong", &[&["-d", "host0", "-n", ITERS], args].concat())
+}
+
+/// `roce TOOL ARGS...` in the host namespace, bounded in time.
+fn ours_tool(tool: &str, args: &[&str]) -> Child {
     Command::new("ip")
         .args([
             "netns",
@@ -77,17 +88,13 @@ fn ours(args: &[&str]) -> Child {
             "timeout",
             "120",
             env!("CARGO_BIN_EXE_roce"),
-            "pingpong",
-            "-d",
-            "host0",
-            "-n",
-            ITERS,
+            tool,
         ])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start roce pingpong")
+        .expect("start roce")
 }
 
 fn check(what: &str, ours: Output, theirs: Output) {
@@ -126,25 +133,61 @@ fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
     check(what, ours, theirs);
 }
 
-#[test]
-fn pingpong_with_rxe_in_both_roles() {
+/// The VM, built and started with netdev MTU `mtu`, or `None` (and a SKIPPED line) when
+/// this is not root or the tool is missing.
+fn vm(test: &str, mtu: &str) -> Option<Vm> {
     let Some(script) = rxe_peer().filter(|_| is_root()) else {
-        eprintln!("SKIPPED pingpong_with_rxe_in_both_roles: needs root and ../shared/rxe-peer");
-        return;
+        eprintln!("SKIPPED {test}: needs root and ../shared/rxe-peer");
+        return None;
     };
     let vm = Vm(script);
     let built = vm.run(&["build"]);
     assert!(built.status.success(), "rxe-peer build:\n{}", text(&built));
-    vm.start("1500");
+    vm.start(mtu);
+    Some(vm)
+}
+
+#[test]
+fn pingpong_with_rxe_in_both_roles() {
+    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(vm) = vm("pingpong_with_rxe_in_both_roles", "1500") else {
+        return;
+    };
 
     let rc = "ibv_rc_pingpong";
     rxe_server(&vm, rc, "RC, AF_XDP client", &[]);
     rxe_server(&vm, rc, "RC, UDP client", &["--udp"]);
     rxe_client(&vm, rc, "RC, AF_XDP server", &[]);
     rxe_client(&vm, rc, "RC, UDP server", &["--udp"]);
+    // Sizes from 1 byte to 64 KiB, and completion events on both sides.
+    for size in ["1", "1024", "65536"] {
+        let theirs = format!("ibv_rc_pingpong -s {size}");
+        rxe_server(
+            &vm,
+            &theirs,
+            &format!("RC {size} B, AF_XDP client"),
+            &["-s", size],
+        );
+        rxe_client(
+            &vm,
+            &theirs,
+            &format!("RC {size} B, AF_XDP server"),
+            &["-s", size],
+        );
+    }
+    let events = "ibv_rc_pingpong -e";
+    rxe_server(&vm, events, "RC -e, AF_XDP client", &["-e"]);
+    rxe_client(&vm, events, "RC -e, AF_XDP server", &["-e"]);
     let uc = "ibv_uc_pingpong";
     rxe_server(&vm, uc, "UC, AF_XDP client", &["--uc"]);
     rxe_client(&vm, uc, "UC, UDP server", &["--uc", "--udp"]);
+    let uc_big = "ibv_uc_pingpong -s 65536";
+    rxe_client(
+        &vm,
+        uc_big,
+        "UC 64 KiB, AF_XDP server",
+        &["--uc", "-s", "65536"],
+    );
     // UD messages must fit the path MTU (1024 here).
     let ud = "ibv_ud_pingpong -s 512";
     rxe_server(&vm, ud, "UD, AF_XDP client", &["--ud", "-s", "512"]);
@@ -158,4 +201,94 @@ fn pingpong_with_rxe_in_both_roles() {
     rxe_server(&vm, big, "RC, path MTU 4096, AF_XDP client", &ours_big);
     let ours_big_udp = [&ours_big[..], &["--udp"]].concat();
     rxe_client(&vm, big, "RC, path MTU 4096, UDP server", &ours_big_udp);
+}
+
+/// Whether `text` has a perftest result row for `size` bytes and `iters` iterations.
+fn has_row(text: &str, size: &str, iters: &str) -> bool {
+    text.lines().any(|line| {
+        let mut words = line.split_whitespace();
+        words.next() == Some(size) && words.next() == Some(iters)
+    })
+}
+
+/// One perftest program against `roce perf TEST`, in both roles. `rows` says which sides print
+/// a result row (perftest's read_lat server prints none).
+fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)) {
+    const N: &str = "100";
+    let program = format!(
+        "ib_{test} -d rxe0 -x $(rxe-gid) -F -n {N} {}",
+        extra.join(" ")
+    );
+    let ours_args = |host: Option<&'static str>| {
+        let mut args = vec![test, "-d", "host0", "-x", "1", "-n", N];
+        args.extend_from_slice(extra);
+        args.extend(host);
+        args
+    };
+    let judge = |role: &str, ours: Output, theirs: Output, server_is_ours: bool| {
+        let (ours_text, theirs_text) = (text(&ours), text(&theirs));
+        let what = format!("{test} {} ({role})", extra.join(" "));
+        assert!(
+            ours.status.success() && theirs.status.success(),
+            "{what}:\nours:\n{ours_text}\nperftest:\n{theirs_text}"
+        );
+        let (client_row, server_row) = rows;
+        let (ours_row, theirs_row) = if server_is_ours {
+            (server_row, client_row)
+        } else {
+            (client_row, server_row)
+        };
+        assert!(
+            !ours_row || has_row(&ours_text, size, N),
+            "{what}: our row:\n{ours_text}"
+        );
+        assert!(
+            !theirs_row || has_row(&theirs_text, size, N),
+            "{what}: perftest's row:\n{theirs_text}"
+        );
+        ours_text
+    };
+    // perftest serves, we connect (our client retries the connection for a few seconds).
+    let job = vm.run(&["spawn", "1", "-t", "120", &program]);
+    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    let ours = ours_tool("perf", &ours_args(Some("10.88.0.11")))
+        .wait_with_output()
+        .expect("our client");
+    let theirs = vm.run(&["wait", "1", &job, "120"]);
+    judge("perftest server", ours, theirs, false);
+    // We serve, perftest connects.
+    let server = ours_tool("perf", &ours_args(None));
+    thread::sleep(Duration::from_secs(1));
+    let theirs = vm.run(&["exec", "1", "-t", "120", &format!("{program} 10.88.0.1")]);
+    let ours = server.wait_with_output().expect("our server");
+    let ours_text = judge("our server", ours, theirs, true);
+    if test == "atomic_bw" {
+        // Checked against our memory: every atomic perftest issued landed exactly once.
+        assert!(
+            ours_text.contains(&format!("verified: {N} atomics applied")),
+            "{ours_text}"
+        );
+    }
+}
+
+#[test]
+fn perf_with_perftest_on_rxe_in_both_roles() {
+    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(vm) = vm("perf_with_perftest_on_rxe_in_both_roles", "1500") else {
+        return;
+    };
+    // (client prints a row, server prints a row)
+    let both = (true, true);
+    perf_pair(&vm, "write_bw", &["-s", "4096"], "4096", both);
+    perf_pair(&vm, "read_bw", &["-s", "4096"], "4096", both);
+    perf_pair(&vm, "send_bw", &["-s", "4096"], "4096", both);
+    perf_pair(&vm, "atomic_bw", &[], "8", both);
+    perf_pair(&vm, "atomic_bw", &["-A", "CMP_AND_SWAP"], "8", both);
+    perf_pair(&vm, "write_lat", &[], "2", both);
+    perf_pair(&vm, "send_lat", &[], "2", both);
+    perf_pair(&vm, "read_lat", &[], "2", (true, false));
+    // Path MTU 4096, messages of several packets.
+    vm.start("9000");
+    perf_pair(&vm, "write_bw", &["-s", "65536"], "65536", both);
+    perf_pair(&vm, "read_bw", &["-s", "65536"], "65536", both);
 }

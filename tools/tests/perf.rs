@@ -1,0 +1,144 @@
+//! `roce perf` against itself between two network namespaces on a veth pair (MTU 9000, path
+//! MTU 4096): all seven tests in both roles' output, with `--verify`, so that what one side
+//! sent is checked byte for byte on the other, and the atomics against the target memory.
+//! Over AF_XDP, and once over kernel UDP sockets. Needs root (CI is root).
+
+use std::process::{Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use roce_provider::netns::{is_root, veth, Netns};
+
+fn wait_for_listener(ns: &Netns, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let output = ns
+            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
+            .unwrap();
+        if !output.stdout.is_empty() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on {port} in {}", ns.name);
+}
+
+fn perf_in(ns: &Netns, args: &[&str]) -> Command {
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", &ns.name, "timeout", "60"])
+        .args([env!("CARGO_BIN_EXE_roce"), "perf"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn has_row(text: &str, size: &str, iters: &str) -> bool {
+    text.lines().any(|line| {
+        let mut words = line.split_whitespace();
+        words.next() == Some(size) && words.next() == Some(iters)
+    })
+}
+
+#[test]
+fn perf_against_itself_in_every_test() {
+    if !is_root() {
+        eprintln!("SKIPPED perf_against_itself_in_every_test: needs root");
+        return;
+    }
+    let a = Netns::create("roce-perf-a").unwrap();
+    let b = Netns::create("roce-perf-b").unwrap();
+    veth((&a, "fa", "10.83.0.1/24"), (&b, "fb", "10.83.0.2/24"), 9000).unwrap();
+    let n = "300";
+    // (test and flags, size in the rows, the check line the client / server must print)
+    let runs: [(&[&str], &str, Option<&str>, Option<&str>); 9] = [
+        (
+            &["write_bw", "-s", "65536"],
+            "65536",
+            None,
+            Some("verified: every byte the peer wrote"),
+        ),
+        (
+            &["write_bw", "-s", "100"],
+            "100",
+            None,
+            Some("verified: every byte the peer wrote"),
+        ),
+        (
+            &["read_bw", "-s", "10000"],
+            "10000",
+            Some("verified: every byte read"),
+            None,
+        ),
+        (&["send_bw", "-s", "4096"], "4096", None, None),
+        (
+            &["atomic_bw"],
+            "8",
+            None,
+            Some("verified: 300 atomics applied"),
+        ),
+        (
+            &["atomic_bw", "-A", "CMP_AND_SWAP"],
+            "8",
+            None,
+            Some("verified: 300 atomics applied"),
+        ),
+        (&["send_lat", "-s", "3000"], "3000", None, None),
+        (&["write_lat"], "2", None, None),
+        (
+            &["read_lat", "-s", "64"],
+            "64",
+            Some("verified: every byte read"),
+            None,
+        ),
+    ];
+    for (flags, size, client_check, server_check) in runs {
+        let mut args = flags.to_vec();
+        args.extend(["-n", n, "--verify", "--report_gbits"]);
+        let server = perf_in(&b, &args).spawn().unwrap();
+        wait_for_listener(&b, 18515);
+        let mut client_args = args.clone();
+        client_args.push("10.83.0.2");
+        let client = perf_in(&a, &client_args).output().unwrap();
+        let server = server.wait_with_output().unwrap();
+        let (client_text, server_text) = (text(&client), text(&server));
+        let what = flags.join(" ");
+        assert!(
+            client.status.success() && server.status.success(),
+            "{what}:\nclient:\n{client_text}\nserver:\n{server_text}"
+        );
+        assert!(has_row(&client_text, size, n), "{what}: {client_text}");
+        if flags[0] != "read_lat" {
+            assert!(has_row(&server_text, size, n), "{what}: {server_text}");
+        }
+        if let Some(line) = client_check {
+            assert!(client_text.contains(line), "{what}: {client_text}");
+        }
+        if let Some(line) = server_check {
+            assert!(server_text.contains(line), "{what}: {server_text}");
+        }
+    }
+    // Kernel UDP sockets instead of AF_XDP, same checks.
+    let args = ["write_bw", "-s", "4096", "-n", n, "--verify", "--udp"];
+    let server = perf_in(&b, &args).spawn().unwrap();
+    wait_for_listener(&b, 18515);
+    let client = perf_in(&a, &[&args[..], &["10.83.0.2"]].concat())
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(client.status.success(), "{}", text(&client));
+    assert!(
+        text(&server).contains("verified: every byte the peer wrote"),
+        "{}",
+        text(&server)
+    );
+}
