@@ -49,6 +49,9 @@ fn has_row(text: &str, size: &str, iters: &str) -> bool {
     })
 }
 
+/// Test and flags, size in the rows, the check line the client / server must print.
+type Run<'a> = (&'a [&'a str], &'a str, Option<&'a str>, Option<&'a str>);
+
 #[test]
 fn perf_against_itself_in_every_test() {
     if !is_root() {
@@ -59,8 +62,7 @@ fn perf_against_itself_in_every_test() {
     let b = Netns::create("roce-perf-b").unwrap();
     veth((&a, "fa", "10.83.0.1/24"), (&b, "fb", "10.83.0.2/24"), 9000).unwrap();
     let n = "300";
-    // (test and flags, size in the rows, the check line the client / server must print)
-    let runs: [(&[&str], &str, Option<&str>, Option<&str>); 9] = [
+    let runs: [Run; 9] = [
         (
             &["write_bw", "-s", "65536"],
             "65536",
