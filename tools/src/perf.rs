@@ -124,6 +124,14 @@ pub struct Args {
     /// Write every frame sent and received to this pcap file.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// Fault injection (client of write/read/atomic tests): name the peer's memory with a
+    /// key it never issued, to see its NAK (the run then fails with REM_ACCESS_ERR).
+    #[arg(long)]
+    wrong_rkey: bool,
+    /// Fault injection (receiver of send tests): post the receives this many milliseconds
+    /// after the last barrier, so the first SENDs meet an empty queue and get RNR NAKs.
+    #[arg(long, value_name = "MS")]
+    late_receives: Option<u64>,
 }
 
 /// Runs `roce perf`.
@@ -618,6 +626,10 @@ fn perf(args: &Args) -> io::Result<()> {
     }
     mine.print("local", test);
     peer.print("remote", test);
+    if args.wrong_rkey {
+        // A key the peer never issued (keys are random: a flipped key is as good as any).
+        peer.rkey ^= 0x5A5A_5A5A;
+    }
     println!("{RESULT_LINE}");
     let remote = QpEndpoint {
         qpn: peer.qpn & 0xFF_FFFF,
@@ -676,10 +688,19 @@ fn perf(args: &Args) -> io::Result<()> {
             oob.handshake(&mine)?;
             // Receives are up before the last barrier: the peer sends right after it.
             let receiver = !params.client || test == Test::SendLat;
-            if receiver {
+            if receiver && args.late_receives.is_none() {
                 rdma.post_receives(params.rx_depth)?;
             }
             oob.handshake(&mine)?;
+            if let (true, Some(ms)) = (receiver, args.late_receives) {
+                // Meanwhile the peer's SENDs find no receive: we answer RNR NAKs.
+                let until = Instant::now() + Duration::from_millis(ms);
+                while Instant::now() < until {
+                    ctx.progress()?;
+                    std::hint::spin_loop();
+                }
+                rdma.post_receives(params.rx_depth)?;
+            }
             if test == Test::SendBw {
                 print_bw_header(&params);
                 let report = if params.client {
