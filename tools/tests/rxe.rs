@@ -246,6 +246,18 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
             !theirs_row || has_row(&theirs_text, size, N),
             "{what}: perftest's row:\n{theirs_text}"
         );
+        // The figures, for the log.
+        let row = |text: &str| {
+            text.lines()
+                .find(|line| line.split_whitespace().next() == Some(size))
+                .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        };
+        eprintln!(
+            "{what}: ours [{}] perftest [{}]",
+            row(&ours_text),
+            row(&theirs_text)
+        );
         ours_text
     };
     // perftest serves, we connect (our client retries the connection for a few seconds).
@@ -397,4 +409,93 @@ fn perf_with_perftest_on_rxe_under_five_percent_loss() {
         pcap.display()
     );
     eprintln!("recovery under 5 % loss: ours {ours:?}, rxe {theirs:?}");
+}
+
+/// NAKs of each kind in a capture, by sender.
+fn naks_by_sender(
+    pcap: &std::path::Path,
+) -> std::collections::HashMap<(std::net::Ipv4Addr, String), usize> {
+    use roce_wire::aeth::Syndrome;
+    use roce_wire::frame::IpRepr;
+    use roce_wire::{Frame, FrameRepr};
+    let mut naks = std::collections::HashMap::new();
+    for captured in roce_provider::capture::read_frames(pcap).expect("read the capture") {
+        let Ok(repr) = Frame::new_checked(&captured.data[..]).and_then(|f| FrameRepr::parse(&f))
+        else {
+            continue;
+        };
+        let (IpRepr::V4(ip), Some(aeth)) = (repr.ip, repr.ext.aeth) else {
+            continue;
+        };
+        let kind = match aeth.syndrome {
+            Syndrome::Ack(_) => continue,
+            Syndrome::RnrNak(_) => "RNR".to_string(),
+            Syndrome::Nak(code) => format!("{code:?}"),
+        };
+        *naks.entry((ip.src, kind)).or_default() += 1;
+    }
+    naks
+}
+
+#[test]
+fn error_behaviour_against_rxe() {
+    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(vm) = vm("error_behaviour_against_rxe", "1500") else {
+        return;
+    };
+    let name = "roce-error-test";
+    let started = vm.run(&["capture-start", name]);
+    assert!(started.status.success(), "capture: {}", text(&started));
+
+    // A WRITE naming memory with a key rxe never issued: rxe NAKs it (remote access error)
+    // and our work request completes with REM_ACCESS_ERR.
+    let program = "ib_write_bw -d rxe0 -x $(rxe-gid) -F -n 20 -s 4096";
+    let job = vm.run(&["spawn", "1", "-t", "60", program]);
+    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    let args = [
+        "write_bw", "-d", "host0", "-x", "1", "-n", "20", "-s", "4096",
+    ];
+    let ours = ours_tool(
+        "perf",
+        &[&args[..], &["--wrong-rkey", "10.88.0.11"]].concat(),
+    )
+    .wait_with_output()
+    .expect("our client");
+    // perftest's server gives up when we hang up.
+    let _ = vm.run(&["wait", "1", &job, "60"]);
+    let ours_text = text(&ours);
+    assert!(
+        !ours.status.success(),
+        "a wrong rkey must fail:\n{ours_text}"
+    );
+    assert!(ours_text.contains("ended RemoteAccess"), "{ours_text}");
+
+    // SENDs before our receives are posted: we answer RNR NAKs, rxe waits and retries
+    // (rnr_retry 7: for ever) and the run completes.
+    let args = [
+        "send_bw", "-d", "host0", "-x", "1", "-n", "50", "-s", "4096",
+    ];
+    let server = ours_tool("perf", &[&args[..], &["--late-receives", "300"]].concat());
+    thread::sleep(Duration::from_secs(1));
+    let program = "ib_send_bw -d rxe0 -x $(rxe-gid) -F -n 50 -s 4096 10.88.0.1";
+    let theirs = vm.run(&["exec", "1", "-t", "60", program]);
+    let ours = server.wait_with_output().expect("our server");
+    let _ = vm.run(&["capture-stop"]);
+    assert!(
+        ours.status.success() && theirs.status.success(),
+        "RNR run:\nours:\n{}\nperftest:\n{}",
+        text(&ours),
+        text(&theirs)
+    );
+    assert!(has_row(&text(&ours), "4096", "50"), "{}", text(&ours));
+
+    let naks = naks_by_sender(&capture_path(name));
+    let count = |ip: &str, kind: &str| {
+        naks.get(&(ip.parse().unwrap(), kind.to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert!(count("10.88.0.11", "RemoteAccessError") > 0, "{naks:?}");
+    assert!(count("10.88.0.1", "RNR") > 0, "{naks:?}");
+    eprintln!("NAKs seen: {naks:?}");
 }
