@@ -14,20 +14,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Instant;
 
-use roce_provider::afxdp::AfXdpBackend;
-use roce_provider::backend::Backend;
-use roce_provider::capture::PcapRecorder;
-use roce_provider::engine::{Addressing, Engine};
-
-use crate::rdma::{av, check_ok, signaled, wait, Side, STALL};
 use roce_provider::netns::{self, is_root, veth, Netns};
-use roce_provider::xdp::XdpMode;
-use roce_transport::cq::WcOpcode;
-use roce_transport::qp::QpCaps;
-use roce_transport::qp_state::{PathMtu, Peer, QpType};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
-use roce_transport::CqId;
-use roce_wire::Psn;
+use roce_verbs::{
+    AccessFlags, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions, PathMtu, Pd,
+    Progress, Qp, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    WcOpcode, WcStatus, WorkCompletion, XdpMode,
+};
+
+use crate::rdma::STALL;
 
 /// Arguments of `roce demo`.
 #[derive(clap::Args)]
@@ -50,7 +44,6 @@ pub struct Args {
     pcap: Option<std::path::PathBuf>,
 }
 
-const IP_A: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
 const IP_B: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 2);
 const MESSAGE: usize = 64 * 1024;
 /// WRITE/READ messages in flight; also the number of 64 KiB slots in the target window.
@@ -58,15 +51,6 @@ const WINDOW: usize = 16;
 /// READs in flight (see `bandwidth`).
 const READS_IN_FLIGHT: u64 = 4;
 const PING: usize = 64;
-
-// Where things live in each endpoint's address space.
-const A_SOURCE: u64 = 0x1_0000_0000;
-const A_READ_BACK: u64 = 0x2_0000_0000;
-const A_PING: u64 = 0x3_0000_0000;
-const A_ATOMIC: u64 = 0x4_0000_0000;
-const B_WINDOW: u64 = 0x5_0000_0000;
-const B_PING: u64 = 0x6_0000_0000;
-const B_COUNTER: u64 = 0x7_0000_0000;
 
 /// The path MTU a veth MTU allows.
 fn path_mtu(veth_mtu: u32) -> PathMtu {
@@ -143,7 +127,7 @@ fn demo(args: &Args) -> io::Result<bool> {
     eprintln!("roce demo: kernel TCP baseline...");
     let tcp = tcp_baseline(&a, &b, args)?;
     eprintln!("roce demo: RoCEv2 over AF_XDP...");
-    let roce = roce_runs(&a, &b, mode, args)?;
+    let roce = roce_runs(&a, &b, args)?;
 
     let ratio = |ours: f64, theirs: f64| format!("{:.2}x", ours / theirs);
     println!(
@@ -269,175 +253,139 @@ struct RoceFigures {
     verified: u64,
 }
 
-/// Opens the AF_XDP backend on `roce0` from a thread inside `ns`.
-fn open_in(ns: &Netns, mode: XdpMode) -> io::Result<AfXdpBackend> {
-    let name = ns.name.clone();
-    thread::spawn(move || {
-        netns::enter(&name)?;
-        AfXdpBackend::open("roce0", mode)
-    })
-    .join()
-    .map_err(|_| io::Error::other("AF_XDP setup panicked"))?
+/// What B tells A: its QP, and where A may write, read and add.
+struct Offer {
+    qp: QpEndpoint,
+    window: (u64, u32),
+    counter: (u64, u32),
 }
 
-fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<RoceFigures> {
-    let mut seeds = [[0u8; 32]; 2];
-    for seed in &mut seeds {
-        rustix::rand::getrandom(seed, rustix::rand::GetRandomFlags::empty())?;
-    }
+/// One side's verbs objects: a context on `roce0` of its namespace, driven by the thread
+/// that uses it (one thread per side: the demo's machine may have two cores).
+struct Side {
+    ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+}
+
+fn open_side(generic: bool, pcap: Option<&std::path::Path>) -> io::Result<Side> {
+    let mode = if generic {
+        XdpMode::Generic
+    } else {
+        XdpMode::Native
+    };
+    let device = Device::by_name("roce0")?;
+    let options = OpenOptions {
+        backend: BackendChoice::AfXdp(mode),
+        progress: Progress::Caller,
+        seed: None,
+        pcap: pcap.map(std::path::Path::to_path_buf),
+    };
+    let ctx = Context::open(&device, options)?;
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq(1024, None)?;
     let caps = QpCaps {
         max_send_wr: 256,
         max_recv_wr: 256,
         ..QpCaps::default()
     };
-    let (mut side_a, mut side_b) = (
-        Side::new(seeds[0], QpType::Rc, caps)?,
-        Side::new(seeds[1], QpType::Rc, caps)?,
-    );
-    side_a.connect(
-        Peer {
-            av: av(IP_B),
-            qpn: side_b.qpn,
-            psn: Psn::new(0xB0),
-        },
-        Psn::new(0xA0),
-        path_mtu(args.mtu),
-    )?;
-    side_b.connect(
-        Peer {
-            av: av(IP_A),
-            qpn: side_a.qpn,
-            psn: Psn::new(0xA0),
-        },
-        Psn::new(0xB0),
-        path_mtu(args.mtu),
-    )?;
-    let source = side_a.register(A_SOURCE, MESSAGE * WINDOW)?;
-    let read_back = side_a.register(A_READ_BACK, MESSAGE * WINDOW)?;
-    let ping_a = side_a.register(A_PING, 2 * PING)?;
-    let atomic_a = side_a.register(A_ATOMIC, 8 * WINDOW)?;
-    let window = side_b.register(B_WINDOW, MESSAGE * WINDOW)?;
-    let ping_b = side_b.register(B_PING, PING)?;
-    let counter = side_b.register(B_COUNTER, 8)?;
+    let qp = pd.create_qp(&QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: &cq,
+        recv_cq: &cq,
+        caps,
+        sq_sig_all: false,
+    })?;
+    Ok(Side { ctx, pd, cq, qp })
+}
 
-    let (mac_a, mac_b) = (a.mac("roce0")?, b.mac("roce0")?);
-    let addressing = |mac, ip, peer_mac, peer_ip| Addressing {
-        mac,
-        ip,
-        neighbours: [(peer_ip, peer_mac)].into(),
+fn connect(side: &Side, peer: &QpEndpoint, veth_mtu: u32) -> io::Result<()> {
+    let options = ConnectOptions {
+        mtu: path_mtu(veth_mtu),
+        ..ConnectOptions::default()
     };
-    let (qa, qb, cq_a, cq_b) = (side_a.qpn, side_b.qpn, side_a.cq, side_b.cq);
-    let backend_a: Box<dyn Backend> = match &args.pcap {
-        Some(path) => {
-            Box::new(PcapRecorder::create(open_in(a, mode)?, path).map_err(io::Error::other)?)
-        }
-        None => Box::new(open_in(a, mode)?),
-    };
-    let mut engine_a = Engine::new(
-        side_a.endpoint,
-        backend_a,
-        addressing(mac_a, IP_A, mac_b, IP_B),
-    );
-    let mut engine_b = Engine::new(
-        side_b.endpoint,
-        open_in(b, mode)?,
-        addressing(mac_b, IP_B, mac_a, IP_A),
-    );
+    side.qp.connect(peer, &options)?;
+    Ok(())
+}
+
+fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
+    let (offer_tx, offer_rx) = mpsc::channel::<Offer>();
+    let (a_tx, a_rx) = mpsc::channel::<QpEndpoint>();
+    let stop = Arc::new(AtomicBool::new(false));
 
     // B: echo every SEND back, and otherwise serve WRITEs, READs and atomics, until told.
-    let stop = Arc::new(AtomicBool::new(false));
+    let name_b = b.name.clone();
     let stop_b = Arc::clone(&stop);
-    let ping_sge_b = Sge {
-        addr: B_PING,
-        length: PING as u32,
-        lkey: ping_b,
-    };
+    let mtu = args.mtu;
+    let generic = args.generic;
     let responder = thread::spawn(move || -> io::Result<()> {
-        let now = Instant::now();
-        let ep = engine_b.endpoint();
-        ep.post_recv(
-            now,
-            qb,
-            RecvWr {
-                wr_id: 0,
-                sg_list: vec![ping_sge_b],
-            },
-        )
-        .map_err(io::Error::other)?;
+        netns::enter(&name_b)?;
+        let side = open_side(generic, None)?;
+        let window = side.pd.reg_mr(MESSAGE * WINDOW, AccessFlags::all())?;
+        let counter = side.pd.reg_mr(8, AccessFlags::all())?;
+        let ping = side.pd.reg_mr(PING, AccessFlags::all())?;
+        let offer = Offer {
+            qp: side.qp.endpoint(1)?,
+            window: (window.addr(), window.rkey()),
+            counter: (counter.addr(), counter.rkey()),
+        };
+        offer_tx
+            .send(offer)
+            .map_err(|_| io::Error::other("A is gone"))?;
+        let peer = a_rx
+            .recv_timeout(STALL)
+            .map_err(|_| io::Error::other("no QP from A"))?;
+        connect(&side, &peer, mtu)?;
+        let arm = || RecvWr {
+            wr_id: 0,
+            sg_list: vec![ping.sge(0, PING as u32)],
+        };
+        side.qp.post_recv([arm()])?;
         let mut completions = Vec::new();
         while !stop_b.load(Ordering::Relaxed) {
-            engine_b.poll()?;
-            let now = Instant::now();
-            let ep = engine_b.endpoint();
             completions.clear();
-            ep.cq(cq_b).poll(64, &mut completions);
+            side.cq.poll_into(64, &mut completions)?;
             for completion in &completions {
                 check_ok(completion)?;
                 if completion.opcode == WcOpcode::Recv {
-                    let echo = Sge {
-                        length: completion.byte_len,
-                        ..ping_sge_b
-                    };
-                    let wr = SendWr {
+                    // Re-arm first: the next ping may follow the echo at once.
+                    side.qp.post_recv([arm()])?;
+                    let echo = SendWr {
                         wr_id: 1,
                         op: SendOp::Send,
-                        sg_list: vec![echo],
+                        sg_list: vec![ping.sge(0, completion.byte_len)],
                         inline_data: Vec::new(),
                         flags: SendFlags::empty(),
                         ud: None,
                     };
-                    // Re-arm first: the next ping may follow the echo at once.
-                    ep.post_recv(
-                        now,
-                        qb,
-                        RecvWr {
-                            wr_id: 0,
-                            sg_list: vec![ping_sge_b],
-                        },
-                    )
-                    .map_err(io::Error::other)?;
-                    ep.post_send(now, qb, wr).map_err(io::Error::other)?;
+                    side.qp.post_send([echo])?;
                 }
             }
         }
+        drop(side.ctx);
         Ok(())
     });
 
-    let requester = (|| -> io::Result<RoceFigures> {
+    let name_a = a.name.clone();
+    let (iters, bytes, pcap) = (args.iters, args.bytes, args.pcap.clone());
+    let requester = thread::spawn(move || -> io::Result<RoceFigures> {
+        netns::enter(&name_a)?;
+        let side = open_side(generic, pcap.as_deref())?;
+        let offer = offer_rx
+            .recv_timeout(STALL)
+            .map_err(|_| io::Error::other("no offer from B"))?;
+        a_tx.send(side.qp.endpoint(1)?)
+            .map_err(|_| io::Error::other("B is gone"))?;
+        connect(&side, &offer.qp, mtu)?;
         let mut verified = 0u64;
-        let half_rtt_us = ping_pong(&mut engine_a, qa, cq_a, ping_a, args.iters, &mut verified)?;
+        let half_rtt_us = ping_pong(&side, iters, &mut verified)?;
         eprintln!("roce demo: ping-pong done");
-        let write_gbps = bandwidth(
-            &mut engine_a,
-            qa,
-            cq_a,
-            Transfer::Write { source, window },
-            args.bytes,
-            &mut verified,
-        )?;
+        let write_gbps = bandwidth(&side, Direction::Write, offer.window, bytes, &mut verified)?;
         eprintln!("roce demo: WRITE done");
-        let read_gbps = bandwidth(
-            &mut engine_a,
-            qa,
-            cq_a,
-            Transfer::Read {
-                read_back,
-                window,
-                source,
-            },
-            args.bytes,
-            &mut verified,
-        )?;
+        let read_gbps = bandwidth(&side, Direction::Read, offer.window, bytes, &mut verified)?;
         eprintln!("roce demo: READ done");
-        let atomics_per_s = atomics(
-            &mut engine_a,
-            qa,
-            cq_a,
-            atomic_a,
-            counter,
-            args.iters,
-            &mut verified,
-        )?;
+        let atomics_per_s = atomics(&side, offer.counter, iters, &mut verified)?;
         Ok(RoceFigures {
             half_rtt_us,
             write_gbps,
@@ -445,64 +393,64 @@ fn roce_runs(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Roc
             atomics_per_s,
             verified,
         })
-    })();
+    });
+    let figures = requester
+        .join()
+        .map_err(|_| io::Error::other("requester panicked"));
     stop.store(true, Ordering::Relaxed);
     let served = responder
         .join()
         .map_err(|_| io::Error::other("responder panicked"))?;
     // The responder's failure, if any, explains the requester's.
     served?;
-    requester
+    figures?
+}
+
+/// Polls until `want` completions arrived, each a success; fails after [`STALL`] without one.
+fn wait(side: &Side, want: usize) -> io::Result<Vec<WorkCompletion>> {
+    let completions = side.cq.wait_for(want, STALL)?;
+    completions.iter().try_for_each(check_ok)?;
+    Ok(completions)
+}
+
+fn check_ok(completion: &WorkCompletion) -> io::Result<()> {
+    if completion.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "work request {} ended {:?}",
+            completion.wr_id, completion.status
+        )))
+    }
+}
+
+fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sg_list: vec![sge],
+        inline_data: Vec::new(),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }
 }
 
 /// 64-byte SEND ping-pong; returns the half round trip in µs.
-fn ping_pong<B: roce_provider::backend::Backend>(
-    engine: &mut Engine<B>,
-    qpn: u32,
-    cq: CqId,
-    key: u32,
-    iters: u32,
-    verified: &mut u64,
-) -> io::Result<f64> {
-    let out = Sge {
-        addr: A_PING,
-        length: PING as u32,
-        lkey: key,
-    };
-    let back = Sge {
-        addr: A_PING + PING as u64,
-        length: PING as u32,
-        lkey: key,
-    };
+fn ping_pong(side: &Side, iters: u32, verified: &mut u64) -> io::Result<f64> {
+    let buffer = side.pd.reg_mr(2 * PING, AccessFlags::LOCAL_WRITE)?;
     let started = Instant::now();
     for i in 0..iters {
         let ping: Vec<u8> = (0..PING).map(|k| (i as usize * 31 + k) as u8).collect();
-        let mrs = engine.endpoint().mrs();
-        mrs.get_mut(key)
-            .ok_or_else(|| io::Error::other("ping region"))?
-            .bytes_mut()[..PING]
-            .copy_from_slice(&ping);
-        let now = Instant::now();
-        let ep = engine.endpoint();
-        ep.post_recv(
-            now,
-            qpn,
-            RecvWr {
-                wr_id: 2,
-                sg_list: vec![back],
-            },
-        )
-        .map_err(io::Error::other)?;
-        ep.post_send(now, qpn, signaled(1, SendOp::Send, out))
-            .map_err(io::Error::other)?;
-        wait(engine, cq, 2)?;
-        let echoed = &engine
-            .endpoint()
-            .mrs()
-            .get(key)
-            .ok_or_else(|| io::Error::other("ping region"))?
-            .bytes()[PING..];
-        if echoed != &ping[..] {
+        buffer.write(0, &ping)?;
+        side.qp.post_recv([RecvWr {
+            wr_id: 2,
+            sg_list: vec![buffer.sge(PING, PING as u32)],
+        }])?;
+        side.qp
+            .post_send([signaled(1, SendOp::Send, buffer.sge(0, PING as u32))])?;
+        wait(side, 2)?;
+        let intact = buffer.with_bytes(|bytes| bytes[PING..] == ping[..])?;
+        if !intact {
             return Err(io::Error::other(format!("echo {i} differs")));
         }
         *verified += PING as u64;
@@ -510,102 +458,58 @@ fn ping_pong<B: roce_provider::backend::Backend>(
     Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(iters) / 2.0)
 }
 
-enum Transfer {
-    Write {
-        source: u32,
-        window: u32,
-    },
-    Read {
-        read_back: u32,
-        window: u32,
-        source: u32,
-    },
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Write,
+    Read,
 }
 
 /// Moves `bytes` in 64 KiB messages, [`WINDOW`] in flight; returns Gbit/s. WRITE fills B's
-/// window from A's source; READ reads it back (it must equal the source) and checks every
-/// message.
-fn bandwidth<B: roce_provider::backend::Backend>(
-    engine: &mut Engine<B>,
-    qpn: u32,
-    cq: CqId,
-    transfer: Transfer,
+/// window with a pattern; READ reads it back and checks every message against it.
+fn bandwidth(
+    side: &Side,
+    direction: Direction,
+    (window, rkey): (u64, u32),
     bytes: u64,
     verified: &mut u64,
 ) -> io::Result<f64> {
     let messages = bytes.div_ceil(MESSAGE as u64).max(WINDOW as u64);
-    if let Transfer::Write { source, .. } = transfer {
-        let pattern: Vec<u8> = (0..MESSAGE * WINDOW)
-            .map(|i| (i * 7 + i / 65_521) as u8)
-            .collect();
-        let mrs = engine.endpoint().mrs();
-        mrs.get_mut(source)
-            .ok_or_else(|| io::Error::other("source"))?
-            .bytes_mut()
-            .copy_from_slice(&pattern);
+    let pattern: Vec<u8> = (0..MESSAGE * WINDOW)
+        .map(|i| (i * 7 + i / 65_521) as u8)
+        .collect();
+    let local = side.pd.reg_mr(MESSAGE * WINDOW, AccessFlags::all())?;
+    if direction == Direction::Write {
+        local.write(0, &pattern)?;
     }
     // READ responses arrive in bursts the receiver must absorb; keeping fewer READs in flight
     // keeps a busy (or descheduled) requester from overflowing its AF_XDP receive ring.
-    let in_flight = match transfer {
-        Transfer::Write { .. } => WINDOW as u64,
-        Transfer::Read { .. } => READS_IN_FLIGHT,
+    let in_flight = match direction {
+        Direction::Write => WINDOW as u64,
+        Direction::Read => READS_IN_FLIGHT,
     };
     let started = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
     let mut last_shown = 0;
     while done < messages {
-        while posted < messages && posted - done < in_flight {
-            let slot = (posted % WINDOW as u64) as usize;
-            let offset = (slot * MESSAGE) as u64;
-            let (op, sge) = match transfer {
-                Transfer::Write { source, window } => (
-                    SendOp::RdmaWrite {
-                        remote_addr: B_WINDOW + offset,
-                        rkey: window,
-                    },
-                    Sge {
-                        addr: A_SOURCE + offset,
-                        length: MESSAGE as u32,
-                        lkey: source,
-                    },
-                ),
-                Transfer::Read {
-                    read_back, window, ..
-                } => (
-                    SendOp::RdmaRead {
-                        remote_addr: B_WINDOW + offset,
-                        rkey: window,
-                    },
-                    Sge {
-                        addr: A_READ_BACK + offset,
-                        length: MESSAGE as u32,
-                        lkey: read_back,
-                    },
-                ),
+        let mut batch = Vec::new();
+        while posted < messages && posted - done + (batch.len() as u64) < in_flight {
+            let n = posted + batch.len() as u64;
+            let offset = (n % WINDOW as u64) as usize * MESSAGE;
+            let remote_addr = window + offset as u64;
+            let op = match direction {
+                Direction::Write => SendOp::RdmaWrite { remote_addr, rkey },
+                Direction::Read => SendOp::RdmaRead { remote_addr, rkey },
             };
-            engine
-                .endpoint()
-                .post_send(Instant::now(), qpn, signaled(posted, op, sge))
-                .map_err(io::Error::other)?;
-            posted += 1;
+            batch.push(signaled(n, op, local.sge(offset, MESSAGE as u32)));
         }
-        for completion in wait(engine, cq, 1)? {
-            if let Transfer::Read {
-                read_back, source, ..
-            } = transfer
-            {
+        posted += batch.len() as u64;
+        side.qp.post_send(batch)?;
+        for completion in wait(side, 1)? {
+            if direction == Direction::Read {
                 let slot = (completion.wr_id % WINDOW as u64) as usize;
                 let range = slot * MESSAGE..(slot + 1) * MESSAGE;
-                let mrs = engine.endpoint().mrs();
-                let got = &mrs
-                    .get(read_back)
-                    .ok_or_else(|| io::Error::other("read back"))?
-                    .bytes()[range.clone()];
-                let want = &mrs
-                    .get(source)
-                    .ok_or_else(|| io::Error::other("source"))?
-                    .bytes()[range];
-                if got != want {
+                let intact = local.with_bytes(|got| got[range.clone()] == pattern[range])?;
+                if !intact {
                     return Err(io::Error::other(format!(
                         "READ {} returned other bytes than were written",
                         completion.wr_id
@@ -622,66 +526,51 @@ fn bandwidth<B: roce_provider::backend::Backend>(
     eprintln!();
     let seconds = started.elapsed().as_secs_f64();
     let moved = messages * MESSAGE as u64;
-    *verified += if matches!(transfer, Transfer::Read { .. }) {
-        moved
-    } else {
-        0
-    };
+    if direction == Direction::Read {
+        *verified += moved;
+    }
     Ok(moved as f64 * 8.0 / seconds / 1e9)
 }
 
 /// FETCH_ADDs then a CMP_SWAP on B's counter, [`WINDOW`] in flight; every returned value is
 /// checked against one-at-a-time execution. Returns operations per second.
-fn atomics<B: roce_provider::backend::Backend>(
-    engine: &mut Engine<B>,
-    qpn: u32,
-    cq: CqId,
-    results: u32,
-    counter: u32,
+fn atomics(
+    side: &Side,
+    (counter, rkey): (u64, u32),
     iters: u32,
     verified: &mut u64,
 ) -> io::Result<f64> {
+    let results = side.pd.reg_mr(8 * WINDOW, AccessFlags::all())?;
     let total = u64::from(iters);
     let started = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
     while done < total {
         while posted < total && posted - done < WINDOW as u64 {
-            let slot = posted % WINDOW as u64;
-            let sge = Sge {
-                addr: A_ATOMIC + slot * 8,
-                length: 8,
-                lkey: results,
-            };
+            let slot = (posted % WINDOW as u64) as usize;
             let op = if posted + 1 == total {
                 // The counter now holds total − 1 adds of 1: swap it for zero.
                 SendOp::CompareSwap {
-                    remote_addr: B_COUNTER,
-                    rkey: counter,
+                    remote_addr: counter,
+                    rkey,
                     compare: total - 1,
                     swap: 0,
                 }
             } else {
                 SendOp::FetchAdd {
-                    remote_addr: B_COUNTER,
-                    rkey: counter,
+                    remote_addr: counter,
+                    rkey,
                     add: 1,
                 }
             };
-            engine
-                .endpoint()
-                .post_send(Instant::now(), qpn, signaled(posted, op, sge))
-                .map_err(io::Error::other)?;
+            side.qp
+                .post_send([signaled(posted, op, results.sge(slot * 8, 8))])?;
             posted += 1;
         }
-        for completion in wait(engine, cq, 1)? {
+        for completion in wait(side, 1)? {
             let slot = (completion.wr_id % WINDOW as u64) as usize;
-            let bytes = &engine
-                .endpoint()
-                .mrs()
-                .get(results)
-                .ok_or_else(|| io::Error::other("results"))?
-                .bytes()[slot * 8..slot * 8 + 8];
-            let original = u64::from_ne_bytes(bytes.try_into().map_err(io::Error::other)?);
+            let mut original = [0u8; 8];
+            results.read(slot * 8, &mut original)?;
+            let original = u64::from_ne_bytes(original);
             if original != completion.wr_id {
                 return Err(io::Error::other(format!(
                     "atomic {} saw {original}",
