@@ -78,7 +78,22 @@ fn ours(args: &[&str]) -> Child {
     ours_tool("pingpong", &[&["-d", "host0", "-n", ITERS], args].concat())
 }
 
-/// `roce TOOL ARGS...` in the host namespace, bounded in time.
+/// Where our side of the current run records every frame (runs take turns).
+const OUR_PCAP: &str = "/tmp/roce-rxe-run.pcap";
+
+/// The evidence of a failed run for the log: our capture's last frames, decoded.
+fn evidence() -> String {
+    let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["dump", OUR_PCAP])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let lines: Vec<&str> = dump.lines().collect();
+    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+    format!("our capture {OUR_PCAP}, last frames:\n{tail}")
+}
+
+/// `roce TOOL ARGS...` in the host namespace, bounded in time, recording to [`OUR_PCAP`].
 fn ours_tool(tool: &str, args: &[&str]) -> Child {
     Command::new("ip")
         .args([
@@ -89,6 +104,8 @@ fn ours_tool(tool: &str, args: &[&str]) -> Child {
             "120",
             env!("CARGO_BIN_EXE_roce"),
             tool,
+            "--pcap",
+            OUR_PCAP,
         ])
         .args(args)
         .stdout(Stdio::piped())
@@ -102,11 +119,13 @@ fn check(what: &str, ours: Output, theirs: Output) {
     let done = format!("{ITERS} iters in");
     assert!(
         ours.status.success() && ours_text.contains(&done),
-        "{what}: ours failed:\n{ours_text}\nrxe:\n{theirs_text}"
+        "{what}: ours failed:\n{ours_text}\nrxe:\n{theirs_text}\n{}",
+        evidence()
     );
     assert!(
         theirs.status.success() && theirs_text.contains(&done),
-        "{what}: rxe failed:\n{theirs_text}\nours:\n{ours_text}"
+        "{what}: rxe failed:\n{theirs_text}\nours:\n{ours_text}\n{}",
+        evidence()
     );
 }
 
@@ -230,7 +249,8 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
         let what = format!("{test} {} ({role})", extra.join(" "));
         assert!(
             ours.status.success() && theirs.status.success(),
-            "{what}:\nours:\n{ours_text}\nperftest:\n{theirs_text}"
+            "{what}:\nours:\n{ours_text}\nperftest:\n{theirs_text}\n{}",
+            evidence()
         );
         let (client_row, server_row) = rows;
         let (ours_row, theirs_row) = if server_is_ours {
