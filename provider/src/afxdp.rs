@@ -4,7 +4,9 @@
 //!
 //! Rings come from the `xdpilone` crate: pure Rust, builds in seconds with no system packages
 //! (xsk-rs needs libxdp's C build, and libxdp's default program also swallows ARP and outlives
-//! a crashed process). One socket on one queue, copy mode (veth has no zero-copy). A UMEM chunk
+//! a crashed process). One socket per receive queue, each with its own UMEM (RSS may put a
+//! QP's flow on any queue; the program sends each frame to its queue's socket), copy mode
+//! (veth has no zero-copy). A UMEM chunk
 //! holds 4096 bytes, of which copy mode keeps 256 as headroom on receive, so frames of path MTU
 //! 4096 span two chunks: the socket is bound with XDP_USE_SG and the program loaded with frags
 //! support, and a frame's descriptors carry XDP_PKT_CONTD on all but the last.
@@ -13,11 +15,11 @@ use std::alloc::{self, Layout};
 use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use xdpilone::xdp::XdpDesc;
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig};
 
@@ -86,8 +88,8 @@ impl Drop for Area {
     }
 }
 
-/// An AF_XDP socket on queue 0 of one interface, with our XDP program attached.
-pub struct AfXdpBackend {
+/// One AF_XDP socket bound to one receive queue, with its own UMEM.
+struct Queue {
     // Field order is drop order: rings and socket before the UMEM and its memory.
     rx: RingRx,
     tx: RingTx,
@@ -95,7 +97,6 @@ pub struct AfXdpBackend {
     _socket: Socket,
     _umem: Umem,
     area: Area,
-    program: XdpProgram,
     /// RX chunks we hold, waiting for room in the fill ring.
     to_fill: Vec<u64>,
     /// TX chunks free to write a frame into.
@@ -103,28 +104,41 @@ pub struct AfXdpBackend {
     /// The first pieces of a multi-buffer frame whose last piece has not been read yet.
     partial: Vec<u8>,
     fd: i32,
+    /// Frames received on this queue.
+    received: u64,
 }
 
 // SAFETY: every part (rings, UMEM mapping, memory area) is owned by this value alone and used
 // only through `&mut self`; nothing is tied to the thread that created it.
 #[allow(unsafe_code)]
-unsafe impl Send for AfXdpBackend {}
+unsafe impl Send for Queue {}
 
-fn errno(error: xdpilone::Errno) -> io::Error {
-    io::Error::other(format!("AF_XDP: {error}"))
+/// Most receive queues we bind (each has its own UMEM of [`RX_FRAMES`] + [`TX_FRAMES`]
+/// pages); an interface with more must be given fewer (`ethtool -L IFACE combined 16`), or
+/// the frames RSS spreads to the others would reach the kernel instead of us.
+pub const MAX_QUEUES: u32 = 16;
+
+/// AF_XDP sockets on every receive queue of one interface (RSS may put any QP's flow on
+/// any queue), with our XDP program attached.
+pub struct AfXdpBackend {
+    // Sockets close before the program goes.
+    queues: Vec<Queue>,
+    program: XdpProgram,
+    /// All sockets' fds, so one fd polls readable when any has a frame.
+    epoll: OwnedFd,
+    /// Where the next `recv` looks first, so no queue starves the others.
+    next_rx: usize,
 }
 
-impl AfXdpBackend {
-    /// Attaches our program to `interface` (in the calling thread's network namespace) and
-    /// binds a socket to its queue 0.
-    pub fn open(interface: &str, mode: XdpMode) -> io::Result<Self> {
-        let name = CString::new(interface).map_err(io::Error::other)?;
-        let mut info = IfInfo::invalid();
-        info.from_name(&name).map_err(errno)?;
-        info.set_queue(0);
-        let mut program = XdpProgram::load(1, true)?;
-        program.attach(info.ifindex(), mode)?;
+fn errno(error: xdpilone::Errno) -> io::Error {
+    io::Error::from_raw_os_error(error.get_raw())
+}
 
+impl Queue {
+    /// Binds a socket to queue `queue` of the interface in `info`.
+    fn open(info: &IfInfo, queue: u32) -> io::Result<Queue> {
+        let mut info = *info;
+        info.set_queue(queue);
         let area = Area::new(((RX_FRAMES + TX_FRAMES) * FRAME_SIZE) as usize)?;
         let config = UmemConfig {
             fill_size: RING_SIZE,
@@ -148,29 +162,33 @@ impl AfXdpBackend {
         let tx = user.map_tx().map_err(errno)?;
         umem.bind(&user).map_err(errno)?;
         let fd = user.as_raw_fd();
-        // SAFETY: `fd` is the socket's, open for as long as `user`'s rings, which we keep.
-        #[allow(unsafe_code)]
-        program.register_socket(0, unsafe { BorrowedFd::borrow_raw(fd) })?;
-
         let to_fill: Vec<u64> = (0..RX_FRAMES).map(|i| u64::from(i * FRAME_SIZE)).collect();
         let free_tx = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
             .map(|i| u64::from(i * FRAME_SIZE))
             .collect();
-        let mut backend = AfXdpBackend {
+        let mut queue = Queue {
             rx,
             tx,
             device,
             _socket: socket,
             _umem: umem,
             area,
-            program,
             to_fill,
             free_tx,
             partial: Vec::new(),
             fd,
+            received: 0,
         };
-        backend.refill();
-        Ok(backend)
+        queue.refill();
+        Ok(queue)
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: `self.fd` is the socket's, open while `self` lives, which the borrow ties.
+        #[allow(unsafe_code)]
+        unsafe {
+            BorrowedFd::borrow_raw(self.fd)
+        }
     }
 
     /// Gives held RX chunks to the kernel, as many as the fill ring has room for.
@@ -192,6 +210,53 @@ impl AfXdpBackend {
         }
         done.release();
     }
+}
+
+impl AfXdpBackend {
+    /// Attaches our program to `interface` (in the calling thread's network namespace) and
+    /// binds a socket to each of its receive queues.
+    pub fn open(interface: &str, mode: XdpMode) -> io::Result<Self> {
+        let name = CString::new(interface).map_err(io::Error::other)?;
+        let mut info = IfInfo::invalid();
+        info.from_name(&name)
+            .map_err(|error| io::Error::other(format!("AF_XDP on {interface}: {error}")))?;
+        let mut program = XdpProgram::load(MAX_QUEUES, true)?;
+        program.attach(info.ifindex(), mode)?;
+        // Queue 0 always exists; the others until binding fails (the kernel refuses a queue
+        // the interface does not have).
+        let mut queues = vec![Queue::open(&info, 0)?];
+        loop {
+            let queue = match Queue::open(&info, queues.len() as u32) {
+                Ok(queue) => queue,
+                // Binding a queue the interface does not have fails with EINVAL.
+                Err(error) if error.raw_os_error() == Some(libc::EINVAL) => break,
+                Err(error) => return Err(error),
+            };
+            if queues.len() as u32 == MAX_QUEUES {
+                return Err(io::Error::other(format!(
+                    "{interface} has more than {MAX_QUEUES} receive queues; \
+                     reduce them (ethtool -L {interface} combined {MAX_QUEUES})"
+                )));
+            }
+            queues.push(queue);
+        }
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        for (index, queue) in queues.iter().enumerate() {
+            program.register_socket(index as u32, queue.fd())?;
+            epoll::add(
+                &epoll,
+                queue.fd(),
+                epoll::EventData::new_u64(index as u64),
+                epoll::EventFlags::IN,
+            )?;
+        }
+        Ok(AfXdpBackend {
+            queues,
+            program,
+            epoll,
+            next_rx: 0,
+        })
+    }
 
     /// The program, e.g. to detach it early.
     pub fn program(&mut self) -> &mut XdpProgram {
@@ -199,14 +264,8 @@ impl AfXdpBackend {
     }
 }
 
-impl Backend for AfXdpBackend {
+impl Queue {
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        if frame.len() > MAX_FRAME {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "frame larger than two UMEM chunks",
-            ));
-        }
         self.reclaim();
         let pieces = frame.chunks(FRAME_SIZE as usize);
         if self.free_tx.len() < pieces.len() {
@@ -259,7 +318,7 @@ impl Backend for AfXdpBackend {
         Ok(())
     }
 
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+    fn recv(&mut self, buffer: &mut [u8]) -> Option<usize> {
         loop {
             let mut reader = self.rx.receive(1);
             let desc = reader.read();
@@ -267,7 +326,7 @@ impl Backend for AfXdpBackend {
             drop(reader);
             let Some(desc) = desc else {
                 self.refill();
-                return Ok(None);
+                return None;
             };
             let piece = self.area.bytes(desc.addr, desc.len as usize).to_vec();
             self.to_fill
@@ -280,8 +339,53 @@ impl Backend for AfXdpBackend {
             let len = self.partial.len().min(buffer.len());
             buffer[..len].copy_from_slice(&self.partial[..len]);
             self.partial.clear();
-            return Ok(Some(len));
+            self.received += 1;
+            return Some(len);
         }
+    }
+}
+
+/// The UDP source port of a RoCEv2 frame over IPv4 or IPv6 (an 802.1Q tag allowed), which
+/// carries the sending QP's flow entropy.
+fn flow_entropy(frame: &[u8]) -> u16 {
+    let (ethertype, ip) = match frame.get(12..14) {
+        Some([0x81, 0x00]) => (frame.get(16..18), 18),
+        other => (other, 14),
+    };
+    let udp = match ethertype {
+        Some([0x08, 0x00]) => ip + 4 * usize::from(frame.get(ip).map_or(5, |b| b & 0xF)),
+        Some([0x86, 0xDD]) => ip + 40,
+        _ => return 0,
+    };
+    frame
+        .get(udp..udp + 2)
+        .map_or(0, |port| u16::from_be_bytes([port[0], port[1]]))
+}
+
+impl Backend for AfXdpBackend {
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        if frame.len() > MAX_FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "frame larger than two UMEM chunks",
+            ));
+        }
+        // One transmit queue per flow (the QP's UDP source port), so a QP's frames keep
+        // their order and flows spread over the queues as RSS spreads them on receive.
+        let index = usize::from(flow_entropy(frame)) % self.queues.len();
+        self.queues[index].send(frame)
+    }
+
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+        let count = self.queues.len();
+        for step in 0..count {
+            let index = (self.next_rx + step) % count;
+            if let Some(len) = self.queues[index].recv(buffer) {
+                self.next_rx = (index + 1) % count;
+                return Ok(Some(len));
+            }
+        }
+        Ok(None)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
@@ -289,10 +393,7 @@ impl Backend for AfXdpBackend {
             .map(Timespec::try_from)
             .transpose()
             .map_err(io::Error::other)?;
-        // SAFETY: `self.fd` is the socket's, open while `self` lives.
-        #[allow(unsafe_code)]
-        let fd = unsafe { BorrowedFd::borrow_raw(self.fd) };
-        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+        let mut fds = [PollFd::new(&self.epoll, PollFlags::IN)];
         match poll(&mut fds, timeout.as_ref()) {
             Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
             Err(error) => Err(error.into()),
@@ -300,8 +401,10 @@ impl Backend for AfXdpBackend {
     }
 
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
-        // SAFETY: `self.fd` is the socket's, open while `self` lives, which the borrow ties.
-        #[allow(unsafe_code)]
-        Some(unsafe { BorrowedFd::borrow_raw(self.fd) })
+        Some(self.epoll.as_fd())
+    }
+
+    fn received_per_queue(&self) -> Vec<u64> {
+        self.queues.iter().map(|queue| queue.received).collect()
     }
 }

@@ -28,6 +28,12 @@ pub trait Backend: Send {
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
+
+    /// Frames received on each hardware receive queue, where the backend has queues (AF_XDP);
+    /// empty otherwise.
+    fn received_per_queue(&self) -> Vec<u64> {
+        Vec::new()
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -45,5 +51,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
         (**self).readiness_fd()
+    }
+
+    fn received_per_queue(&self) -> Vec<u64> {
+        (**self).received_per_queue()
     }
 }

@@ -210,6 +210,10 @@ impl<B: Backend> Backend for PcapRecorder<B> {
     fn readiness_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.readiness_fd()
     }
+
+    fn received_per_queue(&self) -> Vec<u64> {
+        self.inner.received_per_queue()
+    }
 }
 
 impl<B> Drop for PcapRecorder<B> {

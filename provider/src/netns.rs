@@ -125,16 +125,29 @@ pub fn delete(name: &str) {
 
 /// Joins `a` and `b` with a veth pair `a_if`/`b_if` carrying the given CIDR addresses, MTU
 /// `mtu`, both ends up.
-pub fn veth(
+pub fn veth(a: (&Netns, &str, &str), b: (&Netns, &str, &str), mtu: u32) -> io::Result<()> {
+    veth_with_queues(a, b, mtu, 1)
+}
+
+/// [`veth`] with `queues` receive and transmit queues on each end (as a multi-queue NIC).
+pub fn veth_with_queues(
     (a, a_if, a_addr): (&Netns, &str, &str),
     (b, b_if, b_addr): (&Netns, &str, &str),
     mtu: u32,
+    queues: u32,
 ) -> io::Result<()> {
     let mtu = mtu.to_string();
+    let queues = queues.to_string();
+    let q = ["numtxqueues", &queues, "numrxqueues", &queues];
     ip(&[
-        "link", "add", a_if, "netns", &a.name, "mtu", &mtu, "type", "veth", "peer", "name", b_if,
-        "netns", &b.name, "mtu", &mtu,
-    ])?;
+        &["link", "add", a_if, "netns", &a.name, "mtu", &mtu][..],
+        &q,
+        &[
+            "type", "veth", "peer", "name", b_if, "netns", &b.name, "mtu", &mtu,
+        ],
+        &q,
+    ]
+    .concat())?;
     for (ns, interface, address) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
         ns.ip(&["addr", "add", address, "dev", interface])?;
         ns.ip(&["link", "set", interface, "up"])?;

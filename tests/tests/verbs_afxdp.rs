@@ -1,14 +1,15 @@
 //! The verbs API over real interfaces: two programs' worth of verbs calls, each in its own
 //! network namespace on one veth pair (MTU 9000), over AF_XDP (found by
-//! `BackendChoice::Auto`) and over kernel UDP sockets. Nothing is given by hand but the
-//! interface name: the device, its GIDs and path MTU come from the system, and the peer's MAC
-//! from a real ARP exchange. Needs root (CI is root).
+//! `BackendChoice::Auto`) and over kernel UDP sockets, and over a veth with four queues
+//! (a multi-queue NIC: flows spread over queues, and every queue must reach us). Nothing is
+//! given by hand but the interface name: the device, its GIDs and path MTU come from the
+//! system, and the peer's MAC from a real ARP exchange. Needs root (CI is root).
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
 use std::time::Duration;
 
-use roce_provider::netns::{self, is_root, veth, Netns};
+use roce_provider::netns::{self, is_root, veth_with_queues, Netns};
 use roce_verbs::{
     devices, AccessFlags, BackendChoice, BackendKind, ConnectOptions, Context, OpenOptions,
     PathMtu, Progress, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags,
@@ -18,14 +19,19 @@ use roce_verbs::{
 const STALL: Duration = Duration::from_secs(20);
 const LEN: usize = 1 << 20;
 
-fn data() -> Vec<u8> {
-    (0..LEN).map(|i| (i * 31 + i / 4099) as u8).collect()
+fn data(qp: usize) -> Vec<u8> {
+    (0..LEN)
+        .map(|i| (i * 31 + i / 4099 + qp * 7) as u8)
+        .collect()
 }
 
-/// What the two sides tell each other: QP endpoint, then the target region's address and key.
+/// What the two sides tell each other, per QP: its endpoint, the target region's address
+/// and key.
+type Offer = Vec<(QpEndpoint, u64, u32)>;
+
 struct Link {
-    tx: Sender<(QpEndpoint, u64, u32)>,
-    rx: Receiver<(QpEndpoint, u64, u32)>,
+    tx: Sender<Offer>,
+    rx: Receiver<Offer>,
 }
 
 fn link() -> (Link, Link) {
@@ -34,9 +40,18 @@ fn link() -> (Link, Link) {
     (Link { tx: a_tx, rx: a_rx }, Link { tx: b_tx, rx: b_rx })
 }
 
-/// One side, inside namespace `ns`: opens the only device there is, connects, and either
-/// WRITEs and SENDs (`active`) or receives and checks. Returns the backend it used.
-fn side(ns: String, backend: fn() -> BackendChoice, active: bool, link: Link) -> BackendKind {
+/// What a side reports back: its backend, and the frames each receive queue delivered.
+type Report = (BackendKind, Vec<u64>);
+
+/// One side, inside namespace `ns`: opens the only device there is, connects `qps` QPs, and
+/// either WRITEs 1 MiB and SENDs 4 KiB on each (`active`) or receives and checks.
+fn side(
+    ns: String,
+    backend: fn() -> BackendChoice,
+    active: bool,
+    qps: usize,
+    link: Link,
+) -> Report {
     netns::enter(&ns).unwrap();
     let list = devices().unwrap();
     assert_eq!(list.len(), 1, "one veth end in the namespace: {list:?}");
@@ -51,25 +66,30 @@ fn side(ns: String, backend: fn() -> BackendChoice, active: bool, link: Link) ->
     };
     let ctx = Context::open(device, options).unwrap();
     let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            caps: QpCaps::default(),
-            sq_sig_all: false,
+    let cq = ctx.create_cq(16 * qps, None).unwrap();
+    let attr = QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: &cq,
+        recv_cq: &cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let all: Vec<_> = (0..qps)
+        .map(|qp| {
+            let region = pd.reg_mr(LEN, AccessFlags::all()).unwrap();
+            let inbox = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+            if active {
+                region.write(0, &data(qp)).unwrap();
+            }
+            (pd.create_qp(&attr).unwrap(), region, inbox)
         })
-        .unwrap();
-    let region = pd.reg_mr(LEN, AccessFlags::all()).unwrap();
-    let inbox = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    if active {
-        region.write(0, &data()).unwrap();
-    }
-    link.tx
-        .send((qp.endpoint(1).unwrap(), region.addr(), region.rkey()))
-        .unwrap();
-    let (peer, peer_addr, peer_rkey) = link.rx.recv().unwrap();
+        .collect();
+    let offer = all
+        .iter()
+        .map(|(qp, region, _)| (qp.endpoint(1).unwrap(), region.addr(), region.rkey()))
+        .collect();
+    link.tx.send(offer).unwrap();
+    let peer = link.rx.recv().unwrap();
     let options = ConnectOptions {
         mtu: port.active_mtu,
         retry: RetryConfig {
@@ -78,17 +98,19 @@ fn side(ns: String, backend: fn() -> BackendChoice, active: bool, link: Link) ->
         },
         ..ConnectOptions::default()
     };
-    // Resolves the peer's MAC through the kernel (ARP over the veth).
-    qp.connect(&peer, &options).unwrap();
-    if !active {
-        qp.post_recv([RecvWr {
-            wr_id: 7,
-            sg_list: vec![inbox.sge(0, 4096)],
-        }])
-        .unwrap();
+    for ((qp, _, inbox), (remote, _, _)) in all.iter().zip(&peer) {
+        // Resolves the peer's MAC through the kernel (ARP over the veth).
+        qp.connect(remote, &options).unwrap();
+        if !active {
+            qp.post_recv([RecvWr {
+                wr_id: 7,
+                sg_list: vec![inbox.sge(0, 4096)],
+            }])
+            .unwrap();
+        }
     }
-    // Both connected (and the receive posted) before anything is sent.
-    link.tx.send((peer, 0, 0)).unwrap();
+    // Both connected (and the receives posted) before anything is sent.
+    link.tx.send(Vec::new()).unwrap();
     link.rx.recv().unwrap();
     let signaled = |wr_id, op, sge| SendWr {
         wr_id,
@@ -99,48 +121,58 @@ fn side(ns: String, backend: fn() -> BackendChoice, active: bool, link: Link) ->
         ud: None,
     };
     if active {
-        let write = SendOp::RdmaWrite {
-            remote_addr: peer_addr,
-            rkey: peer_rkey,
-        };
-        qp.post_send([
-            signaled(1, write, region.sge(0, LEN as u32)),
-            signaled(2, SendOp::Send, region.sge(0, 4096)),
-        ])
-        .unwrap();
-        let done = cq.wait_for(2, STALL).unwrap();
+        for ((qp, region, _), &(_, peer_addr, peer_rkey)) in all.iter().zip(&peer) {
+            let write = SendOp::RdmaWrite {
+                remote_addr: peer_addr,
+                rkey: peer_rkey,
+            };
+            qp.post_send([
+                signaled(1, write, region.sge(0, LEN as u32)),
+                signaled(2, SendOp::Send, region.sge(0, 4096)),
+            ])
+            .unwrap();
+        }
+        let done = cq.wait_for(2 * qps, STALL).unwrap();
         assert!(
             done.iter().all(|wc| wc.status == WcStatus::Success),
             "{done:?}"
         );
-        // Keep the QP until the peer has checked everything.
+        // Keep the QPs until the peer has checked everything.
         link.rx.recv().ok();
     } else {
-        let got = cq.wait_for(1, STALL).unwrap();
-        assert_eq!(
-            (got[0].wr_id, got[0].status, got[0].opcode, got[0].byte_len),
-            (7, WcStatus::Success, WcOpcode::Recv, 4096)
-        );
-        // The WRITE came before the SEND on the same QP: it is all there.
-        assert_eq!(region.to_vec().unwrap(), data());
-        assert_eq!(inbox.to_vec().unwrap(), data()[..4096]);
-        link.tx.send((qp.endpoint(1).unwrap(), 0, 0)).unwrap();
+        let got = cq.wait_for(qps, STALL).unwrap();
+        for wc in &got {
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+                (7, WcStatus::Success, WcOpcode::Recv, 4096)
+            );
+        }
+        // Each QP's WRITE came before its SEND: it is all there.
+        for (qp, (_, region, inbox)) in all.iter().enumerate() {
+            assert_eq!(region.to_vec().unwrap(), data(qp), "QP {qp}");
+            assert_eq!(inbox.to_vec().unwrap(), data(qp)[..4096], "QP {qp}");
+        }
+        link.tx.send(Vec::new()).unwrap();
     }
     assert_eq!(ctx.stats().unwrap().rx_rejected, 0);
-    ctx.backend_kind().clone()
+    let per_queue = ctx
+        .with_backend(|backend| backend.received_per_queue())
+        .unwrap();
+    (ctx.backend_kind().clone(), per_queue)
 }
 
-fn run_pair(backend: fn() -> BackendChoice) -> (BackendKind, BackendKind) {
+fn run_pair(backend: fn() -> BackendChoice, queues: u32, qps: usize) -> (Report, Report) {
     let a = Netns::create("roce-verbs-a").unwrap();
     let b = Netns::create("roce-verbs-b").unwrap();
-    veth((&a, "va", "10.79.0.1/24"), (&b, "vb", "10.79.0.2/24"), 9000).unwrap();
+    let ends = ((&a, "va", "10.79.0.1/24"), (&b, "vb", "10.79.0.2/24"));
+    veth_with_queues(ends.0, ends.1, 9000, queues).unwrap();
     let (link_a, link_b) = link();
     let (name_a, name_b) = (a.name.clone(), b.name.clone());
-    let active = thread::spawn(move || side(name_a, backend, true, link_a));
-    let passive = thread::spawn(move || side(name_b, backend, false, link_b));
-    let kinds = (active.join(), passive.join());
+    let active = thread::spawn(move || side(name_a, backend, true, qps, link_a));
+    let passive = thread::spawn(move || side(name_b, backend, false, qps, link_b));
+    let reports = (active.join(), passive.join());
     // The namespaces go on drop, even after a failed side.
-    (kinds.0.expect("side A"), kinds.1.expect("side B"))
+    (reports.0.expect("side A"), reports.1.expect("side B"))
 }
 
 #[test]
@@ -149,7 +181,7 @@ fn verbs_over_af_xdp_with_arp() {
         eprintln!("SKIPPED verbs_over_af_xdp_with_arp: needs root");
         return;
     }
-    let (a, b) = run_pair(|| BackendChoice::Auto);
+    let ((a, _), (b, _)) = run_pair(|| BackendChoice::Auto, 1, 1);
     // veth has native XDP: Auto takes it.
     let native = BackendKind::AfXdp(roce_verbs::XdpMode::Native);
     assert_eq!((a, b), (native.clone(), native));
@@ -161,7 +193,19 @@ fn verbs_over_kernel_udp_sockets() {
         eprintln!("SKIPPED verbs_over_kernel_udp_sockets: needs root (namespaces)");
         return;
     }
-    let (a, b) = run_pair(|| BackendChoice::Udp);
+    let ((a, _), (b, _)) = run_pair(|| BackendChoice::Udp, 1, 1);
     let udp = BackendKind::Udp { fallback: None };
     assert_eq!((a, b), (udp.clone(), udp));
+}
+
+#[test]
+fn verbs_over_every_queue_of_a_multi_queue_interface() {
+    if !is_root() {
+        eprintln!("SKIPPED verbs_over_every_queue_of_a_multi_queue_interface: needs root");
+        return;
+    }
+    let (_, (_, per_queue)) = run_pair(|| BackendChoice::Auto, 4, 4);
+    // One socket per queue, and the four QPs' flows arrived on all four of them.
+    assert_eq!(per_queue.len(), 4, "{per_queue:?}");
+    assert!(per_queue.iter().all(|&frames| frames > 0), "{per_queue:?}");
 }
