@@ -2,7 +2,8 @@
 //!
 //! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements;
 //! - [`memory`]: an in-memory wire for tests;
-//! - [`afxdp`]: the AF_XDP backend (root; one queue, copy mode, multi-buffer frames);
+//! - [`afxdp`]: the AF_XDP backend (root; a socket per receive queue, copy mode, multi-buffer
+//!   frames);
 //! - [`udp`]: the kernel UDP-socket backend (no root, no AF_XDP);
 //! - [`xdp`]: our XDP program (UDP 4791 to AF_XDP sockets, the rest to the kernel) and its
 //!   bpf(2) loader;
@@ -12,8 +13,8 @@
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
 //!
-//! Not written yet (issue #4): several queues, zero-copy, neighbour resolution from
-//! the kernel's table, and the threads of the verbs layer.
+//! Neighbour resolution and the engine's threads live in `roce-verbs`. Not written yet:
+//! zero-copy AF_XDP (veth has none to test it on).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
