@@ -113,9 +113,9 @@ struct Queue {
 #[allow(unsafe_code)]
 unsafe impl Send for Queue {}
 
-/// Most receive queues we bind (each has its own UMEM of [`RX_FRAMES`] + [`TX_FRAMES`]
-/// pages); an interface with more must be given fewer (`ethtool -L IFACE combined 16`), or
-/// the frames RSS spreads to the others would reach the kernel instead of us.
+/// Most receive queues we bind (each has its own UMEM of 3,072 pages, 12 MiB); an interface
+/// with more must be given fewer (`ethtool -L IFACE combined 16`), or the frames RSS spreads
+/// to the others would reach the kernel instead of us.
 pub const MAX_QUEUES: u32 = 16;
 
 /// AF_XDP sockets on every receive queue of one interface (RSS may put any QP's flow on

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// payload; no FCS).
 ///
 /// Wrappers ([`FaultInjector`](crate::fault::FaultInjector),
-/// [`PcapRecorder`](crate::pcap::PcapRecorder)) implement it over any other backend, so they
+/// [`PcapRecorder`](crate::capture::PcapRecorder)) implement it over any other backend, so they
 /// compose.
 pub trait Backend: Send {
     /// Sends one frame.
