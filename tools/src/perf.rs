@@ -911,7 +911,8 @@ impl Rdma<'_> {
             if started.elapsed() > STALL {
                 return Err(io::Error::other("no completion for 10 s"));
             }
-            std::hint::spin_loop();
+            // Let an engine thread (--events, --busy-poll) have the core.
+            std::thread::yield_now();
         }
         match out.iter().find(|wc| wc.status != WcStatus::Success) {
             Some(bad) => Err(io::Error::other(format!(

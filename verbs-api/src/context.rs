@@ -20,7 +20,7 @@ use roce_transport::endpoint::AsyncEvent;
 use roce_transport::{CqId, Endpoint};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-use crate::cq::{ChannelInner, CompChannel, Cq};
+use crate::cq::{ChannelInner, CompChannel, Cq, CqShared};
 use crate::device::Device;
 use crate::neighbour;
 use crate::{Error, Pd};
@@ -104,6 +104,8 @@ pub(crate) struct Core {
     pub(crate) engine: Engine<Box<dyn Backend>>,
     /// The channel of each CQ that has one.
     pub(crate) channels: HashMap<CqId, Arc<ChannelInner>>,
+    /// The user-side queue of each CQ, which `poll` reads without this lock.
+    pub(crate) cqs: HashMap<CqId, Arc<CqShared>>,
     pub(crate) async_events: VecDeque<AsyncEvent>,
 }
 
@@ -112,9 +114,26 @@ impl Core {
         self.engine.endpoint()
     }
 
-    /// Moves the engine's news to where users wait for it: CQ events to their channels,
-    /// async events to the context.
+    /// Moves the engine's news to where users wait for it: completions to the CQs' own
+    /// queues, CQ events to their channels, async events to the context.
     fn deliver(&mut self) {
+        let mut moved = Vec::new();
+        for (&id, shared) in &self.cqs {
+            let cq = self.engine.endpoint().cq(id);
+            if cq.is_overflowed() {
+                shared.overflowed.store(true, Ordering::Release);
+            }
+            if cq.is_empty() {
+                continue;
+            }
+            if let Ok(mut entries) = shared.entries.lock() {
+                // What does not fit waits in the endpoint's CQ, which overflows when full.
+                let room = shared.depth.saturating_sub(entries.len());
+                moved.clear();
+                cq.poll(room, &mut moved);
+                entries.extend(moved.drain(..));
+            }
+        }
         for (&cq, channel) in &self.channels {
             if self.engine.endpoint().cq(cq).take_event() {
                 channel.push(cq);
@@ -146,6 +165,8 @@ pub(crate) struct Shared {
     wake: OwnedFd,
     /// The error that stopped the engine, if one did.
     failure: Mutex<Option<String>>,
+    /// Whether `failure` is set, readable without a lock.
+    failed: AtomicBool,
     /// Next address handed to a region registered without one.
     next_iova: AtomicU64,
 }
@@ -153,10 +174,19 @@ pub(crate) struct Shared {
 impl Shared {
     /// The lock over engine, endpoint and CQs; fails once the engine has failed.
     pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Core>, Error> {
-        if let Some(why) = self.failure.lock().map_err(|_| Error::Poisoned)?.as_ref() {
-            return Err(Error::EngineFailed(why.clone()));
-        }
+        self.check_running()?;
         self.core.lock().map_err(|_| Error::Poisoned)
+    }
+
+    /// Fails once the engine has failed (what a poller must hear, without taking the lock).
+    pub(crate) fn check_running(&self) -> Result<(), Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self.failure.lock().map_err(|_| Error::Poisoned)?.as_ref() {
+            Some(why) => Err(Error::EngineFailed(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Whether callers must drive the engine themselves.
@@ -186,6 +216,7 @@ impl Shared {
         if let Ok(mut failure) = self.failure.lock() {
             failure.get_or_insert(why.clone());
         }
+        self.failed.store(true, Ordering::Release);
         Error::EngineFailed(why)
     }
 
@@ -311,6 +342,7 @@ impl Context {
             core: Mutex::new(Core {
                 engine,
                 channels: HashMap::new(),
+                cqs: HashMap::new(),
                 async_events: VecDeque::new(),
             }),
             device: device.clone(),
@@ -322,6 +354,7 @@ impl Context {
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
                 .map_err(io::Error::from)?,
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
             next_iova: AtomicU64::new(0x1_0000_0000),
         });
         let thread = match options.progress {

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -108,11 +109,20 @@ impl AsFd for CompChannel {
     }
 }
 
+/// The completions of one CQ that the engine has handed over: polling takes only this
+/// lock, never the device's, so pollers and the engine thread do not contend.
+pub(crate) struct CqShared {
+    pub(crate) entries: Mutex<VecDeque<WorkCompletion>>,
+    pub(crate) depth: usize,
+    pub(crate) overflowed: AtomicBool,
+}
+
 /// A completion queue (`ibv_cq`).
 pub struct Cq {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: CqId,
     channel: Option<Arc<ChannelInner>>,
+    queue: Arc<CqShared>,
 }
 
 impl Cq {
@@ -129,10 +139,17 @@ impl Cq {
         if let Some(channel) = channel {
             core.channels.insert(id, Arc::clone(&channel.inner));
         }
+        let queue = Arc::new(CqShared {
+            entries: Mutex::new(VecDeque::with_capacity(depth)),
+            depth,
+            overflowed: AtomicBool::new(false),
+        });
+        core.cqs.insert(id, Arc::clone(&queue));
         Ok(Cq {
             shared: Arc::clone(shared),
             id,
             channel: channel.map(|channel| Arc::clone(&channel.inner)),
+            queue,
         })
     }
 
@@ -144,15 +161,19 @@ impl Cq {
     /// Moves up to `max` completions, oldest first, into `out` and returns how many
     /// (`ibv_poll_cq`). Fails once the CQ has overflowed.
     pub fn poll_into(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize, Error> {
-        let mut core = self.shared.lock()?;
         if self.shared.caller_drives() {
+            let mut core = self.shared.lock()?;
             self.shared.drive(&mut core)?;
+        } else {
+            self.shared.check_running()?;
         }
-        let cq = core.endpoint().cq(self.id);
-        if cq.is_overflowed() {
+        if self.queue.overflowed.load(Ordering::Acquire) {
             return Err(Error::CqOverflow);
         }
-        Ok(cq.poll(max, out))
+        let mut entries = self.queue.entries.lock().map_err(|_| Error::Poisoned)?;
+        let count = max.min(entries.len());
+        out.extend(entries.drain(..count));
+        Ok(count)
     }
 
     /// Up to `max` completions, oldest first.
@@ -204,6 +225,7 @@ impl Drop for Cq {
         // The endpoint keeps the (empty) slot: its CQs are never renumbered.
         if let Ok(mut core) = self.shared.lock() {
             core.channels.remove(&self.id);
+            core.cqs.remove(&self.id);
         }
     }
 }
