@@ -220,6 +220,21 @@ fn pingpong_with_rxe_in_both_roles() {
     rxe_server(&vm, big, "RC, path MTU 4096, AF_XDP client", &ours_big);
     let ours_big_udp = [&ours_big[..], &["--udp"]].concat();
     rxe_client(&vm, big, "RC, path MTU 4096, UDP server", &ours_big_udp);
+    // UD messages up to the path MTU: 4 KiB now.
+    let ud_big = "ibv_ud_pingpong -s 4096";
+    let ours_ud_big = ["--ud", "-m", "4096", "-s", "4096"];
+    rxe_server(
+        &vm,
+        ud_big,
+        "UD 4 KiB, path MTU 4096, AF_XDP client",
+        &ours_ud_big,
+    );
+    rxe_client(
+        &vm,
+        ud_big,
+        "UD 4 KiB, path MTU 4096, AF_XDP server",
+        &ours_ud_big,
+    );
 }
 
 /// Whether `text` has a perftest result row for `size` bytes and `iters` iterations.

@@ -3,6 +3,10 @@
 //! A [`CompChannel`] is an eventfd: epoll it, or block in
 //! [`get_cq_event`](CompChannel::get_cq_event). As with `ibv_req_notify_cq`, a CQ signals
 //! its channel once per arming, for the first matching completion after it.
+//!
+//! A CQ of depth N holds at least N completions (as `ibv_create_cq` may give more than
+//! asked): N in the queue pollers read, and up to N more in the engine's, which overflows
+//! (an async event, the QP to ERR) when both are full.
 
 use std::collections::VecDeque;
 use std::io;

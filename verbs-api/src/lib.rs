@@ -13,9 +13,11 @@
 //!   polls ([`Progress::Caller`], lowest latency for one thread).
 //! - **Memory.** A region owns its bytes ([`Mr`]); programs read and write them through it,
 //!   so nothing the peer can write is ever freed or moved under it, and no call is `unsafe`.
-//! - **Locking.** Each context has one lock over its endpoint, held only for the length of a
-//!   call (never across a wait): threads on different contexts never meet; threads on one
-//!   context take turns. Finer locks (per QP) are future work.
+//! - **Locking.** Polling a CQ takes only that CQ's lock: the engine hands completions over
+//!   after each round, so spinning pollers never hold up the engine. Posting, registering
+//!   and `modify` take the context's lock for the length of the call (microseconds, never
+//!   across a wait); threads on different contexts never meet. Posting without it (per-QP
+//!   submission queues) is future work.
 //! - **Neighbours.** Over AF_XDP the peer's MAC comes from the kernel's table, resolved on
 //!   demand when a QP is given a destination or an address handle is created.
 //! - **Errors** are typed ([`Error`]); posts report which work request failed
