@@ -17,7 +17,7 @@ use roce_wire::FrameRepr;
 use crate::cq::Cq;
 use crate::mr::MrTable;
 use crate::qp::{Ctx, OutPacket, PostError, Qp, QpInit, QpStats};
-use crate::qp_state::{ModifyQpError, QpAttr, QpState};
+use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
 use crate::wr::{RecvWr, SendWr};
 
 /// Identifies a completion queue of an [`Endpoint`].
@@ -56,6 +56,8 @@ pub struct Endpoint {
     /// QP to look at first in the next `poll_transmit`, so no QP starves the others.
     transmit_cursor: u32,
     events: Vec<AsyncEvent>,
+    /// The port's MTU: the largest UD message, and a connected QP's MTU until RTR sets one.
+    port_mtu: PathMtu,
     /// Packets for QPs that do not exist.
     pub unknown_qp_drops: u64,
 }
@@ -123,8 +125,15 @@ impl Endpoint {
             next_qpn: FIRST_QPN,
             transmit_cursor: 0,
             events: Vec::new(),
+            port_mtu: PathMtu::Mtu1024,
             unknown_qp_drops: 0,
         }
+    }
+
+    /// Sets the port's active MTU (1024 until set), as the device reports it: UD QPs created
+    /// from now on carry messages up to it.
+    pub fn set_port_mtu(&mut self, mtu: PathMtu) {
+        self.port_mtu = mtu;
     }
 
     /// Protection domains and memory regions.
@@ -160,7 +169,9 @@ impl Endpoint {
         init.recv_cq = recv_cq.0;
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        self.qps.insert(qpn, Qp::new(qpn, init));
+        let mut qp = Qp::new(qpn, init);
+        qp.config.mtu = self.port_mtu.bytes();
+        self.qps.insert(qpn, qp);
         Ok(qpn)
     }
 

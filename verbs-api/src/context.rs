@@ -337,7 +337,9 @@ impl Context {
                 seed
             }
         };
-        let engine = Engine::new(Endpoint::new(seed), backend, addressing);
+        let mut endpoint = Endpoint::new(seed);
+        endpoint.set_port_mtu(device.query_port().active_mtu);
+        let engine = Engine::new(endpoint, backend, addressing);
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,

@@ -297,6 +297,22 @@ fn ud_through_an_address_handle() {
     // The message follows the 40-byte GRH area, as verbs lays out a UD receive.
     assert_eq!(recv_buf.to_vec().unwrap()[40..], message[..]);
 
+    // A UD message may be as long as the port's MTU (4096 on a 9000-byte link), no longer.
+    let big = pd_a.reg_mr(4097, AccessFlags::LOCAL_WRITE).unwrap();
+    let big_recv = pd_b.reg_mr(40 + 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    qp_b.post_recv([RecvWr {
+        wr_id: 8,
+        sg_list: vec![big_recv.sge(0, 40 + 4096)],
+    }])
+    .unwrap();
+    let mut wr = signaled(2, SendOp::Send, big.sge(0, 4096));
+    wr.ud = Some(ah.dest(qp_b.qp_num(), 0x1111_1111));
+    qp_a.post_send([wr.clone()]).unwrap();
+    assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].byte_len, 40 + 4096);
+    wr.sg_list = vec![big.sge(0, 4097)];
+    let failure = qp_a.post_send([wr]).unwrap_err();
+    assert!(matches!(failure.error, Error::Post(_)), "{failure}");
+
     // An address handle to a host whose MAC is unknown is refused up front.
     let nowhere = AddressVector {
         dgid: Ipv4Addr::new(10, 0, 0, 99).to_ipv6_mapped().octets(),
