@@ -180,6 +180,7 @@ impl Endpoint {
         self.qps.remove(&qpn).is_some()
     }
 
+    #[inline]
     fn with_qp<T>(
         &mut self,
         qpn: u32,
@@ -221,6 +222,7 @@ impl Endpoint {
     }
 
     /// `ibv_post_send` for one work request.
+    #[inline]
     pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<(), PostError> {
         self.with_qp(qpn, now, |qp, ctx| qp.post_send(ctx, wr))
             .unwrap_or(Err(PostError::UnknownQp))
@@ -257,36 +259,44 @@ impl Endpoint {
 
     /// The next packet to send, taking QPs in turn.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        // From the cursor to the end, then from the start to the cursor, without allocating.
+        // From the cursor to the end, then from the start to the cursor: one walk over the
+        // map each, borrowing the QPs and what they need side by side (no second lookup).
         let start = self.transmit_cursor;
-        let mut from = start;
-        let mut wrapped = false;
-        loop {
-            let next = if wrapped {
-                self.qps.range(from..start).next()
-            } else {
-                self.qps.range(from..).next()
-            };
-            let Some(qpn) = next.map(|(&qpn, _)| qpn) else {
-                if wrapped || start == 0 {
-                    return None;
-                }
-                wrapped = true;
-                from = 0;
-                continue;
-            };
-            if let Some(packet) = self
-                .with_qp(qpn, now, |qp, ctx| qp.poll_packet(ctx))
-                .flatten()
-            {
-                self.transmit_cursor = qpn + 1;
+        let Endpoint {
+            qps,
+            mrs,
+            cqs,
+            events,
+            transmit_cursor,
+            ..
+        } = self;
+        let mut ctx = Ctx { now, mrs, cqs };
+        let mut poll = |qpn: u32, qp: &mut Qp| {
+            let packet = qp.poll_packet(&mut ctx);
+            if std::mem::take(&mut qp.cq_overflowed) {
+                events.push(AsyncEvent::CqOverflow { qpn });
+            }
+            packet
+        };
+        for (&qpn, qp) in qps.range_mut(start..) {
+            if let Some(packet) = poll(qpn, qp) {
+                *transmit_cursor = qpn + 1;
                 return Some(Transmit {
                     src_qpn: qpn,
                     packet,
                 });
             }
-            from = qpn + 1;
         }
+        for (&qpn, qp) in qps.range_mut(..start) {
+            if let Some(packet) = poll(qpn, qp) {
+                *transmit_cursor = qpn + 1;
+                return Some(Transmit {
+                    src_qpn: qpn,
+                    packet,
+                });
+            }
+        }
+        None
     }
 
     /// The earliest timer deadline of any QP.

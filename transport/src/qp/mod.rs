@@ -275,6 +275,7 @@ impl Qp {
         Ok(())
     }
 
+    #[inline]
     pub fn post_send(&mut self, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
         requester::post(self, ctx, wr)
     }
@@ -318,6 +319,7 @@ impl Qp {
     }
 
     /// The next packet to send: responses first (they unblock the peer), then requests.
+    #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx) -> Option<OutPacket> {
         if let Some(packet) = responder::next_packet(self) {
             return Some(packet);

@@ -97,6 +97,7 @@ fn supported(qp_type: QpType, wr: &SendWr) -> bool {
 }
 
 /// `ibv_post_send` for one work request.
+#[inline]
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
     match qp.state {
         QpState::Rts | QpState::Sqd | QpState::Err => {}
