@@ -16,7 +16,7 @@ use roce_wire::FrameRepr;
 
 use crate::cq::Cq;
 use crate::mr::MrTable;
-use crate::qp::{Ctx, OutPacket, PostError, Qp, QpInit, QpStats};
+use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats};
 use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
 use crate::wr::{RecvWr, SendWr};
 
@@ -214,6 +214,11 @@ impl Endpoint {
     /// The QP's state, or `None` if it does not exist.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(&qpn).map(|qp| qp.state)
+    }
+
+    /// What decides whether a post to the QP is accepted now.
+    pub fn post_gate(&self, qpn: u32) -> Option<PostGate> {
+        self.qps.get(&qpn).map(Qp::post_gate)
     }
 
     /// The QP's counters.

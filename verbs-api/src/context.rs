@@ -23,6 +23,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use crate::cq::{ChannelInner, CompChannel, Cq, CqShared};
 use crate::device::Device;
 use crate::neighbour;
+use crate::qp::Submission;
 use crate::{Error, Pd};
 
 /// How frames move for this context.
@@ -106,6 +107,8 @@ pub(crate) struct Core {
     pub(crate) channels: HashMap<CqId, Arc<ChannelInner>>,
     /// The user-side queue of each CQ, which `poll` reads without this lock.
     pub(crate) cqs: HashMap<CqId, Arc<CqShared>>,
+    /// Each QP's submission queues, which posting fills without this lock.
+    pub(crate) submissions: std::collections::BTreeMap<u32, Arc<Submission>>,
     pub(crate) async_events: VecDeque<AsyncEvent>,
 }
 
@@ -143,11 +146,56 @@ impl Core {
             .extend(self.engine.endpoint().take_events());
     }
 
-    /// One round of the engine: every waiting frame, due timers, every packet ready.
+    /// One round of the engine: admitted work in, every waiting frame, due timers, every
+    /// packet ready, completions out.
     pub(crate) fn drive(&mut self) -> io::Result<()> {
+        self.submit(Instant::now());
         let result = self.engine.poll();
+        self.refresh_gates();
         self.deliver();
         result
+    }
+
+    /// Hands every QP's admitted work to the endpoint, in order (they were checked against
+    /// the gate when admitted), and refreshes the gates.
+    pub(crate) fn submit(&mut self, now: Instant) {
+        let endpoint = self.engine.endpoint();
+        for (&qpn, queues) in &self.submissions {
+            if let Ok(mut recvs) = queues.recvs.lock() {
+                for wr in recvs.items.drain(..) {
+                    // Admitted against this QP's own gate: it cannot be refused now, but
+                    // if it were, there is no caller left to tell.
+                    let _ = endpoint.post_recv(now, qpn, wr);
+                }
+                if let Some(gate) = endpoint.post_gate(qpn) {
+                    recvs.gate = gate;
+                }
+            }
+            if let Ok(mut sends) = queues.sends.lock() {
+                for wr in sends.items.drain(..) {
+                    let _ = endpoint.post_send(now, qpn, wr);
+                }
+                if let Some(gate) = endpoint.post_gate(qpn) {
+                    sends.gate = gate;
+                }
+            }
+        }
+    }
+
+    /// Brings every QP's gate up to date (after the engine completed work or a QP changed).
+    pub(crate) fn refresh_gates(&mut self) {
+        let endpoint = self.engine.endpoint();
+        for (&qpn, queues) in &self.submissions {
+            let Some(gate) = endpoint.post_gate(qpn) else {
+                continue;
+            };
+            if let Ok(mut sends) = queues.sends.lock() {
+                sends.gate = gate;
+            }
+            if let Ok(mut recvs) = queues.recvs.lock() {
+                recvs.gate = gate;
+            }
+        }
     }
 }
 
@@ -218,6 +266,13 @@ impl Shared {
         }
         self.failed.store(true, Ordering::Release);
         Error::EngineFailed(why)
+    }
+
+    /// After work was admitted without the lock: make the engine thread take it.
+    pub(crate) fn wake(&self) {
+        if self.progress == Progress::Events {
+            self.wake_thread();
+        }
     }
 
     fn wake_thread(&self) {
@@ -345,6 +400,7 @@ impl Context {
                 engine,
                 channels: HashMap::new(),
                 cqs: HashMap::new(),
+                submissions: std::collections::BTreeMap::new(),
                 async_events: VecDeque::new(),
             }),
             device: device.clone(),

@@ -1,9 +1,9 @@
 //! Queue pairs, address handles, and the typed handshake that connects two QPs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use roce_transport::qp::{QpCaps, QpInit, QpStats};
+use roce_transport::qp::{PostGate, QpCaps, QpInit, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpAttr, QpState, QpType, RetryConfig,
     CONNECT_RD_ATOMIC,
@@ -158,15 +158,19 @@ impl Pd {
         let mut psn = [0u8; 4];
         rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
             .map_err(std::io::Error::from)?;
-        let qpn = shared
-            .lock()?
+        let mut core = shared.lock()?;
+        let qpn = core
             .endpoint()
             .create_qp(init, attr.send_cq.id, attr.recv_cq.id)?;
+        let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
+        let queues = Arc::new(Submission::new(gate));
+        core.submissions.insert(qpn, Arc::clone(&queues));
         Ok(Qp {
             pd: Arc::clone(&self.inner),
             qpn,
             qp_type: attr.qp_type,
             first_psn: Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF),
+            queues,
         })
     }
 }
@@ -190,6 +194,8 @@ pub struct Qp {
     qp_type: QpType,
     /// Our first PSN, chosen at random, as rc_pingpong does.
     first_psn: Psn,
+    /// Where posts wait for the engine thread, so that posting never takes the device lock.
+    queues: Arc<Submission>,
 }
 
 impl Qp {
@@ -247,7 +253,11 @@ impl Qp {
             self.shared().resolve(av.dgid)?;
         }
         let mut core = self.shared().lock()?;
-        core.endpoint().modify_qp(Instant::now(), self.qpn, attr)?;
+        // Work admitted before the change reaches the QP before it.
+        core.submit(Instant::now());
+        let result = core.endpoint().modify_qp(Instant::now(), self.qpn, attr);
+        core.refresh_gates();
+        result?;
         // Entering ERR completes work: let a waiting channel hear of it.
         self.shared().kick(&mut core)
     }
@@ -294,52 +304,124 @@ impl Qp {
     }
 
     /// `ibv_post_send` for a list of work requests: posts them in order and stops at the
-    /// first that fails, returning its index with the error (as `bad_wr`).
+    /// first that fails, returning its index with the error (as `bad_wr`). With an engine
+    /// thread, the requests are checked against the QP's state and queue room as of the
+    /// engine's last round, queued for it without the device lock, and the thread is woken;
+    /// a queue the engine has just drained may still look full for that long.
     pub fn post_send(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostFailure> {
-        let mut core = self
-            .shared()
-            .lock()
-            .map_err(|error| PostFailure { index: 0, error })?;
-        let now = Instant::now();
+        let shared = self.shared();
+        let fail = |index, error| PostFailure { index, error };
+        if shared.caller_drives() {
+            let mut core = shared.lock().map_err(|error| fail(0, error))?;
+            let now = Instant::now();
+            core.submit(now);
+            let mut result = Ok(());
+            for (index, wr) in wrs.into_iter().enumerate() {
+                if let Err(error) = core.endpoint().post_send(now, self.qpn, wr) {
+                    result = Err(fail(index, error.into()));
+                    break;
+                }
+            }
+            core.refresh_gates();
+            // Whatever was posted leaves now, even behind a failure.
+            shared.kick(&mut core).map_err(|error| fail(0, error))?;
+            return result;
+        }
+        shared.check_running().map_err(|error| fail(0, error))?;
         let mut result = Ok(());
-        for (index, wr) in wrs.into_iter().enumerate() {
-            if let Err(error) = core.endpoint().post_send(now, self.qpn, wr) {
-                result = Err(PostFailure {
-                    index,
-                    error: error.into(),
-                });
-                break;
+        {
+            let mut sends = self
+                .queues
+                .sends
+                .lock()
+                .map_err(|_| fail(0, Error::Poisoned))?;
+            for (index, wr) in wrs.into_iter().enumerate() {
+                let queued = sends.items.len();
+                if let Err(error) = sends.gate.check_send(&wr, queued) {
+                    result = Err(fail(index, error.into()));
+                    break;
+                }
+                sends.items.push_back(wr);
             }
         }
-        // Whatever was posted leaves now, even behind a failure.
-        self.shared()
-            .kick(&mut core)
-            .map_err(|error| PostFailure { index: 0, error })?;
+        // Whatever was admitted leaves now, even behind a failure.
+        shared.wake();
         result
     }
 
     /// `ibv_post_recv` for a list of work requests, with the same failure rule.
     pub fn post_recv(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostFailure> {
-        let mut core = self
-            .shared()
-            .lock()
-            .map_err(|error| PostFailure { index: 0, error })?;
-        let now = Instant::now();
-        for (index, wr) in wrs.into_iter().enumerate() {
-            core.endpoint()
-                .post_recv(now, self.qpn, wr)
-                .map_err(|error| PostFailure {
-                    index,
-                    error: error.into(),
-                })?;
+        let shared = self.shared();
+        let fail = |index, error| PostFailure { index, error };
+        if shared.caller_drives() {
+            let mut core = shared.lock().map_err(|error| fail(0, error))?;
+            let now = Instant::now();
+            core.submit(now);
+            let mut result = Ok(());
+            for (index, wr) in wrs.into_iter().enumerate() {
+                if let Err(error) = core.endpoint().post_recv(now, self.qpn, wr) {
+                    result = Err(fail(index, error.into()));
+                    break;
+                }
+            }
+            core.refresh_gates();
+            return result;
         }
-        Ok(())
+        shared.check_running().map_err(|error| fail(0, error))?;
+        let mut result = Ok(());
+        {
+            let mut recvs = self
+                .queues
+                .recvs
+                .lock()
+                .map_err(|_| fail(0, Error::Poisoned))?;
+            for (index, wr) in wrs.into_iter().enumerate() {
+                let queued = recvs.items.len();
+                if let Err(error) = recvs.gate.check_recv(&wr, queued) {
+                    result = Err(fail(index, error.into()));
+                    break;
+                }
+                recvs.items.push_back(wr);
+            }
+        }
+        shared.wake();
+        result
+    }
+}
+
+/// Work requests admitted for a QP and not yet handed to the endpoint, with the view of
+/// the QP they were admitted against.
+pub(crate) struct Pending<T> {
+    pub(crate) items: std::collections::VecDeque<T>,
+    pub(crate) gate: PostGate,
+}
+
+/// A QP's submission queues: posting threads take only these locks; the engine drains
+/// them (and refreshes their gates) under the device lock, at every round.
+pub(crate) struct Submission {
+    pub(crate) sends: Mutex<Pending<SendWr>>,
+    pub(crate) recvs: Mutex<Pending<RecvWr>>,
+}
+
+impl Submission {
+    fn new(gate: PostGate) -> Submission {
+        Submission {
+            sends: Mutex::new(Pending {
+                items: std::collections::VecDeque::new(),
+                gate,
+            }),
+            recvs: Mutex::new(Pending {
+                items: std::collections::VecDeque::new(),
+                gate,
+            }),
+        }
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
         if let Ok(mut core) = self.shared().lock() {
+            core.submissions.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
         }
     }

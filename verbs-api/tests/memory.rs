@@ -507,3 +507,153 @@ fn a_channel_fd_polls_readable_only_while_an_event_waits() {
     assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].wr_id, 3);
     assert_eq!(cq_a.wait_for(3, STALL).unwrap().len(), 3);
 }
+
+/// Four QPs on each of two contexts, connected pairwise.
+struct Four {
+    _ctx: (Context, Context),
+    pd: (roce_verbs::Pd, roce_verbs::Pd),
+    qps: Vec<(roce_verbs::Qp, roce_verbs::Qp)>,
+    cq: (Cq, Cq),
+}
+
+fn four_qps(progress: Progress) -> Four {
+    let (ctx_a, ctx_b) = pair(progress, 0.0);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let cq_a = ctx_a.create_cq(8192, None).unwrap();
+    let cq_b = ctx_b.create_cq(8192, None).unwrap();
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps {
+            max_send_wr: 64,
+            ..QpCaps::default()
+        },
+        sq_sig_all: false,
+    };
+    let qps = (0..4)
+        .map(|_| {
+            let qa = pd_a.create_qp(&attr(&cq_a)).unwrap();
+            let qb = pd_b.create_qp(&attr(&cq_b)).unwrap();
+            qa.connect(&qb.endpoint(1).unwrap(), &fast()).unwrap();
+            qb.connect(&qa.endpoint(1).unwrap(), &fast()).unwrap();
+            (qa, qb)
+        })
+        .collect();
+    Four {
+        _ctx: (ctx_a, ctx_b),
+        pd: (pd_a, pd_b),
+        qps,
+        cq: (cq_a, cq_b),
+    }
+}
+
+#[test]
+fn posting_with_an_engine_thread_never_takes_the_device_lock() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    // In a thread of its own: a deadlock must fail the test, not hang it.
+    thread::spawn(move || {
+        let four = four_qps(Progress::Events);
+        let pd = &four.pd.0;
+        let held = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+        let qp = &four.qps[0].0;
+        let src = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        // `with_bytes` holds the device lock while its closure runs: posting must not wait.
+        let posted = held
+            .with_bytes(|_| {
+                qp.post_send([signaled(
+                    1,
+                    SendOp::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: 0,
+                    },
+                    src.sge(0, 0),
+                )])
+            })
+            .unwrap();
+        posted.unwrap();
+        // And the engine takes it once the lock is free: a zero-length WRITE completes.
+        let done = four.cq.0.wait_for(1, STALL).unwrap();
+        done_tx.send(done[0].status).unwrap();
+    });
+    let status = done_rx
+        .recv_timeout(STALL)
+        .expect("posting waited for the device lock");
+    assert_eq!(status, WcStatus::Success);
+}
+
+#[test]
+fn threads_post_to_their_own_qps_at_once() {
+    for progress in [Progress::Events, Progress::BusyPoll] {
+        let four = four_qps(progress);
+        let (pd_a, pd_b) = &four.pd;
+        let (qps, cq_a) = (&four.qps, &four.cq.0);
+        const WRITES: u64 = 500;
+        let targets: Vec<_> = (0..4)
+            .map(|_| {
+                pd_b.reg_mr(WRITES as usize * 8, AccessFlags::all())
+                    .unwrap()
+            })
+            .collect();
+        let sources: Vec<_> = (0..4u64)
+            .map(|t| {
+                let mr = pd_a
+                    .reg_mr(WRITES as usize * 8, AccessFlags::LOCAL_WRITE)
+                    .unwrap();
+                let bytes: Vec<u8> = (0..WRITES)
+                    .flat_map(|n| (t << 32 | n).to_le_bytes())
+                    .collect();
+                mr.write(0, &bytes).unwrap();
+                mr
+            })
+            .collect();
+        thread::scope(|scope| {
+            for (t, ((qp, _), (source, target))) in
+                qps.iter().zip(sources.iter().zip(&targets)).enumerate()
+            {
+                scope.spawn(move || {
+                    let mut n = 0;
+                    while n < WRITES {
+                        let write = SendOp::RdmaWrite {
+                            remote_addr: target.addr() + n * 8,
+                            rkey: target.rkey(),
+                        };
+                        let wr =
+                            signaled((t as u64) << 32 | n, write, source.sge(n as usize * 8, 8));
+                        match qp.post_send([wr]) {
+                            Ok(()) => n += 1,
+                            // The queue is full until the engine's next round: try again.
+                            Err(failure) if matches!(failure.error, Error::Post(_)) => {
+                                thread::yield_now()
+                            }
+                            Err(failure) => panic!("{failure}"),
+                        }
+                    }
+                });
+            }
+        });
+        let done = cq_a.wait_for(4 * WRITES as usize, STALL).unwrap();
+        let bad: Vec<_> = done
+            .iter()
+            .filter(|wc| wc.status != WcStatus::Success)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{progress:?}: {} failed, first {:?}",
+            bad.len(),
+            bad.first()
+        );
+        // Each QP's completions come in its posting order.
+        for t in 0..4u64 {
+            let ids: Vec<u64> = done
+                .iter()
+                .filter(|wc| wc.wr_id >> 32 == t)
+                .map(|wc| wc.wr_id & 0xFFFF_FFFF)
+                .collect();
+            assert_eq!(ids, (0..WRITES).collect::<Vec<_>>(), "{progress:?} QP {t}");
+        }
+        for (t, (source, target)) in sources.iter().zip(&targets).enumerate() {
+            assert_eq!(target.to_vec().unwrap(), source.to_vec().unwrap(), "QP {t}");
+        }
+    }
+}

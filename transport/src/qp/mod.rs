@@ -136,6 +136,76 @@ pub struct OutPacket {
     pub av: AddressVector,
 }
 
+/// Everything that decides whether a post is accepted, as of one moment: what the
+/// requester and responder check, and what a verbs layer checks to admit work from other
+/// threads without holding the endpoint ([`Endpoint::post_gate`](crate::Endpoint::post_gate)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostGate {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Queue sizes and limits.
+    pub caps: QpCaps,
+    /// The QP's state.
+    pub state: QpState,
+    /// Largest packet payload (a UD message must fit one).
+    pub mtu: usize,
+    /// Send work requests queued in the QP.
+    pub sq_len: usize,
+    /// Receive work requests queued in the QP.
+    pub rq_len: usize,
+}
+
+impl PostGate {
+    /// Whether `wr` may be posted with `queued` more sends already admitted ahead of it;
+    /// returns its message length.
+    pub fn check_send(&self, wr: &SendWr, queued: usize) -> Result<u32, PostError> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(PostError::InvalidState);
+        }
+        if self.sq_len + queued >= self.caps.max_send_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        if wr.sg_list.len() > self.caps.max_send_sge as usize {
+            return Err(PostError::TooManySge);
+        }
+        let inline = wr.flags.contains(crate::wr::SendFlags::INLINE);
+        if inline && wr.inline_data.len() > self.caps.max_inline_data as usize {
+            return Err(PostError::InlineTooLong);
+        }
+        if !requester::supported(self.qp_type, wr) {
+            return Err(PostError::UnsupportedOperation);
+        }
+        let len = if inline {
+            u32::try_from(wr.inline_data.len()).ok()
+        } else {
+            crate::wr::sg_len(&wr.sg_list)
+        };
+        let len = len
+            .filter(|&len| len <= 1 << 31)
+            .ok_or(PostError::InvalidLength)?;
+        if (wr.op.is_atomic() && len != 8)
+            || (self.qp_type == QpType::Ud && len as usize > self.mtu)
+        {
+            return Err(PostError::InvalidLength);
+        }
+        Ok(len)
+    }
+
+    /// Whether `wr` may be posted with `queued` more receives already admitted ahead of it.
+    pub fn check_recv(&self, wr: &RecvWr, queued: usize) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState);
+        }
+        if self.rq_len + queued >= self.caps.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
+        if wr.sg_list.len() > self.caps.max_recv_sge as usize {
+            return Err(PostError::TooManySge);
+        }
+        Ok(())
+    }
+}
+
 /// Counters of one QP, for tools and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QpStats {
@@ -315,6 +385,18 @@ impl Qp {
                 Timer::Retransmit => completer::ack_timeout(self, ctx),
                 Timer::RnrWait => {}
             }
+        }
+    }
+
+    /// What decides whether a post is accepted now.
+    pub fn post_gate(&self) -> PostGate {
+        PostGate {
+            qp_type: self.qp_type,
+            caps: self.caps,
+            state: self.state,
+            mtu: self.config.mtu,
+            sq_len: self.req.wqes.len(),
+            rq_len: self.resp.rq.len(),
         }
     }
 

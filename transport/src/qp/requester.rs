@@ -12,7 +12,7 @@ use super::{Ctx, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus};
 use crate::qp_state::{QpState, QpType};
 use crate::timer::Timer;
-use crate::wr::{sg_len, SendFlags, SendOp, SendWr};
+use crate::wr::{SendFlags, SendOp, SendWr};
 
 /// rxe asks for an ACK at least this often within a long message.
 const MAX_PACKETS_PER_ACK: u32 = 64;
@@ -82,7 +82,7 @@ pub(crate) fn wc_opcode(wr: &SendWr) -> WcOpcode {
     }
 }
 
-fn supported(qp_type: QpType, wr: &SendWr) -> bool {
+pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
     match qp_type {
         QpType::Rc => true,
         QpType::Uc => matches!(
@@ -99,35 +99,7 @@ fn supported(qp_type: QpType, wr: &SendWr) -> bool {
 /// `ibv_post_send` for one work request.
 #[inline]
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
-    match qp.state {
-        QpState::Rts | QpState::Sqd | QpState::Err => {}
-        _ => return Err(PostError::InvalidState),
-    }
-    if qp.req.wqes.len() >= qp.caps.max_send_wr as usize {
-        return Err(PostError::QueueFull);
-    }
-    if wr.sg_list.len() > qp.caps.max_send_sge as usize {
-        return Err(PostError::TooManySge);
-    }
-    let inline = wr.flags.contains(SendFlags::INLINE);
-    if inline && wr.inline_data.len() > qp.caps.max_inline_data as usize {
-        return Err(PostError::InlineTooLong);
-    }
-    if !supported(qp.qp_type, &wr) {
-        return Err(PostError::UnsupportedOperation);
-    }
-    let len = if inline {
-        u32::try_from(wr.inline_data.len()).ok()
-    } else {
-        sg_len(&wr.sg_list)
-    };
-    let len = len
-        .filter(|&len| len <= 1 << 31)
-        .ok_or(PostError::InvalidLength)?;
-    if (wr.op.is_atomic() && len != 8) || (qp.qp_type == QpType::Ud && len as usize > qp.config.mtu)
-    {
-        return Err(PostError::InvalidLength);
-    }
+    let len = qp.post_gate().check_send(&wr, 0)?;
     let npsn = match wr.op {
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
         _ => (len as usize).div_ceil(qp.config.mtu).max(1) as u32,

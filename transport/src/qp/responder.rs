@@ -81,7 +81,7 @@ pub(crate) struct Responder {
     pub ack_psn: Psn,
     /// Requests completed (the AETH's MSN).
     pub msn: u32,
-    rq: VecDeque<RecvWr>,
+    pub(crate) rq: VecDeque<RecvWr>,
     in_message: Option<InMessage>,
     /// A sequence NAK was sent for the current gap.
     nak_sent: bool,
@@ -116,15 +116,7 @@ enum Refusal {
 
 /// `ibv_post_recv` for one work request.
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: RecvWr) -> Result<(), PostError> {
-    if qp.state == QpState::Reset {
-        return Err(PostError::InvalidState);
-    }
-    if qp.resp.rq.len() >= qp.caps.max_recv_wr as usize {
-        return Err(PostError::QueueFull);
-    }
-    if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
-        return Err(PostError::TooManySge);
-    }
+    qp.post_gate().check_recv(&wr, 0)?;
     if qp.state == QpState::Err {
         let completion = recv_completion(qp, &wr, WcStatus::WrFlush);
         qp.complete(ctx, qp.recv_cq, completion);
