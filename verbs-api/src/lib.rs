@@ -13,11 +13,14 @@
 //!   polls ([`Progress::Caller`], lowest latency for one thread).
 //! - **Memory.** A region owns its bytes ([`Mr`]); programs read and write them through it,
 //!   so nothing the peer can write is ever freed or moved under it, and no call is `unsafe`.
-//! - **Locking.** Polling a CQ takes only that CQ's lock: the engine hands completions over
-//!   after each round, so spinning pollers never hold up the engine. Posting, registering
-//!   and `modify` take the context's lock for the length of the call (microseconds, never
-//!   across a wait); threads on different contexts never meet. Posting without it (per-QP
-//!   submission queues) is future work.
+//! - **Locking.** With an engine thread, the data path never takes the context's lock:
+//!   posting checks the request against the QP's state and room as of the engine's last
+//!   round and queues it in the QP's own submission queue; polling reads the CQ's own queue,
+//!   which the engine fills after each round. So threads on different QPs and CQs do not
+//!   meet, and spinning pollers never hold up the engine. Registering memory, `modify` and
+//!   reading or writing a region take the context's lock for the length of the call (never
+//!   across a wait). With [`Progress::Caller`] the caller's calls drive the engine, under the
+//!   lock.
 //! - **Neighbours.** Over AF_XDP the peer's MAC comes from the kernel's table, resolved on
 //!   demand when a QP is given a destination or an address handle is created.
 //! - **Errors** are typed ([`Error`]); posts report which work request failed
