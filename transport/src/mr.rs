@@ -118,6 +118,31 @@ pub struct MrTable {
     issued: HashSet<u32>,
 }
 
+impl Mr {
+    /// Whether a QP in `pd` may access `len` (> 0) bytes at `address` with `needed` rights;
+    /// the offset of the first byte.
+    fn permits(
+        &self,
+        pd: PdId,
+        address: u64,
+        len: u64,
+        needed: AccessFlags,
+    ) -> Result<usize, MrError> {
+        if self.pd != pd {
+            return Err(MrError::WrongPd);
+        }
+        if !self.access.contains(needed) {
+            return Err(MrError::AccessDenied);
+        }
+        let offset = address.checked_sub(self.iova).ok_or(MrError::OutOfBounds)?;
+        let end = offset.checked_add(len).ok_or(MrError::OutOfBounds)?;
+        if end > self.bytes.len() as u64 {
+            return Err(MrError::OutOfBounds);
+        }
+        Ok(offset as usize)
+    }
+}
+
 impl MrTable {
     /// An empty table whose keys come from `seed`.
     pub fn new(seed: [u8; 32]) -> Self {
@@ -225,21 +250,25 @@ impl MrTable {
             return Ok(Location { key, offset: 0 });
         }
         let mr = self.mrs.get(&key).ok_or(MrError::UnknownKey)?;
-        if mr.pd != pd {
-            return Err(MrError::WrongPd);
+        let offset = mr.permits(pd, address, len, needed)?;
+        Ok(Location { key, offset })
+    }
+
+    /// [`check`](Self::check), then the bytes themselves (one lookup instead of two).
+    pub fn checked_bytes(
+        &self,
+        pd: PdId,
+        key: u32,
+        address: u64,
+        len: u64,
+        needed: AccessFlags,
+    ) -> Result<&[u8], MrError> {
+        if len == 0 {
+            return Ok(&[]);
         }
-        if !mr.access.contains(needed) {
-            return Err(MrError::AccessDenied);
-        }
-        let offset = address.checked_sub(mr.iova).ok_or(MrError::OutOfBounds)?;
-        let end = offset.checked_add(len).ok_or(MrError::OutOfBounds)?;
-        if end > mr.bytes.len() as u64 {
-            return Err(MrError::OutOfBounds);
-        }
-        Ok(Location {
-            key,
-            offset: offset as usize,
-        })
+        let mr = self.mrs.get(&key).ok_or(MrError::UnknownKey)?;
+        let offset = mr.permits(pd, address, len, needed)?;
+        Ok(&mr.bytes[offset..offset + len as usize])
     }
 
     /// [`check`](Self::check) for an 8-byte atomic, which must also be aligned.
@@ -276,26 +305,35 @@ impl MrTable {
         Err(MrError::OutOfBounds)
     }
 
-    /// Copies bytes `offset..offset + out.len()` of a gather list into `out`.
+    /// Appends bytes `offset..offset + len` of a gather list to `out`.
     pub fn gather(
         &self,
         pd: PdId,
         sg_list: &[Sge],
         offset: u64,
-        out: &mut [u8],
+        len: usize,
+        out: &mut Vec<u8>,
     ) -> Result<(), MrError> {
-        let mut done = 0;
-        while done < out.len() {
-            let remaining = (out.len() - done) as u64;
-            let (location, piece) = self.sg_piece(
-                pd,
-                sg_list,
-                offset + done as u64,
-                remaining,
-                AccessFlags::empty(),
-            )?;
-            out[done..done + piece].copy_from_slice(self.slice(location, piece));
+        let mut done = 0u64;
+        let mut skip = offset;
+        for sge in sg_list {
+            if done == len as u64 {
+                break;
+            }
+            let sge_len = u64::from(sge.length);
+            if skip >= sge_len {
+                skip -= sge_len;
+                continue;
+            }
+            let piece = (sge_len - skip).min(len as u64 - done);
+            let bytes =
+                self.checked_bytes(pd, sge.lkey, sge.addr + skip, piece, AccessFlags::empty())?;
+            out.extend_from_slice(bytes);
             done += piece;
+            skip = 0;
+        }
+        if done < len as u64 {
+            return Err(MrError::OutOfBounds);
         }
         Ok(())
     }
@@ -497,11 +535,11 @@ mod tests {
         table.scatter(pd, &sg, 2, &[1, 2, 3, 4, 5]).unwrap();
         assert_eq!(table.get(a).unwrap().bytes(), &[0, 0, 0, 0, 0, 0, 1, 2]);
         assert_eq!(table.get(b).unwrap().bytes(), &[3, 4, 5, 0, 0, 0, 0, 0]);
-        let mut out = [0; 6];
-        table.gather(pd, &sg, 1, &mut out).unwrap();
+        let mut out = Vec::new();
+        table.gather(pd, &sg, 1, 6, &mut out).unwrap();
         assert_eq!(out, [0, 1, 2, 3, 4, 5]);
         assert_eq!(
-            table.gather(pd, &sg, 8, &mut out),
+            table.gather(pd, &sg, 8, 6, &mut Vec::new()),
             Err(MrError::OutOfBounds)
         );
         let read_only = table.reg_mr(pd, 0, 8, AccessFlags::REMOTE_READ).unwrap();

@@ -298,12 +298,12 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
     } else {
         let offset = k as usize * qp.config.mtu;
         let chunk = (wqe.len as usize - offset).min(qp.config.mtu);
-        let mut payload = vec![0; chunk];
+        let mut payload = Vec::with_capacity(chunk);
         if wqe.wr.flags.contains(SendFlags::INLINE) {
-            payload.copy_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
+            payload.extend_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
         } else if ctx
             .mrs
-            .gather(qp.pd, &wqe.wr.sg_list, offset as u64, &mut payload)
+            .gather(qp.pd, &wqe.wr.sg_list, offset as u64, chunk, &mut payload)
             .is_err()
         {
             super::completer::fail_wqe(qp, ctx, index, WcStatus::LocalProtection);
