@@ -21,6 +21,20 @@
 //! Not done yet: SEND with invalidate reports the R_Key in the completion but invalidates
 //! nothing (there are no memory windows); SQD does not stop new work requests; path
 //! migration and alternate paths are not supported.
+//!
+//! ## Speed
+//!
+//! `cargo bench -p roce-transport --bench transport` (criterion, one core, no I/O; request
+//! packets through requester → responder → completer, with posting, ACKs and completions),
+//! on the 2-core development VM: 64 B SEND 4.8 Mpps, 64 B WRITE 5.8 Mpps, 4 KiB WRITE
+//! 3.3 Mpps (from 4.2 / 4.7 / 2.8 before the last round of work: fewer moves on the hot path,
+//! one region lookup per gathered piece, no zeroing of payloads). The target is 10 Mpps.
+//! What the profile still shows: a quarter of the time in `memmove` of large values moved
+//! by value (an `OutPacket` is 192 bytes, its `ExtRepr` alone 120; a `SendWr` 128, copied
+//! into the send queue), a heap payload per packet, and a region lookup per packet on each
+//! side. The way there is the smoltcp-phy shape: `poll_transmit` writing headers and
+//! payload straight into a buffer the provider lends, `handle_packet` scattering from the
+//! received frame, and an `ExtRepr` per opcode shape instead of nine options.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
