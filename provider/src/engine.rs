@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use roce_transport::{Endpoint, Transmit};
@@ -49,6 +49,11 @@ pub struct Engine<B> {
     endpoint: Endpoint,
     backend: B,
     addressing: Addressing,
+    /// The GID table, for packets to IPv6 GIDs: they leave from the GID their address
+    /// vector's `sgid_index` names.
+    gids: Vec<[u8; 16]>,
+    /// MAC of each IPv6 neighbour.
+    neighbours6: HashMap<Ipv6Addr, [u8; 6]>,
     rx: Vec<u8>,
     tx: Vec<u8>,
     /// Counters.
@@ -62,6 +67,8 @@ impl<B: Backend> Engine<B> {
             endpoint,
             backend,
             addressing,
+            gids: Vec::new(),
+            neighbours6: HashMap::new(),
             rx: vec![0; MAX_FRAME],
             tx: vec![0; MAX_FRAME],
             stats: EngineStats::default(),
@@ -86,6 +93,22 @@ impl<B: Backend> Engine<B> {
     /// Learns (or updates) the MAC of an IPv4 neighbour.
     pub fn add_neighbour(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
         self.addressing.neighbours.insert(ip, mac);
+    }
+
+    /// Learns (or updates) the MAC of an IPv6 neighbour.
+    pub fn add_neighbour6(&mut self, ip: Ipv6Addr, mac: [u8; 6]) {
+        self.neighbours6.insert(ip, mac);
+    }
+
+    /// Whether the MAC of this IPv6 neighbour is known.
+    pub fn knows_neighbour6(&self, ip: &Ipv6Addr) -> bool {
+        self.neighbours6.contains_key(ip)
+    }
+
+    /// Sets the GID table packets to IPv6 GIDs take their source address from (without
+    /// one, only IPv4-mapped GIDs are reachable).
+    pub fn set_gid_table(&mut self, gids: Vec<[u8; 16]>) {
+        self.gids = gids;
     }
 
     /// Does everything possible now without blocking: every waiting frame, due timers, every
@@ -115,12 +138,26 @@ impl<B: Backend> Engine<B> {
         self.poll()
     }
 
+    /// The frame for `transmit`: IPv4 from our address to a known IPv4 neighbour, or IPv6
+    /// from the GID the packet names to a known IPv6 neighbour.
+    fn frame<'t>(&self, transmit: &'t Transmit) -> Option<roce_wire::FrameRepr<'t>> {
+        let mac = self.addressing.mac;
+        if let Some(ip) = transmit.ipv4_destination() {
+            let &neighbour = self.addressing.neighbours.get(&ip)?;
+            return transmit.ipv4_frame(mac, self.addressing.ip, neighbour);
+        }
+        let ip = transmit.ipv6_destination()?;
+        let &neighbour = self.neighbours6.get(&ip)?;
+        let source = self.gids.get(usize::from(transmit.packet.av.sgid_index))?;
+        let source = Ipv6Addr::from(*source);
+        if source.to_ipv4_mapped().is_some() {
+            return None;
+        }
+        transmit.ipv6_frame(mac, source, neighbour)
+    }
+
     fn transmit(&mut self, transmit: &Transmit) -> io::Result<()> {
-        let neighbour = transmit
-            .ipv4_destination()
-            .and_then(|ip| self.addressing.neighbours.get(&ip));
-        let repr = neighbour
-            .and_then(|&mac| transmit.ipv4_frame(self.addressing.mac, self.addressing.ip, mac));
+        let repr = self.frame(transmit);
         let Some(repr) = repr else {
             self.stats.tx_unroutable += 1;
             return Ok(());

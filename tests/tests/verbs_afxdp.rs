@@ -1,7 +1,8 @@
 //! The verbs API over real interfaces: two programs' worth of verbs calls, each in its own
 //! network namespace on one veth pair (MTU 9000), over AF_XDP (found by
-//! `BackendChoice::Auto`) and over kernel UDP sockets, and over a veth with four queues
-//! (a multi-queue NIC: flows spread over queues, and every queue must reach us). Nothing is
+//! `BackendChoice::Auto`) and over kernel UDP sockets, over a veth with four queues (a
+//! multi-queue NIC: flows spread over queues, and every queue must reach us), and over
+//! IPv6 GIDs. Nothing is
 //! given by hand but the interface name: the device, its GIDs and path MTU come from the
 //! system, and the peer's MAC from a real ARP exchange. Needs root (CI is root).
 
@@ -43,20 +44,36 @@ fn link() -> (Link, Link) {
 /// What a side reports back: its backend, and the frames each receive queue delivered.
 type Report = (BackendKind, Vec<u64>);
 
+/// How a run is set up.
+#[derive(Clone, Copy)]
+struct Setup {
+    backend: fn() -> BackendChoice,
+    queues: u32,
+    qps: usize,
+    /// Address both sides over IPv6 (a ULA on each veth end) instead of IPv4.
+    ipv6: bool,
+}
+
 /// One side, inside namespace `ns`: opens the only device there is, connects `qps` QPs, and
 /// either WRITEs 1 MiB and SENDs 4 KiB on each (`active`) or receives and checks.
-fn side(
-    ns: String,
-    backend: fn() -> BackendChoice,
-    active: bool,
-    qps: usize,
-    link: Link,
-) -> Report {
+fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
+    let (backend, qps) = (setup.backend, setup.qps);
     netns::enter(&ns).unwrap();
     let list = devices().unwrap();
     assert_eq!(list.len(), 1, "one veth end in the namespace: {list:?}");
     let device = &list[0];
     let port = device.query_port();
+    // rxe's table: IPv4-mapped at 1; the ULA after it.
+    let gid_index = if setup.ipv6 {
+        let ula = device
+            .gids
+            .iter()
+            .position(|gid| gid[0] == 0xFD)
+            .expect("the ULA's GID");
+        ula as u8
+    } else {
+        1
+    };
     assert_eq!(port.active_mtu, PathMtu::Mtu4096, "veth MTU 9000");
     let options = OpenOptions {
         backend: backend(),
@@ -86,7 +103,10 @@ fn side(
         .collect();
     let offer = all
         .iter()
-        .map(|(qp, region, _)| (qp.endpoint(1).unwrap(), region.addr(), region.rkey()))
+        .map(|(qp, region, _)| {
+            let endpoint = qp.endpoint(gid_index).unwrap();
+            (endpoint, region.addr(), region.rkey())
+        })
         .collect();
     link.tx.send(offer).unwrap();
     let peer = link.rx.recv().unwrap();
@@ -96,10 +116,11 @@ fn side(
             timeout: 12,
             ..RetryConfig::default()
         },
+        sgid_index: gid_index,
         ..ConnectOptions::default()
     };
     for ((qp, _, inbox), (remote, _, _)) in all.iter().zip(&peer) {
-        // Resolves the peer's MAC through the kernel (ARP over the veth).
+        // Resolves the peer's MAC through the kernel (ARP, or neighbour discovery).
         qp.connect(remote, &options).unwrap();
         if !active {
             qp.post_recv([RecvWr {
@@ -161,15 +182,22 @@ fn side(
     (ctx.backend_kind().clone(), per_queue)
 }
 
-fn run_pair(backend: fn() -> BackendChoice, queues: u32, qps: usize) -> (Report, Report) {
+fn run_pair(setup: Setup) -> (Report, Report) {
     let a = Netns::create("roce-verbs-a").unwrap();
     let b = Netns::create("roce-verbs-b").unwrap();
     let ends = ((&a, "va", "10.79.0.1/24"), (&b, "vb", "10.79.0.2/24"));
-    veth_with_queues(ends.0, ends.1, 9000, queues).unwrap();
+    veth_with_queues(ends.0, ends.1, 9000, setup.queues).unwrap();
+    if setup.ipv6 {
+        // No duplicate address detection: usable at once.
+        a.ip(&["addr", "add", "fd00:79::1/64", "dev", "va", "nodad"])
+            .unwrap();
+        b.ip(&["addr", "add", "fd00:79::2/64", "dev", "vb", "nodad"])
+            .unwrap();
+    }
     let (link_a, link_b) = link();
     let (name_a, name_b) = (a.name.clone(), b.name.clone());
-    let active = thread::spawn(move || side(name_a, backend, true, qps, link_a));
-    let passive = thread::spawn(move || side(name_b, backend, false, qps, link_b));
+    let active = thread::spawn(move || side(name_a, setup, true, link_a));
+    let passive = thread::spawn(move || side(name_b, setup, false, link_b));
     let reports = (active.join(), passive.join());
     // The namespaces go on drop, even after a failed side.
     (reports.0.expect("side A"), reports.1.expect("side B"))
@@ -181,7 +209,12 @@ fn verbs_over_af_xdp_with_arp() {
         eprintln!("SKIPPED verbs_over_af_xdp_with_arp: needs root");
         return;
     }
-    let ((a, _), (b, _)) = run_pair(|| BackendChoice::Auto, 1, 1);
+    let ((a, _), (b, _)) = run_pair(Setup {
+        backend: || BackendChoice::Auto,
+        queues: 1,
+        qps: 1,
+        ipv6: false,
+    });
     // veth has native XDP: Auto takes it.
     let native = BackendKind::AfXdp(roce_verbs::XdpMode::Native);
     assert_eq!((a, b), (native.clone(), native));
@@ -193,7 +226,12 @@ fn verbs_over_kernel_udp_sockets() {
         eprintln!("SKIPPED verbs_over_kernel_udp_sockets: needs root (namespaces)");
         return;
     }
-    let ((a, _), (b, _)) = run_pair(|| BackendChoice::Udp, 1, 1);
+    let ((a, _), (b, _)) = run_pair(Setup {
+        backend: || BackendChoice::Udp,
+        queues: 1,
+        qps: 1,
+        ipv6: false,
+    });
     let udp = BackendKind::Udp { fallback: None };
     assert_eq!((a, b), (udp.clone(), udp));
 }
@@ -204,8 +242,30 @@ fn verbs_over_every_queue_of_a_multi_queue_interface() {
         eprintln!("SKIPPED verbs_over_every_queue_of_a_multi_queue_interface: needs root");
         return;
     }
-    let (_, (_, per_queue)) = run_pair(|| BackendChoice::Auto, 4, 4);
+    let (_, (_, per_queue)) = run_pair(Setup {
+        backend: || BackendChoice::Auto,
+        queues: 4,
+        qps: 4,
+        ipv6: false,
+    });
     // One socket per queue, and the four QPs' flows arrived on all four of them.
     assert_eq!(per_queue.len(), 4, "{per_queue:?}");
     assert!(per_queue.iter().all(|&frames| frames > 0), "{per_queue:?}");
+}
+
+#[test]
+fn verbs_over_ipv6_gids() {
+    if !is_root() {
+        eprintln!("SKIPPED verbs_over_ipv6_gids: needs root");
+        return;
+    }
+    // Two QPs: RoCEv2 over IPv6 from the ULA GIDs, peers found by neighbour discovery.
+    let ((a, _), (b, _)) = run_pair(Setup {
+        backend: || BackendChoice::Auto,
+        queues: 1,
+        qps: 2,
+        ipv6: true,
+    });
+    let native = BackendKind::AfXdp(roce_verbs::XdpMode::Native);
+    assert_eq!((a, b), (native.clone(), native));
 }

@@ -56,7 +56,7 @@ pub struct Args {
     /// thread that sleeps in poll(2)).
     #[arg(short = 'e', long = "events")]
     events: bool,
-    /// GID index: 1 is the IPv4-mapped GID, as on rxe (only that one can carry traffic).
+    /// GID index: 0 is the link-local IPv6 GID, 1 the IPv4-mapped GID, as on rxe.
     #[arg(short = 'g', long = "gid-idx", default_value_t = 1)]
     gid_index: u8,
     /// Validate received buffers (also on without it: every message is checked).
@@ -294,7 +294,10 @@ fn pingpong(args: &Args) -> io::Result<()> {
         Ok(())
     })?;
     peer.print("remote");
-    if Ipv6Addr::from(peer.gid).to_ipv4_mapped() != Some(peer_ip) {
+    // An IPv4-mapped GID must be the address the peer connected from (an IPv6 GID, such
+    // as rxe's link-local GID 0, is used as given).
+    let mapped = Ipv6Addr::from(peer.gid).to_ipv4_mapped();
+    if mapped.is_some_and(|ip| ip != peer_ip) {
         return Err(io::Error::other(
             "the peer's GID is not the IPv4-mapped address it connected from",
         ));

@@ -129,9 +129,18 @@ fn check(what: &str, ours: Output, theirs: Output) {
     );
 }
 
+/// The IPv4-mapped GID unless the program line picks one itself.
+fn gid_flag(program: &str) -> &'static str {
+    if program.contains(" -g ") {
+        ""
+    } else {
+        "-g $(rxe-gid)"
+    }
+}
+
 /// rdma-core's `program` serves, we connect.
 fn rxe_server(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
-    let command = format!("{program} -d rxe0 -g $(rxe-gid) -n {ITERS}");
+    let command = format!("{program} -d rxe0 {} -n {ITERS}", gid_flag(program));
     let job = vm.run(&["spawn", "1", "-t", "120", &command]);
     let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
     thread::sleep(Duration::from_secs(2));
@@ -146,7 +155,10 @@ fn rxe_server(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
 fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
     let server = ours(our_args);
     thread::sleep(Duration::from_secs(1));
-    let command = format!("{program} -d rxe0 -g $(rxe-gid) -n {ITERS} 10.88.0.1");
+    let command = format!(
+        "{program} -d rxe0 {} -n {ITERS} 10.88.0.1",
+        gid_flag(program)
+    );
     let theirs = vm.run(&["exec", "1", "-t", "120", &command]);
     let ours = server.wait_with_output().expect("our server");
     check(what, ours, theirs);

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
+use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
 
 use crate::cq::Cq;
@@ -78,6 +78,44 @@ impl Transmit {
     /// The IPv4 destination, when the packet's GID is IPv4-mapped (`::ffff:a.b.c.d`).
     pub fn ipv4_destination(&self) -> Option<Ipv4Addr> {
         Ipv6Addr::from(self.packet.av.dgid).to_ipv4_mapped()
+    }
+
+    /// The IPv6 destination, when the packet's GID is not IPv4-mapped.
+    pub fn ipv6_destination(&self) -> Option<Ipv6Addr> {
+        let dgid = Ipv6Addr::from(self.packet.av.dgid);
+        dgid.to_ipv4_mapped().is_none().then_some(dgid)
+    }
+
+    /// The RoCEv2-over-IPv6 frame that carries this packet from `src_mac`/`src_ip` to the
+    /// MAC `dst_mac`: traffic class, flow label and hop limit from the address vector, UDP
+    /// source port as for IPv4 (IPv6 has no checksum-free UDP in general, but RoCEv2's
+    /// ICRC stands in for it and rxe and HCAs send 0). `None` for an IPv4-mapped GID.
+    pub fn ipv6_frame(
+        &self,
+        src_mac: [u8; 6],
+        src_ip: Ipv6Addr,
+        dst_mac: [u8; 6],
+    ) -> Option<FrameRepr<'_>> {
+        let av = &self.packet.av;
+        Some(FrameRepr {
+            ethernet: EthernetRepr {
+                dst: dst_mac,
+                src: src_mac,
+                vlan: None,
+            },
+            ip: IpRepr::V6(Ipv6Repr {
+                src: src_ip,
+                dst: self.ipv6_destination()?,
+                traffic_class: av.traffic_class,
+                flow_label: av.flow_label,
+                hop_limit: av.hop_limit,
+            }),
+            udp_src_port: 0xC000 | (self.src_qpn & 0x3FFF) as u16,
+            udp_checksum: false,
+            bth: self.packet.bth,
+            ext: self.packet.ext,
+            payload: &self.packet.payload,
+        })
     }
 
     /// The RoCEv2 frame that carries this packet from `src` (MAC and IPv4 address) to the

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -280,6 +280,56 @@ impl Shared {
         let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
     }
 
+    fn resolve6(&self, ip: Ipv6Addr) -> Result<(), Error> {
+        match self.neighbours {
+            Neighbours::NotNeeded => Err(Error::Unsupported(
+                "IPv6 GIDs over kernel UDP sockets (use AF_XDP)",
+            )),
+            Neighbours::Static => {
+                let known = self.lock()?.engine.knows_neighbour6(&ip);
+                known.then_some(()).ok_or(Error::NoNeighbour6(ip))
+            }
+            Neighbours::Kernel => {
+                let device = &self.device;
+                let mac = neighbour::resolve6(ip, &device.name, device.ifindex)?;
+                self.lock()?.engine.add_neighbour6(ip, mac);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether packets can go from the GID at `index` to `dgid`.
+    pub(crate) fn check_path(&self, index: u8, dgid: [u8; 16]) -> Result<(), Error> {
+        let gid = self
+            .device
+            .gid(usize::from(index))
+            .ok_or(Error::NoGid(index))?;
+        let v4 = |gid: [u8; 16]| Ipv6Addr::from(gid).to_ipv4_mapped().is_some();
+        if v4(gid) != v4(dgid) {
+            return Err(Error::InvalidArgument(
+                "source and destination GIDs of different families (IPv4-mapped and IPv6)",
+            ));
+        }
+        match Ipv6Addr::from(gid).to_ipv4_mapped() {
+            // IPv4 leaves from the first address only.
+            Some(ip) if Some(ip) == self.device.ipv4() => Ok(()),
+            Some(_) => Err(Error::Unsupported(
+                "source GIDs other than the IPv4-mapped GID of the first address",
+            )),
+            None if self.neighbours == Neighbours::NotNeeded => Err(Error::Unsupported(
+                "IPv6 GIDs over kernel UDP sockets (use AF_XDP)",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Learns an IPv6 neighbour's MAC (for contexts over a caller's backend, whose
+    /// neighbours are static).
+    pub(crate) fn add_neighbour6(&self, ip: Ipv6Addr, mac: [u8; 6]) -> Result<(), Error> {
+        self.lock()?.engine.add_neighbour6(ip, mac);
+        Ok(())
+    }
+
     /// A fresh, page-aligned address range of `len` bytes for a region, with a guard gap so
     /// an off-by-one address never lands in the next region.
     pub(crate) fn allocate_iova(&self, len: usize) -> u64 {
@@ -287,13 +337,11 @@ impl Shared {
         self.next_iova.fetch_add(span, Ordering::Relaxed)
     }
 
-    /// Makes sure the engine can reach `dgid`: an IPv4-mapped GID whose MAC is known.
+    /// Makes sure the engine can reach `dgid`: its MAC is known.
     pub(crate) fn resolve(&self, dgid: [u8; 16]) -> Result<(), Error> {
-        let ip = Ipv6Addr::from(dgid)
-            .to_ipv4_mapped()
-            .ok_or(Error::Unsupported(
-                "destinations that are not IPv4-mapped GIDs",
-            ))?;
+        let Some(ip) = Ipv6Addr::from(dgid).to_ipv4_mapped() else {
+            return self.resolve6(Ipv6Addr::from(dgid));
+        };
         match self.neighbours {
             Neighbours::NotNeeded => {
                 // The engine still wants an entry; the kernel picks the real MAC.
@@ -332,9 +380,14 @@ pub struct Context {
 impl Context {
     /// Opens `device` (in this thread's network namespace).
     pub fn open(device: &Device, options: OpenOptions) -> Result<Context, Error> {
-        let ip = device.ipv4().ok_or(Error::Unsupported(
-            "devices without an IPv4 address (no IPv4-mapped GID)",
-        ))?;
+        // IPv4-mapped GIDs leave from the first IPv4 address; without one, only IPv6 GIDs
+        // (and no UDP sockets, which carry IPv4 here).
+        let ip = device.ipv4().unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let needs_ipv4 =
+            || Error::Unsupported("kernel UDP sockets on a device without an IPv4 address");
+        if ip.is_unspecified() && matches!(options.backend, BackendChoice::Udp) {
+            return Err(needs_ipv4());
+        }
         let addressing = Addressing {
             mac: device.mac,
             ip,
@@ -361,6 +414,7 @@ impl Context {
                     Ok((backend, mode)) => {
                         (Box::new(backend), addressing, BackendKind::AfXdp(mode))
                     }
+                    Err(_) if ip.is_unspecified() => return Err(needs_ipv4()),
                     Err(error) => (
                         Box::new(UdpBackend::bind(ip, device.mac)?),
                         addressing,
@@ -394,7 +448,8 @@ impl Context {
         };
         let mut endpoint = Endpoint::new(seed);
         endpoint.set_port_mtu(device.query_port().active_mtu);
-        let engine = Engine::new(endpoint, backend, addressing);
+        let mut engine = Engine::new(endpoint, backend, addressing);
+        engine.set_gid_table(device.gids.clone());
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,
@@ -469,6 +524,12 @@ impl Context {
     /// Takes the oldest async event (`ibv_get_async_event`, without blocking).
     pub fn get_async_event(&self) -> Result<Option<AsyncEvent>, Error> {
         Ok(self.shared.lock()?.async_events.pop_front())
+    }
+
+    /// Tells a context over a caller's backend ([`BackendChoice::Custom`]) the MAC of an
+    /// IPv6 neighbour (AF_XDP contexts ask the kernel).
+    pub fn add_neighbour6(&self, ip: Ipv6Addr, mac: [u8; 6]) -> Result<(), Error> {
+        self.shared.add_neighbour6(ip, mac)
     }
 
     /// The engine's frame counters.

@@ -16,6 +16,8 @@ pub type Gid = [u8; 16];
 pub struct Device {
     /// The interface name, which is also the device name (`-d` of the tools).
     pub name: String,
+    /// The interface's index (the scope of its link-local addresses).
+    pub ifindex: u32,
     /// The interface's MAC.
     pub mac: [u8; 6],
     /// The interface's MTU in bytes.
@@ -81,6 +83,11 @@ impl Device {
         let link = ip(&["-o", "link", "show", "dev", name])?;
         let (mac, netdev_mtu, up) = parse_link(&link)
             .ok_or_else(|| io::Error::other(format!("unexpected ip(8) output: {link:?}")))?;
+        let ifindex = link
+            .split(':')
+            .next()
+            .and_then(|index| index.trim().parse().ok())
+            .ok_or_else(|| io::Error::other(format!("unexpected ip(8) output: {link:?}")))?;
         let mut gids = vec![link_local_gid(mac)];
         gids.extend(
             ipv4_addresses(name)?
@@ -90,6 +97,7 @@ impl Device {
         gids.extend(ipv6_addresses(name)?.iter().map(Ipv6Addr::octets));
         Ok(Device {
             name: name.to_owned(),
+            ifindex,
             mac,
             netdev_mtu,
             up,
@@ -296,6 +304,7 @@ mod tests {
     fn active_mtu_follows_the_netdev_mtu_as_rxe() {
         let device = |netdev_mtu| Device {
             name: "x".into(),
+            ifindex: 1,
             mac: [2, 0, 0, 0, 0, 1],
             netdev_mtu,
             up: true,
@@ -330,6 +339,7 @@ mod tests {
         let list = devices().expect("sysfs");
         assert!(list.iter().all(|device| device.name != "lo"));
         let lo = Device::by_name("lo").expect("lo exists");
+        assert_eq!(lo.ifindex, 1);
         // GID 0 from the (all-zero) MAC, GID 1 the IPv4-mapped 127.0.0.1.
         assert_eq!(
             lo.gid(1),

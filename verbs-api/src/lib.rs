@@ -26,8 +26,12 @@
 //! - **Errors** are typed ([`Error`]); posts report which work request failed
 //!   ([`PostFailure`]).
 //!
-//! Not yet: IPv6 paths (IPv6 GIDs are listed but cannot be a destination or source),
-//! shared receive queues, memory windows, a C ABI.
+//! - **GIDs.** rxe's table: index 0 the link-local IPv6 GID from the MAC, then the
+//!   IPv4-mapped GID of each IPv4 address, then each other IPv6 address. Over AF_XDP both
+//!   IPv4-mapped and IPv6 GIDs carry traffic (IPv4 from the interface's first address; IPv6
+//!   from the GID the address vector's `sgid_index` names); kernel UDP sockets carry IPv4.
+//!
+//! Not yet: shared receive queues, memory windows, a C ABI.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -103,6 +107,9 @@ pub enum Error {
     /// The neighbour's MAC could not be resolved.
     #[error("no neighbour entry for {0} (ARP got no answer)")]
     NoNeighbour(Ipv4Addr),
+    /// The IPv6 neighbour's MAC could not be resolved.
+    #[error("no neighbour entry for {0} (neighbour discovery got no answer)")]
+    NoNeighbour6(std::net::Ipv6Addr),
     /// A bad argument.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),

@@ -5,7 +5,8 @@
 
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::device::parse_mac;
@@ -34,6 +35,52 @@ pub(crate) fn resolve(ip: Ipv4Addr, interface: &str) -> Result<[u8; 6], Error> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Err(Error::NoNeighbour(ip))
+}
+
+/// The MAC of the IPv6 neighbour `ip` on `interface` (index `ifindex`), asking the kernel
+/// to run neighbour discovery if needed.
+pub(crate) fn resolve6(ip: Ipv6Addr, interface: &str, ifindex: u32) -> Result<[u8; 6], Error> {
+    if let Some(mac) = lookup6(ip, interface)? {
+        return Ok(mac);
+    }
+    let socket = UdpSocket::bind(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0))?;
+    let scope = if ip.is_unicast_link_local() {
+        ifindex
+    } else {
+        0
+    };
+    let _ = socket.send_to(&[], SocketAddrV6::new(ip, DISCARD_PORT, 0, scope));
+    let deadline = Instant::now() + RESOLVE_TIMEOUT;
+    while Instant::now() < deadline {
+        if let Some(mac) = lookup6(ip, interface)? {
+            return Ok(mac);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(Error::NoNeighbour6(ip))
+}
+
+/// A usable entry for `ip` on `interface` in the calling thread's IPv6 neighbour table
+/// (there is no /proc file for it: ip(8) asks over netlink, in our namespace).
+fn lookup6(ip: Ipv6Addr, interface: &str) -> io::Result<Option<[u8; 6]>> {
+    let output = Command::new("ip")
+        .args(["-6", "neigh", "show", &ip.to_string(), "dev", interface])
+        .output()?;
+    Ok(parse_neigh(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// `ADDR lladdr MAC STATE` lines of `ip -6 neigh show ADDR dev IFACE`; an entry still
+/// being resolved, or that failed, has no usable MAC.
+fn parse_neigh(text: &str) -> Option<[u8; 6]> {
+    text.lines().find_map(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|word| *word == "lladdr")?;
+        let state = words.last()?;
+        if matches!(*state, "INCOMPLETE" | "FAILED" | "NONE") {
+            return None;
+        }
+        parse_mac(words.get(at + 1)?).ok()
+    })
 }
 
 /// The complete entry of `ip` on `interface` in the calling thread's ARP table, if there
@@ -69,6 +116,25 @@ IP address       HW type     Flags       HW address            Mask     Device
 10.88.0.12       0x1         0x0         00:00:00:00:00:00     *        host0
 10.0.0.2         0x1         0x2         aa:bb:cc:dd:ee:ff     *        veth1
 ";
+
+    #[test]
+    fn ipv6_neighbours_need_a_resolved_state() {
+        let mac = [0x52, 0x54, 0, 0x88, 0, 0x11];
+        assert_eq!(
+            parse_neigh("fe80::5054:ff:fe88:11 lladdr 52:54:00:88:00:11 REACHABLE\n"),
+            Some(mac)
+        );
+        assert_eq!(
+            parse_neigh("fd00::2 lladdr 52:54:00:88:00:11 router STALE\n"),
+            Some(mac)
+        );
+        assert_eq!(parse_neigh("fd00::2 INCOMPLETE\n"), None);
+        assert_eq!(
+            parse_neigh("fd00::2 lladdr 52:54:00:88:00:11 FAILED\n"),
+            None
+        );
+        assert_eq!(parse_neigh(""), None);
+    }
 
     #[test]
     fn only_complete_entries_of_the_interface_count() {

@@ -134,7 +134,7 @@ impl AddressHandle {
 impl Pd {
     /// Creates an address handle (`ibv_create_ah`), resolving the neighbour's MAC first.
     pub fn create_ah(&self, av: AddressVector) -> Result<AddressHandle, Error> {
-        check_sgid(&self.inner.shared, av.sgid_index)?;
+        self.inner.shared.check_path(av.sgid_index, av.dgid)?;
         self.inner.shared.resolve(av.dgid)?;
         Ok(AddressHandle { av })
     }
@@ -172,18 +172,6 @@ impl Pd {
             first_psn: Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF),
             queues,
         })
-    }
-}
-
-/// Fails unless `index` names the GID our packets carry as their source.
-fn check_sgid(shared: &Shared, index: u8) -> Result<(), Error> {
-    let ours = shared.device.ipv4().map(|ip| ip.to_ipv6_mapped().octets());
-    match shared.device.gid(usize::from(index)) {
-        Some(gid) if Some(gid) == ours => Ok(()),
-        Some(_) => Err(Error::Unsupported(
-            "source GIDs other than the IPv4-mapped GID of the first address",
-        )),
-        None => Err(Error::NoGid(index)),
     }
 }
 
@@ -249,7 +237,7 @@ impl Qp {
     /// A destination address is resolved to a MAC first.
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
         if let Some(av) = &attr.av {
-            check_sgid(self.shared(), av.sgid_index)?;
+            self.shared().check_path(av.sgid_index, av.dgid)?;
             self.shared().resolve(av.dgid)?;
         }
         let mut core = self.shared().lock()?;

@@ -29,6 +29,7 @@ const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 fn device(name: &str, mac: [u8; 6], ip: Ipv4Addr) -> Device {
     Device {
         name: name.into(),
+        ifindex: 1,
         mac,
         netdev_mtu: 9000,
         up: true,
@@ -322,14 +323,14 @@ fn ud_through_an_address_handle() {
         pd_a.create_ah(nowhere),
         Err(Error::NoNeighbour(ip)) if ip == Ipv4Addr::new(10, 0, 0, 99)
     ));
-    // A source GID that is not ours (index 0, link-local IPv6) is refused.
+    // From an IPv6 GID (index 0, link-local) to an IPv4-mapped one: no such path.
     let from_ll = AddressVector {
         sgid_index: 0,
         ..to_b
     };
     assert!(matches!(
         pd_a.create_ah(from_ll),
-        Err(Error::Unsupported(_))
+        Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
         pd_a.create_ah(AddressVector {
@@ -656,4 +657,75 @@ fn threads_post_to_their_own_qps_at_once() {
             assert_eq!(target.to_vec().unwrap(), source.to_vec().unwrap(), "QP {t}");
         }
     }
+}
+
+#[test]
+fn ud_over_ipv6_fills_the_grh_with_the_ipv6_header() {
+    let (v6_a, v6_b): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
+        ("fd00::a".parse().unwrap(), "fd00::b".parse().unwrap());
+    // Devices with an IPv6 GID (index 2) besides rxe's first two.
+    let (wire_a, wire_b) = memory_pair();
+    let context = |wire, mac, ip: Ipv4Addr, v6: std::net::Ipv6Addr, peer_v6, peer_mac, seed| {
+        let mut device = device("mem", mac, ip);
+        device.gids.push(v6.octets());
+        let addressing = Addressing {
+            mac,
+            ip,
+            neighbours: HashMap::new(),
+        };
+        let options = OpenOptions {
+            backend: BackendChoice::Custom(Box::new(wire), addressing),
+            progress: Progress::Events,
+            seed: Some([seed; 32]),
+            pcap: None,
+        };
+        let ctx = Context::open(&device, options).unwrap();
+        ctx.add_neighbour6(peer_v6, peer_mac).unwrap();
+        ctx
+    };
+    let ctx_a = context(wire_a, MAC_A, IP_A, v6_a, v6_b, MAC_B, 1);
+    let ctx_b = context(wire_b, MAC_B, IP_B, v6_b, v6_a, MAC_A, 2);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(4, None).unwrap(),
+        ctx_b.create_cq(4, None).unwrap(),
+    );
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Ud,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: true,
+    };
+    let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
+    qp_a.ready_ud(7).unwrap();
+    qp_b.ready_ud(7).unwrap();
+    let send = pd_a.reg_mr(100, AccessFlags::LOCAL_WRITE).unwrap();
+    send.write(0, &[0x42; 100]).unwrap();
+    let recv = pd_b.reg_mr(140, AccessFlags::LOCAL_WRITE).unwrap();
+    qp_b.post_recv([RecvWr {
+        wr_id: 1,
+        sg_list: vec![recv.sge(0, 140)],
+    }])
+    .unwrap();
+    let ah = pd_a
+        .create_ah(AddressVector {
+            dgid: v6_b.octets(),
+            sgid_index: 2,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        })
+        .unwrap();
+    let mut wr = signaled(1, SendOp::Send, send.sge(0, 100));
+    wr.ud = Some(ah.dest(qp_b.qp_num(), 7));
+    qp_a.post_send([wr]).unwrap();
+    assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].byte_len, 140);
+    let bytes = recv.to_vec().unwrap();
+    // The GRH area holds the IPv6 header: version 6, our source and destination.
+    assert_eq!(bytes[0] >> 4, 6);
+    assert_eq!(bytes[8..24], v6_a.octets());
+    assert_eq!(bytes[24..40], v6_b.octets());
+    assert_eq!(bytes[40..], [0x42; 100]);
 }
