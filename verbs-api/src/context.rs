@@ -247,9 +247,7 @@ impl Shared {
         if self.caller_drives() {
             self.drive(core)
         } else {
-            if self.progress == Progress::Events {
-                self.wake_thread();
-            }
+            self.wake();
             Ok(())
         }
     }

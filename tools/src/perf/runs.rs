@@ -1,0 +1,389 @@
+//! The tests themselves: perftest's `run_iter_bw`, `run_iter_bw_server`,
+//! `run_iter_lat_send`, `run_iter_lat_write` and `run_iter_lat` for READ.
+
+use std::io;
+use std::time::Instant;
+
+use roce_verbs::{Mr, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+use super::exchange::KeyMsg;
+use super::report::BwReport;
+use super::{pattern, AtomicType, Params, Rdma, Test, Verb};
+use crate::rdma::STALL;
+
+/// What goes in our buffer before the run.
+pub(super) fn fill(buf: &Mr, params: &Params) -> io::Result<()> {
+    let exposed_at = params.buff_size() as usize;
+    buf.with_bytes_mut(|bytes| {
+        let (local, exposed) = bytes.split_at_mut(exposed_at);
+        if params.verify {
+            let patterned = |part: &mut [u8]| {
+                for (i, byte) in part.iter_mut().enumerate() {
+                    *byte = pattern(i as u64);
+                }
+            };
+            match params.test.verb() {
+                // The READer's buffer stays zero, so the pattern can only come from the peer.
+                Verb::Read => patterned(exposed),
+                Verb::Send | Verb::Write => patterned(local),
+                Verb::Atomic => {}
+            }
+        }
+        // write_lat's payload is zeros but for its counter byte, as perftest's.
+        if params.test == Test::WriteLat {
+            local.fill(0);
+        }
+    })?;
+    Ok(())
+}
+
+impl Rdma<'_> {
+    /// Where, in our buffer, the window the peer reaches starts (the VADDR we advertise).
+    pub(super) fn exposed_at(&self) -> usize {
+        self.params.buff_size() as usize
+    }
+
+    /// Posts up to `count` receives of one message each into the exposed window.
+    pub(super) fn post_receives(&self, count: u64) -> io::Result<()> {
+        let wr = RecvWr {
+            wr_id: 0,
+            sg_list: vec![self.buf.sge(self.exposed_at(), self.params.size as u32)],
+        };
+        self.qp.post_recv((0..count).map(|_| wr.clone()))?;
+        Ok(())
+    }
+
+    /// The `n`th request of a bandwidth client.
+    pub(super) fn request(&self, n: u64, peer: &KeyMsg) -> SendWr {
+        let params = &self.params;
+        let offset = params.offset(n);
+        let remote_addr = peer.vaddr + offset;
+        let rkey = peer.rkey;
+        let op = match params.test.verb() {
+            Verb::Send => SendOp::Send,
+            Verb::Write => SendOp::RdmaWrite { remote_addr, rkey },
+            Verb::Read => SendOp::RdmaRead { remote_addr, rkey },
+            Verb::Atomic => match params.atomic {
+                AtomicType::FetchAndAdd => SendOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add: 1,
+                },
+                AtomicType::CmpAndSwap => SendOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare: 0,
+                    swap: 0,
+                },
+            },
+        };
+        let signaled = n % params.cq_mod == params.cq_mod - 1 || n == params.iters - 1;
+        SendWr {
+            wr_id: n,
+            op,
+            sg_list: vec![self.buf.sge(offset as usize, params.size as u32)],
+            inline_data: Vec::new(),
+            flags: if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            },
+            ud: None,
+        }
+    }
+
+    /// Polls until at least one completion arrives (each must be a success).
+    pub(super) fn poll(&self, out: &mut Vec<WorkCompletion>) -> io::Result<()> {
+        out.clear();
+        let started = Instant::now();
+        while self.cq.poll_into(64, out)? == 0 {
+            if started.elapsed() > STALL {
+                return Err(io::Error::other("no completion for 10 s"));
+            }
+            // Let an engine thread (--events, --busy-poll) have the core.
+            std::thread::yield_now();
+        }
+        match out.iter().find(|wc| wc.status != WcStatus::Success) {
+            Some(bad) => Err(io::Error::other(format!(
+                "work request {} ({:?}) ended {:?}",
+                bad.wr_id, bad.opcode, bad.status
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// perftest's `run_iter_bw`: `iters` requests, `tx_depth` in flight, every `cq_mod`th
+    /// signaled.
+    pub(super) fn run_bw_client(&self, peer: &KeyMsg) -> io::Result<BwReport> {
+        let params = &self.params;
+        let n = params.iters as usize;
+        let (mut posted, mut completed) = (Vec::with_capacity(n), vec![None; n]);
+        let (mut sent, mut done) = (0u64, 0u64);
+        let mut completions = Vec::new();
+        let mut batch = Vec::new();
+        while done < params.iters {
+            batch.clear();
+            while sent < params.iters && sent - done < params.tx_depth {
+                batch.push(self.request(sent, peer));
+                sent += 1;
+            }
+            if !batch.is_empty() {
+                let now = Instant::now();
+                posted.extend(batch.iter().map(|_| now));
+                self.qp.post_send(batch.drain(..))?;
+            }
+            self.poll(&mut completions)?;
+            let now = Instant::now();
+            for wc in &completions {
+                // A signaled completion also completes every unsignaled request before it.
+                for slot in &mut completed[done as usize..=wc.wr_id as usize] {
+                    *slot = Some(now);
+                }
+                done = wc.wr_id + 1;
+            }
+        }
+        let completed: Vec<Instant> = completed
+            .into_iter()
+            .map(|at| at.unwrap_or_else(Instant::now))
+            .collect();
+        Ok(BwReport::compute(params, &posted, &completed))
+    }
+
+    /// perftest's `run_iter_bw_server`: receive `iters` SENDs, re-posting as they arrive.
+    pub(super) fn run_send_bw_server(&self) -> io::Result<BwReport> {
+        let params = &self.params;
+        let n = params.iters as usize;
+        let mut arrivals = Vec::with_capacity(n);
+        let mut posted = params.rx_depth;
+        let mut completions = Vec::new();
+        while arrivals.len() < n {
+            self.poll(&mut completions)?;
+            let now = Instant::now();
+            for wc in &completions {
+                if wc.opcode != WcOpcode::Recv || u64::from(wc.byte_len) != params.size {
+                    return Err(io::Error::other(format!("unexpected completion {wc:?}")));
+                }
+                arrivals.push(now);
+            }
+            self.check_received()?;
+            let more = (params.iters - posted).min(completions.len() as u64);
+            self.post_receives(more)?;
+            posted += more;
+        }
+        // The server's clock starts at the first arrival and it reports no peak.
+        let report = BwReport::compute(params, &arrivals, &arrivals);
+        Ok(BwReport {
+            peak: 0.0,
+            ..report
+        })
+    }
+
+    /// With `--verify`: the exposed window holds the peer's pattern (SENDs land there).
+    pub(super) fn check_received(&self) -> io::Result<()> {
+        if !self.params.verify {
+            return Ok(());
+        }
+        let window = self.exposed_at();
+        let size = self.params.size as usize;
+        let intact = self.buf.with_bytes(|bytes| {
+            bytes[window..window + size]
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == pattern(i as u64))
+        })?;
+        intact
+            .then_some(())
+            .ok_or_else(|| io::Error::other("a received message differs from what was sent"))
+    }
+
+    /// Checks after a bandwidth or READ run what can be checked on this side.
+    pub(super) fn verify_after(&self, peer: &KeyMsg) -> io::Result<()> {
+        let params = &self.params;
+        let window = self.exposed_at();
+        let bytes = self.buf.to_vec()?;
+        match (params.test.verb(), params.client) {
+            // Any client: every atomic hit one of our 64 slots.
+            (Verb::Atomic, false) => {
+                let step = params.step(8) as usize;
+                let slots = (params.cycle_buffer as usize / step).min(params.iters as usize);
+                let total: u64 = (0..slots)
+                    .map(|k| {
+                        let at = window + k * step;
+                        u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default())
+                    })
+                    .sum();
+                let expected = match params.atomic {
+                    AtomicType::FetchAndAdd => params.iters,
+                    AtomicType::CmpAndSwap => 0,
+                };
+                if total != expected {
+                    return Err(io::Error::other(format!(
+                        "the atomics left {total} in our slots, expected {expected}"
+                    )));
+                }
+                println!(" verified: {} atomics applied to our memory", params.iters);
+            }
+            (Verb::Write, false) if params.verify => {
+                let written = (0..params.iters.min(params.cycle_buffer))
+                    .map(|n| params.offset(n) as usize)
+                    .collect::<std::collections::BTreeSet<_>>();
+                let size = params.size as usize;
+                let intact = written
+                    .iter()
+                    .all(|&at| (at..at + size).all(|i| bytes[window + i] == pattern(i as u64)));
+                if !intact {
+                    return Err(io::Error::other("the WRITEs left wrong bytes"));
+                }
+                println!(" verified: every byte the peer wrote");
+            }
+            (Verb::Read, true) if params.verify => {
+                let size = params.size as usize;
+                let read: std::collections::BTreeSet<usize> =
+                    (0..params.iters.min(params.cycle_buffer))
+                        .map(|n| params.offset(n) as usize)
+                        .collect();
+                let intact = read
+                    .iter()
+                    .all(|&at| (at..at + size).all(|i| bytes[i] == pattern(i as u64)));
+                if !intact {
+                    return Err(io::Error::other("the READs brought back wrong bytes"));
+                }
+                println!(" verified: every byte read from {:#x}", peer.vaddr);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// perftest's `run_iter_lat_send`: the client sends first; each side answers each
+    /// arrival with its next SEND.
+    pub(super) fn run_send_lat(&self) -> io::Result<Vec<Instant>> {
+        let params = &self.params;
+        let mut posted = Vec::with_capacity(params.iters as usize);
+        let (mut sent, mut received, mut sends_done) = (0u64, 0u64, 0u64);
+        let mut recvs_posted = params.rx_depth;
+        let mut completions = Vec::new();
+        let send = |n: u64| SendWr {
+            wr_id: n,
+            op: SendOp::Send,
+            sg_list: vec![self.buf.sge(0, params.size as u32)],
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        while sent < params.iters || received < params.iters {
+            // The client sends first.
+            if received < params.iters && (!params.client || sent > 0) {
+                // Wait for the next arrival (send completions come along the way).
+                let before = received;
+                while received == before {
+                    self.poll(&mut completions)?;
+                    for wc in &completions {
+                        match wc.opcode {
+                            WcOpcode::Recv => received += 1,
+                            _ => sends_done += 1,
+                        }
+                    }
+                }
+                self.check_received()?;
+                let more = (params.iters - recvs_posted).min(received - before);
+                self.post_receives(more)?;
+                recvs_posted += more;
+            }
+            if sent < params.iters {
+                // A few SENDs may await their ACK; never more than the send queue holds.
+                while sent - sends_done >= 8 {
+                    self.poll(&mut completions)?;
+                    for wc in &completions {
+                        match wc.opcode {
+                            WcOpcode::Recv => received += 1,
+                            _ => sends_done += 1,
+                        }
+                    }
+                }
+                posted.push(Instant::now());
+                self.qp.post_send([send(sent)])?;
+                sent += 1;
+            }
+        }
+        Ok(posted)
+    }
+
+    /// perftest's `run_iter_lat_write`: the server writes first; each side waits for the
+    /// peer's counter in the last byte of its window, then writes its own.
+    pub(super) fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
+        let params = &self.params;
+        let size = params.size as usize;
+        let window = self.exposed_at();
+        let poll_at = window + size - 1;
+        let mut posted = Vec::with_capacity(params.iters as usize);
+        let (mut sent, mut received) = (0u64, 0u64);
+        let mut completions = Vec::new();
+        while sent < params.iters || received < params.iters {
+            // The server writes first.
+            if received < params.iters && (params.client || sent > 0) {
+                received += 1;
+                let want = received as u8;
+                let started = Instant::now();
+                loop {
+                    // Nothing but us moves the engine while we watch memory.
+                    self.ctx.progress()?;
+                    let mut last = [0u8];
+                    self.buf.read(poll_at, &mut last)?;
+                    if last[0] == want {
+                        break;
+                    }
+                    if started.elapsed() > STALL {
+                        return Err(io::Error::other(format!(
+                            "no WRITE {received} from the peer"
+                        )));
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            if sent < params.iters {
+                posted.push(Instant::now());
+                sent += 1;
+                self.buf.write(size - 1, &[sent as u8])?;
+                let write = SendWr {
+                    wr_id: sent,
+                    op: SendOp::RdmaWrite {
+                        remote_addr: peer.vaddr,
+                        rkey: peer.rkey,
+                    },
+                    sg_list: vec![self.buf.sge(0, params.size as u32)],
+                    inline_data: Vec::new(),
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                };
+                self.qp.post_send([write])?;
+                self.poll(&mut completions)?;
+            }
+        }
+        Ok(posted)
+    }
+
+    /// perftest's `run_iter_lat` for READ: one signaled READ at a time.
+    pub(super) fn run_read_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
+        let params = &self.params;
+        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut completions = Vec::new();
+        for n in 0..params.iters {
+            let read = SendWr {
+                wr_id: n,
+                op: SendOp::RdmaRead {
+                    remote_addr: peer.vaddr,
+                    rkey: peer.rkey,
+                },
+                sg_list: vec![self.buf.sge(0, params.size as u32)],
+                inline_data: Vec::new(),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            };
+            posted.push(Instant::now());
+            self.qp.post_send([read])?;
+            self.poll(&mut completions)?;
+        }
+        Ok(posted)
+    }
+}
