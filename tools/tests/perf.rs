@@ -129,6 +129,62 @@ fn perf_against_itself_in_every_test() {
             assert!(server_text.contains(line), "{what}: {server_text}");
         }
     }
+    // Several QPs (`-q`): each does `-n` iterations, rows count them all, checks cover each
+    // QP's window.
+    let several: [(&[&str], &str, &str, Option<&str>, Option<&str>); 4] = [
+        (
+            &["write_bw", "-q", "3", "-s", "4096"],
+            "4096",
+            "900",
+            None,
+            Some("verified: every byte the peer wrote"),
+        ),
+        (
+            &["read_bw", "-q", "2", "-s", "100"],
+            "100",
+            "600",
+            Some("verified: every byte read"),
+            None,
+        ),
+        (
+            &["send_bw", "-q", "2", "-s", "2000"],
+            "2000",
+            "600",
+            None,
+            None,
+        ),
+        (
+            &["atomic_bw", "-q", "4"],
+            "8",
+            "1200",
+            None,
+            Some("verified: 1200 atomics applied"),
+        ),
+    ];
+    for (flags, size, rows, client_check, server_check) in several {
+        let mut args = flags.to_vec();
+        args.extend(["-n", n, "--verify"]);
+        let server = perf_in(&b, &args).spawn().unwrap();
+        wait_for_listener(&b, 18515);
+        let client = perf_in(&a, &[&args[..], &["10.83.0.2"]].concat())
+            .output()
+            .unwrap();
+        let server = server.wait_with_output().unwrap();
+        let (client_text, server_text) = (text(&client), text(&server));
+        let what = flags.join(" ");
+        assert!(
+            client.status.success() && server.status.success(),
+            "{what}:\nclient:\n{client_text}\nserver:\n{server_text}"
+        );
+        assert!(has_row(&client_text, size, rows), "{what}: {client_text}");
+        assert!(has_row(&server_text, size, rows), "{what}: {server_text}");
+        if let Some(line) = client_check {
+            assert!(client_text.contains(line), "{what}: {client_text}");
+        }
+        if let Some(line) = server_check {
+            assert!(server_text.contains(line), "{what}: {server_text}");
+        }
+    }
     // Kernel UDP sockets instead of AF_XDP, same checks.
     let args = ["write_bw", "-s", "4096", "-n", n, "--verify", "--udp"];
     let server = perf_in(&b, &args).spawn().unwrap();

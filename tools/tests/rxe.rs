@@ -265,6 +265,12 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
         "ib_{test} -d rxe0 -x $(rxe-gid) -F -n {N} {}",
         extra.join(" ")
     );
+    // Rows count every QP's iterations.
+    let qps: u32 = extra
+        .windows(2)
+        .find(|pair| pair[0] == "-q")
+        .map_or(1, |pair| pair[1].parse().unwrap());
+    let row_iters = (100 * qps).to_string();
     let ours_args = |host: Option<&'static str>| {
         let mut args = vec![test, "-d", "host0", "-x", "1", "-n", N];
         args.extend_from_slice(extra);
@@ -286,11 +292,11 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
             (client_row, server_row)
         };
         assert!(
-            !ours_row || has_row(&ours_text, size, N),
+            !ours_row || has_row(&ours_text, size, &row_iters),
             "{what}: our row:\n{ours_text}"
         );
         assert!(
-            !theirs_row || has_row(&theirs_text, size, N),
+            !theirs_row || has_row(&theirs_text, size, &row_iters),
             "{what}: perftest's row:\n{theirs_text}"
         );
         // The figures, for the log.
@@ -346,6 +352,9 @@ fn perf_with_perftest_on_rxe_in_both_roles() {
     perf_pair(&vm, "write_lat", &[], "2", both);
     perf_pair(&vm, "send_lat", &[], "2", both);
     perf_pair(&vm, "read_lat", &[], "2", (true, false));
+    // Several QPs: per-QP barriers, each QP its own window.
+    perf_pair(&vm, "write_bw", &["-s", "4096", "-q", "2"], "4096", both);
+    perf_pair(&vm, "send_bw", &["-s", "4096", "-q", "2"], "4096", both);
     // Path MTU 4096, messages of several packets.
     vm.start("9000");
     perf_pair(&vm, "write_bw", &["-s", "65536"], "65536", both);

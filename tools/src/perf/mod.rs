@@ -89,6 +89,9 @@ pub struct Args {
     /// Iterations; default 5000 for write_bw, 1000 otherwise.
     #[arg(short = 'n', long = "iters")]
     iters: Option<u64>,
+    /// QPs, each doing `-n` iterations (bandwidth tests).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
     /// Work requests in flight (bandwidth tests; default 128).
     #[arg(short = 't', long = "tx-depth")]
     tx_depth: Option<u32>,
@@ -183,6 +186,8 @@ impl Test {
 #[derive(Debug, Clone, Copy)]
 struct Params {
     test: Test,
+    /// QPs (`-q`), each with its own part of the buffer.
+    qps: u64,
     client: bool,
     size: u64,
     iters: u64,
@@ -250,13 +255,18 @@ use report::{
 };
 use runs::fill;
 
+/// A handshake per QP, each with that QP's message (perftest's "per-QP" barriers).
+fn per_qp(oob: &mut Oob, mine: &[KeyMsg]) -> io::Result<Vec<KeyMsg>> {
+    mine.iter().map(|msg| oob.handshake(msg)).collect()
+}
+
 /// The verbs objects of a run.
 struct Rdma<'a> {
     ctx: &'a Context,
-    qp: &'a Qp,
+    qps: &'a [Qp],
     cq: &'a Cq,
-    /// Our buffer, perftest's layout: from the start what we send (and READ into), from
-    /// `BUFF_SIZE` the window the peer reaches; each part rounded up to a cache line.
+    /// Our buffer, perftest's layout: for each QP in turn, `BUFF_SIZE` bytes of what it
+    /// sends (and READs into); then for each QP the window the peer reaches.
     buf: &'a Mr,
     params: Params,
 }
@@ -342,8 +352,17 @@ fn perf(args: &Args) -> io::Result<()> {
         None => 100,
     }
     .min(tx_depth);
+    if !(1..=16384).contains(&args.qps) {
+        return Err(io::Error::other(
+            "the number of QPs must be between 1 and 16384",
+        ));
+    }
+    if args.qps > 1 && test.is_latency() {
+        return Err(io::Error::other(" Multiple QPs only available on bw tests"));
+    }
     let params = Params {
         test,
+        qps: u64::from(args.qps),
         client: args.host.is_some(),
         size,
         iters,
@@ -362,104 +381,119 @@ fn perf(args: &Args) -> io::Result<()> {
     }
 
     let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq((tx_depth + params.rx_depth + 16) as usize, None)?;
-    let qp = pd.create_qp(&QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: &cq,
-        recv_cq: &cq,
-        caps: QpCaps {
-            max_send_wr: (tx_depth as u32).max(16),
-            max_recv_wr: (params.rx_depth as u32).max(1),
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-    })?;
+    let depth = (tx_depth + params.rx_depth + 16) * params.qps;
+    let cq = ctx.create_cq(depth as usize, None)?;
+    let qps = (0..params.qps)
+        .map(|_| {
+            pd.create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                caps: QpCaps {
+                    max_send_wr: (tx_depth as u32).max(16),
+                    max_recv_wr: (params.rx_depth as u32).max(1),
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            })
+        })
+        .collect::<Result<Vec<Qp>, _>>()?;
     let window = params.step(params.buff_size());
-    let buf = pd.reg_mr((2 * window) as usize, AccessFlags::all())?;
+    let buf = pd.reg_mr((2 * window * params.qps) as usize, AccessFlags::all())?;
     fill(&buf, &params)?;
-    let endpoint = qp.endpoint(args.gid_index)?;
     let out_reads = if matches!(verb, Verb::Read | Verb::Atomic) {
         OUR_OUT_READS
     } else {
         1
     };
-    let mine = KeyMsg {
-        lid: 0,
-        out_reads: u16::from(out_reads),
-        qpn: endpoint.qpn,
-        psn: endpoint.psn.value(),
-        rkey: buf.rkey(),
-        vaddr: buf.addr() + params.buff_size(),
-        gid: endpoint.gid,
-        srqn: 0,
-    };
+    let mine = qps
+        .iter()
+        .enumerate()
+        .map(|(index, qp)| {
+            let endpoint = qp.endpoint(args.gid_index)?;
+            Ok(KeyMsg {
+                lid: 0,
+                out_reads: u16::from(out_reads),
+                qpn: endpoint.qpn,
+                psn: endpoint.psn.value(),
+                rkey: buf.rkey(),
+                vaddr: buf.addr() + (params.qps + index as u64) * params.buff_size(),
+                gid: endpoint.gid,
+                srqn: 0,
+            })
+        })
+        .collect::<io::Result<Vec<KeyMsg>>>()?;
     print_info(&ctx, &params, args.gid_index);
 
-    // Before connecting: one handshake, two for write_lat and read_lat.
-    let before_connect = if matches!(test, Test::WriteLat | Test::ReadLat) {
-        2
-    } else {
-        1
-    };
-    let mut peer = mine;
-    for _ in 0..before_connect {
-        peer = oob.handshake(&mine)?;
+    // Before connecting: one handshake per QP (two for write_lat and read_lat).
+    let mut peers = per_qp(&mut oob, &mine)?;
+    if matches!(test, Test::WriteLat | Test::ReadLat) {
+        peers = per_qp(&mut oob, &mine)?;
     }
-    if Ipv6Addr::from(peer.gid).to_ipv4_mapped().is_none() {
+    if peers
+        .iter()
+        .any(|peer| Ipv6Addr::from(peer.gid).to_ipv4_mapped().is_none())
+    {
         return Err(io::Error::other(
             " Found Incompatibility issue with GID types.",
         ));
     }
-    mine.print("local", test);
-    peer.print("remote", test);
-    if args.wrong_rkey {
-        // A key the peer never issued (keys are random: a flipped key is as good as any).
-        peer.rkey ^= 0x5A5A_5A5A;
+    for (mine, peer) in mine.iter().zip(&mut peers) {
+        mine.print("local", test);
+        peer.print("remote", test);
+        if args.wrong_rkey {
+            // A key the peer never issued (keys are random: a flipped key is as good as any).
+            peer.rkey ^= 0x5A5A_5A5A;
+        }
     }
     println!("{RESULT_LINE}");
-    let remote = QpEndpoint {
-        qpn: peer.qpn & 0xFF_FFFF,
-        psn: Psn::new(peer.psn & 0xFF_FFFF),
-        gid: peer.gid,
-    };
-    let options = ConnectOptions {
-        mtu,
-        retry: RetryConfig::RC_PINGPONG,
-        sgid_index: args.gid_index,
-        hop_limit: 0xFF,
-        // Each side issues at most what the other holds state for.
-        max_rd_atomic: (peer.out_reads.clamp(1, u16::from(OUR_OUT_READS))) as u8,
-        max_dest_rd_atomic: out_reads,
-    };
-    qp.connect(&remote, &options)?;
+    for (qp, peer) in qps.iter().zip(&peers) {
+        let remote = QpEndpoint {
+            qpn: peer.qpn & 0xFF_FFFF,
+            psn: Psn::new(peer.psn & 0xFF_FFFF),
+            gid: peer.gid,
+        };
+        let options = ConnectOptions {
+            mtu,
+            retry: RetryConfig::RC_PINGPONG,
+            sgid_index: args.gid_index,
+            hop_limit: 0xFF,
+            // Each side issues at most what the other holds state for.
+            max_rd_atomic: (peer.out_reads.clamp(1, u16::from(OUR_OUT_READS))) as u8,
+            max_dest_rd_atomic: out_reads,
+        };
+        qp.connect(&remote, &options)?;
+    }
     let rdma = Rdma {
         ctx: &ctx,
-        qp: &qp,
+        qps: &qps,
         cq: &cq,
         buf: &buf,
         params,
     };
+    // The barriers perftest makes with QP 0's message only.
+    let single = &mine[0];
 
     match test {
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => {
-            oob.handshake(&mine)?;
-            oob.handshake(&mine)?;
+            per_qp(&mut oob, &mine)?;
+            oob.handshake(single)?;
             if params.client {
                 print_bw_header(&params);
-                let report = rdma.run_bw_client(&peer)?;
-                oob.handshake(&mine)?;
+                let report = rdma.run_bw_client(&peers)?;
+                oob.handshake(single)?;
                 // The client's results; the server's are meaningless (perftest sends garbage).
                 for value in report.to_wire() {
                     oob.exchange(&value)?;
                 }
                 print_bw_row(&params, &report);
                 println!("{RESULT_LINE}");
-                rdma.verify_after(&peer)?;
+                rdma.verify_after(&peers)?;
             } else {
                 print_bw_header(&params);
-                oob.handshake(&mine)?;
+                oob.handshake(single)?;
                 let mut received = Vec::new();
                 for _ in 0..5 {
                     received.push(oob.exchange(&[0u8; 8])?);
@@ -467,19 +501,21 @@ fn perf(args: &Args) -> io::Result<()> {
                 let report = BwReport::from_wire(&received)?;
                 print_bw_row(&params, &report);
                 println!("{RESULT_LINE}");
-                rdma.verify_after(&peer)?;
+                rdma.verify_after(&peers)?;
             }
-            oob.close(&mine)?;
+            oob.close(single)?;
         }
         Test::SendBw | Test::SendLat => {
-            oob.handshake(&mine)?;
-            oob.handshake(&mine)?;
+            oob.handshake(single)?;
+            per_qp(&mut oob, &mine)?;
             // Receives are up before the last barrier: the peer sends right after it.
             let receiver = !params.client || test == Test::SendLat;
+            let post_all =
+                || (0..qps.len()).try_for_each(|qp| rdma.post_receives(qp, params.rx_depth));
             if receiver && args.late_receives.is_none() {
-                rdma.post_receives(params.rx_depth)?;
+                post_all()?;
             }
-            oob.handshake(&mine)?;
+            oob.handshake(single)?;
             if let (true, Some(ms)) = (receiver, args.late_receives) {
                 // Meanwhile the peer's SENDs find no receive: we answer RNR NAKs.
                 let until = Instant::now() + Duration::from_millis(ms);
@@ -487,12 +523,12 @@ fn perf(args: &Args) -> io::Result<()> {
                     ctx.progress()?;
                     std::hint::spin_loop();
                 }
-                rdma.post_receives(params.rx_depth)?;
+                post_all()?;
             }
             if test == Test::SendBw {
                 print_bw_header(&params);
                 let report = if params.client {
-                    rdma.run_bw_client(&peer)?
+                    rdma.run_bw_client(&peers)?
                 } else {
                     rdma.run_send_bw_server()?
                 };
@@ -504,13 +540,13 @@ fn perf(args: &Args) -> io::Result<()> {
                 print_lat_row(&params, &posted, 2.0);
                 println!("{RESULT_LINE}");
             }
-            oob.close(&mine)?;
+            oob.close(single)?;
         }
         Test::WriteLat => {
-            oob.handshake(&mine)?;
-            oob.handshake(&mine)?;
+            oob.handshake(single)?;
+            oob.handshake(single)?;
             print_lat_header();
-            let posted = rdma.run_write_lat(&peer)?;
+            let posted = rdma.run_write_lat(&peers[0])?;
             print_lat_row(&params, &posted, 2.0);
             println!("{RESULT_LINE}");
             // No closing handshake: keep answering (ACKs of the peer's last WRITE) until it
@@ -518,17 +554,17 @@ fn perf(args: &Args) -> io::Result<()> {
             oob.linger()?;
         }
         Test::ReadLat => {
-            oob.handshake(&mine)?;
-            oob.handshake(&mine)?;
+            oob.handshake(single)?;
+            oob.handshake(single)?;
             if params.client {
                 print_lat_header();
-                let posted = rdma.run_read_lat(&peer)?;
+                let posted = rdma.run_read_lat(&peers[0])?;
                 print_lat_row(&params, &posted, 1.0);
                 println!("{RESULT_LINE}");
-                rdma.verify_after(&peer)?;
+                rdma.verify_after(&peers)?;
             }
             // The server waits here while the client READs.
-            oob.close(&mine)?;
+            oob.close(single)?;
         }
     }
     Ok(())
@@ -542,6 +578,7 @@ mod tests {
     fn small_bandwidth_requests_walk_the_window_in_cache_lines() {
         let params = Params {
             test: Test::WriteBw,
+            qps: 1,
             client: true,
             size: 64,
             iters: 1000,

@@ -56,7 +56,9 @@ impl BwReport {
             .max(1e-9);
         // Peak: the best rate over any run of operations ending at a signaled completion.
         let mut peak = 0.0;
-        if (n as u64) <= NO_PEAK_ITERS && params.client {
+        // (For several QPs the posts and completions interleave: no peak, as with many
+        // iterations.)
+        if (n as u64) <= NO_PEAK_ITERS && params.client && params.qps == 1 {
             let cq_mod = params.cq_mod as usize;
             let ends = (cq_mod - 1..n).step_by(cq_mod).chain([n - 1]);
             let mut best = f64::INFINITY;
@@ -106,7 +108,7 @@ pub(super) fn print_info(ctx: &Context, params: &Params, gid_index: u8) {
         " Dual-port       : OFF\t\tDevice         : {}",
         ctx.device().name
     );
-    println!(" Number of qps   : 1\t\tTransport type : IB");
+    println!(" Number of qps   : {}\t\tTransport type : IB", params.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     if params.client || params.test.is_latency() {
         println!(" TX depth        : {}", params.tx_depth);

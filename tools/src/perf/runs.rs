@@ -11,50 +11,68 @@ use super::report::BwReport;
 use super::{pattern, AtomicType, Params, Rdma, Test, Verb};
 use crate::rdma::STALL;
 
-/// What goes in our buffer before the run.
+/// What goes in our buffer before the run: each QP's local and exposed parts.
 pub(super) fn fill(buf: &Mr, params: &Params) -> io::Result<()> {
-    let exposed_at = params.buff_size() as usize;
+    let part = params.buff_size() as usize;
+    let qps = params.qps as usize;
+    // SENDs land at the start of the receiver's window whatever offset they left from (small
+    // ones cycle through the sender's page): repeat the pattern at every step, so each
+    // message carries the same bytes.
+    let period = if params.test.verb() == Verb::Send {
+        params.step(params.size) as usize
+    } else {
+        usize::MAX
+    };
     buf.with_bytes_mut(|bytes| {
-        let (local, exposed) = bytes.split_at_mut(exposed_at);
-        if params.verify {
-            let patterned = |part: &mut [u8]| {
-                for (i, byte) in part.iter_mut().enumerate() {
-                    *byte = pattern(i as u64);
-                }
-            };
-            match params.test.verb() {
-                // The READer's buffer stays zero, so the pattern can only come from the peer.
-                Verb::Read => patterned(exposed),
-                Verb::Send | Verb::Write => patterned(local),
-                Verb::Atomic => {}
+        let patterned = |part: &mut [u8]| {
+            for (i, byte) in part.iter_mut().enumerate() {
+                *byte = pattern((i % period) as u64);
             }
-        }
-        // write_lat's payload is zeros but for its counter byte, as perftest's.
-        if params.test == Test::WriteLat {
-            local.fill(0);
+        };
+        for qp in 0..qps {
+            let local = qp * part..(qp + 1) * part;
+            let exposed = (qps + qp) * part..(qps + qp + 1) * part;
+            if params.verify {
+                match params.test.verb() {
+                    // The READer's buffer stays zero: the pattern can only come from the peer.
+                    Verb::Read => patterned(&mut bytes[exposed]),
+                    Verb::Send | Verb::Write => patterned(&mut bytes[local.clone()]),
+                    Verb::Atomic => {}
+                }
+            }
+            // write_lat's payload is zeros but for its counter byte, as perftest's.
+            if params.test == Test::WriteLat {
+                bytes[local].fill(0);
+            }
         }
     })?;
     Ok(())
 }
 
 impl Rdma<'_> {
-    /// Where, in our buffer, the window the peer reaches starts (the VADDR we advertise).
-    pub(super) fn exposed_at(&self) -> usize {
-        self.params.buff_size() as usize
+    /// Where, in our buffer, QP `qp`'s window the peer reaches starts (the VADDR we
+    /// advertise for it): perftest's `buf + (num_qps + qp) * BUFF_SIZE`.
+    pub(super) fn exposed_at(&self, qp: usize) -> usize {
+        (self.params.qps as usize + qp) * self.params.buff_size() as usize
     }
 
-    /// Posts up to `count` receives of one message each into the exposed window.
-    pub(super) fn post_receives(&self, count: u64) -> io::Result<()> {
+    /// Where QP `qp`'s own data (what it sends, and what it READs into) starts.
+    fn local_at(&self, qp: usize) -> usize {
+        qp * self.params.buff_size() as usize
+    }
+
+    /// Posts up to `count` receives of one message each into QP `qp`'s exposed window.
+    pub(super) fn post_receives(&self, qp: usize, count: u64) -> io::Result<()> {
         let wr = RecvWr {
             wr_id: 0,
-            sg_list: vec![self.buf.sge(self.exposed_at(), self.params.size as u32)],
+            sg_list: vec![self.buf.sge(self.exposed_at(qp), self.params.size as u32)],
         };
-        self.qp.post_recv((0..count).map(|_| wr.clone()))?;
+        self.qps[qp].post_recv((0..count).map(|_| wr.clone()))?;
         Ok(())
     }
 
-    /// The `n`th request of a bandwidth client.
-    pub(super) fn request(&self, n: u64, peer: &KeyMsg) -> SendWr {
+    /// The `n`th request of a bandwidth client on QP `qp` (its work request id says both).
+    pub(super) fn request(&self, qp: usize, n: u64, peer: &KeyMsg) -> SendWr {
         let params = &self.params;
         let offset = params.offset(n);
         let remote_addr = peer.vaddr + offset;
@@ -79,9 +97,11 @@ impl Rdma<'_> {
         };
         let signaled = n % params.cq_mod == params.cq_mod - 1 || n == params.iters - 1;
         SendWr {
-            wr_id: n,
+            wr_id: (qp as u64) << 32 | n,
             op,
-            sg_list: vec![self.buf.sge(offset as usize, params.size as u32)],
+            sg_list: vec![self
+                .buf
+                .sge(self.local_at(qp) + offset as usize, params.size as u32)],
             inline_data: Vec::new(),
             flags: if signaled {
                 SendFlags::SIGNALED
@@ -112,49 +132,50 @@ impl Rdma<'_> {
         }
     }
 
-    /// perftest's `run_iter_bw`: `iters` requests, `tx_depth` in flight, every `cq_mod`th
-    /// signaled.
-    pub(super) fn run_bw_client(&self, peer: &KeyMsg) -> io::Result<BwReport> {
+    /// perftest's `run_iter_bw`: `iters` requests on each QP, `tx_depth` in flight on each,
+    /// every `cq_mod`th signaled.
+    pub(super) fn run_bw_client(&self, peers: &[KeyMsg]) -> io::Result<BwReport> {
         let params = &self.params;
-        let n = params.iters as usize;
-        let (mut posted, mut completed) = (Vec::with_capacity(n), vec![None; n]);
-        let (mut sent, mut done) = (0u64, 0u64);
+        let qps = self.qps.len();
+        let total = params.iters as usize * qps;
+        let mut posted = Vec::with_capacity(total);
+        let mut completed = Vec::with_capacity(total);
+        let (mut sent, mut done) = (vec![0u64; qps], vec![0u64; qps]);
         let mut completions = Vec::new();
         let mut batch = Vec::new();
-        while done < params.iters {
-            batch.clear();
-            while sent < params.iters && sent - done < params.tx_depth {
-                batch.push(self.request(sent, peer));
-                sent += 1;
-            }
-            if !batch.is_empty() {
-                let now = Instant::now();
-                posted.extend(batch.iter().map(|_| now));
-                self.qp.post_send(batch.drain(..))?;
+        while completed.len() < total {
+            for (qp, peer) in peers.iter().enumerate().take(qps) {
+                batch.clear();
+                while sent[qp] < params.iters && sent[qp] - done[qp] < params.tx_depth {
+                    batch.push(self.request(qp, sent[qp], peer));
+                    sent[qp] += 1;
+                }
+                if !batch.is_empty() {
+                    let now = Instant::now();
+                    posted.extend(batch.iter().map(|_| now));
+                    self.qps[qp].post_send(batch.drain(..))?;
+                }
             }
             self.poll(&mut completions)?;
             let now = Instant::now();
             for wc in &completions {
                 // A signaled completion also completes every unsignaled request before it.
-                for slot in &mut completed[done as usize..=wc.wr_id as usize] {
-                    *slot = Some(now);
-                }
-                done = wc.wr_id + 1;
+                let (qp, n) = ((wc.wr_id >> 32) as usize, wc.wr_id & 0xFFFF_FFFF);
+                let newly = (n + 1).saturating_sub(done[qp]);
+                completed.extend((0..newly).map(|_| now));
+                done[qp] = done[qp].max(n + 1);
             }
         }
-        let completed: Vec<Instant> = completed
-            .into_iter()
-            .map(|at| at.unwrap_or_else(Instant::now))
-            .collect();
         Ok(BwReport::compute(params, &posted, &completed))
     }
 
-    /// perftest's `run_iter_bw_server`: receive `iters` SENDs, re-posting as they arrive.
+    /// perftest's `run_iter_bw_server`: receive `iters` SENDs on each QP, re-posting as
+    /// they arrive.
     pub(super) fn run_send_bw_server(&self) -> io::Result<BwReport> {
         let params = &self.params;
-        let n = params.iters as usize;
+        let n = params.iters as usize * self.qps.len();
         let mut arrivals = Vec::with_capacity(n);
-        let mut posted = params.rx_depth;
+        let mut posted = vec![params.rx_depth; self.qps.len()];
         let mut completions = Vec::new();
         while arrivals.len() < n {
             self.poll(&mut completions)?;
@@ -164,11 +185,13 @@ impl Rdma<'_> {
                     return Err(io::Error::other(format!("unexpected completion {wc:?}")));
                 }
                 arrivals.push(now);
+                let qp = self.qp_index(wc.qp_num)?;
+                self.check_received(qp)?;
+                if posted[qp] < params.iters {
+                    self.post_receives(qp, 1)?;
+                    posted[qp] += 1;
+                }
             }
-            self.check_received()?;
-            let more = (params.iters - posted).min(completions.len() as u64);
-            self.post_receives(more)?;
-            posted += more;
         }
         // The server's clock starts at the first arrival and it reports no peak.
         let report = BwReport::compute(params, &arrivals, &arrivals);
@@ -178,12 +201,21 @@ impl Rdma<'_> {
         })
     }
 
-    /// With `--verify`: the exposed window holds the peer's pattern (SENDs land there).
-    pub(super) fn check_received(&self) -> io::Result<()> {
+    /// Which of our QPs has this number.
+    fn qp_index(&self, qpn: u32) -> io::Result<usize> {
+        self.qps
+            .iter()
+            .position(|qp| qp.qp_num() == qpn)
+            .ok_or_else(|| io::Error::other(format!("a completion of unknown QP {qpn:#x}")))
+    }
+
+    /// With `--verify`: QP `qp`'s exposed window holds the peer's pattern (SENDs land
+    /// there).
+    pub(super) fn check_received(&self, qp: usize) -> io::Result<()> {
         if !self.params.verify {
             return Ok(());
         }
-        let window = self.exposed_at();
+        let window = self.exposed_at(qp);
         let size = self.params.size as usize;
         let intact = self.buf.with_bytes(|bytes| {
             bytes[window..window + size]
@@ -196,24 +228,27 @@ impl Rdma<'_> {
             .ok_or_else(|| io::Error::other("a received message differs from what was sent"))
     }
 
-    /// Checks after a bandwidth or READ run what can be checked on this side.
-    pub(super) fn verify_after(&self, peer: &KeyMsg) -> io::Result<()> {
+    /// Checks after a bandwidth or READ run what can be checked on this side, QP by QP.
+    pub(super) fn verify_after(&self, peers: &[KeyMsg]) -> io::Result<()> {
         let params = &self.params;
-        let window = self.exposed_at();
         let bytes = self.buf.to_vec()?;
+        let size = params.size as usize;
+        // The offsets the run touched in each QP's window (they cycle within a page).
+        let touched: std::collections::BTreeSet<usize> = (0..params.iters.min(params.cycle_buffer))
+            .map(|n| params.offset(n) as usize)
+            .collect();
         match (params.test.verb(), params.client) {
-            // Any client: every atomic hit one of our 64 slots.
+            // Any client: every atomic hit one of each QP's 64 slots.
             (Verb::Atomic, false) => {
                 let step = params.step(8) as usize;
                 let slots = (params.cycle_buffer as usize / step).min(params.iters as usize);
-                let total: u64 = (0..slots)
-                    .map(|k| {
-                        let at = window + k * step;
-                        u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default())
-                    })
+                let total: u64 = (0..self.qps.len())
+                    .flat_map(|qp| (0..slots).map(move |k| self.exposed_at(qp) + k * step))
+                    .map(|at| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default()))
                     .sum();
+                let applied = params.iters * self.qps.len() as u64;
                 let expected = match params.atomic {
-                    AtomicType::FetchAndAdd => params.iters,
+                    AtomicType::FetchAndAdd => applied,
                     AtomicType::CmpAndSwap => 0,
                 };
                 if total != expected {
@@ -221,34 +256,31 @@ impl Rdma<'_> {
                         "the atomics left {total} in our slots, expected {expected}"
                     )));
                 }
-                println!(" verified: {} atomics applied to our memory", params.iters);
+                println!(" verified: {applied} atomics applied to our memory");
             }
             (Verb::Write, false) if params.verify => {
-                let written = (0..params.iters.min(params.cycle_buffer))
-                    .map(|n| params.offset(n) as usize)
-                    .collect::<std::collections::BTreeSet<_>>();
-                let size = params.size as usize;
-                let intact = written
-                    .iter()
-                    .all(|&at| (at..at + size).all(|i| bytes[window + i] == pattern(i as u64)));
+                let intact = (0..self.qps.len()).all(|qp| {
+                    let window = self.exposed_at(qp);
+                    touched
+                        .iter()
+                        .all(|&at| (at..at + size).all(|i| bytes[window + i] == pattern(i as u64)))
+                });
                 if !intact {
                     return Err(io::Error::other("the WRITEs left wrong bytes"));
                 }
                 println!(" verified: every byte the peer wrote");
             }
             (Verb::Read, true) if params.verify => {
-                let size = params.size as usize;
-                let read: std::collections::BTreeSet<usize> =
-                    (0..params.iters.min(params.cycle_buffer))
-                        .map(|n| params.offset(n) as usize)
-                        .collect();
-                let intact = read
-                    .iter()
-                    .all(|&at| (at..at + size).all(|i| bytes[i] == pattern(i as u64)));
+                let intact = (0..self.qps.len()).all(|qp| {
+                    let local = self.local_at(qp);
+                    touched
+                        .iter()
+                        .all(|&at| (at..at + size).all(|i| bytes[local + i] == pattern(i as u64)))
+                });
                 if !intact {
                     return Err(io::Error::other("the READs brought back wrong bytes"));
                 }
-                println!(" verified: every byte read from {:#x}", peer.vaddr);
+                println!(" verified: every byte read from {:#x}", peers[0].vaddr);
             }
             _ => {}
         }
@@ -285,9 +317,9 @@ impl Rdma<'_> {
                         }
                     }
                 }
-                self.check_received()?;
+                self.check_received(0)?;
                 let more = (params.iters - recvs_posted).min(received - before);
-                self.post_receives(more)?;
+                self.post_receives(0, more)?;
                 recvs_posted += more;
             }
             if sent < params.iters {
@@ -302,7 +334,7 @@ impl Rdma<'_> {
                     }
                 }
                 posted.push(Instant::now());
-                self.qp.post_send([send(sent)])?;
+                self.qps[0].post_send([send(sent)])?;
                 sent += 1;
             }
         }
@@ -314,7 +346,7 @@ impl Rdma<'_> {
     pub(super) fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
         let params = &self.params;
         let size = params.size as usize;
-        let window = self.exposed_at();
+        let window = self.exposed_at(0);
         let poll_at = window + size - 1;
         let mut posted = Vec::with_capacity(params.iters as usize);
         let (mut sent, mut received) = (0u64, 0u64);
@@ -356,7 +388,7 @@ impl Rdma<'_> {
                     flags: SendFlags::SIGNALED,
                     ud: None,
                 };
-                self.qp.post_send([write])?;
+                self.qps[0].post_send([write])?;
                 self.poll(&mut completions)?;
             }
         }
@@ -381,7 +413,7 @@ impl Rdma<'_> {
                 ud: None,
             };
             posted.push(Instant::now());
-            self.qp.post_send([read])?;
+            self.qps[0].post_send([read])?;
             self.poll(&mut completions)?;
         }
         Ok(posted)
