@@ -52,6 +52,15 @@ fn has_row(text: &str, size: &str, iters: &str) -> bool {
 /// Test and flags, size in the rows, the check line the client / server must print.
 type Run<'a> = (&'a [&'a str], &'a str, Option<&'a str>, Option<&'a str>);
 
+/// As [`Run`], with the iterations the rows count (every QP's).
+type SeveralQps<'a> = (
+    &'a [&'a str],
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    Option<&'a str>,
+);
+
 #[test]
 fn perf_against_itself_in_every_test() {
     if !is_root() {
@@ -131,7 +140,7 @@ fn perf_against_itself_in_every_test() {
     }
     // Several QPs (`-q`): each does `-n` iterations, rows count them all, checks cover each
     // QP's window.
-    let several: [(&[&str], &str, &str, Option<&str>, Option<&str>); 4] = [
+    let several: [SeveralQps; 4] = [
         (
             &["write_bw", "-q", "3", "-s", "4096"],
             "4096",
