@@ -1,0 +1,245 @@
+//! Hostile traffic against the transport's state machines: two endpoints with connected RC
+//! QPs exchange real packets, and the fuzzer decides what is posted, which packets arrive,
+//! when time passes, and which real packets come back with a byte changed (as a hostile or
+//! broken peer would send them; the ICRC is not checked under `cfg(fuzzing)`). Nothing may
+//! panic, and no work request may complete twice.
+#![no_main]
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use roce_transport::cq::WorkCompletion;
+use roce_transport::qp_state::{PathMtu, QpAttr, QpState, QpType};
+use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
+use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use roce_wire::{Frame, FrameRepr};
+
+/// Bytes of the region each side registers.
+const REGION: u64 = 64 * 1024;
+const BASE: u64 = 0x10_0000;
+/// Real packets kept to replay with a change.
+const KEPT: usize = 16;
+
+#[derive(Arbitrary, Debug)]
+enum Action {
+    /// A signaled send work request on one side's QP.
+    Post {
+        from_b: bool,
+        op: u8,
+        len: u16,
+        local: u16,
+        remote: u16,
+    },
+    /// A receive on one side's QP.
+    Receive { on_b: bool, len: u16, at: u16 },
+    /// One packet one side has to send: delivered to the other, or lost.
+    Step { from_b: bool, deliver: bool },
+    /// A packet seen before, with one byte changed, to either side.
+    Replay {
+        to_b: bool,
+        which: u8,
+        at: u16,
+        xor: u8,
+    },
+    /// Time passes; timers run.
+    Tick { micros: u32 },
+    /// A side's QP goes to ERR (flushing its work).
+    Fail { on_b: bool },
+}
+
+struct World {
+    sim: Sim,
+    qpn: [u32; 2],
+    key: [u32; 2],
+    kept: Vec<Vec<u8>>,
+    next_id: u64,
+    seen: [HashSet<(u64, bool)>; 2],
+}
+
+impl World {
+    fn new() -> World {
+        let mut sim = Sim::new(LinkConfig::default(), 7);
+        let (a, b) = (sim.add_node(), sim.add_node());
+        let retry = RetryConfig {
+            timeout: 5,
+            retry_cnt: 3,
+            rnr_retry: 2,
+            ..RetryConfig::default()
+        };
+        let pair = sim.connect(a, b, QpType::Rc, PathMtu::Mtu1024, retry);
+        let key_a = sim.reg(a, BASE, &vec![0x5A; REGION as usize]);
+        let key_b = sim.reg(b, BASE, &vec![0xA5; REGION as usize]);
+        World {
+            sim,
+            qpn: [pair.a.1, pair.b.1],
+            key: [key_a, key_b],
+            kept: Vec::new(),
+            next_id: 1,
+            seen: [HashSet::new(), HashSet::new()],
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        let now = self.sim.now;
+        match action {
+            Action::Post {
+                from_b,
+                op,
+                len,
+                local,
+                remote,
+            } => {
+                let side = usize::from(from_b);
+                let peer_key = self.key[1 - side];
+                let remote_addr = BASE + u64::from(remote);
+                let rkey = peer_key;
+                let op = match op % 7 {
+                    0 => SendOp::Send,
+                    1 => SendOp::SendWithImm(u32::from(len)),
+                    2 => SendOp::RdmaWrite { remote_addr, rkey },
+                    3 => SendOp::RdmaWriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm: 7,
+                    },
+                    4 => SendOp::RdmaRead { remote_addr, rkey },
+                    5 => SendOp::FetchAdd {
+                        remote_addr,
+                        rkey,
+                        add: 1,
+                    },
+                    _ => SendOp::CompareSwap {
+                        remote_addr,
+                        rkey,
+                        compare: 0,
+                        swap: 1,
+                    },
+                };
+                let length = if op.is_atomic() { 8 } else { u32::from(len) % 8192 };
+                let wr = SendWr {
+                    wr_id: self.next_id,
+                    op,
+                    sg_list: vec![Sge {
+                        addr: BASE + u64::from(local),
+                        length,
+                        lkey: self.key[side],
+                    }],
+                    inline_data: Vec::new(),
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                };
+                self.next_id += 1;
+                let _ = self.sim.nodes[side]
+                    .endpoint
+                    .post_send(now, self.qpn[side], wr);
+            }
+            Action::Receive { on_b, len, at } => {
+                let side = usize::from(on_b);
+                let wr = RecvWr {
+                    wr_id: self.next_id,
+                    sg_list: vec![Sge {
+                        addr: BASE + u64::from(at),
+                        length: u32::from(len) % 8192,
+                        lkey: self.key[side],
+                    }],
+                };
+                self.next_id += 1;
+                let _ = self.sim.nodes[side]
+                    .endpoint
+                    .post_recv(now, self.qpn[side], wr);
+            }
+            Action::Step { from_b, deliver } => {
+                let side = usize::from(from_b);
+                let Some(transmit) = self.sim.nodes[side].endpoint.poll_transmit(now) else {
+                    return;
+                };
+                let ip = |n: usize| Ipv4Addr::new(10, 0, 0, n as u8 + 1);
+                let mac = |n: usize| [2, 0, 0, 0, 0, n as u8 + 1];
+                let Some(repr) = transmit.ipv4_frame(mac(side), ip(side), mac(1 - side)) else {
+                    return;
+                };
+                let mut bytes = vec![0u8; repr.buffer_len()];
+                if repr.emit(&mut bytes).is_err() {
+                    return;
+                }
+                if deliver {
+                    self.deliver(1 - side, &bytes);
+                }
+                if self.kept.len() == KEPT {
+                    self.kept.remove(0);
+                }
+                self.kept.push(bytes);
+            }
+            Action::Replay {
+                to_b,
+                which,
+                at,
+                xor,
+            } => {
+                if self.kept.is_empty() {
+                    return;
+                }
+                let mut bytes = self.kept[usize::from(which) % self.kept.len()].clone();
+                let at = usize::from(at) % bytes.len();
+                bytes[at] ^= xor;
+                self.deliver(usize::from(to_b), &bytes);
+            }
+            Action::Tick { micros } => {
+                self.sim.now += Duration::from_micros(u64::from(micros % 2_000_000));
+                let now = self.sim.now;
+                for node in &mut self.sim.nodes {
+                    node.endpoint.handle_timeout(now);
+                }
+            }
+            Action::Fail { on_b } => {
+                let side = usize::from(on_b);
+                let attr = QpAttr {
+                    state: Some(QpState::Err),
+                    ..QpAttr::default()
+                };
+                let _ = self.sim.nodes[side]
+                    .endpoint
+                    .modify_qp(now, self.qpn[side], &attr);
+            }
+        }
+        self.check_completions();
+    }
+
+    fn deliver(&mut self, side: usize, bytes: &[u8]) {
+        let now = self.sim.now;
+        if let Ok(repr) = Frame::new_checked(bytes).and_then(|frame| FrameRepr::parse(&frame)) {
+            self.sim.nodes[side].endpoint.handle_packet(now, &repr);
+        }
+    }
+
+    /// Every work request completes at most once (its id, on its side's send or receive
+    /// queue).
+    fn check_completions(&mut self) {
+        for side in 0..2 {
+            let done: Vec<(WorkCompletion, bool)> = self
+                .sim
+                .poll_send(side)
+                .into_iter()
+                .map(|wc| (wc, true))
+                .chain(self.sim.poll_recv(side).into_iter().map(|wc| (wc, false)))
+                .collect();
+            for (wc, send) in done {
+                assert!(
+                    self.seen[side].insert((wc.wr_id, send)),
+                    "work request {} completed twice: {wc:?}",
+                    wc.wr_id
+                );
+            }
+        }
+    }
+}
+
+fuzz_target!(|actions: Vec<Action>| {
+    let mut world = World::new();
+    for action in actions.into_iter().take(512) {
+        world.act(action);
+    }
+});
