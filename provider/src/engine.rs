@@ -42,6 +42,8 @@ pub struct EngineStats {
     /// Packets dropped because the backend's transmit queue was full; the transport resends
     /// them, as after a loss on the wire.
     pub tx_dropped: u64,
+    /// Packets the backend refused for their own sake (no route, too big, filtered): lost.
+    pub tx_failed: u64,
 }
 
 /// An endpoint, the backend it talks through, and the buffers in between.
@@ -174,9 +176,35 @@ impl<B: Backend> Engine<B> {
                 self.stats.tx_dropped += 1;
                 Ok(())
             }
+            Err(error) if concerns_one_packet(&error) => {
+                self.stats.tx_failed += 1;
+                Ok(())
+            }
             Err(error) => Err(error),
         }
     }
+}
+
+/// Whether a send error is about this packet or its destination (no route, too big for the
+/// path, refused by a firewall, no buffer now) rather than about the backend itself: such a
+/// packet is lost, as on a wire, and the transport recovers or reports it; the engine goes on.
+fn concerns_one_packet(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(
+            libc::EMSGSIZE
+                | libc::ENETUNREACH
+                | libc::EHOSTUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENETDOWN
+                | libc::EADDRNOTAVAIL
+                | libc::EINVAL
+                | libc::EPERM
+                | libc::EACCES
+                | libc::ENOBUFS
+                | libc::ECONNREFUSED
+        )
+    )
 }
 
 /// Parses, checks and hands one received frame to the endpoint.
@@ -187,5 +215,94 @@ fn receive(endpoint: &mut Endpoint, stats: &mut EngineStats, now: Instant, bytes
         Ok(repr) => endpoint.handle_packet(now, &repr),
         Err(FrameError::NotRoce) => stats.rx_other += 1,
         Err(_) => stats.rx_rejected += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_transport::mr::PdId;
+    use roce_transport::qp::{QpCaps, QpInit};
+    use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType};
+    use roce_transport::wr::{SendFlags, SendOp, SendWr};
+    use roce_wire::Psn;
+    use std::time::Duration;
+
+    /// A backend whose every send fails with `errno`.
+    struct Refusing(i32);
+
+    impl Backend for Refusing {
+        fn send(&mut self, _: &[u8]) -> io::Result<()> {
+            Err(io::Error::from_raw_os_error(self.0))
+        }
+        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+            Ok(None)
+        }
+        fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// An engine with one connected RC QP and one SEND posted.
+    fn engine_with_a_send(errno: i32) -> Engine<Refusing> {
+        let mut endpoint = Endpoint::new([3; 32]);
+        let pd: PdId = endpoint.mrs().alloc_pd();
+        let cq = endpoint.create_cq(8);
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: 0,
+            recv_cq: 0,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
+        let peer_ip = Ipv4Addr::new(10, 9, 9, 2);
+        let peer = Peer {
+            av: AddressVector {
+                dgid: peer_ip.to_ipv6_mapped().octets(),
+                sgid_index: 1,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+            },
+            qpn: 0x11,
+            psn: Psn::new(1),
+        };
+        let now = Instant::now();
+        let retry = Default::default();
+        for attr in connect_attrs(QpType::Rc, peer, Psn::new(1), PathMtu::Mtu1024, retry) {
+            endpoint.modify_qp(now, qpn, &attr).unwrap();
+        }
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: Vec::new(),
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        endpoint.post_send(now, qpn, wr).unwrap();
+        let addressing = Addressing {
+            mac: [2, 0, 0, 0, 0, 1],
+            ip: Ipv4Addr::new(10, 9, 9, 1),
+            neighbours: HashMap::from([(peer_ip, [2, 0, 0, 0, 0, 2])]),
+        };
+        Engine::new(endpoint, Refusing(errno), addressing)
+    }
+
+    #[test]
+    fn a_packet_refused_for_its_own_sake_is_lost_not_fatal() {
+        for errno in [libc::ENETUNREACH, libc::EMSGSIZE, libc::EPERM, libc::EINVAL] {
+            let mut engine = engine_with_a_send(errno);
+            engine.poll().expect("the engine goes on");
+            assert_eq!(engine.stats.tx_failed, 1, "errno {errno}");
+        }
+    }
+
+    #[test]
+    fn a_broken_backend_stops_the_engine() {
+        let mut engine = engine_with_a_send(libc::EBADF);
+        assert!(engine.poll().is_err());
     }
 }

@@ -64,6 +64,9 @@ pub enum MrError {
     /// An atomic target that is not 8-byte aligned.
     #[error("atomic target not 8-byte aligned")]
     Misaligned,
+    /// The region's bytes could not be allocated.
+    #[error("out of memory for the region")]
+    OutOfMemory,
 }
 
 /// A registered memory region; it owns its bytes.
@@ -190,10 +193,20 @@ impl MrTable {
         if iova.checked_add(len as u64).is_none() {
             return Err(MrError::AddressOverflow);
         }
-        let regions = self.pds.get_mut(&pd).ok_or(MrError::UnknownPd)?;
-        *regions += 1;
+        if !self.pds.contains_key(&pd) {
+            return Err(MrError::UnknownPd);
+        }
+        // A failed allocation is an error to report, not a reason to abort the process.
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(len)
+            .map_err(|_| MrError::OutOfMemory)?;
+        bytes.resize(len, 0);
+        let bytes = bytes.into_boxed_slice();
+        if let Some(regions) = self.pds.get_mut(&pd) {
+            *regions += 1;
+        }
         let key = self.fresh_key();
-        let bytes = vec![0; len].into_boxed_slice();
         self.mrs.insert(
             key,
             Mr {
@@ -549,6 +562,17 @@ mod tests {
             lkey: read_only,
         }];
         assert_eq!(table.scatter(pd, &sg, 0, &[1]), Err(MrError::AccessDenied));
+    }
+
+    #[test]
+    fn a_region_too_large_to_allocate_is_an_error() {
+        let (mut table, pd) = table();
+        assert_eq!(
+            table.reg_mr(pd, 0, usize::MAX / 2, RW),
+            Err(MrError::OutOfMemory)
+        );
+        // The failure left nothing behind: the PD is empty.
+        assert_eq!(table.dealloc_pd(pd), Ok(()));
     }
 
     #[test]

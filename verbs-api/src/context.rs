@@ -119,7 +119,7 @@ impl Core {
 
     /// Moves the engine's news to where users wait for it: completions to the CQs' own
     /// queues, CQ events to their channels, async events to the context.
-    fn deliver(&mut self) {
+    pub(crate) fn deliver(&mut self) {
         let mut moved = Vec::new();
         for (&id, shared) in &self.cqs {
             let cq = self.engine.endpoint().cq(id);
@@ -127,14 +127,17 @@ impl Core {
                 shared.overflowed.store(true, Ordering::Release);
             }
             if cq.is_empty() {
+                shared.backlog.store(false, Ordering::Release);
                 continue;
             }
             if let Ok(mut entries) = shared.entries.lock() {
-                // What does not fit waits in the endpoint's CQ, which overflows when full.
+                // What does not fit waits in the endpoint's CQ, which overflows when full;
+                // pollers that empty their queue fetch it (see `Cq::poll_into`).
                 let room = shared.depth.saturating_sub(entries.len());
                 moved.clear();
                 cq.poll(room, &mut moved);
                 entries.extend(moved.drain(..));
+                shared.backlog.store(!cq.is_empty(), Ordering::Release);
             }
         }
         for (&cq, channel) in &self.channels {
@@ -228,6 +231,9 @@ impl Shared {
 
     /// Fails once the engine has failed (what a poller must hear, without taking the lock).
     pub(crate) fn check_running(&self) -> Result<(), Error> {
+        if self.core.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
         if !self.failed.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -558,8 +564,21 @@ const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
+/// Marks the engine failed if the thread that holds it unwinds, so that no caller waits
+/// for it for ever.
+struct FailOnPanic<'a>(&'a Shared);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(io::Error::other("the engine thread panicked"));
+        }
+    }
+}
+
 /// The background thread.
 fn run(shared: &Shared, progress: Progress) {
+    let _guard = FailOnPanic(shared);
     // A duplicate of the backend's fd, to sleep on without holding the lock.
     let readiness = match shared.core.lock() {
         Ok(mut core) => core
@@ -579,6 +598,7 @@ fn run(shared: &Shared, progress: Progress) {
     while !shared.stop.load(Ordering::Acquire) {
         let next_timer = {
             let Ok(mut core) = shared.core.lock() else {
+                shared.fail(io::Error::other("a thread panicked inside a verbs call"));
                 return;
             };
             if let Err(error) = core.drive() {

@@ -33,9 +33,10 @@ impl ChannelInner {
     pub(crate) fn push(&self, cq: CqId) {
         if let Ok(mut events) = self.events.lock() {
             events.push_back(cq);
+            // Under the lock: a `pop` between the two would leave the fd readable with no
+            // event. A saturated counter still reads as readable.
+            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
         }
-        // A saturated counter still reads as readable.
-        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 
     fn pop(&self) -> Option<CqId> {
@@ -58,6 +59,8 @@ pub struct CompChannel {
 
 /// How long one round of a caller-driven wait sleeps in the backend before looking again.
 const CALLER_WAIT_SLICE: Duration = Duration::from_millis(1);
+/// How long a wait on the channel's fd lasts before checking on the engine again.
+const THREAD_WAIT_SLICE: Duration = Duration::from_millis(100);
 
 impl CompChannel {
     pub(crate) fn new(shared: &Arc<Shared>) -> Result<CompChannel, Error> {
@@ -75,11 +78,13 @@ impl CompChannel {
     /// Waits for a CQ of this channel to signal (`ibv_get_cq_event`) and says which
     /// ([`Cq::id`]). `None` waits for ever; a timeout gives [`Error::TimedOut`].
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<CqId, Error> {
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        // A timeout too long to represent is no timeout.
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         loop {
             if let Some(cq) = self.inner.pop() {
                 return Ok(cq);
             }
+            self.shared.check_running()?;
             let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
             if left == Some(Duration::ZERO) {
                 return Err(Error::TimedOut);
@@ -92,10 +97,10 @@ impl CompChannel {
                 self.shared.drive(&mut core)?;
                 waited?;
             } else {
-                let timeout = left
-                    .map(Timespec::try_from)
-                    .transpose()
-                    .map_err(|_| Error::TimedOut)?;
+                // In slices, so a failed engine or a dropped context is noticed.
+                let slice = left.map_or(THREAD_WAIT_SLICE, |left| left.min(THREAD_WAIT_SLICE));
+                let timeout = Timespec::try_from(slice).map_err(|_| Error::TimedOut)?;
+                let timeout = Some(timeout);
                 let mut fds = [PollFd::new(&self.inner.fd, PollFlags::IN)];
                 match poll(&mut fds, timeout.as_ref()) {
                     Ok(_) | Err(rustix::io::Errno::INTR) => {}
@@ -119,6 +124,8 @@ pub(crate) struct CqShared {
     pub(crate) entries: Mutex<VecDeque<WorkCompletion>>,
     pub(crate) depth: usize,
     pub(crate) overflowed: AtomicBool,
+    /// Completions still wait in the engine's CQ (this queue was full).
+    pub(crate) backlog: AtomicBool,
 }
 
 /// A completion queue (`ibv_cq`).
@@ -138,6 +145,14 @@ impl Cq {
         if depth == 0 {
             return Err(Error::InvalidArgument("a CQ needs at least one entry"));
         }
+        if depth > shared.device.query().max_cqe as usize {
+            return Err(Error::InvalidArgument(
+                "more CQ entries than the device's max_cqe",
+            ));
+        }
+        if channel.is_some_and(|channel| !Arc::ptr_eq(&channel.shared, shared)) {
+            return Err(Error::ForeignObject("completion channel"));
+        }
         let mut core = shared.lock()?;
         let id = core.endpoint().create_cq(depth);
         if let Some(channel) = channel {
@@ -147,6 +162,7 @@ impl Cq {
             entries: Mutex::new(VecDeque::with_capacity(depth)),
             depth,
             overflowed: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
         });
         core.cqs.insert(id, Arc::clone(&queue));
         Ok(Cq {
@@ -174,6 +190,17 @@ impl Cq {
         if self.queue.overflowed.load(Ordering::Acquire) {
             return Err(Error::CqOverflow);
         }
+        let count = self.take(max, out)?;
+        if count < max && self.queue.backlog.load(Ordering::Acquire) {
+            // This queue ran dry with more waiting in the engine's CQ: fetch them now, or a
+            // program that drains before waiting for an event would wait for ever.
+            self.shared.lock()?.deliver();
+            return Ok(count + self.take(max - count, out)?);
+        }
+        Ok(count)
+    }
+
+    fn take(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize, Error> {
         let mut entries = self.queue.entries.lock().map_err(|_| Error::Poisoned)?;
         let count = max.min(entries.len());
         out.extend(entries.drain(..count));

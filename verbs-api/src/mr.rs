@@ -111,7 +111,8 @@ impl Mr {
     /// fails its work request, as on an HCA.
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
         Sge {
-            addr: self.iova + offset as u64,
+            // An offset past the end makes an SGE that fails its work request, not a panic.
+            addr: self.iova.saturating_add(offset as u64),
             length: len,
             lkey: self.key,
         }

@@ -269,13 +269,17 @@ impl Qp {
             qpn: remote.qpn,
             psn: remote.psn,
         };
-        let attrs = connect_attrs(
+        let mut attrs = connect_attrs(
             self.qp_type,
             peer,
             self.first_psn,
             options.mtu,
             options.retry,
         );
+        if self.qp_type == QpType::Rc {
+            attrs[1].max_dest_rd_atomic = Some(options.max_dest_rd_atomic);
+            attrs[2].max_rd_atomic = Some(options.max_rd_atomic);
+        }
         attrs.iter().try_for_each(|attr| self.modify(attr))
     }
 

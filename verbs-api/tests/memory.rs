@@ -729,3 +729,174 @@ fn ud_over_ipv6_fills_the_grh_with_the_ipv6_header() {
     assert_eq!(bytes[24..40], v6_b.octets());
     assert_eq!(bytes[40..], [0x42; 100]);
 }
+
+/// Two connected RC QPs, B's CQ of `depth` with a completion channel.
+struct Channelled {
+    _ctx: (Context, Context),
+    pd: (roce_verbs::Pd, roce_verbs::Pd),
+    qp: (roce_verbs::Qp, roce_verbs::Qp),
+    cq: (Cq, Cq),
+    channel: roce_verbs::CompChannel,
+}
+
+fn channelled(depth: usize) -> Channelled {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let channel = ctx_b.create_comp_channel().unwrap();
+    let cq_a = ctx_a.create_cq(64, None).unwrap();
+    let cq_b = ctx_b.create_cq(depth, Some(&channel)).unwrap();
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
+    qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+    qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
+    Channelled {
+        _ctx: (ctx_a, ctx_b),
+        pd: (pd_a, pd_b),
+        qp: (qp_a, qp_b),
+        cq: (cq_a, cq_b),
+        channel,
+    }
+}
+
+#[test]
+fn completions_beyond_the_queue_reach_a_program_that_drains_before_waiting() {
+    // Depth 4; two batches of four receives complete, the second while the first still
+    // fills the queue pollers read: it waits in the engine's CQ.
+    let c = channelled(4);
+    let buf_a = c.pd.0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let buf_b = c.pd.1.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    c.qp.1
+        .post_recv((0..8).map(|wr_id| RecvWr {
+            wr_id,
+            sg_list: vec![buf_b.sge(0, 64)],
+        }))
+        .unwrap();
+    c.cq.1.req_notify(false).unwrap();
+    for batch in 0..2u64 {
+        c.qp.0
+            .post_send((0..4).map(|n| signaled(batch * 4 + n, SendOp::Send, buf_a.sge(0, 8))))
+            .unwrap();
+        assert_eq!(c.cq.0.wait_for(4, STALL).unwrap().len(), 4);
+        // B's engine has run a round since (its completions are handed over at once).
+        thread::sleep(Duration::from_millis(50));
+    }
+    // The usual loop: take the event, re-arm, drain until empty.
+    assert_eq!(c.channel.get_cq_event(Some(STALL)).unwrap(), c.cq.1.id());
+    c.cq.1.req_notify(false).unwrap();
+    let mut drained = Vec::new();
+    while c.cq.1.poll_into(2, &mut drained).unwrap() > 0 {}
+    let ids: Vec<u64> = drained.iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(
+        ids,
+        (0..8).collect::<Vec<_>>(),
+        "all eight, in order, without waiting"
+    );
+}
+
+#[test]
+fn a_failed_engine_wakes_channel_waiters_and_fails_every_call() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let channel = ctx_a.create_comp_channel().unwrap();
+    let cq_a = ctx_a.create_cq(8, Some(&channel)).unwrap();
+    let cq_b = ctx_b.create_cq(8, None).unwrap();
+    let attr = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    };
+    let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
+    let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
+    qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+    cq_a.req_notify(false).unwrap();
+    // A waiter with no deadline.
+    let waiter = thread::spawn(move || channel.get_cq_event(None));
+    // B's side of the wire goes away entirely: A's next frame cannot be sent.
+    drop((qp_b, cq_b, pd_b, ctx_b));
+    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    qp_a.post_send([signaled(1, SendOp::Send, buf.sge(0, 8))])
+        .unwrap();
+    let deadline = std::time::Instant::now() + STALL;
+    while !waiter.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter still waits"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(
+        waiter.join().unwrap(),
+        Err(Error::EngineFailed(_))
+    ));
+    assert!(matches!(ctx_a.stats(), Err(Error::EngineFailed(_))));
+    assert!(matches!(cq_a.poll(1), Err(Error::EngineFailed(_))));
+    let failure = qp_a
+        .post_send([signaled(2, SendOp::Send, buf.sge(0, 8))])
+        .unwrap_err();
+    assert!(matches!(failure.error, Error::EngineFailed(_)));
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let pd = ctx_a.alloc_pd().unwrap();
+    assert!(matches!(
+        ctx_a.create_cq(usize::MAX / 2, None),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pd.reg_mr(usize::MAX / 4, AccessFlags::LOCAL_WRITE),
+        Err(Error::Mr(_))
+    ));
+    let other = ctx_b.create_comp_channel().unwrap();
+    assert!(matches!(
+        ctx_a.create_cq(4, Some(&other)),
+        Err(Error::ForeignObject("completion channel"))
+    ));
+    let mr = pd.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.sge(usize::MAX, 1).addr, u64::MAX);
+    // A wait "for ever" spelled as the longest Duration.
+    let c = channelled(4);
+    let buf_a = c.pd.0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let buf_b = c.pd.1.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    c.qp.1
+        .post_recv([RecvWr {
+            wr_id: 1,
+            sg_list: vec![buf_b.sge(0, 64)],
+        }])
+        .unwrap();
+    c.cq.1.req_notify(false).unwrap();
+    c.qp.0
+        .post_send([signaled(1, SendOp::Send, buf_a.sge(0, 8))])
+        .unwrap();
+    assert_eq!(
+        c.channel.get_cq_event(Some(Duration::MAX)).unwrap(),
+        c.cq.1.id()
+    );
+}
+
+#[test]
+fn a_panic_under_the_device_lock_fails_every_later_call() {
+    let c = channelled(8);
+    let buf = c.pd.0.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        buf.with_bytes(|_| panic!("a program's closure panics"))
+            .ok();
+    }));
+    assert!(panicked.is_err());
+    assert!(matches!(c.cq.0.poll(1), Err(Error::Poisoned)));
+    let failure =
+        c.qp.0
+            .post_send([signaled(1, SendOp::Send, buf.sge(0, 8))])
+            .unwrap_err();
+    assert!(matches!(failure.error, Error::Poisoned));
+}

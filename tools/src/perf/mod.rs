@@ -225,7 +225,7 @@ impl Params {
             return 0;
         }
         let step = self.step(self.size);
-        (n % (self.cycle_buffer / step)) * step
+        (n % (self.cycle_buffer / step).max(1)) * step
     }
 }
 
@@ -324,6 +324,13 @@ fn perf(args: &Args) -> io::Result<()> {
 
     let mut oob = Oob::connect(args, &ctx)?;
     let (page, line, their_mtu) = oob.preamble(mtu)?;
+    // They size our buffer: a peer's nonsense must not.
+    let sane = |value: u32, most: u32| value.is_power_of_two() && value <= most;
+    if !sane(page, 1 << 20) || !sane(line, page.max(PAGE)) {
+        return Err(io::Error::other(format!(
+            "the peer's page size {page} or cache line {line} makes no sense"
+        )));
+    }
     if let Some(theirs) = path_mtu_from_enum(their_mtu) {
         mtu = mtu.min(theirs);
     }
