@@ -159,7 +159,12 @@ impl Cq {
     /// Moves up to `max` completions, oldest first, into `out`; returns how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
         let count = max.min(self.entries.len());
-        out.extend(self.entries.drain(..count));
+        // Completions are `Copy`: two slice copies instead of an element-by-element drain.
+        let (front, back) = self.entries.as_slices();
+        let from_front = count.min(front.len());
+        out.extend_from_slice(&front[..from_front]);
+        out.extend_from_slice(&back[..count - from_front]);
+        self.entries.drain(..count);
         count
     }
 

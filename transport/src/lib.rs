@@ -26,9 +26,10 @@
 //!
 //! `cargo bench -p roce-transport --bench transport` (criterion, one core, no I/O; request
 //! packets through requester → responder → completer, with posting, ACKs and completions),
-//! on the 2-core development VM: 64 B SEND 4.8 Mpps, 64 B WRITE 5.8 Mpps, 4 KiB WRITE
-//! 3.3 Mpps (from 4.2 / 4.7 / 2.8 before the last round of work: fewer moves on the hot path,
-//! one region lookup per gathered piece, no zeroing of payloads). The target is 10 Mpps.
+//! on the 2-core development VM: 64 B SEND 5.0 Mpps, 64 B WRITE 6.0 Mpps, 4 KiB WRITE
+//! 3.4 Mpps (from 4.2 / 4.7 / 2.8 before the last round of work: fewer moves on the hot path,
+//! one region lookup per gathered piece, no zeroing of payloads, completions copied out of a
+//! CQ as slices). The target is 10 Mpps.
 //! What the profile still shows: a quarter of the time in `memmove` of large values moved
 //! by value (an `OutPacket` is 192 bytes, its `ExtRepr` alone 120; a `SendWr` 128, copied
 //! into the send queue), a heap payload per packet, and a region lookup per packet on each
