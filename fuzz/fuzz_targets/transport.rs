@@ -1,8 +1,9 @@
-//! Hostile traffic against the transport's state machines: two endpoints with connected RC
-//! QPs exchange real packets, and the fuzzer decides what is posted, which packets arrive,
-//! when time passes, and which real packets come back with a byte changed (as a hostile or
-//! broken peer would send them; the ICRC is not checked under `cfg(fuzzing)`). Nothing may
-//! panic, and no work request may complete twice.
+//! Hostile traffic against the transport's state machines: two endpoints with a connected RC
+//! pair, a connected UC pair and a UD QP each exchange real packets, and the fuzzer decides
+//! the path MTU and retry settings, what is posted on which QP, which packets arrive, when
+//! time passes, and which real packets come back with a byte changed (as a hostile or broken
+//! peer would send them; the ICRC is not checked under `cfg(fuzzing)`). Nothing may panic,
+//! and no work request may complete twice.
 #![no_main]
 
 use std::collections::HashSet;
@@ -12,9 +13,11 @@ use std::time::Duration;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use roce_transport::cq::WorkCompletion;
+use roce_transport::qp::QpCaps;
 use roce_transport::qp_state::{PathMtu, QpAttr, QpState, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use roce_wire::aeth::RnrTimer;
 use roce_wire::{Frame, FrameRepr};
 
 /// Bytes of the region each side registers.
@@ -23,18 +26,34 @@ const BASE: u64 = 0x10_0000;
 /// Real packets kept to replay with a change.
 const KEPT: usize = 16;
 
+/// How the two endpoints are set up.
+#[derive(Arbitrary, Debug)]
+struct Setup {
+    mtu: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+}
+
 #[derive(Arbitrary, Debug)]
 enum Action {
-    /// A signaled send work request on one side's QP.
+    /// A signaled send work request on one side's QP (RC, UC or UD by `qp`).
     Post {
         from_b: bool,
+        qp: u8,
         op: u8,
         len: u16,
         local: u16,
         remote: u16,
     },
     /// A receive on one side's QP.
-    Receive { on_b: bool, len: u16, at: u16 },
+    Receive {
+        on_b: bool,
+        qp: u8,
+        len: u16,
+        at: u16,
+    },
     /// One packet one side has to send: delivered to the other, or lost.
     Step { from_b: bool, deliver: bool },
     /// A packet seen before, with one byte changed, to either side.
@@ -47,12 +66,17 @@ enum Action {
     /// Time passes; timers run.
     Tick { micros: u32 },
     /// A side's QP goes to ERR (flushing its work).
-    Fail { on_b: bool },
+    Fail { on_b: bool, qp: u8 },
 }
+
+/// QPs per side: RC, UC, UD.
+const QPS: usize = 3;
+const UD_QKEY: u32 = 0x1111;
 
 struct World {
     sim: Sim,
-    qpn: [u32; 2],
+    /// QP numbers by side and kind (RC, UC, UD).
+    qpn: [[u32; QPS]; 2],
     key: [u32; 2],
     kept: Vec<Vec<u8>>,
     next_id: u64,
@@ -60,21 +84,36 @@ struct World {
 }
 
 impl World {
-    fn new() -> World {
+    fn new(setup: &Setup) -> World {
         let mut sim = Sim::new(LinkConfig::default(), 7);
         let (a, b) = (sim.add_node(), sim.add_node());
+        let mtu = [
+            PathMtu::Mtu256,
+            PathMtu::Mtu512,
+            PathMtu::Mtu1024,
+            PathMtu::Mtu2048,
+            PathMtu::Mtu4096,
+        ][usize::from(setup.mtu % 5)];
         let retry = RetryConfig {
-            timeout: 5,
-            retry_cnt: 3,
-            rnr_retry: 2,
-            ..RetryConfig::default()
+            timeout: setup.timeout % 32,
+            retry_cnt: setup.retry_cnt % 8,
+            rnr_retry: setup.rnr_retry % 8,
+            min_rnr_timer: RnrTimer::new(setup.min_rnr_timer % 32),
         };
-        let pair = sim.connect(a, b, QpType::Rc, PathMtu::Mtu1024, retry);
+        let rc = sim.connect(a, b, QpType::Rc, mtu, retry);
+        let uc = sim.connect(a, b, QpType::Uc, mtu, retry);
+        let caps = QpCaps::default();
+        let (ud_a, ud_b) = (
+            sim.create_qp(a, QpType::Ud, caps),
+            sim.create_qp(b, QpType::Ud, caps),
+        );
+        sim.bring_up_ud(a, ud_a, UD_QKEY);
+        sim.bring_up_ud(b, ud_b, UD_QKEY);
         let key_a = sim.reg(a, BASE, &vec![0x5A; REGION as usize]);
         let key_b = sim.reg(b, BASE, &vec![0xA5; REGION as usize]);
         World {
             sim,
-            qpn: [pair.a.1, pair.b.1],
+            qpn: [[rc.a.1, uc.a.1, ud_a], [rc.b.1, uc.b.1, ud_b]],
             key: [key_a, key_b],
             kept: Vec::new(),
             next_id: 1,
@@ -87,12 +126,14 @@ impl World {
         match action {
             Action::Post {
                 from_b,
+                qp,
                 op,
                 len,
                 local,
                 remote,
             } => {
                 let side = usize::from(from_b);
+                let kind = usize::from(qp) % QPS;
                 let peer_key = self.key[1 - side];
                 let remote_addr = BASE + u64::from(remote);
                 let rkey = peer_key;
@@ -129,15 +170,20 @@ impl World {
                     }],
                     inline_data: Vec::new(),
                     flags: SendFlags::SIGNALED,
-                    ud: None,
+                    ud: (kind == 2).then(|| UdDest {
+                        av: self.sim.av_of(1 - side),
+                        remote_qpn: self.qpn[1 - side][2],
+                        remote_qkey: UD_QKEY,
+                    }),
                 };
                 self.next_id += 1;
                 let _ = self.sim.nodes[side]
                     .endpoint
-                    .post_send(now, self.qpn[side], wr);
+                    .post_send(now, self.qpn[side][kind], wr);
             }
-            Action::Receive { on_b, len, at } => {
+            Action::Receive { on_b, qp, len, at } => {
                 let side = usize::from(on_b);
+                let kind = usize::from(qp) % QPS;
                 let wr = RecvWr {
                     wr_id: self.next_id,
                     sg_list: vec![Sge {
@@ -149,7 +195,7 @@ impl World {
                 self.next_id += 1;
                 let _ = self.sim.nodes[side]
                     .endpoint
-                    .post_recv(now, self.qpn[side], wr);
+                    .post_recv(now, self.qpn[side][kind], wr);
             }
             Action::Step { from_b, deliver } => {
                 let side = usize::from(from_b);
@@ -194,15 +240,16 @@ impl World {
                     node.endpoint.handle_timeout(now);
                 }
             }
-            Action::Fail { on_b } => {
+            Action::Fail { on_b, qp } => {
                 let side = usize::from(on_b);
+                let kind = usize::from(qp) % QPS;
                 let attr = QpAttr {
                     state: Some(QpState::Err),
                     ..QpAttr::default()
                 };
                 let _ = self.sim.nodes[side]
                     .endpoint
-                    .modify_qp(now, self.qpn[side], &attr);
+                    .modify_qp(now, self.qpn[side][kind], &attr);
             }
         }
         self.check_completions();
@@ -237,8 +284,9 @@ impl World {
     }
 }
 
-fuzz_target!(|actions: Vec<Action>| {
-    let mut world = World::new();
+fuzz_target!(|input: (Setup, Vec<Action>)| {
+    let (setup, actions) = input;
+    let mut world = World::new(&setup);
     for action in actions.into_iter().take(512) {
         world.act(action);
     }
