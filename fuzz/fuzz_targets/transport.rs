@@ -67,6 +67,11 @@ enum Action {
     Tick { micros: u32 },
     /// A side's QP goes to ERR (flushing its work).
     Fail { on_b: bool, qp: u8 },
+    /// A side's QP is asked to go to any state, with no further attributes (most such
+    /// transitions are refused; some, like to RESET or SQD, are not).
+    Modify { on_b: bool, qp: u8, state: u8 },
+    /// A side's QP is destroyed: what still arrives for it is for a QP that does not exist.
+    Destroy { on_b: bool, qp: u8 },
 }
 
 /// QPs per side: RC, UC, UD.
@@ -250,6 +255,33 @@ impl World {
                 let _ = self.sim.nodes[side]
                     .endpoint
                     .modify_qp(now, self.qpn[side][kind], &attr);
+            }
+            Action::Modify { on_b, qp, state } => {
+                let side = usize::from(on_b);
+                let kind = usize::from(qp) % QPS;
+                let states = [
+                    QpState::Reset,
+                    QpState::Init,
+                    QpState::Rtr,
+                    QpState::Rts,
+                    QpState::Sqd,
+                    QpState::Sqe,
+                    QpState::Err,
+                ];
+                let attr = QpAttr {
+                    state: Some(states[usize::from(state) % states.len()]),
+                    ..QpAttr::default()
+                };
+                let _ = self.sim.nodes[side]
+                    .endpoint
+                    .modify_qp(now, self.qpn[side][kind], &attr);
+            }
+            Action::Destroy { on_b, qp } => {
+                let side = usize::from(on_b);
+                let kind = usize::from(qp) % QPS;
+                self.sim.nodes[side]
+                    .endpoint
+                    .destroy_qp(self.qpn[side][kind]);
             }
         }
         self.check_completions();
