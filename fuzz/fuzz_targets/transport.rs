@@ -164,7 +164,11 @@ impl World {
                         swap: 1,
                     },
                 };
-                let length = if op.is_atomic() { 8 } else { u32::from(len) % 8192 };
+                let length = if op.is_atomic() {
+                    8
+                } else {
+                    u32::from(len) % 8192
+                };
                 let wr = SendWr {
                     wr_id: self.next_id,
                     op,
