@@ -88,8 +88,7 @@ impl Transmit {
 
     /// The RoCEv2-over-IPv6 frame that carries this packet from `src_mac`/`src_ip` to the
     /// MAC `dst_mac`: traffic class, flow label and hop limit from the address vector, UDP
-    /// source port as for IPv4 (IPv6 has no checksum-free UDP in general, but RoCEv2's
-    /// ICRC stands in for it and rxe and HCAs send 0). `None` for an IPv4-mapped GID.
+    /// as for IPv4. `None` for an IPv4-mapped GID.
     pub fn ipv6_frame(
         &self,
         src_mac: [u8; 6],
@@ -97,31 +96,19 @@ impl Transmit {
         dst_mac: [u8; 6],
     ) -> Option<FrameRepr<'_>> {
         let av = &self.packet.av;
-        Some(FrameRepr {
-            ethernet: EthernetRepr {
-                dst: dst_mac,
-                src: src_mac,
-                vlan: None,
-            },
-            ip: IpRepr::V6(Ipv6Repr {
-                src: src_ip,
-                dst: self.ipv6_destination()?,
-                traffic_class: av.traffic_class,
-                flow_label: av.flow_label,
-                hop_limit: av.hop_limit,
-            }),
-            udp_src_port: 0xC000 | (self.src_qpn & 0x3FFF) as u16,
-            udp_checksum: false,
-            bth: self.packet.bth,
-            ext: self.packet.ext,
-            payload: &self.packet.payload,
-        })
+        let ip = IpRepr::V6(Ipv6Repr {
+            src: src_ip,
+            dst: self.ipv6_destination()?,
+            traffic_class: av.traffic_class,
+            flow_label: av.flow_label,
+            hop_limit: av.hop_limit,
+        });
+        Some(self.frame(src_mac, dst_mac, ip))
     }
 
     /// The RoCEv2 frame that carries this packet from `src` (MAC and IPv4 address) to the
-    /// MAC `dst_mac`, as rxe builds it: DF set, identification 0, no UDP checksum, UDP source
-    /// port `0xC000 | (qpn & 0x3FFF)` so each QP keeps one ECMP path. `None` for a GID that
-    /// is not IPv4-mapped.
+    /// MAC `dst_mac`, as rxe builds it: DF set, identification 0, TTL and DSCP/ECN from the
+    /// address vector. `None` for a GID that is not IPv4-mapped.
     pub fn ipv4_frame(
         &self,
         src_mac: [u8; 6],
@@ -129,27 +116,35 @@ impl Transmit {
         dst_mac: [u8; 6],
     ) -> Option<FrameRepr<'_>> {
         let av = &self.packet.av;
-        Some(FrameRepr {
+        let ip = IpRepr::V4(Ipv4Repr {
+            src: src_ip,
+            dst: self.ipv4_destination()?,
+            dscp: av.traffic_class >> 2,
+            ecn: av.traffic_class & 0x3,
+            identification: 0,
+            dont_fragment: true,
+            ttl: av.hop_limit,
+        });
+        Some(self.frame(src_mac, dst_mac, ip))
+    }
+
+    /// The frame around this packet, whichever IP version carries it: no UDP checksum (the
+    /// ICRC covers the packet, and rxe and HCAs send 0), UDP source port
+    /// `0xC000 | (qpn & 0x3FFF)` so each QP keeps one ECMP path.
+    fn frame(&self, src_mac: [u8; 6], dst_mac: [u8; 6], ip: IpRepr) -> FrameRepr<'_> {
+        FrameRepr {
             ethernet: EthernetRepr {
                 dst: dst_mac,
                 src: src_mac,
                 vlan: None,
             },
-            ip: IpRepr::V4(Ipv4Repr {
-                src: src_ip,
-                dst: self.ipv4_destination()?,
-                dscp: av.traffic_class >> 2,
-                ecn: av.traffic_class & 0x3,
-                identification: 0,
-                dont_fragment: true,
-                ttl: av.hop_limit,
-            }),
+            ip,
             udp_src_port: 0xC000 | (self.src_qpn & 0x3FFF) as u16,
             udp_checksum: false,
             bth: self.packet.bth,
             ext: self.packet.ext,
             payload: &self.packet.payload,
-        })
+        }
     }
 }
 
