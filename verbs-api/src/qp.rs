@@ -3,12 +3,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use roce_transport::qp::{PostGate, QpCaps, QpInit, QpStats};
+use roce_transport::qp::{PostError, PostGate, QpCaps, QpInit, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpAttr, QpState, QpType, RetryConfig,
     CONNECT_RD_ATOMIC,
 };
 use roce_transport::wr::{RecvWr, SendWr, UdDest};
+use roce_transport::Endpoint;
 use roce_wire::Psn;
 
 use crate::context::Shared;
@@ -301,81 +302,62 @@ impl Qp {
     /// engine's last round, queued for it without the device lock, and the thread is woken;
     /// a queue the engine has just drained may still look full for that long.
     pub fn post_send(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostFailure> {
-        let shared = self.shared();
-        let fail = |index, error| PostFailure { index, error };
-        if shared.caller_drives() {
-            let mut core = shared.lock().map_err(|error| fail(0, error))?;
-            let now = Instant::now();
-            core.submit(now);
-            let mut result = Ok(());
-            for (index, wr) in wrs.into_iter().enumerate() {
-                if let Err(error) = core.endpoint().post_send(now, self.qpn, wr) {
-                    result = Err(fail(index, error.into()));
-                    break;
-                }
-            }
-            core.refresh_gates();
-            // Whatever was posted leaves now, even behind a failure.
-            shared.kick(&mut core).map_err(|error| fail(0, error))?;
-            return result;
-        }
-        shared.check_running().map_err(|error| fail(0, error))?;
-        let mut result = Ok(());
-        {
-            let mut sends = self
-                .queues
-                .sends
-                .lock()
-                .map_err(|_| fail(0, Error::Poisoned))?;
-            for (index, wr) in wrs.into_iter().enumerate() {
-                let queued = sends.items.len();
-                if let Err(error) = sends.gate.check_send(&wr, queued) {
-                    result = Err(fail(index, error.into()));
-                    break;
-                }
-                sends.items.push_back(wr);
-            }
-        }
-        // Whatever was admitted leaves now, even behind a failure.
-        shared.wake();
-        result
+        let check = |gate: &PostGate, wr: &SendWr, queued| gate.check_send(wr, queued).map(drop);
+        let direct = |endpoint: &mut Endpoint, now, qpn, wr| endpoint.post_send(now, qpn, wr);
+        self.post(wrs, &self.queues.sends, check, direct, true)
     }
 
     /// `ibv_post_recv` for a list of work requests, with the same failure rule.
     pub fn post_recv(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostFailure> {
+        let check = |gate: &PostGate, wr: &RecvWr, queued| gate.check_recv(wr, queued);
+        let direct = |endpoint: &mut Endpoint, now, qpn, wr| endpoint.post_recv(now, qpn, wr);
+        self.post(wrs, &self.queues.recvs, check, direct, false)
+    }
+
+    /// Both queues' posting: straight into the endpoint when the caller drives the engine
+    /// (then, for sends, `transmit` makes them leave at once), else into `queue` after
+    /// `check` against its gate. Stops at the first refusal, as `bad_wr`.
+    fn post<T>(
+        &self,
+        wrs: impl IntoIterator<Item = T>,
+        queue: &Mutex<Pending<T>>,
+        check: impl Fn(&PostGate, &T, usize) -> Result<(), PostError>,
+        direct: impl Fn(&mut Endpoint, Instant, u32, T) -> Result<(), PostError>,
+        transmit: bool,
+    ) -> Result<(), PostFailure> {
         let shared = self.shared();
         let fail = |index, error| PostFailure { index, error };
+        let mut result = Ok(());
         if shared.caller_drives() {
             let mut core = shared.lock().map_err(|error| fail(0, error))?;
             let now = Instant::now();
             core.submit(now);
-            let mut result = Ok(());
             for (index, wr) in wrs.into_iter().enumerate() {
-                if let Err(error) = core.endpoint().post_recv(now, self.qpn, wr) {
+                if let Err(error) = direct(core.endpoint(), now, self.qpn, wr) {
                     result = Err(fail(index, error.into()));
                     break;
                 }
             }
             core.refresh_gates();
+            if transmit {
+                // Whatever was posted leaves now, even behind a failure.
+                shared.kick(&mut core).map_err(|error| fail(0, error))?;
+            }
             return result;
         }
         shared.check_running().map_err(|error| fail(0, error))?;
-        let mut result = Ok(());
         {
-            let mut recvs = self
-                .queues
-                .recvs
-                .lock()
-                .map_err(|_| fail(0, Error::Poisoned))?;
+            let mut pending = queue.lock().map_err(|_| fail(0, Error::Poisoned))?;
             for (index, wr) in wrs.into_iter().enumerate() {
-                let queued = recvs.items.len();
-                if let Err(error) = recvs.gate.check_recv(&wr, queued) {
+                let queued = pending.items.len();
+                if let Err(error) = check(&pending.gate, &wr, queued) {
                     result = Err(fail(index, error.into()));
                     break;
                 }
-                recvs.items.push_back(wr);
+                pending.items.push_back(wr);
             }
         }
+        // Whatever was admitted leaves now, even behind a failure.
         shared.wake();
         result
     }
