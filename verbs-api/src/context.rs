@@ -23,7 +23,7 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use crate::cq::{ChannelInner, CompChannel, Cq, CqShared};
 use crate::device::Device;
 use crate::neighbour;
-use crate::qp::Submission;
+use crate::qp::{Pending, Submission};
 use crate::{Error, Pd};
 
 /// How frames move for this context.
@@ -164,24 +164,14 @@ impl Core {
     pub(crate) fn submit(&mut self, now: Instant) {
         let endpoint = self.engine.endpoint();
         for (&qpn, queues) in &self.submissions {
-            if let Ok(mut recvs) = queues.recvs.lock() {
-                for wr in recvs.items.drain(..) {
-                    // Admitted against this QP's own gate: it cannot be refused now, but
-                    // if it were, there is no caller left to tell.
-                    let _ = endpoint.post_recv(now, qpn, wr);
-                }
-                if let Some(gate) = endpoint.post_gate(qpn) {
-                    recvs.gate = gate;
-                }
-            }
-            if let Ok(mut sends) = queues.sends.lock() {
-                for wr in sends.items.drain(..) {
-                    let _ = endpoint.post_send(now, qpn, wr);
-                }
-                if let Some(gate) = endpoint.post_gate(qpn) {
-                    sends.gate = gate;
-                }
-            }
+            // Admitted against this QP's own gate, a request cannot be refused now; if it
+            // were, there is no caller left to tell.
+            hand_over(&queues.recvs, endpoint, qpn, |endpoint, wr| {
+                let _ = endpoint.post_recv(now, qpn, wr);
+            });
+            hand_over(&queues.sends, endpoint, qpn, |endpoint, wr| {
+                let _ = endpoint.post_send(now, qpn, wr);
+            });
         }
     }
 
@@ -198,6 +188,24 @@ impl Core {
             if let Ok(mut recvs) = queues.recvs.lock() {
                 recvs.gate = gate;
             }
+        }
+    }
+}
+
+/// Posts what waits in `queue` to QP `qpn`, in order, and renews the queue's gate under the
+/// same lock (so admission never counts a request twice or not at all).
+fn hand_over<T>(
+    queue: &Mutex<Pending<T>>,
+    endpoint: &mut Endpoint,
+    qpn: u32,
+    mut post: impl FnMut(&mut Endpoint, T),
+) {
+    if let Ok(mut pending) = queue.lock() {
+        for wr in pending.items.drain(..) {
+            post(endpoint, wr);
+        }
+        if let Some(gate) = endpoint.post_gate(qpn) {
+            pending.gate = gate;
         }
     }
 }
