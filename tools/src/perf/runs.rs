@@ -303,19 +303,24 @@ impl Rdma<'_> {
             flags: SendFlags::SIGNALED,
             ud: None,
         };
+        // One poll's completions, counted: arrivals and finished SENDs.
+        let mut reap = |received: &mut u64, sends_done: &mut u64| -> io::Result<()> {
+            self.poll(&mut completions)?;
+            for wc in &completions {
+                match wc.opcode {
+                    WcOpcode::Recv => *received += 1,
+                    _ => *sends_done += 1,
+                }
+            }
+            Ok(())
+        };
         while sent < params.iters || received < params.iters {
             // The client sends first.
             if received < params.iters && (!params.client || sent > 0) {
                 // Wait for the next arrival (send completions come along the way).
                 let before = received;
                 while received == before {
-                    self.poll(&mut completions)?;
-                    for wc in &completions {
-                        match wc.opcode {
-                            WcOpcode::Recv => received += 1,
-                            _ => sends_done += 1,
-                        }
-                    }
+                    reap(&mut received, &mut sends_done)?;
                 }
                 self.check_received(0)?;
                 let more = (params.iters - recvs_posted).min(received - before);
@@ -325,13 +330,7 @@ impl Rdma<'_> {
             if sent < params.iters {
                 // A few SENDs may await their ACK; never more than the send queue holds.
                 while sent - sends_done >= 8 {
-                    self.poll(&mut completions)?;
-                    for wc in &completions {
-                        match wc.opcode {
-                            WcOpcode::Recv => received += 1,
-                            _ => sends_done += 1,
-                        }
-                    }
+                    reap(&mut received, &mut sends_done)?;
                 }
                 posted.push(Instant::now());
                 self.qps[0].post_send([send(sent)])?;
