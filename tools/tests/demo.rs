@@ -5,13 +5,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false)
-}
+use roce_provider::netns::is_root;
 
 /// Namespaces of the demo process `pid` (their names carry it).
 fn demo_namespaces(pid: u32) -> usize {

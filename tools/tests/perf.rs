@@ -3,51 +3,11 @@
 //! sent is checked byte for byte on the other, and the atomics against the target memory.
 //! Over AF_XDP, and once over kernel UDP sockets. Needs root (CI is root).
 
-use std::process::{Command, Output, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
 
 use roce_provider::netns::{is_root, veth, Netns};
 
-fn wait_for_listener(ns: &Netns, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let output = ns
-            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
-            .unwrap();
-        if !output.stdout.is_empty() {
-            return;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listens on {port} in {}", ns.name);
-}
-
-fn perf_in(ns: &Netns, args: &[&str]) -> Command {
-    let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", &ns.name, "timeout", "60"])
-        .args([env!("CARGO_BIN_EXE_roce"), "perf"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-fn has_row(text: &str, size: &str, iters: &str) -> bool {
-    text.lines().any(|line| {
-        let mut words = line.split_whitespace();
-        words.next() == Some(size) && words.next() == Some(iters)
-    })
-}
+use common::{has_row, roce_in, text, wait_for_listener};
 
 /// Test and flags, size in the rows, the check line the client / server must print.
 type Run<'a> = (&'a [&'a str], &'a str, Option<&'a str>, Option<&'a str>);
@@ -115,11 +75,11 @@ fn perf_against_itself_in_every_test() {
     for (flags, size, client_check, server_check) in runs {
         let mut args = flags.to_vec();
         args.extend(["-n", n, "--verify", "--report_gbits"]);
-        let server = perf_in(&b, &args).spawn().unwrap();
+        let server = roce_in(&b, "perf", &args).spawn().unwrap();
         wait_for_listener(&b, 18515);
         let mut client_args = args.clone();
         client_args.push("10.83.0.2");
-        let client = perf_in(&a, &client_args).output().unwrap();
+        let client = roce_in(&a, "perf", &client_args).output().unwrap();
         let server = server.wait_with_output().unwrap();
         let (client_text, server_text) = (text(&client), text(&server));
         let what = flags.join(" ");
@@ -173,9 +133,9 @@ fn perf_against_itself_in_every_test() {
     for (flags, size, rows, client_check, server_check) in several {
         let mut args = flags.to_vec();
         args.extend(["-n", n, "--verify"]);
-        let server = perf_in(&b, &args).spawn().unwrap();
+        let server = roce_in(&b, "perf", &args).spawn().unwrap();
         wait_for_listener(&b, 18515);
-        let client = perf_in(&a, &[&args[..], &["10.83.0.2"]].concat())
+        let client = roce_in(&a, "perf", &[&args[..], &["10.83.0.2"]].concat())
             .output()
             .unwrap();
         let server = server.wait_with_output().unwrap();
@@ -196,9 +156,9 @@ fn perf_against_itself_in_every_test() {
     }
     // Kernel UDP sockets instead of AF_XDP, same checks.
     let args = ["write_bw", "-s", "4096", "-n", n, "--verify", "--udp"];
-    let server = perf_in(&b, &args).spawn().unwrap();
+    let server = roce_in(&b, "perf", &args).spawn().unwrap();
     wait_for_listener(&b, 18515);
-    let client = perf_in(&a, &[&args[..], &["10.83.0.2"]].concat())
+    let client = roce_in(&a, "perf", &[&args[..], &["10.83.0.2"]].concat())
         .output()
         .unwrap();
     let server = server.wait_with_output().unwrap();

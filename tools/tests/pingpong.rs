@@ -3,42 +3,13 @@
 //! both sides' exit status and rdma-core's result lines; the tool itself checks every byte
 //! of every message. Needs root (CI is root).
 
-use std::process::{Command, Output, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+mod common;
+
+use std::process::Output;
 
 use roce_provider::netns::{is_root, veth, Netns};
 
-/// Waits until something listens on TCP `port` inside `ns` (bounded).
-fn wait_for_listener(ns: &Netns, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        let output = ns
-            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
-            .unwrap();
-        if !output.stdout.is_empty() {
-            return;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listens on {port} in {}", ns.name);
-}
-
-fn roce_in(ns: &Netns, args: &[&str]) -> Command {
-    let mut command = Command::new("ip");
-    command
-        .args([
-            "netns",
-            "exec",
-            &ns.name,
-            env!("CARGO_BIN_EXE_roce"),
-            "pingpong",
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
+use common::{roce_in, wait_for_listener};
 
 fn check(side: &str, output: &Output, iters: u32, size: u32) {
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -79,11 +50,11 @@ fn pingpong_against_itself_in_every_mode() {
         let n = iters.to_string();
         let mut server_args = vec!["-n", &n];
         server_args.extend_from_slice(flags);
-        let server = roce_in(&b, &server_args).spawn().unwrap();
+        let server = roce_in(&b, "pingpong", &server_args).spawn().unwrap();
         wait_for_listener(&b, 18515);
         let mut client_args = server_args.clone();
         client_args.push("10.81.0.2");
-        let client = roce_in(&a, &client_args).output().unwrap();
+        let client = roce_in(&a, "pingpong", &client_args).output().unwrap();
         let server = server.wait_with_output().unwrap();
         check(&format!("{name} client"), &client, iters, size);
         check(&format!("{name} server"), &server, iters, size);

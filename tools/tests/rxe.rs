@@ -5,11 +5,21 @@
 //! `ib_atomic_bw` (both atomics). Needs root and the rxe-peer tool (CI has both; the VM build
 //! is cached in $RXE_DIR). The tests share the one VM, so they take turns.
 
-use std::path::PathBuf;
+mod common;
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
+
+use roce_provider::netns::is_root;
+use roce_wire::frame::IpRepr;
+use roce_wire::{Frame, FrameRepr};
+
+use common::{has_row, text};
 
 const ITERS: &str = "50";
 
@@ -20,14 +30,6 @@ fn rxe_peer() -> Option<PathBuf> {
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh");
     script.exists().then_some(script)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false)
 }
 
 struct Vm(PathBuf);
@@ -65,14 +67,6 @@ impl Drop for Vm {
     }
 }
 
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
 /// Our pingpong in the host namespace.
 fn ours(args: &[&str]) -> Child {
     ours_tool("pingpong", &[&["-d", "host0", "-n", ITERS], args].concat())
@@ -83,14 +77,33 @@ const OUR_PCAP: &str = "/tmp/roce-rxe-run.pcap";
 
 /// The evidence of a failed run for the log: our capture's last frames, decoded.
 fn evidence() -> String {
+    last_frames(Path::new(OUR_PCAP), 40)
+}
+
+/// Where a capture is and its last `count` frames, decoded by `roce dump`.
+fn last_frames(pcap: &Path, count: usize) -> String {
     let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
-        .args(["dump", OUR_PCAP])
+        .arg("dump")
+        .arg(pcap)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
     let lines: Vec<&str> = dump.lines().collect();
-    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
-    format!("our capture {OUR_PCAP}, last frames:\n{tail}")
+    let tail = lines[lines.len().saturating_sub(count)..].join("\n");
+    format!("capture {}, last frames:\n{tail}", pcap.display())
+}
+
+/// Every RoCEv2-over-IPv4 frame of a capture, with its sender.
+fn captured_frames(pcap: &Path, mut each: impl FnMut(Ipv4Addr, &FrameRepr)) {
+    for captured in roce_provider::capture::read_frames(pcap).expect("read the capture") {
+        let Ok(repr) = Frame::new_checked(&captured.data[..]).and_then(|f| FrameRepr::parse(&f))
+        else {
+            continue;
+        };
+        if let IpRepr::V4(ip) = repr.ip {
+            each(ip.src, &repr);
+        }
+    }
 }
 
 /// `roce TOOL ARGS...` in the host namespace, bounded in time, recording to [`OUR_PCAP`].
@@ -249,14 +262,6 @@ fn pingpong_with_rxe_in_both_roles() {
     );
 }
 
-/// Whether `text` has a perftest result row for `size` bytes and `iters` iterations.
-fn has_row(text: &str, size: &str, iters: &str) -> bool {
-    text.lines().any(|line| {
-        let mut words = line.split_whitespace();
-        words.next() == Some(size) && words.next() == Some(iters)
-    })
-}
-
 /// One perftest program against `roce perf TEST`, in both roles. `rows` says which sides print
 /// a result row (perftest's read_lat server prints none).
 fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)) {
@@ -379,24 +384,14 @@ struct Recovery {
     naks: usize,
 }
 
-fn recovery_by_sender(
-    pcap: &std::path::Path,
-) -> std::collections::HashMap<std::net::Ipv4Addr, Recovery> {
+fn recovery_by_sender(pcap: &Path) -> HashMap<Ipv4Addr, Recovery> {
     use roce_wire::aeth::Syndrome;
-    use roce_wire::frame::IpRepr;
-    use roce_wire::{Frame, FrameRepr};
-    let frames = roce_provider::capture::read_frames(pcap).expect("read the capture");
-    let mut highest = std::collections::HashMap::new();
-    let mut found: std::collections::HashMap<_, Recovery> = std::collections::HashMap::new();
-    for captured in &frames {
-        let Ok(repr) = Frame::new_checked(&captured.data[..]).and_then(|f| FrameRepr::parse(&f))
-        else {
-            continue;
-        };
-        let IpRepr::V4(ip) = repr.ip else { continue };
-        let entry = found.entry(ip.src).or_default();
+    let mut highest = HashMap::new();
+    let mut found: HashMap<_, Recovery> = HashMap::new();
+    captured_frames(pcap, |src, repr| {
+        let entry = found.entry(src).or_default();
         if repr.bth.opcode.info().is_request {
-            let flow = (ip.src, repr.bth.dest_qpn);
+            let flow = (src, repr.bth.dest_qpn);
             match highest.get(&flow) {
                 Some(&top) if repr.bth.psn <= top => entry.retransmitted += 1,
                 _ => {
@@ -408,7 +403,7 @@ fn recovery_by_sender(
                 entry.naks += 1;
             }
         }
-    }
+    });
     found
 }
 
@@ -437,17 +432,7 @@ fn perf_with_perftest_on_rxe_under_five_percent_loss() {
     let pcap = capture_path(name);
     if let Err(failure) = runs {
         // The capture is the evidence: say where it is and show its end in the log.
-        let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
-            .arg("dump")
-            .arg(&pcap)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        let tail: Vec<&str> = dump.lines().rev().take(60).collect();
-        eprintln!("capture of the failed run: {}", pcap.display());
-        for line in tail.iter().rev() {
-            eprintln!("  {line}");
-        }
+        eprintln!("the failed run's {}", last_frames(&pcap, 60));
         std::panic::resume_unwind(failure);
     }
     let found = recovery_by_sender(&pcap);
@@ -468,28 +453,17 @@ fn perf_with_perftest_on_rxe_under_five_percent_loss() {
 }
 
 /// NAKs of each kind in a capture, by sender.
-fn naks_by_sender(
-    pcap: &std::path::Path,
-) -> std::collections::HashMap<(std::net::Ipv4Addr, String), usize> {
+fn naks_by_sender(pcap: &Path) -> HashMap<(Ipv4Addr, String), usize> {
     use roce_wire::aeth::Syndrome;
-    use roce_wire::frame::IpRepr;
-    use roce_wire::{Frame, FrameRepr};
-    let mut naks = std::collections::HashMap::new();
-    for captured in roce_provider::capture::read_frames(pcap).expect("read the capture") {
-        let Ok(repr) = Frame::new_checked(&captured.data[..]).and_then(|f| FrameRepr::parse(&f))
-        else {
-            continue;
+    let mut naks = HashMap::new();
+    captured_frames(pcap, |src, repr| {
+        let kind = match repr.ext.aeth.map(|aeth| aeth.syndrome) {
+            None | Some(Syndrome::Ack(_)) => return,
+            Some(Syndrome::RnrNak(_)) => "RNR".to_string(),
+            Some(Syndrome::Nak(code)) => format!("{code:?}"),
         };
-        let (IpRepr::V4(ip), Some(aeth)) = (repr.ip, repr.ext.aeth) else {
-            continue;
-        };
-        let kind = match aeth.syndrome {
-            Syndrome::Ack(_) => continue,
-            Syndrome::RnrNak(_) => "RNR".to_string(),
-            Syndrome::Nak(code) => format!("{code:?}"),
-        };
-        *naks.entry((ip.src, kind)).or_default() += 1;
-    }
+        *naks.entry((src, kind)).or_default() += 1;
+    });
     naks
 }
 
