@@ -69,6 +69,17 @@ fn pair(progress: Progress, fault: f64) -> (Context, Context) {
     )
 }
 
+/// A QP of `qp_type` with both queues on `cq`, default caps, only signaled sends complete.
+fn init(qp_type: QpType, cq: &Cq) -> QpInitAttr<'_> {
+    QpInitAttr {
+        qp_type,
+        send_cq: cq,
+        recv_cq: cq,
+        caps: QpCaps::default(),
+        sq_sig_all: false,
+    }
+}
+
 /// A 16 ms ACK timeout: lost tails are resent quickly, yet two engine threads descheduled
 /// for a few milliseconds on a busy two-core machine do not use up the retries (0.5 ms did).
 fn fast() -> ConnectOptions {
@@ -119,11 +130,8 @@ fn rc_scenario(progress: Progress) {
     let cq_b = ctx_b.create_cq(64, Some(&channel_b)).unwrap();
     let caps = QpCaps::default();
     let qp_attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
         caps,
-        sq_sig_all: false,
+        ..init(QpType::Rc, cq)
     };
     let qp_a = pd_a.create_qp(&qp_attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&qp_attr(&cq_b)).unwrap();
@@ -255,11 +263,8 @@ fn ud_through_an_address_handle() {
         ctx_b.create_cq(16, None).unwrap(),
     );
     let attr = |cq| QpInitAttr {
-        qp_type: QpType::Ud,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
         sq_sig_all: true,
+        ..init(QpType::Ud, cq)
     };
     let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
@@ -352,14 +357,11 @@ fn bad_calls_get_clear_errors() {
         Err(Error::InvalidArgument(_))
     ));
     let attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
         caps: QpCaps {
             max_send_wr: 2,
             ..QpCaps::default()
         },
-        sq_sig_all: false,
+        ..init(QpType::Rc, cq)
     };
     assert!(matches!(
         pd.create_qp(&attr(&other_cq)),
@@ -414,13 +416,7 @@ fn cq_overflow_is_an_error_and_an_async_event() {
     // One slot on A, and three signaled WRITEs.
     let cq_a = ctx_a.create_cq(1, None).unwrap();
     let cq_b = ctx_b.create_cq(4, None).unwrap();
-    let attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-    };
+    let attr = |cq| init(QpType::Rc, cq);
     let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
     qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
@@ -453,13 +449,7 @@ fn a_channel_fd_polls_readable_only_while_an_event_waits() {
     let cq_a = ctx_a.create_cq(8, None).unwrap();
     let channel = ctx_b.create_comp_channel().unwrap();
     let cq_b = ctx_b.create_cq(8, Some(&channel)).unwrap();
-    let attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-    };
+    let attr = |cq| init(QpType::Rc, cq);
     let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
     qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
@@ -523,14 +513,11 @@ fn four_qps(progress: Progress) -> Four {
     let cq_a = ctx_a.create_cq(8192, None).unwrap();
     let cq_b = ctx_b.create_cq(8192, None).unwrap();
     let attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
         caps: QpCaps {
             max_send_wr: 64,
             ..QpCaps::default()
         },
-        sq_sig_all: false,
+        ..init(QpType::Rc, cq)
     };
     let qps = (0..4)
         .map(|_| {
@@ -691,11 +678,8 @@ fn ud_over_ipv6_fills_the_grh_with_the_ipv6_header() {
         ctx_b.create_cq(4, None).unwrap(),
     );
     let attr = |cq| QpInitAttr {
-        qp_type: QpType::Ud,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
         sq_sig_all: true,
+        ..init(QpType::Ud, cq)
     };
     let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
@@ -745,13 +729,7 @@ fn channelled(depth: usize) -> Channelled {
     let channel = ctx_b.create_comp_channel().unwrap();
     let cq_a = ctx_a.create_cq(64, None).unwrap();
     let cq_b = ctx_b.create_cq(depth, Some(&channel)).unwrap();
-    let attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-    };
+    let attr = |cq| init(QpType::Rc, cq);
     let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
     qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
@@ -807,13 +785,7 @@ fn a_failed_engine_wakes_channel_waiters_and_fails_every_call() {
     let channel = ctx_a.create_comp_channel().unwrap();
     let cq_a = ctx_a.create_cq(8, Some(&channel)).unwrap();
     let cq_b = ctx_b.create_cq(8, None).unwrap();
-    let attr = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        caps: QpCaps::default(),
-        sq_sig_all: false,
-    };
+    let attr = |cq| init(QpType::Rc, cq);
     let qp_a = pd_a.create_qp(&attr(&cq_a)).unwrap();
     let qp_b = pd_b.create_qp(&attr(&cq_b)).unwrap();
     qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
