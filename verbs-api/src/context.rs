@@ -201,6 +201,11 @@ fn hand_over<T>(
     mut post: impl FnMut(&mut Endpoint, T),
 ) {
     if let Ok(mut pending) = queue.lock() {
+        // Nothing queued: nothing to post, and the gate is renewed by `refresh_gates`,
+        // which every caller runs after (this is every engine round, for every QP).
+        if pending.items.is_empty() {
+            return;
+        }
         for wr in pending.items.drain(..) {
             post(endpoint, wr);
         }
