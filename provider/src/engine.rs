@@ -58,6 +58,8 @@ pub struct Engine<B> {
     neighbours6: HashMap<Ipv6Addr, [u8; 6]>,
     rx: Vec<u8>,
     tx: Vec<u8>,
+    /// The packet being sent, kept so its payload buffer is reused.
+    outgoing: Transmit,
     /// Counters.
     pub stats: EngineStats,
 }
@@ -73,6 +75,7 @@ impl<B: Backend> Engine<B> {
             neighbours6: HashMap::new(),
             rx: vec![0; MAX_FRAME],
             tx: vec![0; MAX_FRAME],
+            outgoing: Transmit::default(),
             stats: EngineStats::default(),
         }
     }
@@ -121,10 +124,13 @@ impl<B: Backend> Engine<B> {
             receive(&mut self.endpoint, &mut self.stats, now, &self.rx[..len]);
         }
         self.endpoint.handle_timeout(now);
-        while let Some(transmit) = self.endpoint.poll_transmit(now) {
-            self.transmit(&transmit)?;
+        let mut outgoing = std::mem::take(&mut self.outgoing);
+        let mut sent = Ok(());
+        while sent.is_ok() && self.endpoint.poll_transmit_into(now, &mut outgoing) {
+            sent = self.transmit(&outgoing);
         }
-        Ok(())
+        self.outgoing = outgoing;
+        sent
     }
 
     /// [`poll`](Self::poll), then sleeps until a frame arrives, the next timer is due, or

@@ -81,6 +81,8 @@ struct Bench {
     send_wr: SendWr,
     recv_wr: RecvWr,
     completions: Vec<WorkCompletion>,
+    /// Every packet is built here in turn (as a provider does, to reuse its buffer).
+    transmit: Transmit,
 }
 
 impl Bench {
@@ -120,6 +122,7 @@ impl Bench {
                 sg_list: vec![sge(DST, dst_key)],
             },
             completions: Vec::with_capacity(BATCH),
+            transmit: Transmit::default(),
         }
     }
 
@@ -174,8 +177,8 @@ impl Bench {
         let (a, b) = (&mut left[0].endpoint, &mut right[0].endpoint);
         let (mut requests, mut acks) = (0, 0);
         loop {
-            let sent = pump(a, b, now, [1, 2]);
-            let answered = pump(b, a, now, [2, 1]);
+            let sent = pump(a, b, &mut self.transmit, now, [1, 2]);
+            let answered = pump(b, a, &mut self.transmit, now, [2, 1]);
             requests += sent;
             acks += answered;
             if sent == 0 && answered == 0 {
@@ -211,10 +214,16 @@ impl Bench {
 
 /// Hands everything `from` has to send to `to`; returns how many packets moved. `hosts`
 /// are the last IPv4 octets of the sender and the receiver.
-fn pump(from: &mut Endpoint, to: &mut Endpoint, now: Instant, hosts: [u8; 2]) -> u64 {
+fn pump(
+    from: &mut Endpoint,
+    to: &mut Endpoint,
+    transmit: &mut Transmit,
+    now: Instant,
+    hosts: [u8; 2],
+) -> u64 {
     let mut moved = 0;
-    while let Some(transmit) = from.poll_transmit(now) {
-        to.handle_packet(now, &frame(&transmit, hosts));
+    while from.poll_transmit_into(now, transmit) {
+        to.handle_packet(now, &frame(transmit, hosts));
         moved += 1;
     }
     moved
@@ -291,7 +300,9 @@ fn sim(c: &mut Criterion) {
         ud: None,
     };
     group.throughput(Throughput::Bytes(LEN as u64));
+    let mut ran = false;
     group.bench_function("write_1MiB", |bencher| {
+        ran = true;
         bencher.iter(|| {
             sim.post_send(a, pair.a.1, write.clone()).unwrap();
             let mut completions = Vec::new();
@@ -303,7 +314,9 @@ fn sim(c: &mut Criterion) {
         })
     });
     group.finish();
-    assert_eq!(sim.mr_bytes(b, dst_key), vec![0x5A; LEN]);
+    if ran {
+        assert_eq!(sim.mr_bytes(b, dst_key), vec![0x5A; LEN]);
+    }
 }
 
 criterion_group!(benches, endpoints, sim);

@@ -65,8 +65,9 @@ pub struct Endpoint {
 /// The first QP number handed out; 0 and 1 are the special QPs.
 const FIRST_QPN: u32 = 0x11;
 
-/// A packet to send, from a local QP.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A packet to send, from a local QP. The default is a blank one to pass to
+/// [`Endpoint::poll_transmit_into`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Transmit {
     /// The sending QP (its UDP source port is derived from it).
     pub src_qpn: u32,
@@ -296,7 +297,18 @@ impl Endpoint {
     }
 
     /// The next packet to send, taking QPs in turn.
+    /// [`poll_transmit_into`](Self::poll_transmit_into) is the same without a fresh
+    /// allocation per packet.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        let mut transmit = Transmit::default();
+        self.poll_transmit_into(now, &mut transmit)
+            .then_some(transmit)
+    }
+
+    /// Writes the next packet to send into `out`, taking QPs in turn; `false` when no QP has
+    /// anything to send (`out` is then unspecified). `out`'s payload buffer is reused, so a
+    /// caller that keeps one `Transmit` for its sends allocates nothing per packet.
+    pub fn poll_transmit_into(&mut self, now: Instant, out: &mut Transmit) -> bool {
         // From the cursor to the end, then from the start to the cursor: one walk over the
         // map each, borrowing the QPs and what they need side by side (no second lookup).
         let start = self.transmit_cursor;
@@ -310,31 +322,18 @@ impl Endpoint {
         } = self;
         let mut ctx = Ctx { now, mrs, cqs };
         let mut poll = |qpn: u32, qp: &mut Qp| {
-            let packet = qp.poll_packet(&mut ctx);
+            let found = qp.poll_packet(&mut ctx, &mut out.packet);
             if std::mem::take(&mut qp.cq_overflowed) {
                 events.push(AsyncEvent::CqOverflow { qpn });
             }
-            packet
+            if found {
+                *transmit_cursor = qpn + 1;
+                out.src_qpn = qpn;
+            }
+            found
         };
-        for (&qpn, qp) in qps.range_mut(start..) {
-            if let Some(packet) = poll(qpn, qp) {
-                *transmit_cursor = qpn + 1;
-                return Some(Transmit {
-                    src_qpn: qpn,
-                    packet,
-                });
-            }
-        }
-        for (&qpn, qp) in qps.range_mut(..start) {
-            if let Some(packet) = poll(qpn, qp) {
-                *transmit_cursor = qpn + 1;
-                return Some(Transmit {
-                    src_qpn: qpn,
-                    packet,
-                });
-            }
-        }
-        None
+        qps.range_mut(start..).any(|(&qpn, qp)| poll(qpn, qp))
+            || qps.range_mut(..start).any(|(&qpn, qp)| poll(qpn, qp))
     }
 
     /// The earliest timer deadline of any QP.

@@ -314,7 +314,7 @@ impl Sim {
     }
 
     /// Turns a transmit into bytes on the wire, with the link's faults.
-    fn send(&mut self, from: usize, transmit: Transmit) {
+    fn send(&mut self, from: usize, transmit: &Transmit) {
         self.stats.sent += 1;
         let dst_ip = transmit.ipv4_destination();
         let Some(to) = self.nodes.iter().position(|node| Some(node.ip) == dst_ip) else {
@@ -387,9 +387,13 @@ impl Sim {
 
     /// Sends everything every endpoint has to send now.
     fn flush(&mut self) {
+        let mut transmit = Transmit::default();
         for index in 0..self.nodes.len() {
-            while let Some(transmit) = self.nodes[index].endpoint.poll_transmit(self.now) {
-                self.send(index, transmit);
+            while self.nodes[index]
+                .endpoint
+                .poll_transmit_into(self.now, &mut transmit)
+            {
+                self.send(index, &transmit);
             }
         }
     }

@@ -4,9 +4,11 @@ use roce_transport::cq::{WcOpcode, WcStatus};
 use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
 use roce_transport::wr::{RecvWr, SendOp, Sge};
+use roce_transport::Transmit;
+use roce_wire::Opcode;
 
 mod common;
-use common::{pattern, signaled};
+use common::{pattern, recv_wr, sge, signaled};
 
 fn lossy() -> LinkConfig {
     LinkConfig {
@@ -292,4 +294,77 @@ fn ud_send_delivers_with_grh() {
     // IPv4: the last 20 bytes of the GRH area hold the IPv4 header, from node a.
     assert_eq!(got[20] >> 4, 4);
     assert_eq!(&got[20 + 12..20 + 16], &sim.nodes[a].ip.octets());
+}
+
+/// Everything two endpoints send each other for a WRITE of three packets, a READ of two and
+/// a SEND, handed straight from one to the other, recording every packet: with
+/// `reuse`, through one `Transmit` that `poll_transmit_into` refills.
+fn exchange(reuse: bool) -> Vec<Transmit> {
+    let mut sim = Sim::new(LinkConfig::default(), 9);
+    let (a, b) = (sim.add_node(), sim.add_node());
+    let pair = sim.connect(a, b, QpType::Rc, PathMtu::Mtu1024, RetryConfig::default());
+    let (qa, qb) = (pair.a.1, pair.b.1);
+    let src_key = sim.reg(a, 0x10_0000, &pattern(3000, 1));
+    let dst_key = sim.reg(b, 0x20_0000, &pattern(3000, 2));
+    let source = sge(0x10_0000, 3000, src_key);
+    let write = SendOp::RdmaWrite {
+        remote_addr: 0x20_0000,
+        rkey: dst_key,
+    };
+    let read = SendOp::RdmaRead {
+        remote_addr: 0x20_0000,
+        rkey: dst_key,
+    };
+    sim.post_send(a, qa, signaled(1, write, source)).unwrap();
+    sim.post_send(a, qa, signaled(2, read, sge(0x10_0000, 2048, src_key)))
+        .unwrap();
+    sim.post_recv(b, qb, recv_wr(3, sge(0x20_0000, 100, dst_key)))
+        .unwrap();
+    sim.post_send(
+        a,
+        qa,
+        signaled(3, SendOp::Send, sge(0x10_0000, 100, src_key)),
+    )
+    .unwrap();
+    let ips = [sim.nodes[a].ip, sim.nodes[b].ip];
+    let now = sim.now;
+    let mut sent = Vec::new();
+    let mut transmit = Transmit::default();
+    for _round in 0..10 {
+        for from in [a, b] {
+            loop {
+                let next = if reuse {
+                    sim.nodes[from]
+                        .endpoint
+                        .poll_transmit_into(now, &mut transmit)
+                        .then(|| transmit.clone())
+                } else {
+                    sim.nodes[from].endpoint.poll_transmit(now)
+                };
+                let Some(next) = next else { break };
+                let frame = next.ipv4_frame([2; 6], ips[from], [2; 6]).unwrap();
+                sim.nodes[1 - from].endpoint.handle_packet(now, &frame);
+                sent.push(next);
+            }
+        }
+    }
+    sent
+}
+
+/// A reused `Transmit` carries exactly what fresh ones do: an ACK after a data packet has
+/// no payload left over, and READ responses carry theirs.
+#[test]
+fn reused_transmit_matches_fresh_ones() {
+    let fresh = exchange(false);
+    let opcodes: Vec<Opcode> = fresh.iter().map(|t| t.packet.bth.opcode).collect();
+    for expected in [
+        Opcode::RcRdmaWriteFirst,
+        Opcode::RcRdmaWriteLast,
+        Opcode::RcAcknowledge,
+        Opcode::RcRdmaReadResponseLast,
+        Opcode::RcSendOnly,
+    ] {
+        assert!(opcodes.contains(&expected), "{expected:?} in {opcodes:?}");
+    }
+    assert_eq!(exchange(true), fresh);
 }

@@ -2,7 +2,7 @@
 //!
 //! Calling order, for the [`Endpoint`](crate::Endpoint) that owns it: inputs
 //! (`post_send`, `post_recv`, `handle_packet`, `handle_timeout`) in any order, then
-//! `poll_packet` until it returns `None`, then `next_timeout` for when to call again.
+//! `poll_packet` until it returns `false`, then `next_timeout` for when to call again.
 
 mod completer;
 mod requester;
@@ -135,6 +135,55 @@ pub struct OutPacket {
     /// Where it goes.
     pub av: AddressVector,
 }
+
+impl Default for OutPacket {
+    /// A blank packet to fill: an ACK for PSN 0 to nowhere, with no payload.
+    fn default() -> Self {
+        OutPacket {
+            bth: bth::Repr {
+                opcode: Opcode::RcAcknowledge,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: 0xFFFF,
+                fecn: false,
+                becn: false,
+                dest_qpn: 0,
+                ack_req: false,
+                psn: Psn::new(0),
+            },
+            ext: ExtRepr::default(),
+            payload: Vec::new(),
+            av: NO_ADDRESS,
+        }
+    }
+}
+
+impl OutPacket {
+    /// Becomes `packet`, keeping this packet's payload buffer when `packet` has none, so a
+    /// reused packet does not give up its allocation to an ACK.
+    pub(crate) fn replace_with(&mut self, packet: OutPacket) {
+        if packet.payload.is_empty() {
+            let mut buffer = std::mem::take(&mut self.payload);
+            buffer.clear();
+            *self = OutPacket {
+                payload: buffer,
+                ..packet
+            };
+        } else {
+            *self = packet;
+        }
+    }
+}
+
+/// The address of a connected QP that has not been given one yet.
+const NO_ADDRESS: AddressVector = AddressVector {
+    dgid: [0; 16],
+    sgid_index: 0,
+    hop_limit: 64,
+    traffic_class: 0,
+    flow_label: 0,
+};
 
 /// Everything that decides whether a post is accepted, as of one moment: what the
 /// requester and responder check, and what a verbs layer checks to admit work from other
@@ -400,13 +449,12 @@ impl Qp {
         }
     }
 
-    /// The next packet to send: responses first (they unblock the peer), then requests.
+    /// Writes the next packet to send into `out`, whose payload buffer is reused: responses
+    /// first (they unblock the peer), then requests. `false` when there is nothing to send
+    /// (`out` is then unspecified).
     #[inline]
-    pub fn poll_packet(&mut self, ctx: &mut Ctx) -> Option<OutPacket> {
-        if let Some(packet) = responder::next_packet(self) {
-            return Some(packet);
-        }
-        requester::next_packet(self, ctx)
+    pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+        responder::next_packet(self, out) || requester::next_packet(self, ctx, out)
     }
 
     pub fn next_timeout(&self) -> Option<Instant> {
@@ -415,13 +463,7 @@ impl Qp {
 
     /// The address of a connected QP's peer (UD packets carry their own).
     fn connected_av(&self) -> AddressVector {
-        self.config.av.unwrap_or(AddressVector {
-            dgid: [0; 16],
-            sgid_index: 0,
-            hop_limit: 64,
-            traffic_class: 0,
-            flow_label: 0,
-        })
+        self.config.av.unwrap_or(NO_ADDRESS)
     }
 
     /// Builds a packet to the connected peer.

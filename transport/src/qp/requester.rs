@@ -269,21 +269,22 @@ fn ext_headers(qp: &Qp, wqe: &SendWqe, index: u32, position: Position) -> ExtRep
     ext
 }
 
-/// Builds and returns the next request packet, advancing the cursor.
-pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
+/// Writes the next request packet into `out` (reusing its payload buffer) and advances the
+/// cursor; `false` if nothing may be sent now.
+pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.timers.is_set(Timer::RnrWait) {
-        return None;
+        return false;
     }
     // SQD drains: what was already sent may go again, nothing new starts.
     if qp.state == QpState::Sqd && qp.req.next_psn.distance(qp.req.max_sent_psn) > 0 {
-        return None;
+        return false;
     }
     let index = qp.req.next;
     if index >= qp.req.wqes.len() || must_wait(qp, index) {
-        return None;
+        return false;
     }
     if qp.qp_type == QpType::Rc && qp.req.next_psn.distance(qp.req.acked_psn) > MAX_UNACKED_PSNS {
-        return None;
+        return false;
     }
     if qp.req.pkt_in_wqe == 0 {
         qp.req.wqes[index].first_psn = qp.req.next_psn;
@@ -293,31 +294,35 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
     let psn = qp.req.next_psn;
     let position = position(k, wqe.npsn);
     let is_read = matches!(wqe.wr.op, SendOp::RdmaRead { .. });
-    let payload = if is_read || wqe.wr.op.is_atomic() {
-        Vec::new()
-    } else {
+    out.payload.clear();
+    if !is_read && !wqe.wr.op.is_atomic() {
         let offset = k as usize * qp.config.mtu;
         let chunk = (wqe.len as usize - offset).min(qp.config.mtu);
-        let mut payload = Vec::with_capacity(chunk);
         if wqe.wr.flags.contains(SendFlags::INLINE) {
-            payload.extend_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
+            out.payload
+                .extend_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
         } else if ctx
             .mrs
-            .gather(qp.pd, &wqe.wr.sg_list, offset as u64, chunk, &mut payload)
+            .gather(
+                qp.pd,
+                &wqe.wr.sg_list,
+                offset as u64,
+                chunk,
+                &mut out.payload,
+            )
             .is_err()
         {
             super::completer::fail_wqe(qp, ctx, index, WcStatus::LocalProtection);
-            return None;
+            return false;
         }
-        payload
-    };
-    let ext = ext_headers(qp, wqe, k, position);
+    }
+    out.ext = ext_headers(qp, wqe, k, position);
     let mut bth = qp.bth(
         send_opcode(qp.qp_type, &wqe.wr.op, position),
         psn,
         wqe.wr.ud.as_ref(),
     );
-    bth.pad_count = ((4 - payload.len() % 4) % 4) as u8;
+    bth.pad_count = ((4 - out.payload.len() % 4) % 4) as u8;
     let solicit = matches!(
         wqe.wr.op,
         SendOp::Send
@@ -336,13 +341,8 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
             qp.req.noack_pkts + 1
         };
     }
-    let av = wqe.wr.ud.map_or_else(|| qp.connected_av(), |dest| dest.av);
-    let packet = OutPacket {
-        bth,
-        ext,
-        payload,
-        av,
-    };
+    out.bth = bth;
+    out.av = wqe.wr.ud.map_or_else(|| qp.connected_av(), |dest| dest.av);
 
     // Advance: a READ request stands for all of its response PSNs.
     let consumed = if is_read { wqe.npsn - k } else { 1 };
@@ -366,7 +366,7 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx) -> Option<OutPacket> {
             qp.timers.set(Timer::Retransmit, ctx.now + timeout);
         }
     }
-    Some(packet)
+    true
 }
 
 /// UC and UD sends are done once their last packet leaves.

@@ -140,13 +140,17 @@ fn recv_completion(qp: &Qp, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
     }
 }
 
-/// The next response, NAK or (coalesced) ACK to send.
-pub(crate) fn next_packet(qp: &mut Qp) -> Option<OutPacket> {
-    if let Some(packet) = qp.resp.out.pop_front() {
-        return Some(packet);
-    }
-    let psn = qp.resp.pending_ack.take()?;
-    Some(ack_packet(qp, psn, Syndrome::Ack(CreditCount::UNLIMITED)))
+/// Writes the next response, NAK or (coalesced) ACK to send into `out`; `false` if none.
+pub(crate) fn next_packet(qp: &mut Qp, out: &mut OutPacket) -> bool {
+    let packet = match qp.resp.out.pop_front() {
+        Some(packet) => packet,
+        None => match qp.resp.pending_ack.take() {
+            Some(psn) => ack_packet(qp, psn, Syndrome::Ack(CreditCount::UNLIMITED)),
+            None => return false,
+        },
+    };
+    out.replace_with(packet);
+    true
 }
 
 fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome) -> OutPacket {
