@@ -163,14 +163,19 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, implied_nak: bool) {
 
 /// Removes the front WQE and reports its success if it is signaled.
 fn complete_front(qp: &mut Qp, ctx: &mut Ctx) {
-    let Some(wqe) = qp.req.wqes.pop_front() else {
+    // Read in place and dropped in place: a WQE is too big to move out just to drop it.
+    let Some(wqe) = qp.req.wqes.front() else {
         return;
     };
-    qp.req.next = qp.req.next.saturating_sub(1);
-    qp.req.acked_psn = wqe.last_psn();
-    if qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED) {
+    let last_psn = wqe.last_psn();
+    let completion = (qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED)).then(|| {
         let opcode = super::requester::wc_opcode(&wqe.wr);
-        let completion = qp.send_completion(wqe.wr.wr_id, WcStatus::Success, opcode, wqe.len);
+        qp.send_completion(wqe.wr.wr_id, WcStatus::Success, opcode, wqe.len)
+    });
+    qp.req.wqes.drain(..1);
+    qp.req.next = qp.req.next.saturating_sub(1);
+    qp.req.acked_psn = last_psn;
+    if let Some(completion) = completion {
         qp.complete(ctx, qp.send_cq, completion);
     }
 }
