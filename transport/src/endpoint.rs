@@ -6,13 +6,13 @@
 //! returns `None`, then sleep until [`poll_timeout`](Endpoint::poll_timeout) or the next
 //! packet.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
+use rustc_hash::FxHashMap;
 
 use crate::cq::Cq;
 use crate::mr::MrTable;
@@ -51,15 +51,50 @@ pub enum AsyncEvent {
 pub struct Endpoint {
     mrs: MrTable,
     cqs: Vec<Cq>,
-    qps: BTreeMap<u32, Qp>,
+    qps: QpTable,
     next_qpn: u32,
-    /// QP to look at first in the next `poll_transmit`, so no QP starves the others.
-    transmit_cursor: u32,
+    /// Slot of the QP to look at first in the next `poll_transmit`, so no QP starves the
+    /// others.
+    transmit_cursor: usize,
     events: Vec<AsyncEvent>,
     /// The port's MTU: the largest UD message, and a connected QP's MTU until RTR sets one.
     port_mtu: PathMtu,
     /// Packets for QPs that do not exist.
     pub unknown_qp_drops: u64,
+}
+
+/// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
+/// number for everything else (a QP's slot changes when another is destroyed).
+#[derive(Debug, Default)]
+struct QpTable {
+    qps: Vec<Qp>,
+    slots: FxHashMap<u32, usize>,
+}
+
+impl QpTable {
+    fn insert(&mut self, qp: Qp) {
+        self.slots.insert(qp.qpn, self.qps.len());
+        self.qps.push(qp);
+    }
+
+    fn remove(&mut self, qpn: u32) -> bool {
+        let Some(slot) = self.slots.remove(&qpn) else {
+            return false;
+        };
+        self.qps.swap_remove(slot);
+        if let Some(moved) = self.qps.get(slot) {
+            self.slots.insert(moved.qpn, slot);
+        }
+        true
+    }
+
+    fn get(&self, qpn: u32) -> Option<&Qp> {
+        self.slots.get(&qpn).map(|&slot| &self.qps[slot])
+    }
+
+    fn get_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
+        self.slots.get(&qpn).map(|&slot| &mut self.qps[slot])
+    }
 }
 
 /// The first QP number handed out; 0 and 1 are the special QPs.
@@ -155,7 +190,7 @@ impl Endpoint {
         Endpoint {
             mrs: MrTable::new(seed),
             cqs: Vec::new(),
-            qps: BTreeMap::new(),
+            qps: QpTable::default(),
             next_qpn: FIRST_QPN,
             transmit_cursor: 0,
             events: Vec::new(),
@@ -205,13 +240,13 @@ impl Endpoint {
         self.next_qpn += 1;
         let mut qp = Qp::new(qpn, init);
         qp.config.mtu = self.port_mtu.bytes();
-        self.qps.insert(qpn, qp);
+        self.qps.insert(qp);
         Ok(qpn)
     }
 
     /// Destroys a QP; packets for it are dropped from now on.
     pub fn destroy_qp(&mut self, qpn: u32) -> bool {
-        self.qps.remove(&qpn).is_some()
+        self.qps.remove(qpn)
     }
 
     #[inline]
@@ -221,7 +256,7 @@ impl Endpoint {
         now: Instant,
         f: impl FnOnce(&mut Qp, &mut Ctx) -> T,
     ) -> Option<T> {
-        let qp = self.qps.get_mut(&qpn)?;
+        let qp = self.qps.get_mut(qpn)?;
         let mut ctx = Ctx {
             now,
             mrs: &mut self.mrs,
@@ -247,17 +282,17 @@ impl Endpoint {
 
     /// The QP's state, or `None` if it does not exist.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
-        self.qps.get(&qpn).map(|qp| qp.state)
+        self.qps.get(qpn).map(|qp| qp.state)
     }
 
     /// What decides whether a post to the QP is accepted now.
     pub fn post_gate(&self, qpn: u32) -> Option<PostGate> {
-        self.qps.get(&qpn).map(Qp::post_gate)
+        self.qps.get(qpn).map(Qp::post_gate)
     }
 
     /// The QP's counters.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
-        self.qps.get(&qpn).map(|qp| qp.stats)
+        self.qps.get(qpn).map(|qp| qp.stats)
     }
 
     /// `ibv_post_send` for one work request.
@@ -285,14 +320,21 @@ impl Endpoint {
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> = self
-            .qps
-            .iter()
-            .filter(|(_, qp)| qp.next_timeout().is_some_and(|deadline| deadline <= now))
-            .map(|(&qpn, _)| qpn)
-            .collect();
-        for qpn in due {
-            self.with_qp(qpn, now, |qp, ctx| qp.handle_timeout(ctx));
+        let Endpoint {
+            qps,
+            mrs,
+            cqs,
+            events,
+            ..
+        } = self;
+        let mut ctx = Ctx { now, mrs, cqs };
+        for qp in &mut qps.qps {
+            if qp.next_timeout().is_some_and(|deadline| deadline <= now) {
+                qp.handle_timeout(&mut ctx);
+                if std::mem::take(&mut qp.cq_overflowed) {
+                    events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
+                }
+            }
         }
     }
 
@@ -309,9 +351,9 @@ impl Endpoint {
     /// anything to send (`out` is then unspecified). `out`'s payload buffer is reused, so a
     /// caller that keeps one `Transmit` for its sends allocates nothing per packet.
     pub fn poll_transmit_into(&mut self, now: Instant, out: &mut Transmit) -> bool {
-        // From the cursor to the end, then from the start to the cursor: one walk over the
-        // map each, borrowing the QPs and what they need side by side (no second lookup).
-        let start = self.transmit_cursor;
+        // From the cursor to the end, then from the start to the cursor, borrowing the QPs
+        // and what they need side by side.
+        let start = self.transmit_cursor.min(self.qps.qps.len());
         let Endpoint {
             qps,
             mrs,
@@ -321,24 +363,29 @@ impl Endpoint {
             ..
         } = self;
         let mut ctx = Ctx { now, mrs, cqs };
-        let mut poll = |qpn: u32, qp: &mut Qp| {
+        let (before, after) = qps.qps.split_at_mut(start);
+        let mut slot = start;
+        let found = after.iter_mut().chain(before).any(|qp| {
             let found = qp.poll_packet(&mut ctx, &mut out.packet);
             if std::mem::take(&mut qp.cq_overflowed) {
-                events.push(AsyncEvent::CqOverflow { qpn });
+                events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
             }
             if found {
-                *transmit_cursor = qpn + 1;
-                out.src_qpn = qpn;
+                out.src_qpn = qp.qpn;
+            } else {
+                slot += 1;
             }
             found
-        };
-        qps.range_mut(start..).any(|(&qpn, qp)| poll(qpn, qp))
-            || qps.range_mut(..start).any(|(&qpn, qp)| poll(qpn, qp))
+        });
+        if found {
+            *transmit_cursor = slot % qps.qps.len() + 1;
+        }
+        found
     }
 
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(Qp::next_timeout).min()
+        self.qps.qps.iter().filter_map(Qp::next_timeout).min()
     }
 
     /// Takes the async events that happened since the last call.

@@ -368,3 +368,48 @@ fn reused_transmit_matches_fresh_ones() {
     }
     assert_eq!(exchange(true), fresh);
 }
+
+/// Destroying a QP leaves the others reachable by number (packets find them) and taking
+/// turns to send; the destroyed one is gone for good.
+#[test]
+fn destroyed_qp_leaves_the_others_working_in_turn() {
+    let mut sim = Sim::new(LinkConfig::default(), 3);
+    let (a, b) = (sim.add_node(), sim.add_node());
+    let pairs: Vec<_> = (0..3)
+        .map(|_| sim.connect(a, b, QpType::Rc, PathMtu::Mtu1024, RetryConfig::default()))
+        .collect();
+    let src_key = sim.reg(a, 0x10_0000, &pattern(64, 1));
+    let dst_key = sim.reg(b, 0x20_0000, &[0; 64]);
+    let write = SendOp::RdmaWrite {
+        remote_addr: 0x20_0000,
+        rkey: dst_key,
+    };
+    let gone = pairs[0].a.1;
+    assert!(sim.nodes[a].endpoint.destroy_qp(gone));
+    assert!(!sim.nodes[a].endpoint.destroy_qp(gone));
+    assert_eq!(sim.nodes[a].endpoint.qp_state(gone), None);
+    let live = [pairs[1].a.1, pairs[2].a.1];
+    for (wr_id, &qpn) in live.iter().chain(&live).enumerate() {
+        let wr = signaled(wr_id as u64, write, sge(0x10_0000, 64, src_key));
+        sim.post_send(a, qpn, wr).unwrap();
+    }
+    let now = sim.now;
+    let order: Vec<u32> = std::iter::from_fn(|| sim.nodes[a].endpoint.poll_transmit(now))
+        .map(|transmit| transmit.src_qpn)
+        .collect();
+    assert_eq!(order.len(), 4);
+    assert_ne!(order[0], order[1], "QPs take turns: {order:?}");
+    assert_eq!(order[..2], order[2..], "QPs take turns: {order:?}");
+
+    // Everything again, through the link this time: both QPs complete.
+    for (wr_id, &qpn) in live.iter().enumerate() {
+        let wr = signaled(10 + wr_id as u64, write, sge(0x10_0000, 64, src_key));
+        sim.post_send(a, qpn, wr).unwrap();
+    }
+    let mut done = Vec::new();
+    assert!(sim.run_until(10_000, |sim| {
+        done.extend(sim.poll_send(a));
+        done.iter().filter(|c| c.wr_id >= 10).count() == 2
+    }));
+    assert!(done.iter().all(|c| c.status == WcStatus::Success));
+}
