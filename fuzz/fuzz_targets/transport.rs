@@ -172,11 +172,12 @@ impl World {
                 let wr = SendWr {
                     wr_id: self.next_id,
                     op,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: BASE + u64::from(local),
                         length,
                         lkey: self.key[side],
-                    }],
+                    }]
+                    .into(),
                     inline_data: Vec::new(),
                     flags: SendFlags::SIGNALED,
                     ud: (kind == 2).then(|| UdDest {
@@ -195,11 +196,12 @@ impl World {
                 let kind = usize::from(qp) % QPS;
                 let wr = RecvWr {
                     wr_id: self.next_id,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: BASE + u64::from(at),
                         length: u32::from(len) % 8192,
                         lkey: self.key[side],
-                    }],
+                    }]
+                    .into(),
                 };
                 self.next_id += 1;
                 let _ = self.sim.nodes[side]

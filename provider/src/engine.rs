@@ -230,7 +230,7 @@ mod tests {
     use roce_transport::mr::PdId;
     use roce_transport::qp::{QpCaps, QpInit};
     use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType};
-    use roce_transport::wr::{SendFlags, SendOp, SendWr};
+    use roce_transport::wr::{SendFlags, SendOp, SendWr, SgList};
     use roce_wire::Psn;
     use std::time::Duration;
 
@@ -283,7 +283,7 @@ mod tests {
         let wr = SendWr {
             wr_id: 1,
             op: SendOp::Send,
-            sg_list: Vec::new(),
+            sg_list: SgList::new(),
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,

@@ -94,7 +94,7 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list: vec![sge],
+        sg_list: [sge].into(),
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
@@ -160,7 +160,7 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
             qb,
             RecvWr {
                 wr_id: 9,
-                sg_list: vec![inbox_sge],
+                sg_list: [inbox_sge].into(),
             },
         )
         .expect("post");

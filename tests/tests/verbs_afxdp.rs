@@ -125,7 +125,7 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
         if !active {
             qp.post_recv([RecvWr {
                 wr_id: 7,
-                sg_list: vec![inbox.sge(0, 4096)],
+                sg_list: [inbox.sge(0, 4096)].into(),
             }])
             .unwrap();
         }
@@ -136,7 +136,7 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
     let signaled = |wr_id, op, sge| SendWr {
         wr_id,
         op,
-        sg_list: vec![sge],
+        sg_list: [sge].into(),
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,

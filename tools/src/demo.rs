@@ -339,7 +339,7 @@ fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
         connect(&side, &peer, mtu)?;
         let arm = || RecvWr {
             wr_id: 0,
-            sg_list: vec![ping.sge(0, PING as u32)],
+            sg_list: [ping.sge(0, PING as u32)].into(),
         };
         side.qp.post_recv([arm()])?;
         let mut completions = Vec::new();
@@ -354,7 +354,7 @@ fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
                     let echo = SendWr {
                         wr_id: 1,
                         op: SendOp::Send,
-                        sg_list: vec![ping.sge(0, completion.byte_len)],
+                        sg_list: [ping.sge(0, completion.byte_len)].into(),
                         inline_data: Vec::new(),
                         flags: SendFlags::empty(),
                         ud: None,
@@ -428,7 +428,7 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list: vec![sge],
+        sg_list: [sge].into(),
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
@@ -444,7 +444,7 @@ fn ping_pong(side: &Side, iters: u32, verified: &mut u64) -> io::Result<f64> {
         buffer.write(0, &ping)?;
         side.qp.post_recv([RecvWr {
             wr_id: 2,
-            sg_list: vec![buffer.sge(PING, PING as u32)],
+            sg_list: [buffer.sge(PING, PING as u32)].into(),
         }])?;
         side.qp
             .post_send([signaled(1, SendOp::Send, buffer.sge(0, PING as u32))])?;

@@ -261,7 +261,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
     mine.print("local");
     let recv = RecvWr {
         wr_id: RECV_WRID,
-        sg_list: vec![recv_buf.sge(0, (size + grh) as u32)],
+        sg_list: [recv_buf.sge(0, (size + grh) as u32)].into(),
     };
     let mut ud = None;
     let (peer, peer_ip) = exchange(args, mine, |peer| {
@@ -337,7 +337,7 @@ impl Ping<'_> {
         let send = SendWr {
             wr_id: SEND_WRID,
             op: SendOp::Send,
-            sg_list: vec![self.send_buf.sge(0, size)],
+            sg_list: [self.send_buf.sge(0, size)].into(),
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: self.ud,

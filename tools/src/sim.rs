@@ -503,11 +503,12 @@ impl Run {
             Work::Send => {
                 let receive = RecvWr {
                     wr_id: wr_id(lane, seq),
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr,
                         length: MESSAGE as u32,
                         lkey: remote,
-                    }],
+                    }]
+                    .into(),
                 };
                 sim.post_recv(B, qp_b, receive)
                     .map_err(|e| format!("post_recv on QP {qp_b:#x}: {e}"))?;
@@ -536,7 +537,7 @@ impl Run {
         let wr = SendWr {
             wr_id: wr_id(lane, seq),
             op,
-            sg_list: vec![local_sge],
+            sg_list: [local_sge].into(),
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,

@@ -112,14 +112,14 @@ impl Bench {
             send_wr: SendWr {
                 wr_id: 1,
                 op,
-                sg_list: vec![sge(SRC, src_key)],
+                sg_list: [sge(SRC, src_key)].into(),
                 inline_data: Vec::new(),
                 flags: SendFlags::SIGNALED,
                 ud: None,
             },
             recv_wr: RecvWr {
                 wr_id: 2,
-                sg_list: vec![sge(DST, dst_key)],
+                sg_list: [sge(DST, dst_key)].into(),
             },
             completions: Vec::with_capacity(BATCH),
             transmit: Transmit::default(),
@@ -290,11 +290,12 @@ fn sim(c: &mut Criterion) {
             remote_addr: DST,
             rkey: dst_key,
         },
-        sg_list: vec![Sge {
+        sg_list: [Sge {
             addr: SRC,
             length: LEN as u32,
             lkey: src_key,
-        }],
+        }]
+        .into(),
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,

@@ -1,6 +1,14 @@
 //! Work requests: what applications post to send and receive queues.
 
+use smallvec::SmallVec;
+
 use crate::qp_state::AddressVector;
+
+/// A gather or scatter list: one element inline (rc_pingpong, perftest and most programs post
+/// one), more on the heap. Posting a one-element list allocates nothing, and the list sits
+/// in the work request instead of behind a pointer; it is as big as a `Vec`. Build one with
+/// `[sge].into()`, `SgList::new()` or `collect()`.
+pub type SgList = SmallVec<[Sge; 1]>;
 
 /// A scatter/gather element: `length` bytes at `addr` in the region whose lkey is `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +124,7 @@ pub struct SendWr {
     /// What to do.
     pub op: SendOp,
     /// Where the local data is (or, for READ and atomics, where results go).
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// The data of an `INLINE` send.
     pub inline_data: Vec<u8>,
     /// Signaled, fenced, solicited, inline.
@@ -131,7 +139,7 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where incoming data goes.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// Total bytes of a gather/scatter list; `None` if it overflows 32 bits.
@@ -139,4 +147,22 @@ pub fn sg_len(sg_list: &[Sge]) -> Option<u32> {
     sg_list
         .iter()
         .try_fold(0u32, |total, sge| total.checked_add(sge.length))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The point of [`SgList`]: no bigger than the `Vec` it replaced.
+    #[test]
+    fn sg_list_is_as_small_as_a_vec() {
+        assert_eq!(size_of::<SgList>(), size_of::<Vec<Sge>>());
+        let one: SgList = [Sge {
+            addr: 1,
+            length: 2,
+            lkey: 3,
+        }]
+        .into();
+        assert!(!one.spilled());
+    }
 }

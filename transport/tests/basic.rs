@@ -41,7 +41,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         qb,
         RecvWr {
             wr_id: 77,
-            sg_list: vec![dst],
+            sg_list: [dst].into(),
         },
     )
     .unwrap();
@@ -187,7 +187,7 @@ fn uc_send_and_write_with_immediate() {
             qb,
             RecvWr {
                 wr_id,
-                sg_list: vec![sge],
+                sg_list: [sge].into(),
             },
         )
         .unwrap();
@@ -261,7 +261,7 @@ fn ud_send_delivers_with_grh() {
         qb,
         RecvWr {
             wr_id: 5,
-            sg_list: vec![sge],
+            sg_list: [sge].into(),
         },
     )
     .unwrap();

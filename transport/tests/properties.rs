@@ -160,7 +160,7 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
                         qb,
                         RecvWr {
                             wr_id,
-                            sg_list: vec![target.inner()],
+                            sg_list: [target.inner()].into(),
                         },
                     )
                     .unwrap();
@@ -234,7 +234,7 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
         let wr = SendWr {
             wr_id,
             op: send_op,
-            sg_list: vec![sge],
+            sg_list: [sge].into(),
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,

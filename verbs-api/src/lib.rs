@@ -56,7 +56,7 @@ pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use roce_transport::endpoint::AsyncEvent;
 pub use roce_transport::qp::{QpCaps, QpStats};
 pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
-pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 pub use roce_transport::{AccessFlags, CqId};
 pub use roce_wire::aeth::RnrTimer;
 pub use roce_wire::Psn;

@@ -97,7 +97,7 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list: vec![sge],
+        sg_list: [sge].into(),
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
@@ -158,7 +158,7 @@ fn rc_scenario(progress: Progress) {
 
     qp_b.post_recv([RecvWr {
         wr_id: 9,
-        sg_list: vec![inbox.sge(0, 4096)],
+        sg_list: [inbox.sge(0, 4096)].into(),
     }])
     .unwrap();
     cq_b.req_notify(false).unwrap();
@@ -276,7 +276,7 @@ fn ud_through_an_address_handle() {
     let recv_buf = pd_b.reg_mr(40 + 1000, AccessFlags::LOCAL_WRITE).unwrap();
     qp_b.post_recv([RecvWr {
         wr_id: 7,
-        sg_list: vec![recv_buf.sge(0, 1040)],
+        sg_list: [recv_buf.sge(0, 1040)].into(),
     }])
     .unwrap();
 
@@ -308,14 +308,14 @@ fn ud_through_an_address_handle() {
     let big_recv = pd_b.reg_mr(40 + 4096, AccessFlags::LOCAL_WRITE).unwrap();
     qp_b.post_recv([RecvWr {
         wr_id: 8,
-        sg_list: vec![big_recv.sge(0, 40 + 4096)],
+        sg_list: [big_recv.sge(0, 40 + 4096)].into(),
     }])
     .unwrap();
     let mut wr = signaled(2, SendOp::Send, big.sge(0, 4096));
     wr.ud = Some(ah.dest(qp_b.qp_num(), 0x1111_1111));
     qp_a.post_send([wr.clone()]).unwrap();
     assert_eq!(cq_b.wait_for(1, STALL).unwrap()[0].byte_len, 40 + 4096);
-    wr.sg_list = vec![big.sge(0, 4097)];
+    wr.sg_list = [big.sge(0, 4097)].into();
     let failure = qp_a.post_send([wr]).unwrap_err();
     assert!(matches!(failure.error, Error::Post(_)), "{failure}");
 
@@ -468,7 +468,7 @@ fn a_channel_fd_polls_readable_only_while_an_event_waits() {
     let brief = Duration::from_millis(20);
     let recv = |wr_id| RecvWr {
         wr_id,
-        sg_list: vec![buf_b.sge(0, 64)],
+        sg_list: [buf_b.sge(0, 64)].into(),
     };
     qp_b.post_recv([recv(1), recv(2)]).unwrap();
 
@@ -690,7 +690,7 @@ fn ud_over_ipv6_fills_the_grh_with_the_ipv6_header() {
     let recv = pd_b.reg_mr(140, AccessFlags::LOCAL_WRITE).unwrap();
     qp_b.post_recv([RecvWr {
         wr_id: 1,
-        sg_list: vec![recv.sge(0, 140)],
+        sg_list: [recv.sge(0, 140)].into(),
     }])
     .unwrap();
     let ah = pd_a
@@ -753,7 +753,7 @@ fn completions_beyond_the_queue_reach_a_program_that_drains_before_waiting() {
     c.qp.1
         .post_recv((0..8).map(|wr_id| RecvWr {
             wr_id,
-            sg_list: vec![buf_b.sge(0, 64)],
+            sg_list: [buf_b.sge(0, 64)].into(),
         }))
         .unwrap();
     c.cq.1.req_notify(false).unwrap();
@@ -843,7 +843,7 @@ fn bad_arguments_are_errors_not_panics() {
     c.qp.1
         .post_recv([RecvWr {
             wr_id: 1,
-            sg_list: vec![buf_b.sge(0, 64)],
+            sg_list: [buf_b.sge(0, 64)].into(),
         }])
         .unwrap();
     c.cq.1.req_notify(false).unwrap();

@@ -65,7 +65,7 @@ impl Rdma<'_> {
     pub(super) fn post_receives(&self, qp: usize, count: u64) -> io::Result<()> {
         let wr = RecvWr {
             wr_id: 0,
-            sg_list: vec![self.buf.sge(self.exposed_at(qp), self.params.size as u32)],
+            sg_list: [self.buf.sge(self.exposed_at(qp), self.params.size as u32)].into(),
         };
         self.qps[qp].post_recv((0..count).map(|_| wr.clone()))?;
         Ok(())
@@ -99,9 +99,10 @@ impl Rdma<'_> {
         SendWr {
             wr_id: (qp as u64) << 32 | n,
             op,
-            sg_list: vec![self
+            sg_list: [self
                 .buf
-                .sge(self.local_at(qp) + offset as usize, params.size as u32)],
+                .sge(self.local_at(qp) + offset as usize, params.size as u32)]
+            .into(),
             inline_data: Vec::new(),
             flags: if signaled {
                 SendFlags::SIGNALED
@@ -298,7 +299,7 @@ impl Rdma<'_> {
         let send = |n: u64| SendWr {
             wr_id: n,
             op: SendOp::Send,
-            sg_list: vec![self.buf.sge(0, params.size as u32)],
+            sg_list: [self.buf.sge(0, params.size as u32)].into(),
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
@@ -382,7 +383,7 @@ impl Rdma<'_> {
                         remote_addr: peer.vaddr,
                         rkey: peer.rkey,
                     },
-                    sg_list: vec![self.buf.sge(0, params.size as u32)],
+                    sg_list: [self.buf.sge(0, params.size as u32)].into(),
                     inline_data: Vec::new(),
                     flags: SendFlags::SIGNALED,
                     ud: None,
@@ -406,7 +407,7 @@ impl Rdma<'_> {
                     remote_addr: peer.vaddr,
                     rkey: peer.rkey,
                 },
-                sg_list: vec![self.buf.sge(0, params.size as u32)],
+                sg_list: [self.buf.sge(0, params.size as u32)].into(),
                 inline_data: Vec::new(),
                 flags: SendFlags::SIGNALED,
                 ud: None,

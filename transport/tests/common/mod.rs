@@ -49,7 +49,7 @@ pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list: vec![sge],
+        sg_list: [sge].into(),
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
@@ -60,7 +60,7 @@ pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
 pub fn recv_wr(wr_id: u64, sge: Sge) -> RecvWr {
     RecvWr {
         wr_id,
-        sg_list: vec![sge],
+        sg_list: [sge].into(),
     }
 }
 
