@@ -284,6 +284,23 @@ impl MrTable {
         Ok(&mr.bytes[offset..offset + len as usize])
     }
 
+    /// [`checked_bytes`](Self::checked_bytes), mutably.
+    pub fn checked_bytes_mut(
+        &mut self,
+        pd: PdId,
+        key: u32,
+        address: u64,
+        len: u64,
+        needed: AccessFlags,
+    ) -> Result<&mut [u8], MrError> {
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        let mr = self.mrs.get_mut(&key).ok_or(MrError::UnknownKey)?;
+        let offset = mr.permits(pd, address, len, needed)?;
+        Ok(&mut mr.bytes[offset..offset + len as usize])
+    }
+
     /// [`check`](Self::check) for an 8-byte atomic, which must also be aligned.
     pub fn check_atomic(&self, pd: PdId, key: u32, address: u64) -> Result<Location, MrError> {
         if !address.is_multiple_of(8) {

@@ -117,6 +117,15 @@ impl Default for QpConfig {
 }
 
 impl QpConfig {
+    /// Packets a message of `len` bytes takes, at least one. Every path MTU is a power of
+    /// two, so this shifts rather than divides (it runs for every posted request).
+    pub fn packets(&self, len: u32) -> u32 {
+        debug_assert!(self.mtu.is_power_of_two());
+        let len = u64::from(len);
+        let mtu = self.mtu as u64;
+        ((len + mtu - 1) >> mtu.trailing_zeros()).max(1) as u32
+    }
+
     /// Local ACK timeout: 4.096 µs × 2^timeout; `None` for 0, which means wait forever.
     pub fn ack_timeout(&self) -> Option<Duration> {
         (self.timeout != 0).then(|| Duration::from_nanos(4096 << self.timeout))

@@ -102,7 +102,7 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostErr
     let len = qp.post_gate().check_send(&wr, 0)?;
     let npsn = match wr.op {
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
-        _ => (len as usize).div_ceil(qp.config.mtu).max(1) as u32,
+        _ => qp.config.packets(len),
     };
     let wqe = SendWqe {
         wr,

@@ -445,15 +445,19 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             .ext
             .reth
             .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-        let write = AccessFlags::REMOTE_WRITE;
-        remote_access(
-            qp,
-            ctx,
-            reth.rkey,
-            reth.virtual_address,
-            reth.dma_length,
-            write,
-        )?;
+        // An ONLY packet carrying the whole message is checked once, as it is written.
+        let whole = position == Position::Only && frame.payload.len() == reth.dma_length as usize;
+        if !whole {
+            let write = AccessFlags::REMOTE_WRITE;
+            remote_access(
+                qp,
+                ctx,
+                reth.rkey,
+                reth.virtual_address,
+                reth.dma_length,
+                write,
+            )?;
+        }
         qp.resp.in_message = Some(InMessage::Write {
             address: reth.virtual_address,
             rkey: reth.rkey,
@@ -483,9 +487,11 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     if len > 0 {
-        let location = remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_WRITE)?;
+        let write = AccessFlags::REMOTE_WRITE;
+        qp_permits(qp, write)?;
         ctx.mrs
-            .slice_mut(location, len as usize)
+            .checked_bytes_mut(qp.pd, rkey, address, u64::from(len), write)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?
             .copy_from_slice(frame.payload);
     }
     if !ends {
@@ -512,6 +518,15 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
     Ok(())
 }
 
+/// The first half of the responder's access check: the QP's own remote rights.
+fn qp_permits(qp: &Qp, needed: AccessFlags) -> Result<(), Refusal> {
+    if qp.config.access.contains(needed) {
+        Ok(())
+    } else {
+        Err(Refusal::Fatal(NakCode::RemoteAccessError, None))
+    }
+}
+
 /// The responder's access check, QP rights then R_Key, region and bounds: a violation is a
 /// remote access error NAK.
 fn remote_access(
@@ -522,9 +537,7 @@ fn remote_access(
     len: u32,
     needed: AccessFlags,
 ) -> Result<Location, Refusal> {
-    if !qp.config.access.contains(needed) {
-        return Err(Refusal::Fatal(NakCode::RemoteAccessError, None));
-    }
+    qp_permits(qp, needed)?;
     ctx.mrs
         .check(qp.pd, rkey, address, u64::from(len), needed)
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
@@ -542,7 +555,7 @@ fn read_responses(
 ) -> Result<u32, Refusal> {
     let location = remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
     let mtu = qp.config.mtu;
-    let npsn = (len as usize).div_ceil(mtu).max(1) as u32;
+    let npsn = qp.config.packets(len);
     let msn = qp.resp.msn.wrapping_add(1);
     for k in 0..npsn {
         let opcode = match (k, npsn) {
@@ -582,9 +595,7 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
         .ext
         .atomic_eth
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-    if !qp.config.access.contains(AccessFlags::REMOTE_ATOMIC) {
-        return Err(Refusal::Fatal(NakCode::RemoteAccessError, None));
-    }
+    qp_permits(qp, AccessFlags::REMOTE_ATOMIC)?;
     let location = ctx
         .mrs
         .check_atomic(qp.pd, op.rkey, op.virtual_address)
