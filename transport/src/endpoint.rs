@@ -263,9 +263,7 @@ impl Endpoint {
             cqs: &mut self.cqs,
         };
         let result = f(qp, &mut ctx);
-        if std::mem::take(&mut qp.cq_overflowed) {
-            self.events.push(AsyncEvent::CqOverflow { qpn });
-        }
+        report_overflow(qp, &mut self.events);
         Some(result)
     }
 
@@ -331,9 +329,7 @@ impl Endpoint {
         for qp in &mut qps.qps {
             if qp.next_timeout().is_some_and(|deadline| deadline <= now) {
                 qp.handle_timeout(&mut ctx);
-                if std::mem::take(&mut qp.cq_overflowed) {
-                    events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
-                }
+                report_overflow(qp, events);
             }
         }
     }
@@ -367,9 +363,7 @@ impl Endpoint {
         let mut slot = start;
         let found = after.iter_mut().chain(before).any(|qp| {
             let found = qp.poll_packet(&mut ctx, &mut out.packet);
-            if std::mem::take(&mut qp.cq_overflowed) {
-                events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
-            }
+            report_overflow(qp, events);
             if found {
                 out.src_qpn = qp.qpn;
             } else {
@@ -391,5 +385,13 @@ impl Endpoint {
     /// Takes the async events that happened since the last call.
     pub fn take_events(&mut self) -> Vec<AsyncEvent> {
         std::mem::take(&mut self.events)
+    }
+}
+
+/// Turns a QP's lost completion into the async event that reports it.
+#[inline]
+fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
+    if std::mem::take(&mut qp.cq_overflowed) {
+        events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
     }
 }

@@ -100,23 +100,24 @@ pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
 #[inline]
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
     let len = qp.post_gate().check_send(&wr, 0)?;
-    let npsn = match wr.op {
-        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
-        _ => qp.config.packets(len),
+    if qp.state == QpState::Err {
+        let completion = qp.send_completion(wr.wr_id, WcStatus::WrFlush, wc_opcode(&wr), 0);
+        qp.complete(ctx, qp.send_cq, completion);
+        return Ok(());
+    }
+    let npsn = if wr.op.is_atomic() {
+        1
+    } else {
+        qp.config.packets(len)
     };
-    let wqe = SendWqe {
+    // No WQE on the stack first: it is big, and every move of it is a copy.
+    qp.req.wqes.push_back(SendWqe {
         wr,
         len,
         first_psn: Psn::new(0),
         npsn,
         responses: 0,
-    };
-    if qp.state == QpState::Err {
-        let completion = qp.send_completion(wqe.wr.wr_id, WcStatus::WrFlush, wc_opcode(&wqe.wr), 0);
-        qp.complete(ctx, qp.send_cq, completion);
-    } else {
-        qp.req.wqes.push_back(wqe);
-    }
+    });
     Ok(())
 }
 
