@@ -12,7 +12,6 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
-use rustc_hash::FxHashMap;
 
 use crate::cq::Cq;
 use crate::mr::MrTable;
@@ -68,32 +67,46 @@ pub struct Endpoint {
 #[derive(Debug, Default)]
 struct QpTable {
     qps: Vec<Qp>,
-    slots: FxHashMap<u32, usize>,
+    /// Indexed by QP number − `FIRST_QPN`: the QP's slot + 1, or 0 once it is gone. QP
+    /// numbers are handed out in order and never reused, so this is an index rather than a
+    /// hash map (a lookup per packet) at 4 bytes per QP ever created.
+    slots: Vec<u32>,
 }
 
 impl QpTable {
     fn insert(&mut self, qp: Qp) {
-        self.slots.insert(qp.qpn, self.qps.len());
+        let index = (qp.qpn - FIRST_QPN) as usize;
+        if self.slots.len() <= index {
+            self.slots.resize(index + 1, 0);
+        }
         self.qps.push(qp);
+        self.slots[index] = self.qps.len() as u32;
+    }
+
+    fn slot(&self, qpn: u32) -> Option<usize> {
+        let index = qpn.checked_sub(FIRST_QPN)? as usize;
+        let slot = *self.slots.get(index)?;
+        (slot != 0).then(|| slot as usize - 1)
     }
 
     fn remove(&mut self, qpn: u32) -> bool {
-        let Some(slot) = self.slots.remove(&qpn) else {
+        let Some(slot) = self.slot(qpn) else {
             return false;
         };
+        self.slots[(qpn - FIRST_QPN) as usize] = 0;
         self.qps.swap_remove(slot);
         if let Some(moved) = self.qps.get(slot) {
-            self.slots.insert(moved.qpn, slot);
+            self.slots[(moved.qpn - FIRST_QPN) as usize] = slot as u32 + 1;
         }
         true
     }
 
     fn get(&self, qpn: u32) -> Option<&Qp> {
-        self.slots.get(&qpn).map(|&slot| &self.qps[slot])
+        self.slot(qpn).map(|slot| &self.qps[slot])
     }
 
     fn get_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
-        self.slots.get(&qpn).map(|&slot| &mut self.qps[slot])
+        self.slot(qpn).map(|slot| &mut self.qps[slot])
     }
 }
 
