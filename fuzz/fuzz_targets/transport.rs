@@ -189,7 +189,7 @@ impl World {
                 self.next_id += 1;
                 let _ = self.sim.nodes[side]
                     .endpoint
-                    .post_send(now, self.qpn[side][kind], wr);
+                    .post_send(now, self.qpn[side][kind], &wr);
             }
             Action::Receive { on_b, qp, len, at } => {
                 let side = usize::from(on_b);
@@ -206,7 +206,7 @@ impl World {
                 self.next_id += 1;
                 let _ = self.sim.nodes[side]
                     .endpoint
-                    .post_recv(now, self.qpn[side][kind], wr);
+                    .post_recv(now, self.qpn[side][kind], &wr);
             }
             Action::Step { from_b, deliver } => {
                 let side = usize::from(from_b);

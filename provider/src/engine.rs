@@ -288,7 +288,7 @@ mod tests {
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        endpoint.post_send(now, qpn, wr).unwrap();
+        endpoint.post_send(now, qpn, &wr).unwrap();
         let addressing = Addressing {
             mac: [2, 0, 0, 0, 0, 1],
             ip: Ipv4Addr::new(10, 9, 9, 1),

@@ -158,7 +158,7 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
         .post_recv(
             now,
             qb,
-            RecvWr {
+            &RecvWr {
                 wr_id: 9,
                 sg_list: [inbox_sge].into(),
             },
@@ -183,11 +183,11 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
         lkey: src,
     };
     let ep_a = &mut side_a.endpoint;
-    ep_a.post_send(now, qa, signaled(1, write, whole(0x1000_0000, src)))
+    ep_a.post_send(now, qa, &signaled(1, write, whole(0x1000_0000, src)))
         .expect("post");
-    ep_a.post_send(now, qa, signaled(2, read, whole(0x2000_0000, back)))
+    ep_a.post_send(now, qa, &signaled(2, read, whole(0x2000_0000, back)))
         .expect("post");
-    ep_a.post_send(now, qa, signaled(3, SendOp::Send, hello))
+    ep_a.post_send(now, qa, &signaled(3, SendOp::Send, hello))
         .expect("post");
     let (cq_a, cq_b) = (side_a.cq, side_b.cq);
 

@@ -510,7 +510,7 @@ impl Run {
                     }]
                     .into(),
                 };
-                sim.post_recv(B, qp_b, receive)
+                sim.post_recv(B, qp_b, &receive)
                     .map_err(|e| format!("post_recv on QP {qp_b:#x}: {e}"))?;
                 SendOp::Send
             }
@@ -542,7 +542,7 @@ impl Run {
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        sim.post_send(A, qp_a, wr)
+        sim.post_send(A, qp_a, &wr)
             .map_err(|e| format!("post_send on QP {qp_a:#x}: {e}"))?;
         self.lanes[lane].in_flight.push_back(message);
         self.posted += len as u64;

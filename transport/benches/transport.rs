@@ -2,7 +2,8 @@
 //!
 //! * `endpoints/<op>`: two [`Endpoint`]s driven by hand, with no I/O and no bytes on a wire.
 //!   Each iteration posts [`BATCH`] work requests on one side (and as many receives on the
-//!   other, for SEND), then hands every packet one endpoint's `poll_transmit` yields to the
+//!   other, for SEND) — the same request each time, by reference, as a program that reposts
+//!   one does — then hands every packet one endpoint's `poll_transmit` yields to the
 //!   other's `handle_packet` as the [`FrameRepr`] a receiver would parse (fixed Ethernet and
 //!   IPv4 fields), until every request has completed. The throughput is request packets:
 //!   64 B SEND, 64 B WRITE and 4 KiB WRITE (MTU 4096), one packet per request. What is timed
@@ -134,14 +135,12 @@ impl Bench {
     fn post_batch(&mut self) {
         for _ in 0..BATCH {
             if self.case.op == Op::Send {
-                let wr = self.recv_wr.clone();
                 self.sim
-                    .post_recv(1, self.qb, wr)
+                    .post_recv(1, self.qb, &self.recv_wr)
                     .expect("receive queue has room");
             }
-            let wr = self.send_wr.clone();
             self.sim
-                .post_send(0, self.qa, wr)
+                .post_send(0, self.qa, &self.send_wr)
                 .expect("send queue has room");
         }
     }
@@ -305,7 +304,7 @@ fn sim(c: &mut Criterion) {
     group.bench_function("write_1MiB", |bencher| {
         ran = true;
         bencher.iter(|| {
-            sim.post_send(a, pair.a.1, write.clone()).unwrap();
+            sim.post_send(a, pair.a.1, &write).unwrap();
             let mut completions = Vec::new();
             let done = sim.run_until(1_000_000, |sim| {
                 completions.extend(sim.poll_send(a));

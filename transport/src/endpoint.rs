@@ -306,15 +306,17 @@ impl Endpoint {
         self.qps.get(qpn).map(|qp| qp.stats)
     }
 
-    /// `ibv_post_send` for one work request.
+    /// `ibv_post_send` for one work request, which is copied into the send queue (as
+    /// rdma-core's providers copy a `struct ibv_send_wr` into their ring): the caller keeps
+    /// it, to post again or drop.
     #[inline]
-    pub fn post_send(&mut self, now: Instant, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+    pub fn post_send(&mut self, now: Instant, qpn: u32, wr: &SendWr) -> Result<(), PostError> {
         self.with_qp(qpn, now, |qp, ctx| qp.post_send(ctx, wr))
             .unwrap_or(Err(PostError::UnknownQp))
     }
 
-    /// `ibv_post_recv` for one work request.
-    pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+    /// `ibv_post_recv` for one work request, copied into the receive queue.
+    pub fn post_recv(&mut self, now: Instant, qpn: u32, wr: &RecvWr) -> Result<(), PostError> {
         self.with_qp(qpn, now, |qp, ctx| qp.post_recv(ctx, wr))
             .unwrap_or(Err(PostError::UnknownQp))
     }

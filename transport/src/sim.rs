@@ -284,12 +284,12 @@ impl Sim {
     }
 
     /// Posts a send at the current simulated time.
-    pub fn post_send(&mut self, node: usize, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+    pub fn post_send(&mut self, node: usize, qpn: u32, wr: &SendWr) -> Result<(), PostError> {
         self.nodes[node].endpoint.post_send(self.now, qpn, wr)
     }
 
     /// Posts a receive at the current simulated time.
-    pub fn post_recv(&mut self, node: usize, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+    pub fn post_recv(&mut self, node: usize, qpn: u32, wr: &RecvWr) -> Result<(), PostError> {
         self.nodes[node].endpoint.post_recv(self.now, qpn, wr)
     }
 

@@ -39,7 +39,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
     sim.post_recv(
         b,
         qb,
-        RecvWr {
+        &RecvWr {
             wr_id: 77,
             sg_list: [dst].into(),
         },
@@ -50,7 +50,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: len as u32,
         lkey: src_key,
     };
-    sim.post_send(a, qa, signaled(1, SendOp::Send, whole))
+    sim.post_send(a, qa, &signaled(1, SendOp::Send, whole))
         .unwrap();
     let mut recv = Vec::new();
     assert!(sim.run_until(1_000_000, |sim| {
@@ -70,7 +70,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         remote_addr: 0x40_0000 + len as u64,
         rkey: target,
     };
-    sim.post_send(a, qa, signaled(2, write, whole)).unwrap();
+    sim.post_send(a, qa, &signaled(2, write, whole)).unwrap();
     let back_key = sim.reg(a, 0x80_0000, &vec![0; len]);
     let read = SendOp::RdmaRead {
         remote_addr: 0x40_0000 + len as u64,
@@ -81,7 +81,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: len as u32,
         lkey: back_key,
     };
-    sim.post_send(a, qa, signaled(3, read, back)).unwrap();
+    sim.post_send(a, qa, &signaled(3, read, back)).unwrap();
     // Atomics on an 8-byte counter at the start of `target`.
     let result_key = sim.reg(a, 0x90_0000, &[0; 16]);
     let faa = SendOp::FetchAdd {
@@ -94,7 +94,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: 8,
         lkey: result_key,
     };
-    sim.post_send(a, qa, signaled(4, faa, first_result))
+    sim.post_send(a, qa, &signaled(4, faa, first_result))
         .unwrap();
     let cas = SendOp::CompareSwap {
         remote_addr: 0x40_0000,
@@ -107,7 +107,7 @@ fn rc_all_operations(link: LinkConfig, mtu: PathMtu, seed: u64) {
         length: 8,
         lkey: result_key,
     };
-    sim.post_send(a, qa, signaled(5, cas, second_result))
+    sim.post_send(a, qa, &signaled(5, cas, second_result))
         .unwrap();
 
     let mut sends = Vec::new();
@@ -185,7 +185,7 @@ fn uc_send_and_write_with_immediate() {
         sim.post_recv(
             b,
             qb,
-            RecvWr {
+            &RecvWr {
                 wr_id,
                 sg_list: [sge].into(),
             },
@@ -197,14 +197,14 @@ fn uc_send_and_write_with_immediate() {
         length: 1000,
         lkey: src_key,
     };
-    sim.post_send(a, qa, signaled(1, SendOp::SendWithImm(0xfeed), whole))
+    sim.post_send(a, qa, &signaled(1, SendOp::SendWithImm(0xfeed), whole))
         .unwrap();
     let write = SendOp::RdmaWriteWithImm {
         remote_addr: 0x9000,
         rkey: target_key,
         imm: 7,
     };
-    sim.post_send(a, qa, signaled(2, write, whole)).unwrap();
+    sim.post_send(a, qa, &signaled(2, write, whole)).unwrap();
     let mut recv = Vec::new();
     assert!(sim.run_until(10_000, |sim| {
         recv.extend(sim.poll_recv(b));
@@ -259,7 +259,7 @@ fn ud_send_delivers_with_grh() {
     sim.post_recv(
         b,
         qb,
-        RecvWr {
+        &RecvWr {
             wr_id: 5,
             sg_list: [sge].into(),
         },
@@ -279,7 +279,7 @@ fn ud_send_delivers_with_grh() {
         remote_qpn: qb,
         remote_qkey: 0x1111_1111,
     });
-    sim.post_send(a, qa, wr).unwrap();
+    sim.post_send(a, qa, &wr).unwrap();
     let mut recv = Vec::new();
     assert!(sim.run_until(1_000, |sim| {
         recv.extend(sim.poll_recv(b));
@@ -315,15 +315,15 @@ fn exchange(reuse: bool) -> Vec<Transmit> {
         remote_addr: 0x20_0000,
         rkey: dst_key,
     };
-    sim.post_send(a, qa, signaled(1, write, source)).unwrap();
-    sim.post_send(a, qa, signaled(2, read, sge(0x10_0000, 2048, src_key)))
+    sim.post_send(a, qa, &signaled(1, write, source)).unwrap();
+    sim.post_send(a, qa, &signaled(2, read, sge(0x10_0000, 2048, src_key)))
         .unwrap();
-    sim.post_recv(b, qb, recv_wr(3, sge(0x20_0000, 100, dst_key)))
+    sim.post_recv(b, qb, &recv_wr(3, sge(0x20_0000, 100, dst_key)))
         .unwrap();
     sim.post_send(
         a,
         qa,
-        signaled(3, SendOp::Send, sge(0x10_0000, 100, src_key)),
+        &signaled(3, SendOp::Send, sge(0x10_0000, 100, src_key)),
     )
     .unwrap();
     let ips = [sim.nodes[a].ip, sim.nodes[b].ip];
@@ -391,7 +391,7 @@ fn destroyed_qp_leaves_the_others_working_in_turn() {
     let live = [pairs[1].a.1, pairs[2].a.1];
     for (wr_id, &qpn) in live.iter().chain(&live).enumerate() {
         let wr = signaled(wr_id as u64, write, sge(0x10_0000, 64, src_key));
-        sim.post_send(a, qpn, wr).unwrap();
+        sim.post_send(a, qpn, &wr).unwrap();
     }
     let now = sim.now;
     let order: Vec<u32> = std::iter::from_fn(|| sim.nodes[a].endpoint.poll_transmit(now))
@@ -404,7 +404,7 @@ fn destroyed_qp_leaves_the_others_working_in_turn() {
     // Everything again, through the link this time: both QPs complete.
     for (wr_id, &qpn) in live.iter().enumerate() {
         let wr = signaled(10 + wr_id as u64, write, sge(0x10_0000, 64, src_key));
-        sim.post_send(a, qpn, wr).unwrap();
+        sim.post_send(a, qpn, &wr).unwrap();
     }
     let mut done = Vec::new();
     assert!(sim.run_until(10_000, |sim| {

@@ -65,7 +65,7 @@ fn rnr_retry_exhausted() {
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &pattern(100, 1));
     for wr_id in [1, 2] {
-        sim.post_send(A, qa, signaled(wr_id, SendOp::Send, sge(SRC, 100, key)))
+        sim.post_send(A, qa, &signaled(wr_id, SendOp::Send, sge(SRC, 100, key)))
             .unwrap();
     }
     let sends = wait_send(&mut sim, A, 2);
@@ -86,7 +86,7 @@ fn rnr_retry_exhausted() {
     assert!(stats(&sim, A, qa).naks_received >= 3);
     assert_eq!(state(&sim, A, qa), QpState::Err);
     assert_eq!(state(&sim, B, qb), QpState::Rts, "RNR is not an error at B");
-    sim.post_send(A, qa, signaled(3, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(3, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     assert_eq!(summary(&sim.poll_send(A)), [(3, WcStatus::WrFlush)]);
     settle(&mut sim);
@@ -100,11 +100,11 @@ fn rnr_retry_not_exhausted() {
     let data = pattern(1000, 2);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 1000]);
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 1000, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 1000, key)))
         .unwrap();
     assert!(sim.run_until(STEPS, |sim| stats(sim, B, qb).naks_sent >= 2));
     assert!(sim.poll_send(A).is_empty(), "still retrying");
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 1000, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 1000, dst)))
         .unwrap();
     let sends = wait_send(&mut sim, A, 1);
     assert_eq!(summary(&sends), [(1, WcStatus::Success)]);
@@ -127,7 +127,7 @@ fn rnr_retry_7_is_infinite() {
     let data = pattern(64, 3);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 64]);
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 64, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 64, key)))
         .unwrap();
     let start = sim.now;
     let mut early = Vec::new();
@@ -139,7 +139,8 @@ fn rnr_retry_7_is_infinite() {
     let ack_timeout = Duration::from_nanos(4096 << RetryConfig::default().timeout);
     assert!(sim.now - start > 5 * ack_timeout, "long enough to matter");
     assert_eq!(state(&sim, A, qa), QpState::Rts);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 64, dst))).unwrap();
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 64, dst)))
+        .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]
@@ -157,11 +158,11 @@ fn psn_sequence_retry_exhausted() {
     let log = tap(&mut sim, |frame, _| frame.opcode == Opcode::RcSendMiddle);
     let key = sim.reg(A, SRC, &pattern(3000, 4));
     let dst = sim.reg(B, DST, &[0; 3000]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 3000, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 3000, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 3000, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 3000, key)))
         .unwrap();
-    sim.post_send(A, qa, signaled(2, SendOp::Send, sge(SRC, 10, key)))
+    sim.post_send(A, qa, &signaled(2, SendOp::Send, sge(SRC, 10, key)))
         .unwrap();
     let sends = wait_send(&mut sim, A, 2);
     assert_eq!(
@@ -194,9 +195,9 @@ fn psn_sequence_retry_not_exhausted() {
     let data = pattern(3000, 5);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 3000]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 3000, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 3000, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 3000, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 3000, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -229,11 +230,11 @@ fn local_ack_timeout_retry_exhausted() {
     let data = pattern(100, 6);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 200]);
-    sim.post_recv(B, qb, recv_wr(8, sge(DST, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(8, sge(DST, 100, dst)))
         .unwrap();
-    sim.post_recv(B, qb, recv_wr(9, sge(DST + 100, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST + 100, 100, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     let start = sim.now;
     assert_eq!(
@@ -259,9 +260,9 @@ fn local_ack_timeout_retry_not_exhausted() {
     let data = pattern(100, 7);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 100]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 100, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -288,13 +289,13 @@ fn rkey_violation() {
     let key = sim.reg(A, SRC, &pattern(100, 8));
     let target = sim.reg(B, DST, &[0; 100]);
     let scratch = sim.reg(B, DST2, &[0; 100]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST2, 100, scratch)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST2, 100, scratch)))
         .unwrap();
     let write = SendOp::RdmaWrite {
         remote_addr: DST,
         rkey: target ^ 1,
     };
-    sim.post_send(A, qa, signaled(1, write, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, write, sge(SRC, 100, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -331,7 +332,7 @@ fn region_without_remote_write() {
         remote_addr: DST,
         rkey: target,
     };
-    sim.post_send(A, qa, signaled(1, write, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, write, sge(SRC, 100, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -359,7 +360,7 @@ fn qp_without_remote_read() {
         remote_addr: DST,
         rkey: source,
     };
-    sim.post_send(A, qa, signaled(1, read, sge(SRC, 100, back)))
+    sim.post_send(A, qa, &signaled(1, read, sge(SRC, 100, back)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -379,7 +380,7 @@ fn out_of_bounds_write() {
         remote_addr: DST + 3000,
         rkey: target,
     };
-    sim.post_send(A, qa, signaled(1, write, sge(SRC, 2000, key)))
+    sim.post_send(A, qa, &signaled(1, write, sge(SRC, 2000, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -399,7 +400,7 @@ fn out_of_bounds_read() {
         remote_addr: DST + 4000,
         rkey: source,
     };
-    sim.post_send(A, qa, signaled(1, read, sge(SRC, 200, back)))
+    sim.post_send(A, qa, &signaled(1, read, sge(SRC, 200, back)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -420,7 +421,7 @@ fn misaligned_atomic() {
         rkey: target,
         add: 1,
     };
-    sim.post_send(A, qa, signaled(1, faa, sge(SRC, 8, result)))
+    sim.post_send(A, qa, &signaled(1, faa, sge(SRC, 8, result)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -443,11 +444,11 @@ fn ghost_ack_ignored() {
     let data = pattern(200, 13);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 200]);
-    sim.post_recv(B, qb, recv_wr(8, sge(DST, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(8, sge(DST, 100, dst)))
         .unwrap();
-    sim.post_recv(B, qb, recv_wr(9, sge(DST + 100, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST + 100, 100, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     assert!(sim.run_until(STEPS, |_| count(&log, A, Opcode::RcSendOnly) == 1));
     let sent = log.borrow()[0].psn;
@@ -466,7 +467,7 @@ fn ghost_ack_ignored() {
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]
     );
-    sim.post_send(A, qa, signaled(2, SendOp::Send, sge(SRC + 100, 100, key)))
+    sim.post_send(A, qa, &signaled(2, SendOp::Send, sge(SRC + 100, 100, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -487,11 +488,11 @@ fn unexpected_opcode_naks_invalid_request() {
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &pattern(100, 14));
     let dst = sim.reg(B, DST, &[0; 200]);
-    sim.post_recv(B, qb, recv_wr(8, sge(DST, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(8, sge(DST, 100, dst)))
         .unwrap();
-    sim.post_recv(B, qb, recv_wr(9, sge(DST + 100, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST + 100, 100, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -531,9 +532,9 @@ fn read_response_to_a_send_is_bad_response() {
     let log = tap(&mut sim, |frame, _| frame.from == B);
     let key = sim.reg(A, SRC, &pattern(100, 15));
     let dst = sim.reg(B, DST, &[0; 100]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 100, dst)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     assert!(sim.run_until(STEPS, |_| count(&log, A, Opcode::RcSendOnly) == 1));
     let psn = log.borrow()[0].psn;
@@ -564,7 +565,7 @@ fn read_response_of_wrong_length_is_bad_response() {
         remote_addr: DST,
         rkey: source,
     };
-    sim.post_send(A, qa, signaled(1, read, sge(SRC, 100, back)))
+    sim.post_send(A, qa, &signaled(1, read, sge(SRC, 100, back)))
         .unwrap();
     assert!(sim.run_until(STEPS, |_| count(&log, A, Opcode::RcRdmaReadRequest) == 1));
     let psn = log.borrow()[0].psn;
@@ -596,10 +597,10 @@ fn err_flushes_everything_in_order() {
     let key = sim.reg(A, SRC, &[0; 300]);
     let remote = sim.reg(B, DST, &[0; 300]);
     for wr_id in [11, 12, 13] {
-        sim.post_recv(A, qa, recv_wr(wr_id, sge(SRC + 200, 100, key)))
+        sim.post_recv(A, qa, &recv_wr(wr_id, sge(SRC + 200, 100, key)))
             .unwrap();
     }
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     sim.step();
     assert_eq!(count(&log, A, Opcode::RcSendOnly), 1, "in flight");
@@ -607,13 +608,13 @@ fn err_flushes_everything_in_order() {
         remote_addr: DST,
         rkey: remote,
     };
-    sim.post_send(A, qa, signaled(2, write, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(2, write, sge(SRC, 100, key)))
         .unwrap();
     let read = SendOp::RdmaRead {
         remote_addr: DST,
         rkey: remote,
     };
-    sim.post_send(A, qa, signaled(3, read, sge(SRC + 100, 100, key)))
+    sim.post_send(A, qa, &signaled(3, read, sge(SRC + 100, 100, key)))
         .unwrap();
     let to_err = QpAttr {
         state: Some(QpState::Err),
@@ -646,9 +647,9 @@ fn err_flushes_everything_in_order() {
             (13, WcStatus::WrFlush)
         ]
     );
-    sim.post_send(A, qa, signaled(4, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(4, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
-    sim.post_recv(A, qa, recv_wr(14, sge(SRC + 200, 100, key)))
+    sim.post_recv(A, qa, &recv_wr(14, sge(SRC + 200, 100, key)))
         .unwrap();
     assert_eq!(summary(&sim.poll_send(A)), [(4, WcStatus::WrFlush)]);
     assert_eq!(summary(&sim.poll_recv(A)), [(14, WcStatus::WrFlush)]);
@@ -674,11 +675,11 @@ fn duplicate_send_received_once() {
     let key = sim.reg(A, SRC, &[first.clone(), second.clone()].concat());
     let dst = sim.reg(B, DST, &[0; 100]);
     let dst2 = sim.reg(B, DST2, &[0; 100]);
-    sim.post_recv(B, qb, recv_wr(8, sge(DST, 100, dst)))
+    sim.post_recv(B, qb, &recv_wr(8, sge(DST, 100, dst)))
         .unwrap();
-    sim.post_recv(B, qb, recv_wr(9, sge(DST2, 100, dst2)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST2, 100, dst2)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -689,7 +690,7 @@ fn duplicate_send_received_once() {
     assert_eq!(summary(&sim.poll_recv(B)), [(8, WcStatus::Success)]);
     assert_eq!(sim.mr_bytes(B, dst), first);
 
-    sim.post_send(A, qa, signaled(2, SendOp::Send, sge(SRC + 100, 60, key)))
+    sim.post_send(A, qa, &signaled(2, SendOp::Send, sge(SRC + 100, 60, key)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -715,7 +716,7 @@ fn duplicate_write_not_executed_twice() {
         remote_addr: DST,
         rkey: target,
     };
-    sim.post_send(A, qa, signaled(1, write, sge(SRC, 200, key)))
+    sim.post_send(A, qa, &signaled(1, write, sge(SRC, 200, key)))
         .unwrap();
     assert!(sim.run_until(STEPS, |sim| sim.stats.filtered == 1));
     assert_eq!(sim.mr_bytes(B, target), pattern(200, 19), "executed once");
@@ -744,7 +745,7 @@ fn duplicate_read_re_executed() {
         remote_addr: DST,
         rkey: source,
     };
-    sim.post_send(A, qa, signaled(1, read, sge(SRC, 200, back)))
+    sim.post_send(A, qa, &signaled(1, read, sge(SRC, 200, back)))
         .unwrap();
     assert!(sim.run_until(STEPS, |sim| sim.stats.filtered == 1));
     let now = pattern(200, 21);
@@ -771,7 +772,7 @@ fn duplicate_atomic_answered_from_cache() {
         rkey: target,
         add: 2,
     };
-    sim.post_send(A, qa, signaled(1, faa, sge(SRC, 8, result)))
+    sim.post_send(A, qa, &signaled(1, faa, sge(SRC, 8, result)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
@@ -799,9 +800,9 @@ fn cq_overflow_reported() {
     let dst = sim.reg(B, DST, &[0; 300]);
     for wr_id in [1, 2, 3] {
         let at = DST + 100 * (wr_id - 1);
-        sim.post_recv(B, qb, recv_wr(wr_id, sge(at, 100, dst)))
+        sim.post_recv(B, qb, &recv_wr(wr_id, sge(at, 100, dst)))
             .unwrap();
-        sim.post_send(A, qa, signaled(wr_id, SendOp::Send, sge(SRC, 100, key)))
+        sim.post_send(A, qa, &signaled(wr_id, SendOp::Send, sge(SRC, 100, key)))
             .unwrap();
     }
     let mut events = Vec::new();
@@ -843,14 +844,18 @@ fn uc_lost_middle_packet_drops_the_message() {
     let key = sim.reg(A, SRC, &[first, second.clone(), third.clone()].concat());
     let dst = sim.reg(B, DST, &[0; 3000]);
     let dst2 = sim.reg(B, DST2, &[0; 3000]);
-    sim.post_recv(B, qb, recv_wr(8, sge(DST, 3000, dst)))
+    sim.post_recv(B, qb, &recv_wr(8, sge(DST, 3000, dst)))
         .unwrap();
-    sim.post_recv(B, qb, recv_wr(9, sge(DST2, 3000, dst2)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST2, 3000, dst2)))
         .unwrap();
-    sim.post_send(A, qa, signaled(1, SendOp::Send, sge(SRC, 3000, key)))
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 3000, key)))
         .unwrap();
-    sim.post_send(A, qa, signaled(2, SendOp::Send, sge(SRC + 3000, 2000, key)))
-        .unwrap();
+    sim.post_send(
+        A,
+        qa,
+        &signaled(2, SendOp::Send, sge(SRC + 3000, 2000, key)),
+    )
+    .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 2)),
         [(1, WcStatus::Success), (2, WcStatus::Success)],
@@ -868,7 +873,7 @@ fn uc_lost_middle_packet_drops_the_message() {
     assert_eq!(sim.mr_bytes(B, dst)[..2000], second[..]);
     assert!(stats(&sim, B, qb).dropped >= 1);
 
-    sim.post_send(A, qa, signaled(3, SendOp::Send, sge(SRC + 5000, 500, key)))
+    sim.post_send(A, qa, &signaled(3, SendOp::Send, sge(SRC + 5000, 500, key)))
         .unwrap();
     let recvs = wait_recv(&mut sim, B, 1);
     assert_eq!((recvs[0].wr_id, recvs[0].byte_len), (9, 500));
@@ -905,15 +910,15 @@ fn ud_wrong_qkey_dropped() {
     let right = pattern(100, 27);
     let key = sim.reg(A, SRC, &[wrong, right.clone()].concat());
     let dst = sim.reg(B, DST, &[0; 140]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 140, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 140, dst)))
         .unwrap();
     let bad = ud_send(&sim, 1, sge(SRC, 100, key), qb, 0x3333);
-    sim.post_send(A, qa, bad).unwrap();
+    sim.post_send(A, qa, &bad).unwrap();
     settle(&mut sim);
     assert!(sim.poll_recv(B).is_empty());
     assert_eq!(stats(&sim, B, qb).dropped, 1);
     let good = ud_send(&sim, 2, sge(SRC + 100, 100, key), qb, 0x2222);
-    sim.post_send(A, qa, good).unwrap();
+    sim.post_send(A, qa, &good).unwrap();
     let recvs = wait_recv(&mut sim, B, 1);
     assert_eq!((recvs[0].wr_id, recvs[0].status), (9, WcStatus::Success));
     assert_eq!(sim.mr_bytes(B, dst)[40..], right[..]);
@@ -930,10 +935,10 @@ fn ud_receive_has_grh_and_source_qp() {
     let data = pattern(100, 28);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0xAA; 200]);
-    sim.post_recv(B, qb, recv_wr(9, sge(DST, 200, dst)))
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 200, dst)))
         .unwrap();
     let send = ud_send(&sim, 1, sge(SRC, 100, key), qb, 0x2222);
-    sim.post_send(A, qa, send).unwrap();
+    sim.post_send(A, qa, &send).unwrap();
     let recvs = wait_recv(&mut sim, B, 1);
     let c = recvs[0];
     assert_eq!(

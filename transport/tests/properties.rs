@@ -158,7 +158,7 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
                     sim.post_recv(
                         b,
                         qb,
-                        RecvWr {
+                        &RecvWr {
                             wr_id,
                             sg_list: [target.inner()].into(),
                         },
@@ -239,7 +239,7 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        sim.post_send(a, qa, wr).unwrap();
+        sim.post_send(a, qa, &wr).unwrap();
         expected_results.push((wr_id, WcStatus::Success, opcode));
     }
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());

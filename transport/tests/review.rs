@@ -61,7 +61,7 @@ fn prime(sim: &mut Sim, log: &Log, qa: u32) -> (Psn, u32) {
         remote_addr: DST,
         rkey: target,
     };
-    sim.post_send(A, qa, signaled(100, write, sge(SRC, 8, key)))
+    sim.post_send(A, qa, &signaled(100, write, sge(SRC, 8, key)))
         .unwrap();
     assert_eq!(summary(&wait_send(sim, A, 1)), [(100, WcStatus::Success)]);
     (first_psn(log, A, Opcode::RcRdmaWriteOnly), target)
@@ -82,7 +82,7 @@ fn sqd_starts_no_new_work_request() {
         remote_addr: DST,
         rkey: target,
     };
-    sim.post_send(A, qa, signaled(1, write, sge(SRC, 64, key)))
+    sim.post_send(A, qa, &signaled(1, write, sge(SRC, 64, key)))
         .unwrap();
     settle(&mut sim);
     assert_eq!(count(&log, A, Opcode::RcRdmaWriteOnly), 0, "sent in SQD");
@@ -104,8 +104,9 @@ fn uc_failed_send_does_not_lose_the_receive() {
     let (mut sim, qa, qb) = pair(QpType::Uc);
     let key = sim.reg(A, SRC, &pattern(100, 3));
     let dst = sim.reg(B, DST, &[0; 64]);
-    sim.post_recv(B, qb, recv_wr(1, sge(DST, 16, dst))).unwrap();
-    sim.post_send(A, qa, signaled(10, SendOp::Send, sge(SRC, 100, key)))
+    sim.post_recv(B, qb, &recv_wr(1, sge(DST, 16, dst)))
+        .unwrap();
+    sim.post_send(A, qa, &signaled(10, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
     settle(&mut sim);
     let mut recvs = sim.poll_recv(B);
@@ -142,9 +143,9 @@ fn duplicate_write_ack_never_names_a_read_psn() {
         remote_addr: DST2,
         rkey: source,
     };
-    sim.post_send(A, qa, signaled(1, write, sge(SRC, 64, src)))
+    sim.post_send(A, qa, &signaled(1, write, sge(SRC, 64, src)))
         .unwrap();
-    sim.post_send(A, qa, signaled(2, read, sge(SRC2, 64, back)))
+    sim.post_send(A, qa, &signaled(2, read, sge(SRC2, 64, back)))
         .unwrap();
     let sends = wait_send(&mut sim, A, 2);
     assert_eq!(
@@ -219,7 +220,7 @@ fn flush_is_not_a_send() {
     let log = tap(&mut sim, |_, _| false);
     let (psn, target) = prime(&mut sim, &log, qa);
     let dst = sim.reg(B, DST2, &[0; 64]);
-    sim.post_recv(B, qb, recv_wr(7, sge(DST2, 64, dst)))
+    sim.post_recv(B, qb, &recv_wr(7, sge(DST2, 64, dst)))
         .unwrap();
     let ext = ExtRepr {
         feth: Some(feth::Repr {
@@ -254,7 +255,7 @@ fn empty_last_packet_is_invalid() {
     let log = tap(&mut sim, |_, _| false);
     let (psn, _) = prime(&mut sim, &log, qa);
     let dst = sim.reg(B, DST2, &[0; 2048]);
-    sim.post_recv(B, qb, recv_wr(7, sge(DST2, 2048, dst)))
+    sim.post_recv(B, qb, &recv_wr(7, sge(DST2, 2048, dst)))
         .unwrap();
     let full = pattern(1024, 6);
     let first_bth = forged_bth(Opcode::RcSendFirst, qb, psn + 1, 1024, false);
@@ -297,7 +298,7 @@ fn duplicate_read_limited_to_original_range() {
         remote_addr: DST2,
         rkey: source,
     };
-    sim.post_send(A, qa, signaled(1, read, sge(SRC, 100, back)))
+    sim.post_send(A, qa, &signaled(1, read, sge(SRC, 100, back)))
         .unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),

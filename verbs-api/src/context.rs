@@ -167,10 +167,10 @@ impl Core {
             // Admitted against this QP's own gate, a request cannot be refused now; if it
             // were, there is no caller left to tell.
             hand_over(&queues.recvs, endpoint, qpn, |endpoint, wr| {
-                let _ = endpoint.post_recv(now, qpn, wr);
+                let _ = endpoint.post_recv(now, qpn, &wr);
             });
             hand_over(&queues.sends, endpoint, qpn, |endpoint, wr| {
-                let _ = endpoint.post_send(now, qpn, wr);
+                let _ = endpoint.post_send(now, qpn, &wr);
             });
         }
     }

@@ -303,14 +303,16 @@ impl Qp {
     /// a queue the engine has just drained may still look full for that long.
     pub fn post_send(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostFailure> {
         let check = |gate: &PostGate, wr: &SendWr, queued| gate.check_send(wr, queued).map(drop);
-        let direct = |endpoint: &mut Endpoint, now, qpn, wr| endpoint.post_send(now, qpn, wr);
+        let direct =
+            |endpoint: &mut Endpoint, now, qpn, wr: SendWr| endpoint.post_send(now, qpn, &wr);
         self.post(wrs, &self.queues.sends, check, direct, true)
     }
 
     /// `ibv_post_recv` for a list of work requests, with the same failure rule.
     pub fn post_recv(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostFailure> {
         let check = |gate: &PostGate, wr: &RecvWr, queued| gate.check_recv(wr, queued);
-        let direct = |endpoint: &mut Endpoint, now, qpn, wr| endpoint.post_recv(now, qpn, wr);
+        let direct =
+            |endpoint: &mut Endpoint, now, qpn, wr: RecvWr| endpoint.post_recv(now, qpn, &wr);
         self.post(wrs, &self.queues.recvs, check, direct, false)
     }
 

@@ -404,11 +404,11 @@ impl Qp {
     }
 
     #[inline]
-    pub fn post_send(&mut self, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
+    pub fn post_send(&mut self, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostError> {
         requester::post(self, ctx, wr)
     }
 
-    pub fn post_recv(&mut self, ctx: &mut Ctx, wr: RecvWr) -> Result<(), PostError> {
+    pub fn post_recv(&mut self, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
         responder::post(self, ctx, wr)
     }
 

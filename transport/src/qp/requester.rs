@@ -98,10 +98,10 @@ pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
 
 /// `ibv_post_send` for one work request.
 #[inline]
-pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostError> {
-    let len = qp.post_gate().check_send(&wr, 0)?;
+pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostError> {
+    let len = qp.post_gate().check_send(wr, 0)?;
     if qp.state == QpState::Err {
-        let completion = qp.send_completion(wr.wr_id, WcStatus::WrFlush, wc_opcode(&wr), 0);
+        let completion = qp.send_completion(wr.wr_id, WcStatus::WrFlush, wc_opcode(wr), 0);
         qp.complete(ctx, qp.send_cq, completion);
         return Ok(());
     }
@@ -110,9 +110,10 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: SendWr) -> Result<(), PostErr
     } else {
         qp.config.packets(len)
     };
-    // No WQE on the stack first: it is big, and every move of it is a copy.
+    // The request is copied once, field by field, into its place in the queue: a WQE is
+    // big, and every move of a whole one is a copy.
     qp.req.wqes.push_back(SendWqe {
-        wr,
+        wr: wr.clone(),
         len,
         first_psn: Psn::new(0),
         npsn,

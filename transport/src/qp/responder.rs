@@ -115,13 +115,13 @@ enum Refusal {
 }
 
 /// `ibv_post_recv` for one work request.
-pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: RecvWr) -> Result<(), PostError> {
-    qp.post_gate().check_recv(&wr, 0)?;
+pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
+    qp.post_gate().check_recv(wr, 0)?;
     if qp.state == QpState::Err {
-        let completion = recv_completion(qp, &wr, WcStatus::WrFlush);
+        let completion = recv_completion(qp, wr, WcStatus::WrFlush);
         qp.complete(ctx, qp.recv_cq, completion);
     } else {
-        qp.resp.rq.push_back(wr);
+        qp.resp.rq.push_back(wr.clone());
     }
     Ok(())
 }
