@@ -310,6 +310,20 @@ impl MrTable {
     }
 }
 
+/// The element of a gather/scatter list that holds byte `offset` of the list, and how far
+/// into it that byte is.
+fn sg_element_at(sg_list: &[Sge], offset: u64) -> Option<(&Sge, u64)> {
+    let mut skip = offset;
+    for sge in sg_list {
+        let sge_len = u64::from(sge.length);
+        if skip < sge_len {
+            return Some((sge, skip));
+        }
+        skip -= sge_len;
+    }
+    None
+}
+
 impl MrTable {
     /// The next piece of a gather/scatter list at byte `offset`, at most `len` bytes: its
     /// location (checked against `pd` and `needed`), its length, and the list offset after it.
@@ -321,18 +335,10 @@ impl MrTable {
         len: u64,
         needed: AccessFlags,
     ) -> Result<(Location, usize), MrError> {
-        let mut skip = offset;
-        for sge in sg_list {
-            let sge_len = u64::from(sge.length);
-            if skip >= sge_len {
-                skip -= sge_len;
-                continue;
-            }
-            let piece = (sge_len - skip).min(len);
-            let location = self.check(pd, sge.lkey, sge.addr + skip, piece, needed)?;
-            return Ok((location, piece as usize));
-        }
-        Err(MrError::OutOfBounds)
+        let (sge, skip) = sg_element_at(sg_list, offset).ok_or(MrError::OutOfBounds)?;
+        let piece = (u64::from(sge.length) - skip).min(len);
+        let location = self.check(pd, sge.lkey, sge.addr + skip, piece, needed)?;
+        Ok((location, piece as usize))
     }
 
     /// Appends bytes `offset..offset + len` of a gather list to `out`.
@@ -377,6 +383,16 @@ impl MrTable {
         offset: u64,
         data: &[u8],
     ) -> Result<(), MrError> {
+        // Most data lands in one element: check and write it with one lookup.
+        if let Some((sge, skip)) = sg_element_at(sg_list, offset) {
+            if u64::from(sge.length) - skip >= data.len() as u64 {
+                let (address, len) = (sge.addr + skip, data.len() as u64);
+                let needed = AccessFlags::LOCAL_WRITE;
+                self.checked_bytes_mut(pd, sge.lkey, address, len, needed)?
+                    .copy_from_slice(data);
+                return Ok(());
+            }
+        }
         let mut checked = 0;
         while checked < data.len() {
             let remaining = (data.len() - checked) as u64;
