@@ -136,6 +136,7 @@ impl Cq {
     }
 
     /// Adds a completion, or fails and marks the CQ overflowed when every slot is taken.
+    #[inline(always)]
     pub fn push(&mut self, completion: WorkCompletion) -> Result<(), CqOverflow> {
         if self.overflowed || self.entries.len() == self.depth {
             self.overflowed = true;

@@ -502,6 +502,7 @@ impl Qp {
     }
 
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
+    #[inline(always)]
     fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
         if ctx.cqs[cq].push(completion).is_err() {
             self.cq_overflowed = true;
