@@ -117,7 +117,7 @@ pub struct UdDest {
 }
 
 /// A send work request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct SendWr {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -134,12 +134,36 @@ pub struct SendWr {
 }
 
 /// A receive work request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where incoming data goes.
     pub sg_list: SgList,
+}
+
+// Cloned by hand because posting copies every request into a queue: the derived clone
+// extends the list element by element, `from_slice` copies it at once.
+impl Clone for SendWr {
+    fn clone(&self) -> Self {
+        SendWr {
+            wr_id: self.wr_id,
+            op: self.op,
+            sg_list: SgList::from_slice(&self.sg_list),
+            inline_data: self.inline_data.clone(),
+            flags: self.flags,
+            ud: self.ud,
+        }
+    }
+}
+
+impl Clone for RecvWr {
+    fn clone(&self) -> Self {
+        RecvWr {
+            wr_id: self.wr_id,
+            sg_list: SgList::from_slice(&self.sg_list),
+        }
+    }
 }
 
 /// Total bytes of a gather/scatter list; `None` if it overflows 32 bits.
