@@ -402,12 +402,13 @@ fn take_receive(qp: &mut Qp) -> Result<RecvWr, Refusal> {
 
 fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
-    if position.starts_message() {
-        let wqe = take_receive(qp)?;
-        qp.resp.in_message = Some(InMessage::Send { wqe, received: 0 });
-    }
-    let Some(InMessage::Send { wqe, received }) = qp.resp.in_message.take() else {
-        return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+    let (wqe, received) = if position.starts_message() {
+        (take_receive(qp)?, 0)
+    } else {
+        match qp.resp.in_message.take() {
+            Some(InMessage::Send { wqe, received }) => (wqe, received),
+            _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
+        }
     };
     if let Err(error) = ctx
         .mrs
