@@ -26,16 +26,26 @@
 //!
 //! `cargo bench -p roce-transport --bench transport` (criterion, one core, no I/O; request
 //! packets through requester → responder → completer, with posting, ACKs and completions),
-//! on the 2-core development VM: 64 B SEND 5.0 Mpps, 64 B WRITE 6.0 Mpps, 4 KiB WRITE
-//! 3.4 Mpps (from 4.2 / 4.7 / 2.8 before the last round of work: fewer moves on the hot path,
-//! one region lookup per gathered piece, no zeroing of payloads, completions copied out of a
-//! CQ as slices). The target is 10 Mpps.
-//! What the profile still shows: a quarter of the time in `memmove` of large values moved
-//! by value (an `OutPacket` is 192 bytes, its `ExtRepr` alone 120; a `SendWr` 128, copied
-//! into the send queue), a heap payload per packet, and a region lookup per packet on each
-//! side. The way there is the smoltcp-phy shape: `poll_transmit` writing headers and
-//! payload straight into a buffer the provider lends, `handle_packet` scattering from the
-//! received frame, and an `ExtRepr` per opcode shape instead of nine options.
+//! on the 2-core development VM, pinned to one core, three runs: 64 B WRITE 10.4 Mpps,
+//! 64 B SEND 8.4–8.6 Mpps (it also posts a receive and completes it for every packet),
+//! 4 KiB WRITE 5.3–5.4 Mpps (22 GB/s of payload). The same batches through [`sim`], which
+//! adds emitting with ICRC, parsing and checking every frame and the simulator's event
+//! queue: 2.3 Mpps; one 1 MiB WRITE through it, 1.7 GiB/s.
+//!
+//! What got it there (from 5.0 / 6.0 / 3.7 Mpps, each step measured): `poll_transmit_into`
+//! refills the caller's `Transmit` (no allocation or 200-byte move per packet); work
+//! requests are posted by reference and copied once into the queue, as rdma-core's
+//! providers copy an `ibv_send_wr` into their ring; scatter/gather lists hold one element
+//! inline ([`wr::SgList`]); QPs are found by indexing a table by QP number and walked as a
+//! `Vec`; one region lookup per WRITE packet and per scatter that fits one element;
+//! `Opcode::info` is a table; completions are written straight into their CQ slot.
+//! Tried and dropped, as no faster: inlining the requester's and responder's packet
+//! builders, a smaller send WQE (boxing the UD destination), moving a completed WQE out
+//! instead of dropping it in place.
+//! What the profile still shows: about a third of the time in moving 120–144-byte values
+//! (a send WQE, the nine-option `ExtRepr`) and in cache misses on the 256 WQEs a batch keeps
+//! in flight, and a hash lookup per region access. The measurements move by ±5 % between
+//! runs on this shared machine; compare runs made back to back.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
