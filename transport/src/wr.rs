@@ -143,13 +143,14 @@ pub struct RecvWr {
 }
 
 // Cloned by hand because posting copies every request into a queue: the derived clone
-// extends the list element by element, `from_slice` copies it at once.
+// extends the list element by element; a one-element list is rebuilt from its element,
+// which the compiler keeps in registers, longer ones are copied at once.
 impl Clone for SendWr {
     fn clone(&self) -> Self {
         SendWr {
             wr_id: self.wr_id,
             op: self.op,
-            sg_list: SgList::from_slice(&self.sg_list),
+            sg_list: copy_list(&self.sg_list),
             inline_data: self.inline_data.clone(),
             flags: self.flags,
             ud: self.ud,
@@ -161,8 +162,16 @@ impl Clone for RecvWr {
     fn clone(&self) -> Self {
         RecvWr {
             wr_id: self.wr_id,
-            sg_list: SgList::from_slice(&self.sg_list),
+            sg_list: copy_list(&self.sg_list),
         }
+    }
+}
+
+#[inline]
+fn copy_list(list: &SgList) -> SgList {
+    match list.as_slice() {
+        &[one] => SgList::from_buf([one]),
+        more => SgList::from_slice(more),
     }
 }
 
