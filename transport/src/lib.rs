@@ -54,6 +54,7 @@ pub mod endpoint;
 pub mod mr;
 pub mod qp;
 pub mod qp_state;
+mod ring;
 pub mod sim;
 mod timer;
 pub mod wr;

@@ -22,9 +22,10 @@ pub struct Sge {
 }
 
 /// What a send work request does, with its operands (`ibv_wr_opcode` and `wr.rdma`/`wr.atomic`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SendOp {
     /// SEND.
+    #[default]
     Send,
     /// SEND with immediate data.
     SendWithImm(u32),
@@ -117,7 +118,7 @@ pub struct UdDest {
 }
 
 /// A send work request.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Default)]
 pub struct SendWr {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -155,6 +156,17 @@ impl Clone for SendWr {
             flags: self.flags,
             ud: self.ud,
         }
+    }
+
+    /// In place, keeping `self`'s allocations: how a send queue slot takes a new request.
+    fn clone_from(&mut self, source: &Self) {
+        self.wr_id = source.wr_id;
+        self.op = source.op;
+        self.sg_list.clear();
+        self.sg_list.extend_from_slice(&source.sg_list);
+        self.inline_data.clone_from(&source.inline_data);
+        self.flags = source.flags;
+        self.ud = source.ud;
     }
 }
 

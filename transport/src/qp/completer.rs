@@ -163,7 +163,6 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, implied_nak: bool) {
 
 /// Removes the front WQE and reports its success if it is signaled.
 fn complete_front(qp: &mut Qp, ctx: &mut Ctx) {
-    // Read in place and dropped in place: a WQE is too big to move out just to drop it.
     let Some(wqe) = qp.req.wqes.front() else {
         return;
     };
@@ -172,7 +171,7 @@ fn complete_front(qp: &mut Qp, ctx: &mut Ctx) {
         let opcode = super::requester::wc_opcode(&wqe.wr);
         qp.send_completion(wqe.wr.wr_id, WcStatus::Success, opcode, wqe.len)
     });
-    qp.req.wqes.drain(..1);
+    qp.req.wqes.pop_front();
     qp.req.next = qp.req.next.saturating_sub(1);
     qp.req.acked_psn = last_psn;
     if let Some(completion) = completion {
@@ -340,16 +339,18 @@ pub(crate) fn ack_timeout(qp: &mut Qp, ctx: &mut Ctx) {
 /// Completes the WQE at `index` with an error (earlier ones are flushed first, to keep
 /// completions in order) and moves the QP to ERR, which flushes the rest.
 pub(crate) fn fail_wqe(qp: &mut Qp, ctx: &mut Ctx, index: usize, status: WcStatus) {
-    for _ in 0..index {
-        if let Some(wqe) = qp.req.wqes.pop_front() {
-            let opcode = super::requester::wc_opcode(&wqe.wr);
-            let completion = qp.send_completion(wqe.wr.wr_id, WcStatus::WrFlush, opcode, 0);
-            qp.complete(ctx, qp.send_cq, completion);
-        }
-    }
-    if let Some(wqe) = qp.req.wqes.pop_front() {
+    for flushed in 0..=index {
+        let Some(wqe) = qp.req.wqes.front() else {
+            break;
+        };
+        let status = if flushed < index {
+            WcStatus::WrFlush
+        } else {
+            status
+        };
         let opcode = super::requester::wc_opcode(&wqe.wr);
         let completion = qp.send_completion(wqe.wr.wr_id, status, opcode, 0);
+        qp.req.wqes.pop_front();
         qp.complete(ctx, qp.send_cq, completion);
     }
     if qp.state != QpState::Err {

@@ -8,7 +8,6 @@ mod completer;
 mod requester;
 mod responder;
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::RnrTimer;
@@ -536,8 +535,8 @@ impl Qp {
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
         self.timers = TimerTable::default();
-        let sends: VecDeque<_> = std::mem::take(&mut self.req.wqes);
-        for wqe in sends {
+        let sends = std::mem::take(&mut self.req.wqes);
+        for wqe in sends.iter() {
             let completion = self.send_completion(
                 wqe.wr.wr_id,
                 WcStatus::WrFlush,
@@ -546,10 +545,6 @@ impl Qp {
             );
             self.complete(ctx, self.send_cq, completion);
         }
-        self.req = Requester {
-            wqes: VecDeque::new(),
-            ..std::mem::take(&mut self.req)
-        };
         self.req.next = 0;
         let recvs: Vec<RecvWr> = self.resp.drain_receives();
         for wr in recvs {

@@ -3,14 +3,13 @@
 //! A WQE's packets are rebuilt from the WQE whenever they are (re)sent, so going back N after
 //! a NAK or timeout is only moving the cursor (`next`, `pkt_in_wqe`, `next_psn`) back.
 
-use std::collections::VecDeque;
-
 use roce_wire::opcode::Position;
 use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr, Opcode, Psn};
 
 use super::{Ctx, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus};
 use crate::qp_state::{QpState, QpType};
+use crate::ring::Ring;
 use crate::timer::Timer;
 use crate::wr::{SendFlags, SendOp, SendWr};
 
@@ -22,7 +21,7 @@ const MAX_PACKETS_PER_ACK: u32 = 64;
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
 
 /// A posted send and its progress.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct SendWqe {
     pub wr: SendWr,
     /// Message length in bytes.
@@ -50,7 +49,7 @@ impl SendWqe {
 #[derive(Debug, Default)]
 pub(crate) struct Requester {
     /// Posted and not yet completed, oldest first.
-    pub wqes: VecDeque<SendWqe>,
+    pub wqes: Ring<SendWqe>,
     /// Index of the first WQE not fully transmitted.
     pub next: usize,
     /// Packets of `wqes[next]` already transmitted.
@@ -110,15 +109,13 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostEr
     } else {
         qp.config.packets(len)
     };
-    // The request is copied once, field by field, into its place in the queue: a WQE is
-    // big, and every move of a whole one is a copy.
-    qp.req.wqes.push_back(SendWqe {
-        wr: wr.clone(),
-        len,
-        first_psn: Psn::new(0),
-        npsn,
-        responses: 0,
-    });
+    // Copied field by field into its slot: a WQE is big, and every move of one is a copy.
+    let wqe = qp.req.wqes.push_slot();
+    wqe.wr.clone_from(wr);
+    wqe.len = len;
+    wqe.first_psn = Psn::new(0);
+    wqe.npsn = npsn;
+    wqe.responses = 0;
     Ok(())
 }
 
@@ -373,13 +370,14 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bo
 
 /// UC and UD sends are done once their last packet leaves.
 fn complete_unreliable(qp: &mut Qp, ctx: &mut Ctx) {
-    let Some(wqe) = qp.req.wqes.pop_front() else {
+    let Some(wqe) = qp.req.wqes.front() else {
         return;
     };
+    let completion = (qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED))
+        .then(|| qp.send_completion(wqe.wr.wr_id, WcStatus::Success, wc_opcode(&wqe.wr), wqe.len));
+    qp.req.wqes.pop_front();
     qp.req.next -= 1;
-    if qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED) {
-        let completion =
-            qp.send_completion(wqe.wr.wr_id, WcStatus::Success, wc_opcode(&wqe.wr), wqe.len);
+    if let Some(completion) = completion {
         qp.complete(ctx, qp.send_cq, completion);
     }
 }
