@@ -123,7 +123,7 @@ mod tests {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            if state % 3 == 0 {
+            if state.is_multiple_of(3) {
                 ring.pop_front();
                 model.pop_front();
             } else {
