@@ -1,4 +1,4 @@
-//! A queue whose slots are reused, for the send queue.
+//! A queue whose slots are reused, for the work queues.
 
 use std::ops::{Index, IndexMut};
 
@@ -29,6 +29,10 @@ impl<T> Default for Ring<T> {
 impl<T: Default> Ring<T> {
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The slot of the value `index` places from the front (`index` ≤ the slot count).

@@ -135,7 +135,7 @@ pub struct SendWr {
 }
 
 /// A receive work request.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Default)]
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -162,8 +162,7 @@ impl Clone for SendWr {
     fn clone_from(&mut self, source: &Self) {
         self.wr_id = source.wr_id;
         self.op = source.op;
-        self.sg_list.clear();
-        self.sg_list.extend_from_slice(&source.sg_list);
+        copy_list_into(&mut self.sg_list, &source.sg_list);
         self.inline_data.clone_from(&source.inline_data);
         self.flags = source.flags;
         self.ud = source.ud;
@@ -177,6 +176,12 @@ impl Clone for RecvWr {
             sg_list: copy_list(&self.sg_list),
         }
     }
+
+    /// In place, keeping `self`'s allocations: how a receive queue slot takes a new request.
+    fn clone_from(&mut self, source: &Self) {
+        self.wr_id = source.wr_id;
+        copy_list_into(&mut self.sg_list, &source.sg_list);
+    }
 }
 
 #[inline]
@@ -184,6 +189,18 @@ fn copy_list(list: &SgList) -> SgList {
     match list.as_slice() {
         &[one] => SgList::from_buf([one]),
         more => SgList::from_slice(more),
+    }
+}
+
+/// [`copy_list`] into an existing list, keeping its heap buffer if it has one.
+#[inline]
+fn copy_list_into(to: &mut SgList, from: &SgList) {
+    match from.as_slice() {
+        &[one] if !to.spilled() => *to = SgList::from_buf([one]),
+        more => {
+            to.clear();
+            to.extend_from_slice(more);
+        }
     }
 }
 

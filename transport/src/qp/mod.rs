@@ -546,8 +546,8 @@ impl Qp {
             self.complete(ctx, self.send_cq, completion);
         }
         self.req.next = 0;
-        let recvs: Vec<RecvWr> = self.resp.drain_receives();
-        for wr in recvs {
+        let recvs = self.resp.take_receives();
+        for wr in recvs.iter() {
             let completion = WorkCompletion {
                 opcode: WcOpcode::Recv,
                 ..self.send_completion(wr.wr_id, WcStatus::WrFlush, WcOpcode::Recv, 0)

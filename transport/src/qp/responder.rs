@@ -12,6 +12,7 @@ use super::{Ctx, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{Location, MrError};
 use crate::qp_state::{QpState, QpType};
+use crate::ring::Ring;
 use crate::wr::RecvWr;
 use crate::AccessFlags;
 
@@ -22,10 +23,8 @@ pub const GRH_LEN: usize = 40;
 /// A multi-packet message being received.
 #[derive(Debug)]
 enum InMessage {
-    Send {
-        wqe: RecvWr,
-        received: u32,
-    },
+    /// Into the receive at the front of the queue, which stays there until the message ends.
+    Send { received: u32 },
     Write {
         address: u64,
         rkey: u32,
@@ -81,7 +80,7 @@ pub(crate) struct Responder {
     pub ack_psn: Psn,
     /// Requests completed (the AETH's MSN).
     pub msn: u32,
-    pub(crate) rq: VecDeque<RecvWr>,
+    pub(crate) rq: Ring<RecvWr>,
     in_message: Option<InMessage>,
     /// A sequence NAK was sent for the current gap.
     nak_sent: bool,
@@ -95,14 +94,11 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
-    /// Every receive not yet completed, oldest first.
-    pub fn drain_receives(&mut self) -> Vec<RecvWr> {
-        let mut all = Vec::new();
-        if let Some(InMessage::Send { wqe, .. }) = self.in_message.take() {
-            all.push(wqe);
-        }
-        all.extend(self.rq.drain(..));
-        all
+    /// Every receive not yet completed, oldest first (one a message is arriving into is
+    /// the front), leaving none and no message under way.
+    pub fn take_receives(&mut self) -> Ring<RecvWr> {
+        self.in_message = None;
+        std::mem::take(&mut self.rq)
     }
 }
 
@@ -110,8 +106,9 @@ impl Responder {
 enum Refusal {
     /// No receive posted: RNR NAK (RC) or drop (UC, UD).
     NotReady,
-    /// A NAK that ends the connection, and the receive's status if one was consumed.
-    Fatal(NakCode, Option<(RecvWr, WcStatus)>),
+    /// A NAK that ends the connection, and the status of the receive at the front of the
+    /// queue if the request consumed it.
+    Fatal(NakCode, Option<WcStatus>),
 }
 
 /// `ibv_post_recv` for one work request.
@@ -121,7 +118,7 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostEr
         let completion = recv_completion(qp, wr, WcStatus::WrFlush);
         qp.complete(ctx, qp.recv_cq, completion);
     } else {
-        qp.resp.rq.push_back(wr.clone());
+        qp.resp.rq.push_slot().clone_from(wr);
     }
     Ok(())
 }
@@ -222,8 +219,9 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         }
         Err(Refusal::Fatal(code, receive)) => {
             nak(qp, psn, Syndrome::Nak(code));
-            if let Some((wqe, status)) = receive {
-                let completion = recv_completion(qp, &wqe, status);
+            if let (Some(status), Some(wqe)) = (receive, qp.resp.rq.front()) {
+                let completion = recv_completion(qp, wqe, status);
+                qp.resp.rq.pop_front();
                 qp.complete(ctx, qp.recv_cq, completion);
             }
             qp.enter_error(ctx);
@@ -396,19 +394,19 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     Ok(())
 }
 
-fn take_receive(qp: &mut Qp) -> Result<RecvWr, Refusal> {
-    qp.resp.rq.pop_front().ok_or(Refusal::NotReady)
-}
-
 fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
-    let (wqe, received) = if position.starts_message() {
-        (take_receive(qp)?, 0)
+    let received = if position.starts_message() {
+        0
     } else {
-        match qp.resp.in_message.take() {
-            Some(InMessage::Send { wqe, received }) => (wqe, received),
+        match qp.resp.in_message {
+            Some(InMessage::Send { received }) => received,
             _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
         }
+    };
+    // The message's receive: taken off the queue only when the message ends.
+    let Some(wqe) = qp.resp.rq.front() else {
+        return Err(Refusal::NotReady);
     };
     if let Err(error) = ctx
         .mrs
@@ -419,21 +417,23 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         } else {
             WcStatus::LocalProtection
         };
-        return Err(Refusal::Fatal(NakCode::InvalidRequest, Some((wqe, status))));
+        return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(status)));
     }
     let received = received + frame.payload.len() as u32;
     if !position.ends_message() {
-        qp.resp.in_message = Some(InMessage::Send { wqe, received });
+        qp.resp.in_message = Some(InMessage::Send { received });
         return Ok(());
     }
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
     let completion = WorkCompletion {
         byte_len: received,
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         invalidated_rkey: frame.ext.ieth.map(|ieth| ieth.rkey),
         solicited: frame.bth.solicited,
-        ..recv_completion(qp, &wqe, WcStatus::Success)
+        ..recv_completion(qp, wqe, WcStatus::Success)
     };
+    qp.resp.rq.pop_front();
+    qp.resp.in_message = None;
+    qp.resp.msn = qp.resp.msn.wrapping_add(1);
     qp.complete(ctx, qp.recv_cq, completion);
     Ok(())
 }
@@ -506,14 +506,17 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
     }
     qp.resp.msn = qp.resp.msn.wrapping_add(1);
     if has_imm {
-        let wqe = take_receive(qp)?;
+        let Some(wqe) = qp.resp.rq.front() else {
+            return Err(Refusal::NotReady);
+        };
         let completion = WorkCompletion {
             opcode: WcOpcode::RecvRdmaWithImm,
             byte_len: length,
             imm_data: frame.ext.immdt.map(|imm| imm.immediate),
             solicited: frame.bth.solicited,
-            ..recv_completion(qp, &wqe, WcStatus::Success)
+            ..recv_completion(qp, wqe, WcStatus::Success)
         };
+        qp.resp.rq.pop_front();
         qp.complete(ctx, qp.recv_cq, completion);
     }
     Ok(())
@@ -666,11 +669,8 @@ fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         qp.resp.uc_resync = false;
         qp.resp.epsn = frame.bth.psn;
     }
-    if let Err(refusal) = execute(qp, ctx, frame) {
-        // A receive the failed packet had taken goes back for the next message.
-        if let Refusal::Fatal(_, Some((wqe, _))) = refusal {
-            qp.resp.rq.push_front(wqe);
-        }
+    if execute(qp, ctx, frame).is_err() {
+        // A receive the failed packet was filling stays at the front for the next message.
         abandon_message(qp);
         qp.resp.uc_resync = true;
         qp.resp.epsn = frame.bth.psn + 1;
@@ -678,11 +678,10 @@ fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     }
 }
 
-/// Gives a partly filled receive back to the front of the queue.
+/// Gives up the message under way; a receive it was filling is still the queue's front,
+/// for the next message.
 fn abandon_message(qp: &mut Qp) {
-    if let Some(InMessage::Send { wqe, .. }) = qp.resp.in_message.take() {
-        qp.resp.rq.push_front(wqe);
-    }
+    qp.resp.in_message = None;
 }
 
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
@@ -703,7 +702,7 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         IpRepr::V4(_) => frame.ip.emit(udp_len, &mut grh[20..]),
         IpRepr::V6(_) => frame.ip.emit(udp_len, &mut grh[..]),
     };
-    let Some(wqe) = qp.resp.rq.pop_front() else {
+    let Some(wqe) = qp.resp.rq.front() else {
         return;
     };
     let scattered = written.is_ok()
@@ -713,7 +712,6 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
             .scatter(qp.pd, &wqe.sg_list, GRH_LEN as u64, frame.payload)
             .is_ok();
     if !scattered {
-        qp.resp.rq.push_front(wqe);
         qp.stats.dropped += 1;
         return;
     }
@@ -722,7 +720,8 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
-        ..recv_completion(qp, &wqe, WcStatus::Success)
+        ..recv_completion(qp, wqe, WcStatus::Success)
     };
+    qp.resp.rq.pop_front();
     qp.complete(ctx, qp.recv_cq, completion);
 }
