@@ -1,6 +1,6 @@
 //! Completion queues: a fixed number of slots; a completion with no slot is an error.
 
-use std::collections::VecDeque;
+use crate::ring::Ring;
 
 /// How a work request ended, with the values of `enum ibv_wc_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,11 +84,24 @@ pub struct WorkCompletion {
 #[error("completion queue overflow")]
 pub struct CqOverflow;
 
+/// What a CQ's free slots hold.
+const BLANK: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    invalidated_rkey: None,
+    qp_num: 0,
+    src_qp: 0,
+    solicited: false,
+};
+
 /// A completion queue of fixed depth with `ibv_req_notify_cq` arming.
 #[derive(Debug)]
 pub struct Cq {
     depth: usize,
-    entries: VecDeque<WorkCompletion>,
+    entries: Ring<WorkCompletion>,
     overflowed: bool,
     armed: Option<NotifyOn>,
     event_pending: bool,
@@ -108,7 +121,7 @@ impl Cq {
     pub fn new(depth: usize) -> Self {
         Cq {
             depth,
-            entries: VecDeque::with_capacity(depth),
+            entries: Ring::filled(depth, BLANK),
             overflowed: false,
             armed: None,
             event_pending: false,
@@ -138,7 +151,8 @@ impl Cq {
     /// Adds a completion, or fails and marks the CQ overflowed when every slot is taken.
     #[inline(always)]
     pub fn push(&mut self, completion: WorkCompletion) -> Result<(), CqOverflow> {
-        if self.overflowed || self.entries.len() == self.depth {
+        // Written straight into its slot, not moved there through the stack.
+        if self.overflowed || self.entries.push_within(completion).is_err() {
             self.overflowed = true;
             return Err(CqOverflow);
         }
@@ -153,19 +167,18 @@ impl Cq {
             self.armed = None;
             self.event_pending = true;
         }
-        self.entries.push_back(completion);
         Ok(())
     }
 
     /// Moves up to `max` completions, oldest first, into `out`; returns how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
         let count = max.min(self.entries.len());
-        // Completions are `Copy`: two slice copies instead of an element-by-element drain.
+        // Completions are `Copy`: two slice copies instead of one element at a time.
         let (front, back) = self.entries.as_slices();
         let from_front = count.min(front.len());
         out.extend_from_slice(&front[..from_front]);
         out.extend_from_slice(&back[..count - from_front]);
-        self.entries.drain(..count);
+        self.entries.pop_front_n(count);
         count
     }
 

@@ -26,7 +26,7 @@ impl<T> Default for Ring<T> {
     }
 }
 
-impl<T: Default> Ring<T> {
+impl<T> Ring<T> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -59,6 +59,68 @@ impl<T: Default> Ring<T> {
         self.get(0)
     }
 
+    /// Removes the front value (it stays in its slot until a push overwrites it).
+    pub fn pop_front(&mut self) {
+        if self.len > 0 {
+            self.head = self.slot(1);
+            self.len -= 1;
+        }
+    }
+
+    /// The values, front first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        (0..self.len).map(|index| &self.slots[self.slot(index)])
+    }
+
+    /// The values, front first, as the slots hold them: a part to the end of the slots and
+    /// a part from their start.
+    pub fn as_slices(&self) -> (&[T], &[T]) {
+        let end = self.head + self.len;
+        if end <= self.slots.len() {
+            (&self.slots[self.head..end], &[])
+        } else {
+            let wrapped = end - self.slots.len();
+            (&self.slots[self.head..], &self.slots[..wrapped])
+        }
+    }
+
+    /// Removes the `count` front values (at most all of them).
+    pub fn pop_front_n(&mut self, count: usize) {
+        let count = count.min(self.len);
+        if count > 0 {
+            self.head = self.slot(count);
+            self.len -= count;
+        }
+    }
+
+    /// Puts `value` in the next free slot of a ring that does not grow ([`filled`]);
+    /// gives it back when every slot is taken.
+    ///
+    /// [`filled`]: Ring::filled
+    #[inline]
+    pub fn push_within(&mut self, value: T) -> Result<(), T> {
+        if self.len == self.slots.len() {
+            return Err(value);
+        }
+        let slot = self.slot(self.len);
+        self.slots[slot] = value;
+        self.len += 1;
+        Ok(())
+    }
+}
+
+impl<T: Clone> Ring<T> {
+    /// `size` slots holding `blank`, for values put in with [`push_within`](Ring::push_within).
+    pub fn filled(size: usize, blank: T) -> Self {
+        Ring {
+            slots: vec![blank; size],
+            head: 0,
+            len: 0,
+        }
+    }
+}
+
+impl<T: Default> Ring<T> {
     /// A new value at the back: a slot holding whatever it held last (or a default), for
     /// the caller to overwrite completely.
     #[inline]
@@ -82,22 +144,9 @@ impl<T: Default> Ring<T> {
         self.slots = slots;
         self.head = 0;
     }
-
-    /// Removes the front value (it stays in its slot until a push overwrites it).
-    pub fn pop_front(&mut self) {
-        if self.len > 0 {
-            self.head = self.slot(1);
-            self.len -= 1;
-        }
-    }
-
-    /// The values, front first.
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
-        (0..self.len).map(|index| &self.slots[self.slot(index)])
-    }
 }
 
-impl<T: Default> Index<usize> for Ring<T> {
+impl<T> Index<usize> for Ring<T> {
     type Output = T;
 
     fn index(&self, index: usize) -> &T {
@@ -105,7 +154,7 @@ impl<T: Default> Index<usize> for Ring<T> {
     }
 }
 
-impl<T: Default> IndexMut<usize> for Ring<T> {
+impl<T> IndexMut<usize> for Ring<T> {
     fn index_mut(&mut self, index: usize) -> &mut T {
         self.get_mut(index).expect("ring index out of range")
     }
@@ -139,9 +188,27 @@ mod tests {
             assert!(ring.iter().eq(model.iter()));
         }
         assert!(ring.get(ring.len()).is_none());
+        let (front, back) = ring.as_slices();
+        assert!(front.iter().chain(back).eq(model.iter()));
         if let Some(last) = ring.len().checked_sub(1) {
             ring[last] += 1;
             assert_eq!(ring[last], model[last] + 1);
         }
+    }
+
+    #[test]
+    fn a_filled_ring_holds_what_fits_and_pops_in_order() {
+        let mut ring = Ring::filled(3, 0u32);
+        for value in 1..=3 {
+            assert_eq!(ring.push_within(value), Ok(()));
+        }
+        assert_eq!(ring.push_within(4), Err(4));
+        ring.pop_front_n(2);
+        assert_eq!(ring.push_within(5), Ok(()));
+        assert_eq!(ring.push_within(6), Ok(()));
+        let (front, back) = ring.as_slices();
+        assert_eq!((front, back), (&[3][..], &[5, 6][..]));
+        ring.pop_front_n(10);
+        assert!(ring.is_empty());
     }
 }
