@@ -26,26 +26,32 @@
 //!
 //! `cargo bench -p roce-transport --bench transport` (criterion, one core, no I/O; request
 //! packets through requester → responder → completer, with posting, ACKs and completions),
-//! on the 2-core development VM, pinned to one core, three runs: 64 B WRITE 10.4 Mpps,
-//! 64 B SEND 8.4–8.6 Mpps (it also posts a receive and completes it for every packet),
-//! 4 KiB WRITE 5.3–5.4 Mpps (22 GB/s of payload). The same batches through [`sim`], which
-//! adds emitting with ICRC, parsing and checking every frame and the simulator's event
-//! queue: 2.3 Mpps; one 1 MiB WRITE through it, 1.7 GiB/s.
+//! on the 2-core development VM, pinned to one core, several runs: 64 B WRITE 11.2–12.2
+//! Mpps, 64 B SEND 9.7–10.4 Mpps (it also posts a receive and completes it for every
+//! packet), 4 KiB WRITE 4.2–5.7 Mpps (17–23 GB/s of payload; this one is bimodal from run
+//! to run, most likely the alignment of its two 4 KiB copies). The same batches through
+//! [`sim`], which adds emitting with ICRC, parsing and checking every frame and the
+//! simulator's event queue: 2.3 Mpps; one 1 MiB WRITE through it, 1.75 GiB/s.
 //!
-//! What got it there (from 5.0 / 6.0 / 3.7 Mpps, each step measured): `poll_transmit_into`
-//! refills the caller's `Transmit` (no allocation or 200-byte move per packet); work
-//! requests are posted by reference and copied once into the queue, as rdma-core's
-//! providers copy an `ibv_send_wr` into their ring; scatter/gather lists hold one element
-//! inline ([`wr::SgList`]); QPs are found by indexing a table by QP number and walked as a
-//! `Vec`; one region lookup per WRITE packet and per scatter that fits one element;
-//! `Opcode::info` is a table; completions are written straight into their CQ slot.
+//! What got it there (from 5.0 / 6.0 / 3.7 Mpps for SEND / WRITE / 4 KiB, each step
+//! measured back to back against the step before): `poll_transmit_into` refills the
+//! caller's `Transmit` (no allocation or 200-byte move per packet); work requests are posted
+//! by reference and cloned field by field into reused slots of a ring (send queue,
+//! receive queue and CQs alike), as rdma-core's providers copy an `ibv_send_wr` into their
+//! ring, so no work request or completion is moved through the stack; scatter/gather lists
+//! hold one element inline ([`wr::SgList`]); a message's receive stays at the front of the
+//! receive queue until the message ends; QPs are found by indexing a table by QP number and
+//! walked as a `Vec`; the region a data access found last is found again without hashing,
+//! and one lookup serves a WRITE packet or a scatter into one element; `Opcode::info` is a
+//! table. Most of these avoid one thing: a large value built on the stack with narrow
+//! stores and then copied with wide loads, which stalls on store forwarding.
 //! Tried and dropped, as no faster: inlining the requester's and responder's packet
 //! builders, a smaller send WQE (boxing the UD destination), moving a completed WQE out
-//! instead of dropping it in place.
-//! What the profile still shows: about a third of the time in moving 120–144-byte values
-//! (a send WQE, the nine-option `ExtRepr`) and in cache misses on the 256 WQEs a batch keeps
-//! in flight, and a hash lookup per region access. The measurements move by ±5 % between
-//! runs on this shared machine; compare runs made back to back.
+//! instead of dropping it in place, batches of 128 instead of 256 requests (so the working
+//! set is not what limits it). What the profile shows now: building each request packet
+//! (the nine-option `ExtRepr`, the first touch of its WQE) and the responder's checks.
+//! The measurements move by ±5 % between runs on this shared machine; compare runs made
+//! back to back.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
