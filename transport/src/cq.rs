@@ -121,7 +121,7 @@ impl Cq {
     pub fn new(depth: usize) -> Self {
         Cq {
             depth,
-            entries: Ring::filled(depth, BLANK),
+            entries: Ring::default(),
             overflowed: false,
             armed: None,
             event_pending: false,
@@ -151,11 +151,12 @@ impl Cq {
     /// Adds a completion, or fails and marks the CQ overflowed when every slot is taken.
     #[inline(always)]
     pub fn push(&mut self, completion: WorkCompletion) -> Result<(), CqOverflow> {
-        // Written straight into its slot, not moved there through the stack.
-        if self.overflowed || self.entries.push_within(completion).is_err() {
+        if self.overflowed || self.entries.len() == self.depth {
             self.overflowed = true;
             return Err(CqOverflow);
         }
+        // Written straight into its slot, not moved there through the stack.
+        self.entries.push_with(completion, || BLANK);
         let wakes = match self.armed {
             Some(NotifyOn::Any) => true,
             Some(NotifyOn::Solicited) => {

@@ -1,4 +1,4 @@
-//! A queue whose slots are reused, for the work queues.
+//! A queue whose slots are reused, for the work queues and completion queues.
 
 use std::ops::{Index, IndexMut};
 
@@ -84,38 +84,37 @@ impl<T> Ring<T> {
         }
     }
 
+    /// Puts `value` at the back, moved there; new slots, when the ring must grow, hold
+    /// `blank` until used.
+    #[inline]
+    pub fn push_with(&mut self, value: T, blank: impl FnMut() -> T) {
+        if self.len == self.slots.len() {
+            self.grow(blank);
+        }
+        let slot = self.slot(self.len);
+        self.slots[slot] = value;
+        self.len += 1;
+    }
+
+    /// Doubles the slots, front first (new ones hold `blank`), so growing costs O(1) per
+    /// push over time and a ring only ever holds twice what it once held.
+    #[cold]
+    fn grow(&mut self, blank: impl FnMut() -> T) {
+        let size = (self.slots.len() * 2).max(8);
+        let mut slots = Vec::with_capacity(size);
+        slots.extend(self.slots.drain(self.head..));
+        slots.append(&mut self.slots);
+        slots.resize_with(size, blank);
+        self.slots = slots;
+        self.head = 0;
+    }
+
     /// Removes the `count` front values (at most all of them).
     pub fn pop_front_n(&mut self, count: usize) {
         let count = count.min(self.len);
         if count > 0 {
             self.head = self.slot(count);
             self.len -= count;
-        }
-    }
-
-    /// Puts `value` in the next free slot of a ring that does not grow ([`filled`]);
-    /// gives it back when every slot is taken.
-    ///
-    /// [`filled`]: Ring::filled
-    #[inline]
-    pub fn push_within(&mut self, value: T) -> Result<(), T> {
-        if self.len == self.slots.len() {
-            return Err(value);
-        }
-        let slot = self.slot(self.len);
-        self.slots[slot] = value;
-        self.len += 1;
-        Ok(())
-    }
-}
-
-impl<T: Clone> Ring<T> {
-    /// `size` slots holding `blank`, for values put in with [`push_within`](Ring::push_within).
-    pub fn filled(size: usize, blank: T) -> Self {
-        Ring {
-            slots: vec![blank; size],
-            head: 0,
-            len: 0,
         }
     }
 }
@@ -126,23 +125,11 @@ impl<T: Default> Ring<T> {
     #[inline]
     pub fn push_slot(&mut self) -> &mut T {
         if self.len == self.slots.len() {
-            self.grow();
+            self.grow(T::default);
         }
         let slot = self.slot(self.len);
         self.len += 1;
         &mut self.slots[slot]
-    }
-
-    /// Doubles the slots, front first, so growing costs O(1) per push over time.
-    #[cold]
-    fn grow(&mut self) {
-        let size = (self.slots.len() * 2).max(8);
-        let mut slots = Vec::with_capacity(size);
-        slots.extend(self.slots.drain(self.head..));
-        slots.append(&mut self.slots);
-        slots.resize_with(size, T::default);
-        self.slots = slots;
-        self.head = 0;
     }
 }
 
@@ -197,17 +184,17 @@ mod tests {
     }
 
     #[test]
-    fn a_filled_ring_holds_what_fits_and_pops_in_order() {
-        let mut ring = Ring::filled(3, 0u32);
-        for value in 1..=3 {
-            assert_eq!(ring.push_within(value), Ok(()));
+    fn pushed_values_pop_in_order_across_the_wrap() {
+        let mut ring = Ring::default();
+        for value in 1..=8u32 {
+            ring.push_with(value, || 0);
         }
-        assert_eq!(ring.push_within(4), Err(4));
-        ring.pop_front_n(2);
-        assert_eq!(ring.push_within(5), Ok(()));
-        assert_eq!(ring.push_within(6), Ok(()));
+        ring.pop_front_n(6);
+        for value in 9..=12 {
+            ring.push_with(value, || 0);
+        }
         let (front, back) = ring.as_slices();
-        assert_eq!((front, back), (&[3][..], &[5, 6][..]));
+        assert_eq!((front, back), (&[7, 8][..], &[9, 10, 11, 12][..]));
         ring.pop_front_n(10);
         assert!(ring.is_empty());
     }
