@@ -3,8 +3,8 @@
 //! * `endpoints/<op>`: two [`Endpoint`]s driven by hand, with no I/O and no bytes on a wire.
 //!   Each iteration posts [`BATCH`] work requests on one side (and as many receives on the
 //!   other, for SEND) — the same request each time, by reference, as a program that reposts
-//!   one does — then hands every packet one endpoint's `poll_transmit` yields to the
-//!   other's `handle_packet` as the [`FrameRepr`] a receiver would parse (fixed Ethernet and
+//!   one does — then hands every packet one endpoint's `poll_transmit_into` writes (into
+//!   one reused `Transmit`, as a provider does) to the other's `handle_packet` as the [`FrameRepr`] a receiver would parse (fixed Ethernet and
 //!   IPv4 fields), until every request has completed. The throughput is request packets:
 //!   64 B SEND, 64 B WRITE and 4 KiB WRITE (MTU 4096), one packet per request. What is timed
 //!   is requester, responder and completer together (with posting, ACKs and completions), on
