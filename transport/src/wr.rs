@@ -143,19 +143,14 @@ pub struct RecvWr {
     pub sg_list: SgList,
 }
 
-// Cloned by hand because posting copies every request into a queue: the derived clone
-// extends the list element by element; a one-element list is rebuilt from its element,
-// which the compiler keeps in registers, longer ones are copied at once.
+// Cloned by hand because posting clones every request into a queue slot (`clone_from`):
+// the derived one would extend the list element by element and build a whole new request
+// to move into the slot.
 impl Clone for SendWr {
     fn clone(&self) -> Self {
-        SendWr {
-            wr_id: self.wr_id,
-            op: self.op,
-            sg_list: copy_list(&self.sg_list),
-            inline_data: self.inline_data.clone(),
-            flags: self.flags,
-            ud: self.ud,
-        }
+        let mut copy = SendWr::default();
+        copy.clone_from(self);
+        copy
     }
 
     /// In place, keeping `self`'s allocations: how a send queue slot takes a new request.
@@ -171,10 +166,9 @@ impl Clone for SendWr {
 
 impl Clone for RecvWr {
     fn clone(&self) -> Self {
-        RecvWr {
-            wr_id: self.wr_id,
-            sg_list: copy_list(&self.sg_list),
-        }
+        let mut copy = RecvWr::default();
+        copy.clone_from(self);
+        copy
     }
 
     /// In place, keeping `self`'s allocations: how a receive queue slot takes a new request.
@@ -184,15 +178,8 @@ impl Clone for RecvWr {
     }
 }
 
-#[inline]
-fn copy_list(list: &SgList) -> SgList {
-    match list.as_slice() {
-        &[one] => SgList::from_buf([one]),
-        more => SgList::from_slice(more),
-    }
-}
-
-/// [`copy_list`] into an existing list, keeping its heap buffer if it has one.
+/// Copies `from` into `to`, keeping `to`'s heap buffer if it has one. A one-element list is
+/// rebuilt from its element, which the compiler keeps in registers.
 #[inline]
 fn copy_list_into(to: &mut SgList, from: &SgList) {
     match from.as_slice() {

@@ -8,7 +8,7 @@ use super::{Ctx, Qp};
 use crate::cq::WcStatus;
 use crate::qp_state::{QpState, QpType};
 use crate::timer::Timer;
-use crate::wr::{SendFlags, SendOp};
+use crate::wr::SendOp;
 
 /// Why the requester goes back.
 enum Retry {
@@ -163,14 +163,10 @@ fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, implied_nak: bool) {
 
 /// Removes the front WQE and reports its success if it is signaled.
 fn complete_front(qp: &mut Qp, ctx: &mut Ctx) {
-    let Some(wqe) = qp.req.wqes.front() else {
+    let Some(last_psn) = qp.req.wqes.front().map(|wqe| wqe.last_psn()) else {
         return;
     };
-    let last_psn = wqe.last_psn();
-    let completion = (qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED)).then(|| {
-        let opcode = super::requester::wc_opcode(&wqe.wr);
-        qp.send_completion(wqe.wr.wr_id, WcStatus::Success, opcode, wqe.len)
-    });
+    let completion = super::requester::success_of_front(qp);
     qp.req.wqes.pop_front();
     qp.req.next = qp.req.next.saturating_sub(1);
     qp.req.acked_psn = last_psn;

@@ -7,7 +7,7 @@ use roce_wire::opcode::Position;
 use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr, Opcode, Psn};
 
 use super::{Ctx, OutPacket, PostError, Qp};
-use crate::cq::{WcOpcode, WcStatus};
+use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
 use crate::timer::Timer;
@@ -368,13 +368,21 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bo
     true
 }
 
+/// The completion the front WQE reports when it succeeds, if it is signaled (read in place:
+/// a WQE is too big to move out just to report it).
+pub(crate) fn success_of_front(qp: &Qp) -> Option<WorkCompletion> {
+    let wqe = qp.req.wqes.front()?;
+    let signaled = qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED);
+    signaled
+        .then(|| qp.send_completion(wqe.wr.wr_id, WcStatus::Success, wc_opcode(&wqe.wr), wqe.len))
+}
+
 /// UC and UD sends are done once their last packet leaves.
 fn complete_unreliable(qp: &mut Qp, ctx: &mut Ctx) {
-    let Some(wqe) = qp.req.wqes.front() else {
+    if qp.req.wqes.front().is_none() {
         return;
-    };
-    let completion = (qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED))
-        .then(|| qp.send_completion(wqe.wr.wr_id, WcStatus::Success, wc_opcode(&wqe.wr), wqe.len));
+    }
+    let completion = success_of_front(qp);
     qp.req.wqes.pop_front();
     qp.req.next -= 1;
     if let Some(completion) = completion {
