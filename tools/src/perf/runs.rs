@@ -238,6 +238,16 @@ impl Rdma<'_> {
         let touched: std::collections::BTreeSet<usize> = (0..params.iters.min(params.cycle_buffer))
             .map(|n| params.offset(n) as usize)
             .collect();
+        // Whether every touched message in each QP's window (which `base` places) holds the
+        // pattern.
+        let holds_pattern = |base: &dyn Fn(usize) -> usize| {
+            (0..self.qps.len()).all(|qp| {
+                let window = base(qp);
+                touched
+                    .iter()
+                    .all(|&at| (at..at + size).all(|i| bytes[window + i] == pattern(i as u64)))
+            })
+        };
         match (params.test.verb(), params.client) {
             // Any client: every atomic hit one of each QP's 64 slots.
             (Verb::Atomic, false) => {
@@ -260,25 +270,13 @@ impl Rdma<'_> {
                 println!(" verified: {applied} atomics applied to our memory");
             }
             (Verb::Write, false) if params.verify => {
-                let intact = (0..self.qps.len()).all(|qp| {
-                    let window = self.exposed_at(qp);
-                    touched
-                        .iter()
-                        .all(|&at| (at..at + size).all(|i| bytes[window + i] == pattern(i as u64)))
-                });
-                if !intact {
+                if !holds_pattern(&|qp| self.exposed_at(qp)) {
                     return Err(io::Error::other("the WRITEs left wrong bytes"));
                 }
                 println!(" verified: every byte the peer wrote");
             }
             (Verb::Read, true) if params.verify => {
-                let intact = (0..self.qps.len()).all(|qp| {
-                    let local = self.local_at(qp);
-                    touched
-                        .iter()
-                        .all(|&at| (at..at + size).all(|i| bytes[local + i] == pattern(i as u64)))
-                });
-                if !intact {
+                if !holds_pattern(&|qp| self.local_at(qp)) {
                     return Err(io::Error::other("the READs brought back wrong bytes"));
                 }
                 println!(" verified: every byte read from {:#x}", peers[0].vaddr);
