@@ -2,16 +2,43 @@
 //! veth pairs: the only places they send anything. Driven through ip(8).
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 
 /// Whether this process can create namespaces and load BPF (root).
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
+}
+
+/// Whether this run is CI's (`CI` set to anything but empty, `0` or `false`), where a test
+/// whose prerequisites are missing must fail rather than pass without having run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
+}
+
+/// Whether `test` can run, given whether `what` it needs is `available`. When it is not: in CI
+/// this panics, naming what is missing; elsewhere it prints `SKIPPED test: needs what` and
+/// returns false, and the test returns early.
+pub fn prerequisite(test: &str, what: &str, available: bool) -> bool {
+    if available {
+        return true;
+    }
+    assert!(!in_ci(), "{test}: needs {what}, which CI must provide");
+    eprintln!("SKIPPED {test}: needs {what}");
+    false
+}
+
+/// [`prerequisite`] for root (namespaces, BPF, AF_XDP).
+pub fn needs_root(test: &str) -> bool {
+    prerequisite(test, "root", is_root())
 }
 
 /// A named network namespace, deleted on drop.
@@ -153,4 +180,61 @@ pub fn veth_with_queues(
         ns.ip(&["link", "set", interface, "up"])?;
     }
     Ok(())
+}
+
+/// How long [`kernel_answers_tcp`] waits for each step.
+const TCP_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks that the kernel of `server` still answers ordinary traffic on `address`: a TCP
+/// connection from `client` whose one byte comes back. Proves that an XDP program on the
+/// interface leaves non-RoCE traffic to the kernel, with no program outside this crate.
+pub fn kernel_answers_tcp(server: &Netns, address: Ipv4Addr, client: &Netns) -> io::Result<()> {
+    let (port_tx, port_rx) = mpsc::channel();
+    let server_name = server.name.clone();
+    let echo = thread::spawn(move || -> io::Result<()> {
+        enter(&server_name)?;
+        let listener = TcpListener::bind((address, 0))?;
+        port_tx
+            .send(listener.local_addr()?.port())
+            .map_err(io::Error::other)?;
+        listener.set_nonblocking(true)?;
+        let deadline = Instant::now() + TCP_PROBE_TIMEOUT;
+        let mut stream = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(TCP_PROBE_TIMEOUT))?;
+        let mut byte = [0u8];
+        stream.read_exact(&mut byte)?;
+        stream.write_all(&byte)
+    });
+    let port = port_rx
+        .recv_timeout(TCP_PROBE_TIMEOUT)
+        .map_err(|_| io::Error::other("the TCP listener did not start"))?;
+    let client_name = client.name.clone();
+    let probe = thread::spawn(move || -> io::Result<()> {
+        enter(&client_name)?;
+        let target = SocketAddr::from((address, port));
+        let mut stream = TcpStream::connect_timeout(&target, TCP_PROBE_TIMEOUT)?;
+        stream.set_read_timeout(Some(TCP_PROBE_TIMEOUT))?;
+        stream.write_all(&[0x5a])?;
+        let mut byte = [0u8];
+        stream.read_exact(&mut byte)?;
+        if byte == [0x5a] {
+            Ok(())
+        } else {
+            Err(io::Error::other("the TCP echo came back changed"))
+        }
+    });
+    let probed = probe
+        .join()
+        .map_err(|_| io::Error::other("probe panicked"))?;
+    let echoed = echo.join().map_err(|_| io::Error::other("echo panicked"))?;
+    probed.and(echoed)
 }

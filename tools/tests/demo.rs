@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use roce_provider::netns::is_root;
+use roce_provider::netns::needs_root;
 
 /// Namespaces of the demo process `pid` (their names carry it).
 fn demo_namespaces(pid: u32) -> usize {
@@ -22,8 +22,7 @@ fn demo_namespaces(pid: u32) -> usize {
 
 #[test]
 fn demo_runs_verifies_and_cleans_up() {
-    if !is_root() {
-        eprintln!("SKIPPED demo_runs_verifies_and_cleans_up: needs root");
+    if !needs_root("demo_runs_verifies_and_cleans_up") {
         return;
     }
     let child = Command::new(env!("CARGO_BIN_EXE_roce"))

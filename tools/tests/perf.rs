@@ -5,7 +5,7 @@
 
 mod common;
 
-use roce_provider::netns::{is_root, veth, Netns};
+use roce_provider::netns::{needs_root, veth, Netns};
 
 use common::{has_row, roce_in, text, wait_for_listener};
 
@@ -23,8 +23,7 @@ type SeveralQps<'a> = (
 
 #[test]
 fn perf_against_itself_in_every_test() {
-    if !is_root() {
-        eprintln!("SKIPPED perf_against_itself_in_every_test: needs root");
+    if !needs_root("perf_against_itself_in_every_test") {
         return;
     }
     let a = Netns::create("roce-perf-a").unwrap();

@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Output;
 
-use roce_provider::netns::{is_root, veth, Netns};
+use roce_provider::netns::{needs_root, veth, Netns};
 
 use common::{roce_in, wait_for_listener};
 
@@ -26,8 +26,7 @@ fn check(side: &str, output: &Output, iters: u32, size: u32) {
 
 #[test]
 fn pingpong_against_itself_in_every_mode() {
-    if !is_root() {
-        eprintln!("SKIPPED pingpong_against_itself_in_every_mode: needs root");
+    if !needs_root("pingpong_against_itself_in_every_mode") {
         return;
     }
     let a = Netns::create("roce-pp-a").unwrap();

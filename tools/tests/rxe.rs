@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
-use roce_provider::netns::is_root;
+use roce_provider::netns::{is_root, prerequisite};
 use roce_wire::frame::IpRepr;
 use roce_wire::{Frame, FrameRepr};
 
@@ -178,12 +178,13 @@ fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
 }
 
 /// The VM, built and started with netdev MTU `mtu`, or `None` (and a SKIPPED line) when
-/// this is not root or the tool is missing.
+/// this is not root or the tool is missing; in CI either is a failure.
 fn vm(test: &str, mtu: &str) -> Option<Vm> {
-    let Some(script) = rxe_peer().filter(|_| is_root()) else {
-        eprintln!("SKIPPED {test}: needs root and ../shared/rxe-peer");
+    let script = rxe_peer().filter(|_| is_root());
+    if !prerequisite(test, "root and ../shared/rxe-peer", script.is_some()) {
         return None;
-    };
+    }
+    let script = script?;
     let vm = Vm(script);
     let built = vm.run(&["build"]);
     assert!(built.status.success(), "rxe-peer build:\n{}", text(&built));
