@@ -111,8 +111,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sets the GID table packets to IPv6 GIDs take their source address from (without
-    /// one, only IPv4-mapped GIDs are reachable).
+    /// one, only IPv4-mapped GIDs are reachable); the endpoint then drops packets sent to
+    /// any other address.
     pub fn set_gid_table(&mut self, gids: Vec<[u8; 16]>) {
+        self.endpoint.set_gids(gids.clone());
         self.gids = gids;
     }
 

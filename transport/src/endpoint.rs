@@ -58,8 +58,13 @@ pub struct Endpoint {
     events: Vec<AsyncEvent>,
     /// The port's MTU: the largest UD message, and a connected QP's MTU until RTR sets one.
     port_mtu: PathMtu,
+    /// Our addresses (the GID table): a packet to any other destination is dropped. Empty
+    /// until [`set_gids`](Endpoint::set_gids), and then every destination is accepted.
+    gids: Vec<[u8; 16]>,
     /// Packets for QPs that do not exist.
     pub unknown_qp_drops: u64,
+    /// Packets whose IP destination is not one of our GIDs (another host, broadcast).
+    pub misaddressed_drops: u64,
 }
 
 /// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
@@ -208,8 +213,30 @@ impl Endpoint {
             transmit_cursor: 0,
             events: Vec::new(),
             port_mtu: PathMtu::Mtu1024,
+            gids: Vec::new(),
             unknown_qp_drops: 0,
+            misaddressed_drops: 0,
         }
+    }
+
+    /// Sets our addresses, the device's GID table (IPv4-mapped GIDs for IPv4): from now on
+    /// a packet whose IP destination is none of them is dropped and counted in
+    /// [`misaddressed_drops`](Self::misaddressed_drops), as rxe drops a packet not sent to
+    /// one of its GIDs. Until then (a bare transport in tests) every destination is ours.
+    pub fn set_gids(&mut self, gids: Vec<[u8; 16]>) {
+        self.gids = gids;
+    }
+
+    /// Whether a frame's IP destination is one of our addresses.
+    fn is_for_us(&self, frame: &FrameRepr) -> bool {
+        if self.gids.is_empty() {
+            return true;
+        }
+        let destination = match frame.ip {
+            IpRepr::V4(v4) => v4.dst.to_ipv6_mapped().octets(),
+            IpRepr::V6(v6) => v6.dst.octets(),
+        };
+        self.gids.contains(&destination)
     }
 
     /// Sets the port's active MTU (1024 until set), as the device reports it: UD QPs created
@@ -323,6 +350,10 @@ impl Endpoint {
 
     /// Feeds one received packet (already parsed and ICRC-checked by the caller).
     pub fn handle_packet(&mut self, now: Instant, frame: &FrameRepr) {
+        if !self.is_for_us(frame) {
+            self.misaddressed_drops += 1;
+            return;
+        }
         let handled = self.with_qp(frame.bth.dest_qpn, now, |qp, ctx| {
             qp.handle_packet(ctx, frame)
         });

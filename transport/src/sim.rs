@@ -152,11 +152,12 @@ impl Sim {
         let index = self.nodes.len();
         let mut key_seed = [0u8; 32];
         self.rng.fill_bytes(&mut key_seed);
+        let ip = Ipv4Addr::new(10, 0, 0, index as u8 + 1);
         let mut endpoint = Endpoint::new(key_seed);
+        endpoint.set_gids(vec![ip.to_ipv6_mapped().octets()]);
         let pd = endpoint.mrs().alloc_pd();
         let send_cq = endpoint.create_cq(SIM_CQ_DEPTH);
         let recv_cq = endpoint.create_cq(SIM_CQ_DEPTH);
-        let ip = Ipv4Addr::new(10, 0, 0, index as u8 + 1);
         self.nodes.push(Node {
             endpoint,
             ip,
