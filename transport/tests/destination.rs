@@ -74,7 +74,7 @@ fn duplicate_reads_to_other_addresses_get_no_answer() {
     assert_eq!(drops, 0);
 
     let with_ipv4 = |dst: Ipv4Addr| {
-        let mut frame = to_b.clone();
+        let mut frame = to_b;
         if let IpRepr::V4(v4) = &mut frame.ip {
             v4.dst = dst;
         }
@@ -84,7 +84,7 @@ fn duplicate_reads_to_other_addresses_get_no_answer() {
     assert_eq!(answers(&mut sim, &other_host), (vec![], 1));
     let broadcast = with_ipv4(Ipv4Addr::BROADCAST);
     assert_eq!(answers(&mut sim, &broadcast), (vec![], 2));
-    let mut ipv6 = to_b.clone();
+    let mut ipv6 = to_b;
     ipv6.ip = IpRepr::V6(Ipv6Repr {
         src: sim.nodes[A].ip.to_ipv6_mapped(),
         dst: "fe80::1".parse::<Ipv6Addr>().unwrap(),
