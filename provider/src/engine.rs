@@ -255,7 +255,7 @@ mod tests {
     fn engine_with_a_send(errno: i32) -> Engine<Refusing> {
         let mut endpoint = Endpoint::new([3; 32]);
         let pd: PdId = endpoint.mrs().alloc_pd();
-        let cq = endpoint.create_cq(8);
+        let cq = endpoint.create_cq(8).unwrap();
         let init = QpInit {
             pd,
             qp_type: QpType::Rc,

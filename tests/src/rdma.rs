@@ -50,7 +50,7 @@ struct Side {
 fn side(seed: u8) -> Side {
     let mut endpoint = Endpoint::new([seed; 32]);
     let pd = endpoint.mrs().alloc_pd();
-    let cq = endpoint.create_cq(1024);
+    let cq = endpoint.create_cq(1024).expect("CQ");
     let init = QpInit {
         pd,
         qp_type: QpType::Rc,

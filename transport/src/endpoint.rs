@@ -14,6 +14,7 @@ use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
 
 use crate::cq::Cq;
+use crate::limits::LIMITS;
 use crate::mr::MrTable;
 use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats};
 use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
@@ -30,9 +31,21 @@ pub enum CreateQpError {
     /// A CQ id that this endpoint did not create.
     #[error("unknown completion queue")]
     UnknownCq,
-    /// Every QP number is taken.
+    /// Every QP number is taken (`max_qp` QPs were created).
     #[error("no QP numbers left")]
     NoQpn,
+    /// A queue size or limit beyond the device's (named).
+    #[error("{0} beyond the device's limit")]
+    InvalidCap(&'static str),
+}
+
+/// Why creating a CQ failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateCqError {
+    /// A depth of 0 or beyond `max_cqe`.
+    #[error("a CQ of {0} entries (1 to max_cqe)")]
+    InvalidDepth(usize),
 }
 
 /// Something that happened outside any work request (`ibv_get_async_event`).
@@ -250,10 +263,11 @@ impl Endpoint {
         &mut self.mrs
     }
 
-    /// Creates a CQ with `depth` slots.
-    pub fn create_cq(&mut self, depth: usize) -> CqId {
+    /// Creates a CQ with `depth` slots (1 to `max_cqe`).
+    pub fn create_cq(&mut self, depth: usize) -> Result<CqId, CreateCqError> {
+        LIMITS.check_cq_depth(depth)?;
         self.cqs.push(Cq::new(depth));
-        CqId(self.cqs.len() - 1)
+        Ok(CqId(self.cqs.len() - 1))
     }
 
     /// A CQ, to poll or arm.
@@ -261,7 +275,8 @@ impl Endpoint {
         &mut self.cqs[id.0]
     }
 
-    /// Creates a QP in RESET and returns its number.
+    /// Creates a QP in RESET and returns its number; its caps must be within the device's
+    /// [`LIMITS`].
     pub fn create_qp(
         &mut self,
         mut init: QpInit,
@@ -271,7 +286,10 @@ impl Endpoint {
         if send_cq.0 >= self.cqs.len() || recv_cq.0 >= self.cqs.len() {
             return Err(CreateQpError::UnknownCq);
         }
-        if self.next_qpn > 0xFF_FFFF {
+        LIMITS
+            .check_qp_caps(&init.caps)
+            .map_err(CreateQpError::InvalidCap)?;
+        if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
             return Err(CreateQpError::NoQpn);
         }
         init.send_cq = send_cq.0;

@@ -14,7 +14,7 @@ use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 
 pub use crate::caller_memory::CallerMemory;
-use crate::limits::{errno, LIMITS};
+use crate::limits::LIMITS;
 use crate::wr::Sge;
 
 bitflags::bitflags! {
@@ -76,26 +76,6 @@ pub enum MrError {
     /// Longer than the device's `max_mr_size`.
     #[error("region larger than max_mr_size")]
     TooLarge,
-}
-
-impl MrError {
-    /// The errno rdma-core returns for this failure of a verbs call.
-    pub fn errno(self) -> i32 {
-        match self {
-            MrError::PdBusy => errno::EBUSY,
-            MrError::OutOfMemory => errno::ENOMEM,
-            MrError::NullAddress => errno::EFAULT,
-            MrError::UnknownPd
-            | MrError::InvalidAccess
-            | MrError::AddressOverflow
-            | MrError::UnknownKey
-            | MrError::WrongPd
-            | MrError::AccessDenied
-            | MrError::OutOfBounds
-            | MrError::Misaligned
-            | MrError::TooLarge => errno::EINVAL,
-        }
-    }
 }
 
 /// The bytes behind a region: its own, or the caller's.

@@ -156,8 +156,8 @@ impl Sim {
         let mut endpoint = Endpoint::new(key_seed);
         endpoint.set_gids(vec![ip.to_ipv6_mapped().octets()]);
         let pd = endpoint.mrs().alloc_pd();
-        let send_cq = endpoint.create_cq(SIM_CQ_DEPTH);
-        let recv_cq = endpoint.create_cq(SIM_CQ_DEPTH);
+        let send_cq = endpoint.create_cq(SIM_CQ_DEPTH).expect("within max_cqe");
+        let recv_cq = endpoint.create_cq(SIM_CQ_DEPTH).expect("within max_cqe");
         self.nodes.push(Node {
             endpoint,
             ip,

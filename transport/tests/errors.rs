@@ -792,7 +792,7 @@ fn duplicate_atomic_answered_from_cache() {
 fn cq_overflow_reported() {
     let mut sim = Sim::new(LinkConfig::default(), 7);
     assert_eq!((sim.add_node(), sim.add_node()), (A, B));
-    let tiny = sim.nodes[A].endpoint.create_cq(2);
+    let tiny = sim.nodes[A].endpoint.create_cq(2).unwrap();
     sim.nodes[A].send_cq = tiny;
     let pair = sim.connect(A, B, QpType::Rc, PathMtu::Mtu1024, retry(7, 7));
     let (qa, qb) = (pair.a.1, pair.b.1);
