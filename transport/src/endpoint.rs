@@ -39,6 +39,18 @@ pub enum CreateQpError {
     InvalidCap(&'static str),
 }
 
+/// Why destroying a CQ failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DestroyCqError {
+    /// No such CQ (or it was destroyed already).
+    #[error("unknown completion queue")]
+    UnknownCq,
+    /// A QP still sends or receives through it.
+    #[error("completion queue still used by a QP")]
+    InUse,
+}
+
 /// Why creating a CQ failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -270,9 +282,29 @@ impl Endpoint {
         Ok(CqId(self.cqs.len() - 1))
     }
 
-    /// A CQ, to poll or arm.
+    /// A CQ, to poll or arm. A destroyed CQ's id reaches an empty CQ of depth 0.
     pub fn cq(&mut self, id: CqId) -> &mut Cq {
         &mut self.cqs[id.0]
+    }
+
+    /// Whether `id` names a CQ that exists. A destroyed CQ leaves a CQ of depth 0 in its
+    /// slot (a depth `create_cq` refuses), so the ids of the others, which QPs hold as
+    /// indices, never move, and its id never names another CQ.
+    fn cq_exists(&self, id: CqId) -> bool {
+        self.cqs.get(id.0).is_some_and(|cq| cq.depth() > 0)
+    }
+
+    /// Destroys a CQ that no QP uses (`ibv_destroy_cq`); its completions are dropped.
+    pub fn destroy_cq(&mut self, id: CqId) -> Result<(), DestroyCqError> {
+        if !self.cq_exists(id) {
+            return Err(DestroyCqError::UnknownCq);
+        }
+        let used = |qp: &Qp| qp.send_cq == id.0 || qp.recv_cq == id.0;
+        if self.qps.qps.iter().any(used) {
+            return Err(DestroyCqError::InUse);
+        }
+        self.cqs[id.0] = Cq::new(0);
+        Ok(())
     }
 
     /// Creates a QP in RESET and returns its number; its caps must be within the device's
@@ -283,7 +315,7 @@ impl Endpoint {
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<u32, CreateQpError> {
-        if send_cq.0 >= self.cqs.len() || recv_cq.0 >= self.cqs.len() {
+        if !self.cq_exists(send_cq) || !self.cq_exists(recv_cq) {
             return Err(CreateQpError::UnknownCq);
         }
         LIMITS

@@ -3,7 +3,7 @@
 //! `rxe_qp_chk_attr`, `rxe_cq_chk_attr` and its user-space post path) enforce them; and the
 //! errno rdma-core returns for each refusal.
 
-use crate::endpoint::{CreateCqError, CreateQpError};
+use crate::endpoint::{CreateCqError, CreateQpError, DestroyCqError};
 use crate::mr::MrError;
 use crate::qp::{PostError, QpCaps};
 use crate::qp_state::ModifyQpError;
@@ -101,6 +101,16 @@ impl CreateCqError {
     pub fn errno(&self) -> i32 {
         match self {
             CreateCqError::InvalidDepth(_) => errno::EINVAL,
+        }
+    }
+}
+
+impl DestroyCqError {
+    /// The errno `ibv_destroy_cq` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            DestroyCqError::UnknownCq => errno::EINVAL,
+            DestroyCqError::InUse => errno::EBUSY,
         }
     }
 }
