@@ -192,7 +192,7 @@ impl Sim {
         };
         n.endpoint
             .create_qp(init, n.send_cq, n.recv_cq)
-            .expect("CQs exist")
+            .expect("the CQs exist and the caps are within the device limits")
     }
 
     /// Connects a new QP on `a` with a new QP on `b` (RC or UC) and brings both to RTS, with
