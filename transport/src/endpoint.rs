@@ -83,8 +83,8 @@ pub struct Endpoint {
     events: Vec<AsyncEvent>,
     /// The port's MTU: the largest UD message, and a connected QP's MTU until RTR sets one.
     port_mtu: PathMtu,
-    /// Our addresses (the GID table): a packet to any other destination is dropped. Empty
-    /// until [`set_gids`](Endpoint::set_gids), and then every destination is accepted.
+    /// Our addresses (the GID table): a packet to any other destination is dropped. While
+    /// empty (until [`set_gids`](Endpoint::set_gids)) every destination is accepted.
     gids: Vec<[u8; 16]>,
     /// Packets for QPs that do not exist.
     pub unknown_qp_drops: u64,
