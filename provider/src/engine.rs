@@ -111,8 +111,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sets the GID table packets to IPv6 GIDs take their source address from (without
-    /// one, only IPv4-mapped GIDs are reachable).
+    /// one, only IPv4-mapped GIDs are reachable); the endpoint then drops packets sent to
+    /// any other address.
     pub fn set_gid_table(&mut self, gids: Vec<[u8; 16]>) {
+        self.endpoint.set_gids(gids.clone());
         self.gids = gids;
     }
 
@@ -253,7 +255,7 @@ mod tests {
     fn engine_with_a_send(errno: i32) -> Engine<Refusing> {
         let mut endpoint = Endpoint::new([3; 32]);
         let pd: PdId = endpoint.mrs().alloc_pd();
-        let cq = endpoint.create_cq(8);
+        let cq = endpoint.create_cq(8).unwrap();
         let init = QpInit {
             pd,
             qp_type: QpType::Rc,

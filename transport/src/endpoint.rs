@@ -14,6 +14,7 @@ use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
 
 use crate::cq::Cq;
+use crate::limits::LIMITS;
 use crate::mr::MrTable;
 use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats};
 use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
@@ -30,9 +31,33 @@ pub enum CreateQpError {
     /// A CQ id that this endpoint did not create.
     #[error("unknown completion queue")]
     UnknownCq,
-    /// Every QP number is taken.
+    /// Every QP number is taken (`max_qp` QPs were created).
     #[error("no QP numbers left")]
     NoQpn,
+    /// A queue size or limit beyond the device's (named).
+    #[error("{0} beyond the device's limit")]
+    InvalidCap(&'static str),
+}
+
+/// Why destroying a CQ failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DestroyCqError {
+    /// No such CQ (or it was destroyed already).
+    #[error("unknown completion queue")]
+    UnknownCq,
+    /// A QP still sends or receives through it.
+    #[error("completion queue still used by a QP")]
+    InUse,
+}
+
+/// Why creating a CQ failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CreateCqError {
+    /// A depth of 0 or beyond `max_cqe`.
+    #[error("a CQ of {0} entries (1 to max_cqe)")]
+    InvalidDepth(usize),
 }
 
 /// Something that happened outside any work request (`ibv_get_async_event`).
@@ -58,8 +83,13 @@ pub struct Endpoint {
     events: Vec<AsyncEvent>,
     /// The port's MTU: the largest UD message, and a connected QP's MTU until RTR sets one.
     port_mtu: PathMtu,
+    /// Our addresses (the GID table): a packet to any other destination is dropped. While
+    /// empty (until [`set_gids`](Endpoint::set_gids)) every destination is accepted.
+    gids: Vec<[u8; 16]>,
     /// Packets for QPs that do not exist.
     pub unknown_qp_drops: u64,
+    /// Packets whose IP destination is not one of our GIDs (another host, broadcast).
+    pub misaddressed_drops: u64,
 }
 
 /// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
@@ -208,8 +238,30 @@ impl Endpoint {
             transmit_cursor: 0,
             events: Vec::new(),
             port_mtu: PathMtu::Mtu1024,
+            gids: Vec::new(),
             unknown_qp_drops: 0,
+            misaddressed_drops: 0,
         }
+    }
+
+    /// Sets our addresses, the device's GID table (IPv4-mapped GIDs for IPv4): from now on
+    /// a packet whose IP destination is none of them is dropped and counted in
+    /// [`misaddressed_drops`](Self::misaddressed_drops), as rxe drops a packet not sent to
+    /// one of its GIDs. Until then (a bare transport in tests) every destination is ours.
+    pub fn set_gids(&mut self, gids: Vec<[u8; 16]>) {
+        self.gids = gids;
+    }
+
+    /// Whether a frame's IP destination is one of our addresses.
+    fn is_for_us(&self, frame: &FrameRepr) -> bool {
+        if self.gids.is_empty() {
+            return true;
+        }
+        let destination = match frame.ip {
+            IpRepr::V4(v4) => v4.dst.to_ipv6_mapped().octets(),
+            IpRepr::V6(v6) => v6.dst.octets(),
+        };
+        self.gids.contains(&destination)
     }
 
     /// Sets the port's active MTU (1024 until set), as the device reports it: UD QPs created
@@ -223,28 +275,53 @@ impl Endpoint {
         &mut self.mrs
     }
 
-    /// Creates a CQ with `depth` slots.
-    pub fn create_cq(&mut self, depth: usize) -> CqId {
+    /// Creates a CQ with `depth` slots (1 to `max_cqe`).
+    pub fn create_cq(&mut self, depth: usize) -> Result<CqId, CreateCqError> {
+        LIMITS.check_cq_depth(depth)?;
         self.cqs.push(Cq::new(depth));
-        CqId(self.cqs.len() - 1)
+        Ok(CqId(self.cqs.len() - 1))
     }
 
-    /// A CQ, to poll or arm.
+    /// A CQ, to poll or arm. A destroyed CQ's id reaches an empty CQ of depth 0.
     pub fn cq(&mut self, id: CqId) -> &mut Cq {
         &mut self.cqs[id.0]
     }
 
-    /// Creates a QP in RESET and returns its number.
+    /// Whether `id` names a CQ that exists. A destroyed CQ leaves a CQ of depth 0 in its
+    /// slot (a depth `create_cq` refuses), so the ids of the others, which QPs hold as
+    /// indices, never move, and its id never names another CQ.
+    fn cq_exists(&self, id: CqId) -> bool {
+        self.cqs.get(id.0).is_some_and(|cq| cq.depth() > 0)
+    }
+
+    /// Destroys a CQ that no QP uses (`ibv_destroy_cq`); its completions are dropped.
+    pub fn destroy_cq(&mut self, id: CqId) -> Result<(), DestroyCqError> {
+        if !self.cq_exists(id) {
+            return Err(DestroyCqError::UnknownCq);
+        }
+        let used = |qp: &Qp| qp.send_cq == id.0 || qp.recv_cq == id.0;
+        if self.qps.qps.iter().any(used) {
+            return Err(DestroyCqError::InUse);
+        }
+        self.cqs[id.0] = Cq::new(0);
+        Ok(())
+    }
+
+    /// Creates a QP in RESET and returns its number; its caps must be within the device's
+    /// [`LIMITS`].
     pub fn create_qp(
         &mut self,
         mut init: QpInit,
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<u32, CreateQpError> {
-        if send_cq.0 >= self.cqs.len() || recv_cq.0 >= self.cqs.len() {
+        if !self.cq_exists(send_cq) || !self.cq_exists(recv_cq) {
             return Err(CreateQpError::UnknownCq);
         }
-        if self.next_qpn > 0xFF_FFFF {
+        LIMITS
+            .check_qp_caps(&init.caps)
+            .map_err(CreateQpError::InvalidCap)?;
+        if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
             return Err(CreateQpError::NoQpn);
         }
         init.send_cq = send_cq.0;
@@ -323,6 +400,10 @@ impl Endpoint {
 
     /// Feeds one received packet (already parsed and ICRC-checked by the caller).
     pub fn handle_packet(&mut self, now: Instant, frame: &FrameRepr) {
+        if !self.is_for_us(frame) {
+            self.misaddressed_drops += 1;
+            return;
+        }
         let handled = self.with_qp(frame.bth.dest_qpn, now, |qp, ctx| {
             qp.handle_packet(ctx, frame)
         });

@@ -9,6 +9,7 @@ use core::fmt;
 use roce_wire::aeth::RnrTimer;
 use roce_wire::Psn;
 
+use crate::limits::LIMITS;
 use crate::AccessFlags;
 
 /// The transport service of a QP.
@@ -116,9 +117,6 @@ pub struct QpAttr {
     /// Outgoing RDMA READs and atomics in flight at once.
     pub max_rd_atomic: Option<u8>,
 }
-
-/// Largest `max_rd_atomic` / `max_dest_rd_atomic` this stack offers (rxe offers 128).
-pub const MAX_RD_ATOMIC: u8 = 128;
 
 /// Why `modify_qp` refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -343,6 +341,11 @@ fn check_ranges(attr: &QpAttr) -> Result<(), ModifyQpError> {
     let out_of_range = [
         ("port_num", attr.port_num.is_some_and(|port| port != 1)),
         (
+            "pkey_index",
+            attr.pkey_index
+                .is_some_and(|index| index >= LIMITS.max_pkeys),
+        ),
+        (
             "dest_qp_num",
             attr.dest_qp_num.is_some_and(|qpn| qpn > 0xFF_FFFF),
         ),
@@ -351,11 +354,13 @@ fn check_ranges(attr: &QpAttr) -> Result<(), ModifyQpError> {
         ("rnr_retry", attr.rnr_retry.is_some_and(|n| n > 7)),
         (
             "max_rd_atomic",
-            attr.max_rd_atomic.is_some_and(|n| n > MAX_RD_ATOMIC),
+            attr.max_rd_atomic
+                .is_some_and(|n| n > LIMITS.max_qp_init_rd_atom),
         ),
         (
             "max_dest_rd_atomic",
-            attr.max_dest_rd_atomic.is_some_and(|n| n > MAX_RD_ATOMIC),
+            attr.max_dest_rd_atomic
+                .is_some_and(|n| n > LIMITS.max_qp_rd_atom),
         ),
         (
             "flow_label",

@@ -152,11 +152,12 @@ impl Sim {
         let index = self.nodes.len();
         let mut key_seed = [0u8; 32];
         self.rng.fill_bytes(&mut key_seed);
-        let mut endpoint = Endpoint::new(key_seed);
-        let pd = endpoint.mrs().alloc_pd();
-        let send_cq = endpoint.create_cq(SIM_CQ_DEPTH);
-        let recv_cq = endpoint.create_cq(SIM_CQ_DEPTH);
         let ip = Ipv4Addr::new(10, 0, 0, index as u8 + 1);
+        let mut endpoint = Endpoint::new(key_seed);
+        endpoint.set_gids(vec![ip.to_ipv6_mapped().octets()]);
+        let pd = endpoint.mrs().alloc_pd();
+        let send_cq = endpoint.create_cq(SIM_CQ_DEPTH).expect("within max_cqe");
+        let recv_cq = endpoint.create_cq(SIM_CQ_DEPTH).expect("within max_cqe");
         self.nodes.push(Node {
             endpoint,
             ip,
@@ -191,7 +192,7 @@ impl Sim {
         };
         n.endpoint
             .create_qp(init, n.send_cq, n.recv_cq)
-            .expect("CQs exist")
+            .expect("the CQs exist and the caps are within the device limits")
     }
 
     /// Connects a new QP on `a` with a new QP on `b` (RC or UC) and brings both to RTS, with
@@ -268,7 +269,7 @@ impl Sim {
             .reg_mr(pd, iova, contents.len(), AccessFlags::all())
             .expect("valid region");
         if let Some(mr) = mrs.get_mut(key) {
-            mr.bytes_mut().copy_from_slice(contents);
+            mr.write(0, contents).expect("the region has room");
         }
         key
     }
@@ -279,7 +280,7 @@ impl Sim {
             .endpoint
             .mrs()
             .get(key)
-            .map(|mr| mr.bytes().to_vec())
+            .and_then(|mr| mr.to_vec().ok())
             .unwrap_or_default()
     }
 

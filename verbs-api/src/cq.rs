@@ -142,19 +142,14 @@ impl Cq {
         depth: usize,
         channel: Option<&CompChannel>,
     ) -> Result<Cq, Error> {
-        if depth == 0 {
-            return Err(Error::InvalidArgument("a CQ needs at least one entry"));
-        }
-        if depth > shared.device.query().max_cqe as usize {
-            return Err(Error::InvalidArgument(
-                "more CQ entries than the device's max_cqe",
-            ));
-        }
         if channel.is_some_and(|channel| !Arc::ptr_eq(&channel.shared, shared)) {
             return Err(Error::ForeignObject("completion channel"));
         }
         let mut core = shared.lock()?;
-        let id = core.endpoint().create_cq(depth);
+        let id = core
+            .endpoint()
+            .create_cq(depth)
+            .map_err(|_| Error::InvalidArgument("a CQ needs 1 to max_cqe entries"))?;
         if let Some(channel) = channel {
             core.channels.insert(id, Arc::clone(&channel.inner));
         }

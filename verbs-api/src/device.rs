@@ -7,6 +7,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 
 use roce_transport::qp_state::PathMtu;
+use roce_transport::LIMITS;
 
 /// A 16-byte GID (an IPv6 address on RoCEv2).
 pub type Gid = [u8; 16];
@@ -30,7 +31,8 @@ pub struct Device {
     pub gids: Vec<Gid>,
 }
 
-/// What `ibv_query_device` reports: the limits this software device enforces.
+/// What `ibv_query_device` reports: the limits this software device enforces (the
+/// transport's [`LIMITS`], which creating, modifying and posting check).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceAttr {
     /// The node GUID, EUI-64 from the MAC (as rxe).
@@ -45,8 +47,10 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Largest memory region.
     pub max_mr_size: u64,
-    /// Most READs and atomics a QP keeps outstanding, either way.
+    /// Most READs and atomics a QP has outstanding as responder (`max_dest_rd_atomic`).
     pub max_qp_rd_atom: u8,
+    /// Most READs and atomics a QP has outstanding as requester (`max_rd_atomic`).
+    pub max_qp_init_rd_atom: u8,
 }
 
 /// Whether a port can carry traffic (`ibv_port_state`).
@@ -123,12 +127,13 @@ impl Device {
         let eui64 = [m[0] ^ 2, m[1], m[2], 0xFF, 0xFE, m[3], m[4], m[5]];
         DeviceAttr {
             node_guid: u64::from_be_bytes(eui64),
-            max_qp: 0xFF_FFFF - 0x11,
-            max_qp_wr: 1 << 16,
-            max_sge: 32,
-            max_cqe: 1 << 20,
-            max_mr_size: 1 << 40,
-            max_qp_rd_atom: roce_transport::qp_state::CONNECT_RD_ATOMIC,
+            max_qp: LIMITS.max_qp,
+            max_qp_wr: LIMITS.max_qp_wr,
+            max_sge: LIMITS.max_sge,
+            max_cqe: LIMITS.max_cqe,
+            max_mr_size: LIMITS.max_mr_size,
+            max_qp_rd_atom: LIMITS.max_qp_rd_atom,
+            max_qp_init_rd_atom: LIMITS.max_qp_init_rd_atom,
         }
     }
 

@@ -11,8 +11,10 @@
 //!   sockets, or any [`Backend`](roce_provider::backend::Backend)) from a background thread
 //!   that busy-polls or sleeps in poll(2) ([`Progress`]), or from the caller's own posts and
 //!   polls ([`Progress::Caller`], lowest latency for one thread).
-//! - **Memory.** A region owns its bytes ([`Mr`]); programs read and write them through it,
-//!   so nothing the peer can write is ever freed or moved under it, and no call is `unsafe`.
+//! - **Memory.** A region owns its bytes ([`Pd::reg_mr`], [`Pd::reg_mr_buffer`]) and programs
+//!   read and write them through [`Mr`], so nothing the peer can write is ever freed or moved
+//!   under it; or it covers the program's own memory ([`Pd::reg_mr_raw`], `unsafe`: the
+//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does.
 //! - **Locking.** With an engine thread, the data path never takes the context's lock:
 //!   posting checks the request against the QP's state and room as of the engine's last
 //!   round and queues it in the QP's own submission queue; polling reads the CQ's own queue,

@@ -1,0 +1,147 @@
+//! The device's limits, in one place: what `ibv_query_device` reports and what creating,
+//! modifying and posting enforce, where rdma-core's providers (rxe's `rxe_qp_chk_cap`,
+//! `rxe_qp_chk_attr`, `rxe_cq_chk_attr` and its user-space post path) enforce them; and the
+//! errno rdma-core returns for each refusal.
+
+use crate::endpoint::{CreateCqError, CreateQpError, DestroyCqError};
+use crate::mr::MrError;
+use crate::qp::{PostError, QpCaps};
+use crate::qp_state::ModifyQpError;
+
+/// Limits of one device (the fields of `struct ibv_device_attr` this stack enforces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Most QPs (QP numbers are never reused, so also most QPs ever created).
+    pub max_qp: u32,
+    /// Most work requests per send or receive queue (`max_send_wr`, `max_recv_wr`).
+    pub max_qp_wr: u32,
+    /// Most scatter/gather elements per work request, send or receive.
+    pub max_sge: u32,
+    /// Most entries per CQ.
+    pub max_cqe: u32,
+    /// Largest memory region, in bytes.
+    pub max_mr_size: u64,
+    /// Most READs and atomics a QP has outstanding as responder (`max_dest_rd_atomic`).
+    pub max_qp_rd_atom: u8,
+    /// Most READs and atomics a QP has outstanding as requester (`max_rd_atomic`).
+    pub max_qp_init_rd_atom: u8,
+    /// Most bytes of inline data per send (`max_inline_data`; a QP cap, not a device
+    /// attribute in verbs).
+    pub max_inline_data: u32,
+    /// Entries in the P_Key table: only the default partition, so `pkey_index` must be 0.
+    pub max_pkeys: u16,
+}
+
+/// The limits of every roce-xdp device.
+pub const LIMITS: DeviceLimits = DeviceLimits {
+    max_qp: 0xFF_FFFF - 0x11,
+    max_qp_wr: 1 << 16,
+    max_sge: 32,
+    max_cqe: 1 << 20,
+    max_mr_size: 1 << 40,
+    max_qp_rd_atom: 128,
+    max_qp_init_rd_atom: 128,
+    max_inline_data: 512,
+    max_pkeys: 1,
+};
+
+impl DeviceLimits {
+    /// Whether a QP may be created with `caps` (rxe's `rxe_qp_chk_cap`); the name of the
+    /// first cap beyond its limit.
+    pub fn check_qp_caps(&self, caps: &QpCaps) -> Result<(), &'static str> {
+        let beyond = [
+            ("max_send_wr", caps.max_send_wr > self.max_qp_wr),
+            ("max_recv_wr", caps.max_recv_wr > self.max_qp_wr),
+            ("max_send_sge", caps.max_send_sge > self.max_sge),
+            ("max_recv_sge", caps.max_recv_sge > self.max_sge),
+            (
+                "max_inline_data",
+                caps.max_inline_data > self.max_inline_data,
+            ),
+        ];
+        match beyond.iter().find(|(_, beyond)| *beyond) {
+            Some((name, _)) => Err(name),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a CQ may have `depth` entries (rxe's `rxe_cq_chk_attr`: 1 to `max_cqe`).
+    pub fn check_cq_depth(&self, depth: usize) -> Result<(), CreateCqError> {
+        if depth == 0 || depth > self.max_cqe as usize {
+            return Err(CreateCqError::InvalidDepth(depth));
+        }
+        Ok(())
+    }
+}
+
+/// The Linux errno values rdma-core returns for refused verbs calls.
+pub mod errno {
+    /// `EFAULT`.
+    pub const EFAULT: i32 = 14;
+    /// `EBUSY`.
+    pub const EBUSY: i32 = 16;
+    /// `ENOMEM`.
+    pub const ENOMEM: i32 = 12;
+    /// `EINVAL`.
+    pub const EINVAL: i32 = 22;
+}
+
+impl CreateQpError {
+    /// The errno `ibv_create_qp` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CreateQpError::UnknownCq | CreateQpError::InvalidCap(_) => errno::EINVAL,
+            CreateQpError::NoQpn => errno::ENOMEM,
+        }
+    }
+}
+
+impl CreateCqError {
+    /// The errno `ibv_create_cq` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CreateCqError::InvalidDepth(_) => errno::EINVAL,
+        }
+    }
+}
+
+impl DestroyCqError {
+    /// The errno `ibv_destroy_cq` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            DestroyCqError::UnknownCq => errno::EINVAL,
+            DestroyCqError::InUse => errno::EBUSY,
+        }
+    }
+}
+
+impl ModifyQpError {
+    /// The errno `ibv_modify_qp` fails with: every refusal is `EINVAL`, as in rxe and the
+    /// kernel's `ib_modify_qp_is_ok`.
+    pub fn errno(&self) -> i32 {
+        errno::EINVAL
+    }
+}
+
+impl PostError {
+    /// The errno `ibv_post_send`/`ibv_post_recv` fail with (rdma-core's rxe: a full queue
+    /// is `ENOMEM`, everything else `EINVAL`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            PostError::QueueFull => errno::ENOMEM,
+            _ => errno::EINVAL,
+        }
+    }
+}
+
+impl MrError {
+    /// The errno of a verbs call refused for this reason (`ibv_reg_mr`, `ibv_dealloc_pd`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            MrError::PdBusy => errno::EBUSY,
+            MrError::OutOfMemory => errno::ENOMEM,
+            MrError::NullAddress => errno::EFAULT,
+            _ => errno::EINVAL,
+        }
+    }
+}
