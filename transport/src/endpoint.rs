@@ -229,6 +229,20 @@ impl Endpoint {
         CqId(self.cqs.len() - 1)
     }
 
+    /// Destroys a CQ: its completions are dropped and its slots freed (the id is not handed
+    /// out again). Refused (`false`) while a QP completes into it, as `ibv_destroy_cq`
+    /// answers `EBUSY`.
+    pub fn destroy_cq(&mut self, id: CqId) -> bool {
+        let in_use = (self.qps.qps.iter()).any(|qp| qp.send_cq == id.0 || qp.recv_cq == id.0);
+        match self.cqs.get_mut(id.0) {
+            Some(cq) if !in_use => {
+                *cq = Cq::new(0);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// A CQ, to poll or arm.
     pub fn cq(&mut self, id: CqId) -> &mut Cq {
         &mut self.cqs[id.0]

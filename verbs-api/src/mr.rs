@@ -11,8 +11,8 @@ use roce_transport::mr::PdId;
 use roce_transport::wr::Sge;
 use roce_transport::AccessFlags;
 
-use crate::context::Shared;
-use crate::Error;
+use crate::error::Error;
+use crate::shared::Shared;
 
 pub(crate) struct PdInner {
     pub(crate) shared: Arc<Shared>,

@@ -878,3 +878,18 @@ fn a_panic_under_the_device_lock_fails_every_later_call() {
             .unwrap_err();
     assert!(matches!(failure.error, Error::Poisoned));
 }
+
+#[test]
+fn a_cq_lives_while_a_qp_uses_it_and_destroying_it_then_is_busy() {
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let pd = ctx_a.alloc_pd().unwrap();
+    let cq = ctx_a.create_cq(4, None).unwrap();
+    let qp = pd.create_qp(&init(QpType::Rc, &cq)).unwrap();
+    // rdma-core: ibv_destroy_cq of a CQ a QP still uses fails with EBUSY, the CQ intact.
+    let (cq, error) = cq.destroy().unwrap_err();
+    assert!(matches!(error, Error::Busy("CQ")), "{error}");
+    assert_eq!(error.errno(), 16, "EBUSY");
+    assert_eq!(cq.poll(1).unwrap().len(), 0, "the CQ still works");
+    drop(qp);
+    cq.destroy().expect("no QP uses it any more");
+}

@@ -1,0 +1,110 @@
+//! What the engine shares with posting and polling threads outside the device lock: each
+//! QP's submission queues, each CQ's queue of handed-over completions, each channel's
+//! events. The engine side fills and drains them under the device lock (see `core`); the
+//! objects' side takes only their own small locks.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+
+use roce_transport::cq::WorkCompletion;
+use roce_transport::qp::PostGate;
+use roce_transport::wr::{RecvWr, SendWr};
+use roce_transport::CqId;
+use rustix::event::{eventfd, EventfdFlags};
+
+/// The events of one completion channel: the CQs that signalled, and an eventfd readable
+/// while any wait.
+pub(crate) struct ChannelEvents {
+    fd: OwnedFd,
+    /// CQs that signalled, oldest first.
+    events: Mutex<VecDeque<CqId>>,
+}
+
+impl ChannelEvents {
+    pub(crate) fn new() -> io::Result<ChannelEvents> {
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(ChannelEvents {
+            fd,
+            events: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    pub(crate) fn push(&self, cq: CqId) {
+        if let Ok(mut events) = self.events.lock() {
+            events.push_back(cq);
+            // Under the lock: a `pop` between the two would leave the fd readable with no
+            // event. A saturated counter still reads as readable.
+            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+        }
+    }
+
+    pub(crate) fn pop(&self) -> Option<CqId> {
+        let mut events = self.events.lock().ok()?;
+        let cq = events.pop_front();
+        if events.is_empty() {
+            // Drain the counter so the fd polls readable only while events wait.
+            let mut counter = [0u8; 8];
+            let _ = rustix::io::read(&self.fd, &mut counter);
+        }
+        cq
+    }
+}
+
+impl AsFd for ChannelEvents {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The completions of one CQ that the engine has handed over: polling takes only this
+/// lock, never the device's, so pollers and the engine thread do not contend.
+pub(crate) struct CqQueue {
+    pub(crate) entries: Mutex<VecDeque<WorkCompletion>>,
+    pub(crate) depth: usize,
+    pub(crate) overflowed: AtomicBool,
+    /// Completions still wait in the engine's CQ (this queue was full).
+    pub(crate) backlog: AtomicBool,
+}
+
+impl CqQueue {
+    pub(crate) fn new(depth: usize) -> CqQueue {
+        CqQueue {
+            entries: Mutex::new(VecDeque::with_capacity(depth)),
+            depth,
+            overflowed: AtomicBool::new(false),
+            backlog: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Work requests admitted for a QP and not yet handed to the endpoint, with the view of
+/// the QP they were admitted against.
+pub(crate) struct Pending<T> {
+    pub(crate) items: VecDeque<T>,
+    pub(crate) gate: PostGate,
+}
+
+/// A QP's submission queues: posting threads take only these locks; the engine drains
+/// them (and refreshes their gates) under the device lock, at every round.
+pub(crate) struct Submission {
+    pub(crate) sends: Mutex<Pending<SendWr>>,
+    pub(crate) recvs: Mutex<Pending<RecvWr>>,
+}
+
+impl Submission {
+    pub(crate) fn new(gate: PostGate) -> Submission {
+        Submission {
+            sends: Mutex::new(Pending {
+                items: VecDeque::new(),
+                gate,
+            }),
+            recvs: Mutex::new(Pending {
+                items: VecDeque::new(),
+                gate,
+            }),
+        }
+    }
+}
