@@ -251,7 +251,7 @@ impl Endpoint {
     /// Creates a QP in RESET and returns its number.
     pub fn create_qp(
         &mut self,
-        mut init: QpInit,
+        init: QpInit,
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<u32, CreateQpError> {
@@ -261,11 +261,9 @@ impl Endpoint {
         if self.next_qpn > 0xFF_FFFF {
             return Err(CreateQpError::NoQpn);
         }
-        init.send_cq = send_cq.0;
-        init.recv_cq = recv_cq.0;
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        let mut qp = Qp::new(qpn, init);
+        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
         qp.config.mtu = self.port_mtu.bytes();
         self.qps.insert(qp);
         Ok(qpn)

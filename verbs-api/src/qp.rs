@@ -44,8 +44,6 @@ impl Pd {
         let init = QpInit {
             pd: self.inner.id,
             qp_type: attr.qp_type,
-            send_cq: 0,
-            recv_cq: 0,
             caps: attr.caps,
             sq_sig_all: attr.sq_sig_all,
         };
