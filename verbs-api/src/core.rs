@@ -10,8 +10,11 @@ use std::time::Instant;
 use roce_provider::backend::Backend;
 use roce_provider::engine::Engine;
 use roce_transport::endpoint::AsyncEvent;
-use roce_transport::{CqId, Endpoint};
+use roce_transport::mr::{MrError, PdId};
+use roce_transport::{AccessFlags, CqId, Endpoint};
 
+use crate::error::Error;
+use crate::iova::IovaSpace;
 use crate::queues::{ChannelEvents, CqQueue, Pending, Submission};
 
 /// Everything behind the one lock of a context.
@@ -24,6 +27,8 @@ pub(crate) struct Core {
     /// Each QP's submission queues, which posting fills without this lock.
     pub(crate) submissions: BTreeMap<u32, Arc<Submission>>,
     pub(crate) async_events: VecDeque<AsyncEvent>,
+    /// Addresses for regions registered without one.
+    iova: IovaSpace,
 }
 
 impl Core {
@@ -34,7 +39,32 @@ impl Core {
             cqs: HashMap::new(),
             submissions: BTreeMap::new(),
             async_events: VecDeque::new(),
+            iova: IovaSpace::default(),
         }
+    }
+
+    /// Registers `len` zeroed bytes in `pd` at `iova`, or at a fresh range when `None`;
+    /// returns the address and the key. A failed registration takes no address.
+    pub(crate) fn reg_mr(
+        &mut self,
+        pd: PdId,
+        iova: Option<u64>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<(u64, u32), Error> {
+        let (iova, placement) = match iova {
+            Some(iova) => (iova, None),
+            None => {
+                // No room left below 2^64: as out of memory as the bytes themselves.
+                let placement = self.iova.place(len).ok_or(MrError::OutOfMemory)?;
+                (placement.iova, Some(placement))
+            }
+        };
+        let key = self.endpoint().mrs().reg_mr(pd, iova, len, access)?;
+        if let Some(placement) = placement {
+            self.iova.advance(placement);
+        }
+        Ok((iova, key))
     }
 
     pub(crate) fn endpoint(&mut self) -> &mut Endpoint {

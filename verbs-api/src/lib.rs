@@ -45,6 +45,8 @@ pub mod device;
 mod engine_thread;
 mod error;
 mod handshake;
+mod iova;
+mod limits;
 mod mr;
 mod neighbour;
 mod options;

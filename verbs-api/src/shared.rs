@@ -3,15 +3,18 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use roce_transport::mr::PdId;
+use roce_transport::AccessFlags;
 use rustix::event::{eventfd, EventfdFlags};
 
 use crate::backend::{BackendKind, Neighbours};
 use crate::core::Core;
 use crate::device::Device;
 use crate::error::Error;
+use crate::limits;
 use crate::options::Progress;
 
 /// State shared by a context and every object made from it.
@@ -30,8 +33,6 @@ pub(crate) struct Shared {
     failure: Mutex<Option<String>>,
     /// Whether `failure` is set, readable without a lock.
     failed: AtomicBool,
-    /// Next address handed to a region registered without one.
-    next_iova: AtomicU64,
 }
 
 impl Shared {
@@ -52,7 +53,6 @@ impl Shared {
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
-            next_iova: AtomicU64::new(0x1_0000_0000),
         })
     }
 
@@ -144,10 +144,16 @@ impl Shared {
         &self.wake
     }
 
-    /// A fresh, page-aligned address range of `len` bytes for a region, with a guard gap so
-    /// an off-by-one address never lands in the next region.
-    pub(crate) fn allocate_iova(&self, len: usize) -> u64 {
-        let span = (len as u64).div_ceil(4096) * 4096 + 4096;
-        self.next_iova.fetch_add(span, Ordering::Relaxed)
+    /// Registers `len` zeroed bytes in `pd` at `iova`, or at a fresh range of this context's
+    /// when `None` ([`Core::reg_mr`]), within the device's `max_mr_size`.
+    pub(crate) fn reg_mr(
+        &self,
+        pd: PdId,
+        iova: Option<u64>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<(u64, u32), Error> {
+        limits::check_mr_len(&self.device.query(), len)?;
+        self.lock()?.reg_mr(pd, iova, len, access)
     }
 }

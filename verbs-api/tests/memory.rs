@@ -893,3 +893,35 @@ fn a_cq_lives_while_a_qp_uses_it_and_destroying_it_then_is_busy() {
     drop(qp);
     cq.destroy().expect("no QP uses it any more");
 }
+
+#[test]
+fn region_addresses_neither_overflow_nor_leak_on_failure() {
+    const ENOMEM: i32 = 12;
+    const EINVAL: i32 = 22;
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let pd = ctx_a.alloc_pd().unwrap();
+    let max_mr_size = ctx_a.device().query().max_mr_size;
+    let first = pd.reg_mr(1, AccessFlags::LOCAL_WRITE).unwrap();
+    // Refused, in debug and release builds alike, without a panic: beyond max_mr_size is
+    // ENOMEM (rxe cannot pin it), a bad access combination EINVAL.
+    for (len, access, errno) in [
+        (usize::MAX, AccessFlags::LOCAL_WRITE, ENOMEM),
+        (max_mr_size as usize + 1, AccessFlags::LOCAL_WRITE, ENOMEM),
+        (8, AccessFlags::REMOTE_WRITE, EINVAL),
+    ] {
+        let error = pd.reg_mr(len, access).map(drop).unwrap_err();
+        assert!(matches!(error, Error::Mr(_)), "{len}: {error}");
+        assert_eq!(error.errno(), errno, "{len}: {error}");
+        assert_eq!(
+            std::io::Error::from(error).kind(),
+            std::io::Error::from_raw_os_error(errno).kind()
+        );
+    }
+    // The failures took no addresses: the next region follows the first (its page and
+    // the guard page), as if they had not happened.
+    let second = pd.reg_mr(1, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(second.addr(), first.addr() + 2 * 4096);
+    // A caller-chosen range that would wrap around the address space is EINVAL.
+    let wrapping = pd.reg_mr_at(u64::MAX - 3, 8, AccessFlags::LOCAL_WRITE);
+    assert_eq!(wrapping.map(drop).unwrap_err().errno(), EINVAL);
+}
