@@ -17,6 +17,7 @@ use roce_transport::CqId;
 
 use crate::channel::CompChannel;
 use crate::error::Error;
+use crate::limits;
 use crate::queues::{ChannelEvents, CqQueue};
 use crate::shared::Shared;
 
@@ -56,14 +57,7 @@ impl Cq {
         depth: usize,
         channel: Option<&CompChannel>,
     ) -> Result<Cq, Error> {
-        if depth == 0 {
-            return Err(Error::InvalidArgument("a CQ needs at least one entry"));
-        }
-        if depth > shared.device.query().max_cqe as usize {
-            return Err(Error::InvalidArgument(
-                "more CQ entries than the device's max_cqe",
-            ));
-        }
+        limits::check_cq_depth(&shared.device.query(), depth)?;
         if channel.is_some_and(|channel| !Arc::ptr_eq(&channel.shared, shared)) {
             return Err(Error::ForeignObject("completion channel"));
         }

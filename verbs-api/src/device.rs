@@ -47,6 +47,8 @@ pub struct DeviceAttr {
     pub max_mr_size: u64,
     /// Most READs and atomics a QP keeps outstanding, either way.
     pub max_qp_rd_atom: u8,
+    /// Entries in the P_Key table: one, the default P_Key at index 0.
+    pub max_pkeys: u16,
 }
 
 /// Whether a port can carry traffic (`ibv_port_state`).
@@ -129,6 +131,7 @@ impl Device {
             max_cqe: 1 << 20,
             max_mr_size: 1 << 40,
             max_qp_rd_atom: roce_transport::qp_state::CONNECT_RD_ATOMIC,
+            max_pkeys: 1,
         }
     }
 

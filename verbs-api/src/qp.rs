@@ -14,6 +14,7 @@ use roce_wire::Psn;
 use crate::cq::{Cq, CqInner};
 use crate::error::{Error, PostFailure};
 use crate::handshake::{ConnectOptions, QpEndpoint};
+use crate::limits;
 use crate::mr::{Pd, PdInner};
 use crate::queues::{Pending, Submission};
 use crate::shared::Shared;
@@ -41,6 +42,8 @@ impl Pd {
                 return Err(Error::ForeignObject("CQ"));
             }
         }
+        let device = shared.device.query();
+        limits::check_qp_caps(&device, &attr.caps)?;
         let init = QpInit {
             pd: self.inner.id,
             qp_type: attr.qp_type,
@@ -52,6 +55,7 @@ impl Pd {
             .map_err(std::io::Error::from)?;
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
         let mut core = shared.lock()?;
+        limits::check_qp_count(&device, core.submissions.len())?;
         let qpn = core.endpoint().create_qp(init, send_cq.id, recv_cq.id)?;
         let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
         let queues = Arc::new(Submission::new(gate));
@@ -131,6 +135,7 @@ impl Qp {
     /// `ibv_modify_qp`: the attributes present in `attr` (the mask is which are `Some`).
     /// A destination address is resolved to a MAC first.
     pub fn modify(&self, attr: &QpAttr) -> Result<(), Error> {
+        limits::check_modify(&self.shared().device.query(), attr)?;
         if let Some(av) = &attr.av {
             self.shared().check_path(av.sgid_index, av.dgid)?;
             self.shared().resolve(av.dgid)?;

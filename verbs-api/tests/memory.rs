@@ -17,7 +17,7 @@ use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, AddressVector, Addressing, AsyncEvent, BackendChoice, ConnectOptions, Context, Cq,
     Device, Error, OpenOptions, PathMtu, Progress, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -924,4 +924,169 @@ fn region_addresses_neither_overflow_nor_leak_on_failure() {
     // A caller-chosen range that would wrap around the address space is EINVAL.
     let wrapping = pd.reg_mr_at(u64::MAX - 3, 8, AccessFlags::LOCAL_WRITE);
     assert_eq!(wrapping.map(drop).unwrap_err().errno(), EINVAL);
+}
+
+const EINVAL: i32 = 22;
+const ENOMEM: i32 = 12;
+
+fn errno<T>(result: Result<T, Error>) -> i32 {
+    result.map(drop).unwrap_err().errno()
+}
+
+#[test]
+fn create_calls_walk_each_device_limit_to_the_boundary_and_one_past() {
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let limits = ctx_a.device().query();
+    let pd = ctx_a.alloc_pd().unwrap();
+    let max_cqe = limits.max_cqe as usize;
+    assert_eq!(errno(ctx_a.create_cq(max_cqe + 1, None)), EINVAL);
+    let cq = ctx_a.create_cq(max_cqe, None).unwrap();
+    let create = |caps| {
+        pd.create_qp(&QpInitAttr {
+            caps,
+            ..init(QpType::Rc, &cq)
+        })
+    };
+    let at_limit = QpCaps {
+        max_send_wr: limits.max_qp_wr,
+        max_recv_wr: limits.max_qp_wr,
+        max_send_sge: limits.max_sge,
+        max_recv_sge: limits.max_sge,
+        ..QpCaps::default()
+    };
+    create(at_limit).expect("every cap at the device's limit");
+    let past: [fn(&mut QpCaps); 4] = [
+        |caps| caps.max_send_wr += 1,
+        |caps| caps.max_recv_wr += 1,
+        |caps| caps.max_send_sge += 1,
+        |caps| caps.max_recv_sge += 1,
+    ];
+    for (n, one_past) in past.iter().enumerate() {
+        let mut caps = at_limit;
+        one_past(&mut caps);
+        assert_eq!(errno(create(caps)), EINVAL, "cap {n}");
+    }
+    let huge = QpCaps {
+        max_send_wr: u32::MAX,
+        max_recv_wr: u32::MAX,
+        max_send_sge: u32::MAX,
+        max_recv_sge: u32::MAX,
+        max_inline_data: u32::MAX,
+    };
+    assert_eq!(errno(create(huge)), EINVAL);
+}
+
+#[test]
+fn modify_refuses_a_pkey_index_or_rd_atomic_beyond_the_device() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let limits = ctx_a.device().query();
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(4, None).unwrap(),
+        ctx_b.create_cq(4, None).unwrap(),
+    );
+    let peer = pd_b.create_qp(&init(QpType::Rc, &cq_b)).unwrap();
+    let to_init = |pkey_index| QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(pkey_index),
+        port_num: Some(1),
+        access_flags: Some(AccessFlags::REMOTE_WRITE),
+        ..QpAttr::default()
+    };
+    let qp = pd_a.create_qp(&init(QpType::Rc, &cq_a)).unwrap();
+    for index in [limits.max_pkeys, u16::MAX] {
+        assert_eq!(
+            errno(qp.modify(&to_init(index))),
+            EINVAL,
+            "pkey_index {index}"
+        );
+        assert_eq!(qp.state().unwrap(), QpState::Reset);
+    }
+    qp.modify(&to_init(limits.max_pkeys - 1)).unwrap();
+    let max = limits.max_qp_rd_atom;
+    let connect = |max_rd_atomic, max_dest_rd_atomic| {
+        let qp = pd_a.create_qp(&init(QpType::Rc, &cq_a)).unwrap();
+        let options = ConnectOptions {
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            ..fast()
+        };
+        qp.connect(&peer.endpoint(1).unwrap(), &options)
+    };
+    connect(max, max).expect("rd_atomic at the device's limit");
+    assert_eq!(errno(connect(max + 1, max)), EINVAL);
+    assert_eq!(errno(connect(max, max + 1)), EINVAL);
+}
+
+#[test]
+fn posts_beyond_a_queue_or_its_sges_are_enomem_and_einval() {
+    // Caller-driven and B never driven: nothing A sends is acknowledged, so its send queue
+    // only fills.
+    let (ctx_a, ctx_b) = pair(Progress::Caller, 0.0);
+    let limits = ctx_a.device().query();
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(4, None).unwrap(),
+        ctx_b.create_cq(4, None).unwrap(),
+    );
+    let caps = QpCaps {
+        max_send_wr: limits.max_qp_wr,
+        max_recv_wr: limits.max_qp_wr,
+        max_send_sge: limits.max_sge,
+        max_recv_sge: limits.max_sge,
+        ..QpCaps::default()
+    };
+    let qp = pd_a
+        .create_qp(&QpInitAttr {
+            caps,
+            ..init(QpType::Rc, &cq_a)
+        })
+        .unwrap();
+    let peer = pd_b.create_qp(&init(QpType::Rc, &cq_b)).unwrap();
+    qp.connect(&peer.endpoint(1).unwrap(), &fast()).unwrap();
+    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let recv = |sges: usize| RecvWr {
+        wr_id: sges as u64,
+        sg_list: vec![buf.sge(0, 1); sges].into(),
+    };
+    for sges in [limits.max_sge as usize + 1, 100_000] {
+        let failure = qp.post_recv([recv(sges)]).unwrap_err();
+        assert_eq!(
+            (failure.index, failure.error.errno()),
+            (0, EINVAL),
+            "{sges} SGEs"
+        );
+        let mut send = signaled(1, SendOp::Send, buf.sge(0, 1));
+        send.sg_list = vec![buf.sge(0, 1); sges].into();
+        let failure = qp.post_send([send]).unwrap_err();
+        assert_eq!(
+            (failure.index, failure.error.errno()),
+            (0, EINVAL),
+            "{sges} SGEs"
+        );
+    }
+    // Exactly max_qp_wr fit in each queue (the SGE limit too); the next is ENOMEM.
+    let max_wr = limits.max_qp_wr as usize;
+    let failure = qp
+        .post_recv((0..=max_wr).map(|n| RecvWr {
+            wr_id: n as u64,
+            sg_list: if n == 0 {
+                recv(limits.max_sge as usize).sg_list
+            } else {
+                [buf.sge(0, 1)].into()
+            },
+        }))
+        .unwrap_err();
+    assert_eq!((failure.index, failure.error.errno()), (max_wr, ENOMEM));
+    let failure = qp
+        .post_send((0..=max_wr).map(|n| SendWr {
+            wr_id: n as u64,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: Vec::new(),
+            flags: SendFlags::empty(),
+            ud: None,
+        }))
+        .unwrap_err();
+    assert_eq!((failure.index, failure.error.errno()), (max_wr, ENOMEM));
 }
