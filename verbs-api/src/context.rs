@@ -3,8 +3,10 @@
 
 use std::io;
 use std::net::Ipv6Addr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::{Engine, EngineStats};
@@ -13,7 +15,6 @@ use roce_transport::Endpoint;
 
 use crate::backend::{self, BackendKind};
 use crate::channel::CompChannel;
-use crate::core::Core;
 use crate::cq::Cq;
 use crate::device::Device;
 use crate::engine_thread;
@@ -21,6 +22,7 @@ use crate::error::Error;
 use crate::mr::Pd;
 use crate::options::{OpenOptions, Progress};
 use crate::shared::Shared;
+use crate::wait;
 
 /// An open device.
 ///
@@ -50,8 +52,7 @@ impl Context {
         endpoint.set_port_mtu(device.query_port().active_mtu);
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
-        let core = Core::new(engine);
-        let shared = Arc::new(Shared::new(core, device.clone(), kind, options.progress)?);
+        let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.progress)?);
         let thread = match options.progress {
             Progress::Caller => None,
             progress => Some(engine_thread::spawn(&shared, progress)?),
@@ -95,9 +96,28 @@ impl Context {
         Ok(())
     }
 
-    /// Takes the oldest async event (`ibv_get_async_event`, without blocking).
-    pub fn get_async_event(&self) -> Result<Option<AsyncEvent>, Error> {
-        Ok(self.shared.lock()?.async_events.pop_front())
+    /// Waits for the next async event (`ibv_get_async_event`): `None` waits for ever; a
+    /// timeout gives [`Error::TimedOut`]. Events are taken once, oldest first; there is
+    /// nothing to acknowledge.
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<AsyncEvent, Error> {
+        wait::next_event(&self.shared, &self.shared.async_events, timeout)
+    }
+
+    /// Takes the oldest async event if one waits, without blocking.
+    pub fn try_get_async_event(&self) -> Result<Option<AsyncEvent>, Error> {
+        if self.shared.caller_drives() {
+            let mut core = self.shared.lock()?;
+            self.shared.drive(&mut core)?;
+        }
+        self.shared.check_running()?;
+        Ok(self.shared.async_events.pop())
+    }
+
+    /// An fd that polls readable while async events wait (`ibv_context`'s `async_fd`):
+    /// epoll it, then take them with [`try_get_async_event`](Self::try_get_async_event).
+    /// With [`Progress::Caller`] events arrive only while something drives the engine.
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.shared.async_events.as_fd()
     }
 
     /// Tells a context over a caller's backend ([`BackendChoice::Custom`]) the MAC of an

@@ -1,7 +1,7 @@
 //! The locked core of a context: the engine with its endpoint, and the engine's side of
 //! the queues it shares with posting and polling threads ([`queues`](crate::queues)).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,7 @@ use roce_transport::{AccessFlags, CqId, Endpoint};
 
 use crate::error::Error;
 use crate::iova::IovaSpace;
-use crate::queues::{ChannelEvents, CqQueue, Pending, Submission};
+use crate::queues::{ChannelEvents, CqQueue, EventQueue, Pending, Submission};
 
 /// Everything behind the one lock of a context.
 pub(crate) struct Core {
@@ -26,19 +26,23 @@ pub(crate) struct Core {
     pub(crate) cqs: HashMap<CqId, Arc<CqQueue>>,
     /// Each QP's submission queues, which posting fills without this lock.
     pub(crate) submissions: BTreeMap<u32, Arc<Submission>>,
-    pub(crate) async_events: VecDeque<AsyncEvent>,
+    /// The context's async events, which a program takes without this lock.
+    async_events: Arc<EventQueue<AsyncEvent>>,
     /// Addresses for regions registered without one.
     iova: IovaSpace,
 }
 
 impl Core {
-    pub(crate) fn new(engine: Engine<Box<dyn Backend>>) -> Core {
+    pub(crate) fn new(
+        engine: Engine<Box<dyn Backend>>,
+        async_events: Arc<EventQueue<AsyncEvent>>,
+    ) -> Core {
         Core {
             engine,
             channels: HashMap::new(),
             cqs: HashMap::new(),
             submissions: BTreeMap::new(),
-            async_events: VecDeque::new(),
+            async_events,
             iova: IovaSpace::default(),
         }
     }
@@ -99,8 +103,9 @@ impl Core {
                 channel.push(cq);
             }
         }
-        self.async_events
-            .extend(self.engine.endpoint().take_events());
+        for event in self.engine.endpoint().take_events() {
+            self.async_events.push(event);
+        }
     }
 
     /// One round of the engine: admitted work in, every waiting frame, due timers, every

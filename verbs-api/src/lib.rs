@@ -54,6 +54,7 @@ mod path;
 mod qp;
 mod queues;
 mod shared;
+mod wait;
 
 pub use ah::AddressHandle;
 pub use backend::BackendKind;

@@ -1,7 +1,7 @@
 //! What the engine shares with posting and polling threads outside the device lock: each
 //! QP's submission queues, each CQ's queue of handed-over completions, each channel's
-//! events. The engine side fills and drains them under the device lock (see `core`); the
-//! objects' side takes only their own small locks.
+//! events and the context's async events. The engine side fills and drains them under the
+//! device lock (see `core`); the objects' side takes only their own small locks.
 
 use std::collections::VecDeque;
 use std::io;
@@ -15,45 +15,48 @@ use roce_transport::wr::{RecvWr, SendWr};
 use roce_transport::CqId;
 use rustix::event::{eventfd, EventfdFlags};
 
-/// The events of one completion channel: the CQs that signalled, and an eventfd readable
-/// while any wait.
-pub(crate) struct ChannelEvents {
+/// Events waiting to be taken, and an eventfd readable while any wait: a completion
+/// channel's (the CQs that signalled) and a context's async events.
+pub(crate) struct EventQueue<T> {
     fd: OwnedFd,
-    /// CQs that signalled, oldest first.
-    events: Mutex<VecDeque<CqId>>,
+    /// Oldest first.
+    events: Mutex<VecDeque<T>>,
 }
 
-impl ChannelEvents {
-    pub(crate) fn new() -> io::Result<ChannelEvents> {
+/// A completion channel's events: the CQs that signalled.
+pub(crate) type ChannelEvents = EventQueue<CqId>;
+
+impl<T> EventQueue<T> {
+    pub(crate) fn new() -> io::Result<EventQueue<T>> {
         let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        Ok(ChannelEvents {
+        Ok(EventQueue {
             fd,
             events: Mutex::new(VecDeque::new()),
         })
     }
 
-    pub(crate) fn push(&self, cq: CqId) {
+    pub(crate) fn push(&self, event: T) {
         if let Ok(mut events) = self.events.lock() {
-            events.push_back(cq);
+            events.push_back(event);
             // Under the lock: a `pop` between the two would leave the fd readable with no
             // event. A saturated counter still reads as readable.
             let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
         }
     }
 
-    pub(crate) fn pop(&self) -> Option<CqId> {
+    pub(crate) fn pop(&self) -> Option<T> {
         let mut events = self.events.lock().ok()?;
-        let cq = events.pop_front();
+        let event = events.pop_front();
         if events.is_empty() {
             // Drain the counter so the fd polls readable only while events wait.
             let mut counter = [0u8; 8];
             let _ = rustix::io::read(&self.fd, &mut counter);
         }
-        cq
+        event
     }
 }
 
-impl AsFd for ChannelEvents {
+impl<T> AsFd for EventQueue<T> {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

@@ -4,8 +4,11 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use roce_provider::backend::Backend;
+use roce_provider::engine::Engine;
+use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::PdId;
 use roce_transport::AccessFlags;
 use rustix::event::{eventfd, EventfdFlags};
@@ -16,6 +19,7 @@ use crate::device::Device;
 use crate::error::Error;
 use crate::limits;
 use crate::options::Progress;
+use crate::queues::EventQueue;
 
 /// State shared by a context and every object made from it.
 pub(crate) struct Shared {
@@ -24,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) kind: BackendKind,
     pub(crate) progress: Progress,
     pub(crate) neighbours: Neighbours,
+    /// The async events the engine reports, readable without the lock.
+    pub(crate) async_events: Arc<EventQueue<AsyncEvent>>,
     /// Set while the background thread runs; otherwise callers drive the engine.
     thread_running: AtomicBool,
     stop: AtomicBool,
@@ -36,15 +42,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The state of a context whose engine is `engine`.
     pub(crate) fn new(
-        core: Core,
+        engine: Engine<Box<dyn Backend>>,
         device: Device,
         kind: BackendKind,
         progress: Progress,
     ) -> io::Result<Shared> {
+        let async_events = Arc::new(EventQueue::new()?);
         Ok(Shared {
-            core: Mutex::new(core),
+            core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
             device,
+            async_events,
             neighbours: kind.neighbours(),
             kind,
             progress,

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -102,6 +102,16 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         flags: SendFlags::SIGNALED,
         ud: None,
     }
+}
+
+/// Whether `fd` polls readable within `timeout`.
+fn readable(fd: BorrowedFd, timeout: Duration) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::event::Timespec::try_from(timeout).unwrap();
+    rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
 }
 
 /// Keeps polling `cq` (which, in caller-driven mode, is what moves B's engine) until told
@@ -235,7 +245,7 @@ fn rc_scenario(progress: Progress) {
     // The faults really happened: something was resent.
     let stats = qp_a.stats().unwrap();
     assert!(stats.retransmits > 0, "{stats:?}");
-    assert_eq!(ctx_b.get_async_event().unwrap(), None);
+    assert_eq!(ctx_b.try_get_async_event().unwrap(), None);
     drop(qp_b);
 }
 
@@ -429,15 +439,17 @@ fn cq_overflow_is_an_error_and_an_async_event() {
     };
     qp_a.post_send((1..=3).map(|wr_id| signaled(wr_id, write, src.sge(0, 8))))
         .unwrap();
-    let deadline = std::time::Instant::now() + STALL;
-    let event = loop {
-        if let Some(event) = ctx_a.get_async_event().unwrap() {
-            break event;
-        }
-        assert!(std::time::Instant::now() < deadline, "no async event");
-        thread::sleep(Duration::from_millis(1));
-    };
+    // The context's async fd polls readable once the event is there, as ibv_context's
+    // async_fd does, and no longer once it is taken.
+    assert!(readable(ctx_a.async_fd(), STALL), "no async event");
+    let event = ctx_a.get_async_event(Some(Duration::ZERO)).unwrap();
     assert_eq!(event, AsyncEvent::CqOverflow { qpn: qp_a.qp_num() });
+    assert!(!readable(ctx_a.async_fd(), Duration::ZERO));
+    assert!(matches!(
+        ctx_a.get_async_event(Some(Duration::from_millis(5))),
+        Err(Error::TimedOut)
+    ));
+    assert_eq!(ctx_a.try_get_async_event().unwrap(), None);
     assert!(matches!(cq_a.poll(4), Err(Error::CqOverflow)));
     assert_eq!(qp_a.state().unwrap(), QpState::Err);
 }
@@ -456,15 +468,7 @@ fn a_channel_fd_polls_readable_only_while_an_event_waits() {
     qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
     let buf_a = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let buf_b = pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let readable = |timeout: Duration| {
-        let fd = channel.as_fd();
-        let mut fds = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::event::Timespec::try_from(timeout).unwrap();
-        rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
-    };
+    let readable = |timeout| readable(channel.as_fd(), timeout);
     let brief = Duration::from_millis(20);
     let recv = |wr_id| RecvWr {
         wr_id,
@@ -1089,4 +1093,42 @@ fn posts_beyond_a_queue_or_its_sges_are_enomem_and_einval() {
         }))
         .unwrap_err();
     assert_eq!((failure.index, failure.error.errno()), (max_wr, ENOMEM));
+}
+
+#[test]
+fn a_blocked_async_event_waiter_wakes_for_the_event_in_every_progress_mode() {
+    for progress in [Progress::Events, Progress::Caller] {
+        let (ctx_a, ctx_b) = pair(progress, 0.0);
+        let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+        let cq_a = ctx_a.create_cq(1, None).unwrap();
+        let cq_b = ctx_b.create_cq(4, None).unwrap();
+        let qp_a = pd_a.create_qp(&init(QpType::Rc, &cq_a)).unwrap();
+        let qp_b = pd_b.create_qp(&init(QpType::Rc, &cq_b)).unwrap();
+        qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+        qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
+        let src = pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst = pd_b.reg_mr(8, AccessFlags::all()).unwrap();
+        let write = SendOp::RdmaWrite {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey(),
+        };
+        let stop = AtomicBool::new(false);
+        let event = thread::scope(|scope| {
+            // B's acknowledgements need B driven when nothing else drives it.
+            scope.spawn(|| drive_until(&cq_b, &stop));
+            let waiter = scope.spawn(|| ctx_a.get_async_event(Some(STALL)));
+            // Three signaled WRITEs into a CQ of one slot: an overflow.
+            qp_a.post_send((1..=3).map(|wr_id| signaled(wr_id, write, src.sge(0, 8))))
+                .unwrap();
+            let event = waiter.join().unwrap();
+            stop.store(true, Ordering::Release);
+            event
+        });
+        let qpn = qp_a.qp_num();
+        assert_eq!(
+            event.unwrap(),
+            AsyncEvent::CqOverflow { qpn },
+            "{progress:?}"
+        );
+    }
 }
