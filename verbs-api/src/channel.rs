@@ -4,6 +4,7 @@
 //! [`get_cq_event`](CompChannel::get_cq_event). As with `ibv_req_notify_cq`, a CQ signals
 //! its channel once per arming, for the first matching completion after it.
 
+use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +35,22 @@ impl CompChannel {
     /// [`Error::TimedOut`].
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<CqId, Error> {
         wait::next_event(&self.shared, &self.events, timeout)
+    }
+
+    /// `ibv_destroy_comp_channel`: destroys the channel now, or gives it back with
+    /// [`Error::Busy`] while a CQ still reports to it.
+    pub fn destroy(self) -> Result<(), (CompChannel, Error)> {
+        // The CQs' handles and the engine's map hold the others.
+        if Arc::strong_count(&self.events) > 1 {
+            return Err((self, Error::Busy("completion channel")));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompChannel").finish_non_exhaustive()
     }
 }
 

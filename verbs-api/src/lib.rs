@@ -23,15 +23,28 @@
 //!   lock.
 //! - **Neighbours.** Over AF_XDP the peer's MAC comes from the kernel's table, resolved on
 //!   demand when a QP is given a destination or an address handle is created.
-//! - **Errors** are typed ([`Error`]); posts report which work request failed
-//!   ([`PostFailure`]).
-//!
+//! - **Errors** are typed ([`Error`]) and each has rdma-core's errno ([`Error::errno`]);
+//!   posts report which work request failed ([`PostFailure`]). The device's limits
+//!   ([`Device::query`]) are enforced where rdma-core's rxe provider enforces them.
+//! - **Lifetimes.** Handles free their object on drop; a QP keeps its PD and CQs alive, a CQ
+//!   its channel. The explicit `destroy` of a CQ or channel still in use is refused with
+//!   [`Error::Busy`] (`EBUSY`), as `ibv_destroy_cq` refuses it.
+//! - **Async events** ([`Context::get_async_event`]) wait in a queue whose fd
+//!   ([`Context::async_fd`]) polls readable while any wait.
 //! - **GIDs.** rxe's table: index 0 the link-local IPv6 GID from the MAC, then the
 //!   IPv4-mapped GID of each IPv4 address, then each other IPv6 address. Over AF_XDP both
 //!   IPv4-mapped and IPv6 GIDs carry traffic (IPv4 from the interface's first address; IPv6
 //!   from the GID the address vector's `sgid_index` names); kernel UDP sockets carry IPv4.
 //!
 //! Not yet: shared receive queues, memory windows, a C ABI.
+//!
+//! The code, each module importing only those listed before it: `error`, `device`,
+//! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
+//! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
+//! (choosing one), `core` (the state behind the lock), `shared` (what every object holds),
+//! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `qp`, and
+//! `context`, the public front that opens a device and makes the objects.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

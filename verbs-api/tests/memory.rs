@@ -1132,3 +1132,15 @@ fn a_blocked_async_event_waiter_wakes_for_the_event_in_every_progress_mode() {
         );
     }
 }
+
+#[test]
+fn a_channel_a_cq_reports_to_is_busy_until_the_cq_is_gone() {
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let channel = ctx_a.create_comp_channel().unwrap();
+    let cq = ctx_a.create_cq(4, Some(&channel)).unwrap();
+    let (channel, error) = channel.destroy().unwrap_err();
+    assert!(matches!(error, Error::Busy(_)), "{error}");
+    assert_eq!(error.errno(), 16, "EBUSY");
+    cq.destroy().unwrap();
+    channel.destroy().expect("no CQ reports to it any more");
+}
