@@ -259,8 +259,6 @@ mod tests {
         let init = QpInit {
             pd,
             qp_type: QpType::Rc,
-            send_cq: 0,
-            recv_cq: 0,
             caps: QpCaps::default(),
             sq_sig_all: false,
         };

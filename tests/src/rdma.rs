@@ -54,8 +54,6 @@ fn side(seed: u8) -> Side {
     let init = QpInit {
         pd,
         qp_type: QpType::Rc,
-        send_cq: 0,
-        recv_cq: 0,
         caps: QpCaps::default(),
         sq_sig_all: false,
     };

@@ -311,7 +311,7 @@ impl Endpoint {
     /// [`LIMITS`].
     pub fn create_qp(
         &mut self,
-        mut init: QpInit,
+        init: QpInit,
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<u32, CreateQpError> {
@@ -324,11 +324,9 @@ impl Endpoint {
         if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
             return Err(CreateQpError::NoQpn);
         }
-        init.send_cq = send_cq.0;
-        init.recv_cq = recv_cq.0;
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        let mut qp = Qp::new(qpn, init);
+        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
         qp.config.mtu = self.port_mtu.bytes();
         self.qps.insert(qp);
         Ok(qpn)

@@ -185,8 +185,6 @@ impl Sim {
         let init = QpInit {
             pd: n.pd,
             qp_type,
-            send_cq: 0,
-            recv_cq: 0,
             caps,
             sq_sig_all: false,
         };

@@ -23,8 +23,6 @@ fn a_cq_is_destroyed_only_once_no_qp_uses_it() {
     let init = QpInit {
         pd,
         qp_type: QpType::Rc,
-        send_cq: 0,
-        recv_cq: 0,
         caps: QpCaps::default(),
         sq_sig_all: false,
     };

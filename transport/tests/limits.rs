@@ -38,8 +38,6 @@ fn create(sim: &mut Sim, caps: QpCaps) -> Result<u32, CreateQpError> {
     let init = QpInit {
         pd: node.pd,
         qp_type: QpType::Rc,
-        send_cq: 0,
-        recv_cq: 0,
         caps,
         sq_sig_all: false,
     };

@@ -51,6 +51,8 @@ pub struct DeviceAttr {
     pub max_qp_rd_atom: u8,
     /// Most READs and atomics a QP has outstanding as requester (`max_rd_atomic`).
     pub max_qp_init_rd_atom: u8,
+    /// Entries in the P_Key table: one, the default P_Key at index 0.
+    pub max_pkeys: u16,
 }
 
 /// Whether a port can carry traffic (`ibv_port_state`).
@@ -134,6 +136,7 @@ impl Device {
             max_mr_size: LIMITS.max_mr_size,
             max_qp_rd_atom: LIMITS.max_qp_rd_atom,
             max_qp_init_rd_atom: LIMITS.max_qp_init_rd_atom,
+            max_pkeys: LIMITS.max_pkeys,
         }
     }
 

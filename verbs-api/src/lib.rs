@@ -25,32 +25,63 @@
 //!   lock.
 //! - **Neighbours.** Over AF_XDP the peer's MAC comes from the kernel's table, resolved on
 //!   demand when a QP is given a destination or an address handle is created.
-//! - **Errors** are typed ([`Error`]); posts report which work request failed
-//!   ([`PostFailure`]).
-//!
+//! - **Errors** are typed ([`Error`]) and each has rdma-core's errno ([`Error::errno`]);
+//!   posts report which work request failed ([`PostFailure`]). The device's limits
+//!   ([`Device::query`]) are enforced where rdma-core's rxe provider enforces them.
+//! - **Lifetimes.** Handles free their object on drop; a QP keeps its PD and CQs alive, a CQ
+//!   its channel. The explicit `destroy` of a CQ or channel still in use is refused with
+//!   [`Error::Busy`] (`EBUSY`), as `ibv_destroy_cq` refuses it.
+//! - **Async events** ([`Context::get_async_event`]) wait in a queue whose fd
+//!   ([`Context::async_fd`]) polls readable while any wait.
 //! - **GIDs.** rxe's table: index 0 the link-local IPv6 GID from the MAC, then the
 //!   IPv4-mapped GID of each IPv4 address, then each other IPv6 address. Over AF_XDP both
 //!   IPv4-mapped and IPv6 GIDs carry traffic (IPv4 from the interface's first address; IPv6
 //!   from the GID the address vector's `sgid_index` names); kernel UDP sockets carry IPv4.
 //!
 //! Not yet: shared receive queues, memory windows, a C ABI.
+//!
+//! The code, each module importing only those listed before it: `error`, `device`,
+//! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
+//! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
+//! (choosing one), `core` (the state behind the lock), `shared` (what every object holds),
+//! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `qp`, and
+//! `context`, the public front that opens a device and makes the objects.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod ah;
+mod backend;
+mod channel;
 mod context;
+mod core;
 mod cq;
 pub mod device;
+mod engine_thread;
+mod error;
+mod handshake;
+mod iova;
+mod limits;
 mod mr;
 mod neighbour;
+mod options;
+mod path;
 mod qp;
+mod queues;
+mod shared;
+mod wait;
 
-use std::net::Ipv4Addr;
-
-pub use context::{BackendChoice, BackendKind, Context, OpenOptions, Progress};
-pub use cq::{CompChannel, Cq};
+pub use ah::AddressHandle;
+pub use backend::BackendKind;
+pub use channel::CompChannel;
+pub use context::Context;
+pub use cq::Cq;
 pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
+pub use error::{Error, PostFailure};
+pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd};
-pub use qp::{AddressHandle, ConnectOptions, PostFailure, Qp, QpEndpoint, QpInitAttr};
+pub use options::{BackendChoice, OpenOptions, Progress};
+pub use qp::{Qp, QpInitAttr};
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
@@ -62,76 +93,3 @@ pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdD
 pub use roce_transport::{AccessFlags, CqId};
 pub use roce_wire::aeth::RnrTimer;
 pub use roce_wire::Psn;
-
-/// Why a verbs call failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The operating system refused something (opening a socket, AF_XDP, ...).
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    /// Registering or freeing memory failed.
-    #[error("memory region: {0}")]
-    Mr(#[from] roce_transport::mr::MrError),
-    /// A QP transition or attribute was refused, as `ibv_modify_qp` refuses it.
-    #[error("modify QP: {0}")]
-    ModifyQp(#[from] roce_transport::qp_state::ModifyQpError),
-    /// A work request was refused.
-    #[error("post: {0}")]
-    Post(#[from] roce_transport::qp::PostError),
-    /// A QP could not be created.
-    #[error("create QP: {0}")]
-    CreateQp(#[from] roce_transport::endpoint::CreateQpError),
-    /// The engine failed (its backend broke); the context is unusable.
-    #[error("the device's engine stopped: {0}")]
-    EngineFailed(String),
-    /// A thread panicked while holding the device's lock.
-    #[error("a thread panicked inside a verbs call; the device is unusable")]
-    Poisoned,
-    /// An object made from another context.
-    #[error("the {0} belongs to another device context")]
-    ForeignObject(&'static str),
-    /// The object was destroyed underneath.
-    #[error("the object no longer exists")]
-    Gone,
-    /// A wait ran out of time.
-    #[error("timed out")]
-    TimedOut,
-    /// A CQ lost a completion for want of room; it is unusable, as after `IBV_EVENT_CQ_ERR`.
-    #[error("completion queue overflow")]
-    CqOverflow,
-    /// An offset and length outside a memory region.
-    #[error("outside the memory region")]
-    OutOfBounds,
-    /// No GID at this index.
-    #[error("no GID at index {0}")]
-    NoGid(u8),
-    /// The neighbour's MAC could not be resolved.
-    #[error("no neighbour entry for {0} (ARP got no answer)")]
-    NoNeighbour(Ipv4Addr),
-    /// The IPv6 neighbour's MAC could not be resolved.
-    #[error("no neighbour entry for {0} (neighbour discovery got no answer)")]
-    NoNeighbour6(std::net::Ipv6Addr),
-    /// A bad argument.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(&'static str),
-    /// Something this implementation does not do yet.
-    #[error("not supported yet: {0}")]
-    Unsupported(&'static str),
-}
-
-impl From<Error> for std::io::Error {
-    fn from(error: Error) -> Self {
-        match error {
-            Error::Io(error) => error,
-            Error::TimedOut => std::io::Error::new(std::io::ErrorKind::TimedOut, error),
-            other => std::io::Error::other(other),
-        }
-    }
-}
-
-impl From<PostFailure> for std::io::Error {
-    fn from(failure: PostFailure) -> Self {
-        std::io::Error::other(failure)
-    }
-}

@@ -20,8 +20,8 @@ use roce_transport::mr::{MrError, PdId};
 use roce_transport::wr::Sge;
 use roce_transport::{AccessFlags, CallerMemory};
 
-use crate::context::Shared;
-use crate::Error;
+use crate::error::Error;
+use crate::shared::Shared;
 
 pub(crate) struct PdInner {
     pub(crate) shared: Arc<Shared>,
@@ -58,20 +58,14 @@ impl Pd {
     /// Registers `len` zeroed bytes with `access` (`ibv_reg_mr`) at an address range of its
     /// own, page-aligned and apart from every other region of this context.
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
-        let iova = self.inner.shared.allocate_iova(len);
-        self.reg_mr_at(iova, len, access)
+        let (iova, key) = (self.inner.shared).reg_mr(self.inner.id, None, len, access)?;
+        Ok(self.region(key, iova, len))
     }
 
     /// Registers `len` zeroed bytes that work requests and peers address from `iova`
     /// (`ibv_reg_mr` with `IBV_ACCESS_ZERO_BASED`-like freedom over the address).
     pub fn reg_mr_at(&self, iova: u64, len: usize, access: AccessFlags) -> Result<Mr, Error> {
-        let key =
-            self.inner
-                .shared
-                .lock()?
-                .endpoint()
-                .mrs()
-                .reg_mr(self.inner.id, iova, len, access)?;
+        let (iova, key) = (self.inner.shared).reg_mr(self.inner.id, Some(iova), len, access)?;
         Ok(self.region(key, iova, len))
     }
 

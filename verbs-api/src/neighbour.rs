@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::device::parse_mac;
-use crate::Error;
+use crate::error::Error;
 
 /// How long the kernel gets to resolve an address (it retries ARP every second, 3 times).
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);

@@ -1,22 +1,23 @@
-//! Queue pairs, address handles, and the typed handshake that connects two QPs.
+//! Queue pairs (`ibv_qp`): creation, the state machine, and posting.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use roce_transport::qp::{PostError, PostGate, QpCaps, QpInit, QpStats};
 use roce_transport::qp_state::{
-    connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpAttr, QpState, QpType, RetryConfig,
-    CONNECT_RD_ATOMIC,
+    connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
 };
-use roce_transport::wr::{RecvWr, SendWr, UdDest};
+use roce_transport::wr::{RecvWr, SendWr};
 use roce_transport::Endpoint;
 use roce_wire::Psn;
 
-use crate::context::Shared;
-use crate::cq::Cq;
-use crate::device::Gid;
+use crate::cq::{Cq, CqInner};
+use crate::error::{Error, PostFailure};
+use crate::handshake::{ConnectOptions, QpEndpoint};
+use crate::limits;
 use crate::mr::{Pd, PdInner};
-use crate::Error;
+use crate::queues::{Pending, Submission};
+use crate::shared::Shared;
 
 /// What `ibv_create_qp` takes.
 pub struct QpInitAttr<'a> {
@@ -32,142 +33,34 @@ pub struct QpInitAttr<'a> {
     pub sq_sig_all: bool,
 }
 
-/// What one side tells the other to connect (rc_pingpong's `LID:QPN:PSN:GID`), as a type:
-/// send it with [`to_bytes`](Self::to_bytes) over any channel, connect with what comes back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpEndpoint {
-    /// The QP number.
-    pub qpn: u32,
-    /// The PSN of its first request.
-    pub psn: Psn,
-    /// Its GID (IPv4-mapped on RoCEv2 over IPv4).
-    pub gid: Gid,
-}
-
-impl QpEndpoint {
-    /// Bytes on the wire of [`to_bytes`](Self::to_bytes).
-    pub const LEN: usize = 24;
-
-    /// QPN and PSN as big-endian `u32`s, then the GID.
-    pub fn to_bytes(&self) -> [u8; Self::LEN] {
-        let mut bytes = [0u8; Self::LEN];
-        bytes[0..4].copy_from_slice(&self.qpn.to_be_bytes());
-        bytes[4..8].copy_from_slice(&self.psn.value().to_be_bytes());
-        bytes[8..24].copy_from_slice(&self.gid);
-        bytes
-    }
-
-    /// The inverse of [`to_bytes`](Self::to_bytes); checks the QPN and PSN are 24-bit.
-    pub fn from_bytes(bytes: &[u8]) -> Result<QpEndpoint, Error> {
-        let bytes: &[u8; Self::LEN] = bytes
-            .try_into()
-            .map_err(|_| Error::InvalidArgument("a QP endpoint is 24 bytes"))?;
-        let word = |at: usize| {
-            u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-        };
-        let (qpn, psn) = (word(0), word(4));
-        if qpn > 0xFF_FFFF || psn > 0xFF_FFFF {
-            return Err(Error::InvalidArgument("QPN and PSN are 24-bit"));
-        }
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&bytes[8..24]);
-        Ok(QpEndpoint {
-            qpn,
-            psn: Psn::new(psn),
-            gid,
-        })
-    }
-}
-
-/// How [`Qp::connect`] sets the connection up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectOptions {
-    /// Path MTU (both sides must agree).
-    pub mtu: PathMtu,
-    /// ACK timeout, retries, RNR behaviour.
-    pub retry: RetryConfig,
-    /// Our GID index, which must name the IPv4-mapped GID of the device's address.
-    pub sgid_index: u8,
-    /// IPv4 TTL of our packets.
-    pub hop_limit: u8,
-    /// READs and atomics we keep outstanding towards the peer (at most what it offers).
-    pub max_rd_atomic: u8,
-    /// READs and atomics of the peer we hold state for.
-    pub max_dest_rd_atomic: u8,
-}
-
-impl Default for ConnectOptions {
-    /// rc_pingpong's: path MTU 1024, its timers, GID index 1, TTL 64.
-    fn default() -> Self {
-        ConnectOptions {
-            mtu: PathMtu::Mtu1024,
-            retry: RetryConfig::RC_PINGPONG,
-            sgid_index: 1,
-            hop_limit: 64,
-            max_rd_atomic: CONNECT_RD_ATOMIC,
-            max_dest_rd_atomic: CONNECT_RD_ATOMIC,
-        }
-    }
-}
-
-/// An address handle for UD sends (`ibv_ah`): where to, with the neighbour resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AddressHandle {
-    av: AddressVector,
-}
-
-impl AddressHandle {
-    /// The destination of a UD send to `remote_qpn` with `remote_qkey`.
-    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest {
-            av: self.av,
-            remote_qpn,
-            remote_qkey,
-        }
-    }
-
-    /// The address vector.
-    pub fn av(&self) -> AddressVector {
-        self.av
-    }
-}
-
 impl Pd {
-    /// Creates an address handle (`ibv_create_ah`), resolving the neighbour's MAC first.
-    pub fn create_ah(&self, av: AddressVector) -> Result<AddressHandle, Error> {
-        self.inner.shared.check_path(av.sgid_index, av.dgid)?;
-        self.inner.shared.resolve(av.dgid)?;
-        Ok(AddressHandle { av })
-    }
-
     /// Creates a QP in RESET (`ibv_create_qp`).
     pub fn create_qp(&self, attr: &QpInitAttr) -> Result<Qp, Error> {
         let shared = &self.inner.shared;
         for cq in [attr.send_cq, attr.recv_cq] {
-            if !Arc::ptr_eq(&cq.shared, shared) {
+            if !Arc::ptr_eq(&cq.inner.shared, shared) {
                 return Err(Error::ForeignObject("CQ"));
             }
         }
         let init = QpInit {
             pd: self.inner.id,
             qp_type: attr.qp_type,
-            send_cq: 0,
-            recv_cq: 0,
             caps: attr.caps,
             sq_sig_all: attr.sq_sig_all,
         };
         let mut psn = [0u8; 4];
         rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
             .map_err(std::io::Error::from)?;
+        let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
         let mut core = shared.lock()?;
-        let qpn = core
-            .endpoint()
-            .create_qp(init, attr.send_cq.id, attr.recv_cq.id)?;
+        limits::check_qp_count(core.submissions.len())?;
+        let qpn = core.endpoint().create_qp(init, send_cq.id, recv_cq.id)?;
         let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
         let queues = Arc::new(Submission::new(gate));
         core.submissions.insert(qpn, Arc::clone(&queues));
         Ok(Qp {
             pd: Arc::clone(&self.inner),
+            _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
             qpn,
             qp_type: attr.qp_type,
             first_psn: Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF),
@@ -177,8 +70,11 @@ impl Pd {
 }
 
 /// A queue pair (`ibv_qp`). Destroyed on drop: packets for it are dropped from then on.
+/// It keeps its PD and CQs alive.
 pub struct Qp {
     pd: Arc<PdInner>,
+    /// The send and receive CQs, held so they outlive the QP that completes into them.
+    _cqs: [Arc<CqInner>; 2],
     qpn: u32,
     qp_type: QpType,
     /// Our first PSN, chosen at random, as rc_pingpong does.
@@ -222,8 +118,8 @@ impl Qp {
 
     /// What the peer needs to connect to this QP, with our GID at `gid_index`.
     pub fn endpoint(&self, gid_index: u8) -> Result<QpEndpoint, Error> {
-        let shared = self.shared();
-        let gid = shared
+        let gid = self
+            .shared()
             .device
             .gid(usize::from(gid_index))
             .ok_or(Error::NoGid(gid_index))?;
@@ -270,18 +166,23 @@ impl Qp {
             qpn: remote.qpn,
             psn: remote.psn,
         };
-        let mut attrs = connect_attrs(
+        let rc = self.qp_type == QpType::Rc;
+        let [to_init, to_rtr, to_rts] = connect_attrs(
             self.qp_type,
             peer,
             self.first_psn,
             options.mtu,
             options.retry,
         );
-        if self.qp_type == QpType::Rc {
-            attrs[1].max_dest_rd_atomic = Some(options.max_dest_rd_atomic);
-            attrs[2].max_rd_atomic = Some(options.max_rd_atomic);
-        }
-        attrs.iter().try_for_each(|attr| self.modify(attr))
+        self.modify(&to_init)?;
+        self.modify(&QpAttr {
+            max_dest_rd_atomic: rc.then_some(options.max_dest_rd_atomic),
+            ..to_rtr
+        })?;
+        self.modify(&QpAttr {
+            max_rd_atomic: rc.then_some(options.max_rd_atomic),
+            ..to_rts
+        })
     }
 
     /// Brings a UD QP from RESET to RTS, accepting datagrams with `qkey`.
@@ -365,35 +266,6 @@ impl Qp {
     }
 }
 
-/// Work requests admitted for a QP and not yet handed to the endpoint, with the view of
-/// the QP they were admitted against.
-pub(crate) struct Pending<T> {
-    pub(crate) items: std::collections::VecDeque<T>,
-    pub(crate) gate: PostGate,
-}
-
-/// A QP's submission queues: posting threads take only these locks; the engine drains
-/// them (and refreshes their gates) under the device lock, at every round.
-pub(crate) struct Submission {
-    pub(crate) sends: Mutex<Pending<SendWr>>,
-    pub(crate) recvs: Mutex<Pending<RecvWr>>,
-}
-
-impl Submission {
-    fn new(gate: PostGate) -> Submission {
-        Submission {
-            sends: Mutex::new(Pending {
-                items: std::collections::VecDeque::new(),
-                gate,
-            }),
-            recvs: Mutex::new(Pending {
-                items: std::collections::VecDeque::new(),
-                gate,
-            }),
-        }
-    }
-}
-
 impl Drop for Qp {
     fn drop(&mut self) {
         if let Ok(mut core) = self.shared().lock() {
@@ -401,14 +273,4 @@ impl Drop for Qp {
             core.endpoint().destroy_qp(self.qpn);
         }
     }
-}
-
-/// A post that failed: which work request (`bad_wr`) and why. Those before it were posted.
-#[derive(Debug, thiserror::Error)]
-#[error("work request {index} not posted: {error}")]
-pub struct PostFailure {
-    /// Index of the first work request not posted.
-    pub index: usize,
-    /// Why.
-    pub error: Error,
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -17,7 +17,7 @@ use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, AddressVector, Addressing, AsyncEvent, BackendChoice, ConnectOptions, Context, Cq,
     Device, Error, OpenOptions, PathMtu, Progress, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -102,6 +102,16 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         flags: SendFlags::SIGNALED,
         ud: None,
     }
+}
+
+/// Whether `fd` polls readable within `timeout`.
+fn readable(fd: BorrowedFd, timeout: Duration) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::event::Timespec::try_from(timeout).unwrap();
+    rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
 }
 
 /// Keeps polling `cq` (which, in caller-driven mode, is what moves B's engine) until told
@@ -235,7 +245,7 @@ fn rc_scenario(progress: Progress) {
     // The faults really happened: something was resent.
     let stats = qp_a.stats().unwrap();
     assert!(stats.retransmits > 0, "{stats:?}");
-    assert_eq!(ctx_b.get_async_event().unwrap(), None);
+    assert_eq!(ctx_b.try_get_async_event().unwrap(), None);
     drop(qp_b);
 }
 
@@ -429,15 +439,17 @@ fn cq_overflow_is_an_error_and_an_async_event() {
     };
     qp_a.post_send((1..=3).map(|wr_id| signaled(wr_id, write, src.sge(0, 8))))
         .unwrap();
-    let deadline = std::time::Instant::now() + STALL;
-    let event = loop {
-        if let Some(event) = ctx_a.get_async_event().unwrap() {
-            break event;
-        }
-        assert!(std::time::Instant::now() < deadline, "no async event");
-        thread::sleep(Duration::from_millis(1));
-    };
+    // The context's async fd polls readable once the event is there, as ibv_context's
+    // async_fd does, and no longer once it is taken.
+    assert!(readable(ctx_a.async_fd(), STALL), "no async event");
+    let event = ctx_a.get_async_event(Some(Duration::ZERO)).unwrap();
     assert_eq!(event, AsyncEvent::CqOverflow { qpn: qp_a.qp_num() });
+    assert!(!readable(ctx_a.async_fd(), Duration::ZERO));
+    assert!(matches!(
+        ctx_a.get_async_event(Some(Duration::from_millis(5))),
+        Err(Error::TimedOut)
+    ));
+    assert_eq!(ctx_a.try_get_async_event().unwrap(), None);
     assert!(matches!(cq_a.poll(4), Err(Error::CqOverflow)));
     assert_eq!(qp_a.state().unwrap(), QpState::Err);
 }
@@ -456,15 +468,7 @@ fn a_channel_fd_polls_readable_only_while_an_event_waits() {
     qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
     let buf_a = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     let buf_b = pd_b.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    let readable = |timeout: Duration| {
-        let fd = channel.as_fd();
-        let mut fds = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let timeout = rustix::event::Timespec::try_from(timeout).unwrap();
-        rustix::event::poll(&mut fds, Some(&timeout)).unwrap() == 1
-    };
+    let readable = |timeout| readable(channel.as_fd(), timeout);
     let brief = Duration::from_millis(20);
     let recv = |wr_id| RecvWr {
         wr_id,
@@ -877,4 +881,266 @@ fn a_panic_under_the_device_lock_fails_every_later_call() {
             .post_send([signaled(1, SendOp::Send, buf.sge(0, 8))])
             .unwrap_err();
     assert!(matches!(failure.error, Error::Poisoned));
+}
+
+#[test]
+fn a_cq_lives_while_a_qp_uses_it_and_destroying_it_then_is_busy() {
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let pd = ctx_a.alloc_pd().unwrap();
+    let cq = ctx_a.create_cq(4, None).unwrap();
+    let qp = pd.create_qp(&init(QpType::Rc, &cq)).unwrap();
+    // rdma-core: ibv_destroy_cq of a CQ a QP still uses fails with EBUSY, the CQ intact.
+    let (cq, error) = cq.destroy().unwrap_err();
+    assert!(matches!(error, Error::Busy("CQ")), "{error}");
+    assert_eq!(error.errno(), 16, "EBUSY");
+    assert_eq!(cq.poll(1).unwrap().len(), 0, "the CQ still works");
+    drop(qp);
+    cq.destroy().expect("no QP uses it any more");
+}
+
+#[test]
+fn region_addresses_neither_overflow_nor_leak_on_failure() {
+    const ENOMEM: i32 = 12;
+    const EINVAL: i32 = 22;
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let pd = ctx_a.alloc_pd().unwrap();
+    let max_mr_size = ctx_a.device().query().max_mr_size;
+    let first = pd.reg_mr(1, AccessFlags::LOCAL_WRITE).unwrap();
+    // Refused, in debug and release builds alike, without a panic: beyond max_mr_size is
+    // ENOMEM (rxe cannot pin it), a bad access combination EINVAL.
+    for (len, access, errno) in [
+        (usize::MAX, AccessFlags::LOCAL_WRITE, ENOMEM),
+        (max_mr_size as usize + 1, AccessFlags::LOCAL_WRITE, ENOMEM),
+        (8, AccessFlags::REMOTE_WRITE, EINVAL),
+    ] {
+        let error = pd.reg_mr(len, access).map(drop).unwrap_err();
+        assert!(matches!(error, Error::Mr(_)), "{len}: {error}");
+        assert_eq!(error.errno(), errno, "{len}: {error}");
+        assert_eq!(
+            std::io::Error::from(error).kind(),
+            std::io::Error::from_raw_os_error(errno).kind()
+        );
+    }
+    // The failures took no addresses: the next region follows the first (its page and
+    // the guard page), as if they had not happened.
+    let second = pd.reg_mr(1, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(second.addr(), first.addr() + 2 * 4096);
+    // A caller-chosen range that would wrap around the address space is EINVAL.
+    let wrapping = pd.reg_mr_at(u64::MAX - 3, 8, AccessFlags::LOCAL_WRITE);
+    assert_eq!(wrapping.map(drop).unwrap_err().errno(), EINVAL);
+}
+
+const EINVAL: i32 = 22;
+const ENOMEM: i32 = 12;
+
+fn errno<T>(result: Result<T, Error>) -> i32 {
+    result.map(drop).unwrap_err().errno()
+}
+
+#[test]
+fn create_calls_walk_each_device_limit_to_the_boundary_and_one_past() {
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let limits = ctx_a.device().query();
+    let pd = ctx_a.alloc_pd().unwrap();
+    let max_cqe = limits.max_cqe as usize;
+    assert_eq!(errno(ctx_a.create_cq(max_cqe + 1, None)), EINVAL);
+    let cq = ctx_a.create_cq(max_cqe, None).unwrap();
+    let create = |caps| {
+        pd.create_qp(&QpInitAttr {
+            caps,
+            ..init(QpType::Rc, &cq)
+        })
+    };
+    let at_limit = QpCaps {
+        max_send_wr: limits.max_qp_wr,
+        max_recv_wr: limits.max_qp_wr,
+        max_send_sge: limits.max_sge,
+        max_recv_sge: limits.max_sge,
+        ..QpCaps::default()
+    };
+    create(at_limit).expect("every cap at the device's limit");
+    let past: [fn(&mut QpCaps); 4] = [
+        |caps| caps.max_send_wr += 1,
+        |caps| caps.max_recv_wr += 1,
+        |caps| caps.max_send_sge += 1,
+        |caps| caps.max_recv_sge += 1,
+    ];
+    for (n, one_past) in past.iter().enumerate() {
+        let mut caps = at_limit;
+        one_past(&mut caps);
+        assert_eq!(errno(create(caps)), EINVAL, "cap {n}");
+    }
+    let huge = QpCaps {
+        max_send_wr: u32::MAX,
+        max_recv_wr: u32::MAX,
+        max_send_sge: u32::MAX,
+        max_recv_sge: u32::MAX,
+        max_inline_data: u32::MAX,
+    };
+    assert_eq!(errno(create(huge)), EINVAL);
+}
+
+#[test]
+fn modify_refuses_a_pkey_index_or_rd_atomic_beyond_the_device() {
+    let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
+    let limits = ctx_a.device().query();
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(4, None).unwrap(),
+        ctx_b.create_cq(4, None).unwrap(),
+    );
+    let peer = pd_b.create_qp(&init(QpType::Rc, &cq_b)).unwrap();
+    let to_init = |pkey_index| QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(pkey_index),
+        port_num: Some(1),
+        access_flags: Some(AccessFlags::REMOTE_WRITE),
+        ..QpAttr::default()
+    };
+    let qp = pd_a.create_qp(&init(QpType::Rc, &cq_a)).unwrap();
+    for index in [limits.max_pkeys, u16::MAX] {
+        assert_eq!(
+            errno(qp.modify(&to_init(index))),
+            EINVAL,
+            "pkey_index {index}"
+        );
+        assert_eq!(qp.state().unwrap(), QpState::Reset);
+    }
+    qp.modify(&to_init(limits.max_pkeys - 1)).unwrap();
+    let max = limits.max_qp_rd_atom;
+    let connect = |max_rd_atomic, max_dest_rd_atomic| {
+        let qp = pd_a.create_qp(&init(QpType::Rc, &cq_a)).unwrap();
+        let options = ConnectOptions {
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            ..fast()
+        };
+        qp.connect(&peer.endpoint(1).unwrap(), &options)
+    };
+    connect(max, max).expect("rd_atomic at the device's limit");
+    assert_eq!(errno(connect(max + 1, max)), EINVAL);
+    assert_eq!(errno(connect(max, max + 1)), EINVAL);
+}
+
+#[test]
+fn posts_beyond_a_queue_or_its_sges_are_enomem_and_einval() {
+    // Caller-driven and B never driven: nothing A sends is acknowledged, so its send queue
+    // only fills.
+    let (ctx_a, ctx_b) = pair(Progress::Caller, 0.0);
+    let limits = ctx_a.device().query();
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(4, None).unwrap(),
+        ctx_b.create_cq(4, None).unwrap(),
+    );
+    let caps = QpCaps {
+        max_send_wr: limits.max_qp_wr,
+        max_recv_wr: limits.max_qp_wr,
+        max_send_sge: limits.max_sge,
+        max_recv_sge: limits.max_sge,
+        ..QpCaps::default()
+    };
+    let qp = pd_a
+        .create_qp(&QpInitAttr {
+            caps,
+            ..init(QpType::Rc, &cq_a)
+        })
+        .unwrap();
+    let peer = pd_b.create_qp(&init(QpType::Rc, &cq_b)).unwrap();
+    qp.connect(&peer.endpoint(1).unwrap(), &fast()).unwrap();
+    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let recv = |sges: usize| RecvWr {
+        wr_id: sges as u64,
+        sg_list: vec![buf.sge(0, 1); sges].into(),
+    };
+    for sges in [limits.max_sge as usize + 1, 100_000] {
+        let failure = qp.post_recv([recv(sges)]).unwrap_err();
+        assert_eq!(
+            (failure.index, failure.error.errno()),
+            (0, EINVAL),
+            "{sges} SGEs"
+        );
+        let mut send = signaled(1, SendOp::Send, buf.sge(0, 1));
+        send.sg_list = vec![buf.sge(0, 1); sges].into();
+        let failure = qp.post_send([send]).unwrap_err();
+        assert_eq!(
+            (failure.index, failure.error.errno()),
+            (0, EINVAL),
+            "{sges} SGEs"
+        );
+    }
+    // Exactly max_qp_wr fit in each queue (the SGE limit too); the next is ENOMEM.
+    let max_wr = limits.max_qp_wr as usize;
+    let failure = qp
+        .post_recv((0..=max_wr).map(|n| RecvWr {
+            wr_id: n as u64,
+            sg_list: if n == 0 {
+                recv(limits.max_sge as usize).sg_list
+            } else {
+                [buf.sge(0, 1)].into()
+            },
+        }))
+        .unwrap_err();
+    assert_eq!((failure.index, failure.error.errno()), (max_wr, ENOMEM));
+    let failure = qp
+        .post_send((0..=max_wr).map(|n| SendWr {
+            wr_id: n as u64,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: Vec::new(),
+            flags: SendFlags::empty(),
+            ud: None,
+        }))
+        .unwrap_err();
+    assert_eq!((failure.index, failure.error.errno()), (max_wr, ENOMEM));
+}
+
+#[test]
+fn a_blocked_async_event_waiter_wakes_for_the_event_in_every_progress_mode() {
+    for progress in [Progress::Events, Progress::Caller] {
+        let (ctx_a, ctx_b) = pair(progress, 0.0);
+        let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+        let cq_a = ctx_a.create_cq(1, None).unwrap();
+        let cq_b = ctx_b.create_cq(4, None).unwrap();
+        let qp_a = pd_a.create_qp(&init(QpType::Rc, &cq_a)).unwrap();
+        let qp_b = pd_b.create_qp(&init(QpType::Rc, &cq_b)).unwrap();
+        qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+        qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
+        let src = pd_a.reg_mr(8, AccessFlags::LOCAL_WRITE).unwrap();
+        let dst = pd_b.reg_mr(8, AccessFlags::all()).unwrap();
+        let write = SendOp::RdmaWrite {
+            remote_addr: dst.addr(),
+            rkey: dst.rkey(),
+        };
+        let stop = AtomicBool::new(false);
+        let event = thread::scope(|scope| {
+            // B's acknowledgements need B driven when nothing else drives it.
+            scope.spawn(|| drive_until(&cq_b, &stop));
+            let waiter = scope.spawn(|| ctx_a.get_async_event(Some(STALL)));
+            // Three signaled WRITEs into a CQ of one slot: an overflow.
+            qp_a.post_send((1..=3).map(|wr_id| signaled(wr_id, write, src.sge(0, 8))))
+                .unwrap();
+            let event = waiter.join().unwrap();
+            stop.store(true, Ordering::Release);
+            event
+        });
+        let qpn = qp_a.qp_num();
+        assert_eq!(
+            event.unwrap(),
+            AsyncEvent::CqOverflow { qpn },
+            "{progress:?}"
+        );
+    }
+}
+
+#[test]
+fn a_channel_a_cq_reports_to_is_busy_until_the_cq_is_gone() {
+    let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
+    let channel = ctx_a.create_comp_channel().unwrap();
+    let cq = ctx_a.create_cq(4, Some(&channel)).unwrap();
+    let (channel, error) = channel.destroy().unwrap_err();
+    assert!(matches!(error, Error::Busy(_)), "{error}");
+    assert_eq!(error.errno(), 16, "EBUSY");
+    cq.destroy().unwrap();
+    channel.destroy().expect("no CQ reports to it any more");
 }

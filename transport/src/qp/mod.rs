@@ -305,17 +305,14 @@ pub(crate) struct Qp {
     pub cq_overflowed: bool,
 }
 
-/// Everything needed to create a QP.
+/// What a QP is created with, besides its CQs (which
+/// [`Endpoint::create_qp`](crate::Endpoint::create_qp) takes as ids).
 #[derive(Debug, Clone, Copy)]
 pub struct QpInit {
     /// Protection domain of every region it touches.
     pub pd: PdId,
     /// RC, UC or UD.
     pub qp_type: QpType,
-    /// CQ of send completions.
-    pub send_cq: usize,
-    /// CQ of receive completions.
-    pub recv_cq: usize,
     /// Queue sizes.
     pub caps: QpCaps,
     /// Complete every send, not only `SIGNALED` ones.
@@ -323,13 +320,14 @@ pub struct QpInit {
 }
 
 impl Qp {
-    pub fn new(qpn: u32, init: QpInit) -> Self {
+    /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`.
+    pub fn new(qpn: u32, init: QpInit, send_cq: usize, recv_cq: usize) -> Self {
         Qp {
             qpn,
             qp_type: init.qp_type,
             pd: init.pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
+            send_cq,
+            recv_cq,
             caps: init.caps,
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,

@@ -1,0 +1,108 @@
+//! The background thread that drives a context's engine: busy-polling, or sleeping in
+//! poll(2) until a frame, a timer or a wake-up.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+
+use crate::options::Progress;
+use crate::shared::Shared;
+
+/// Longest sleep of the event-driven thread when the backend has no readiness fd (the
+/// in-memory wire): frames are then noticed this late at worst.
+const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
+/// Longest sleep otherwise, so a stop request is never missed for long.
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
+/// Starts the thread that drives `shared`'s engine as `progress` says, named after the
+/// device; stop it with [`Shared::request_stop`] and join it.
+pub(crate) fn spawn(shared: &Arc<Shared>, progress: Progress) -> io::Result<JoinHandle<()>> {
+    shared.set_thread_running(true);
+    let for_thread = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name(format!("roce-{}", shared.device.name))
+        .spawn(move || run(&for_thread, progress));
+    if spawned.is_err() {
+        shared.set_thread_running(false);
+    }
+    spawned
+}
+
+/// Marks the engine failed if the thread that holds it unwinds, so that no caller waits
+/// for it for ever.
+struct FailOnPanic<'a>(&'a Shared);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(io::Error::other("the engine thread panicked"));
+        }
+    }
+}
+
+/// The background thread.
+fn run(shared: &Shared, progress: Progress) {
+    let _guard = FailOnPanic(shared);
+    // A duplicate of the backend's fd, to sleep on without holding the lock.
+    let readiness = match shared.engine_lock() {
+        Some(mut core) => core
+            .engine
+            .backend()
+            .readiness_fd()
+            .map(|fd| fd.try_clone_to_owned()),
+        None => return,
+    };
+    let readiness = match readiness.transpose() {
+        Ok(fd) => fd,
+        Err(error) => {
+            shared.fail(error);
+            return;
+        }
+    };
+    while !shared.stop_requested() {
+        let next_timer = {
+            let Some(mut core) = shared.engine_lock() else {
+                shared.fail(io::Error::other("a thread panicked inside a verbs call"));
+                return;
+            };
+            if let Err(error) = core.drive() {
+                drop(core);
+                shared.fail(error);
+                return;
+            }
+            core.engine.endpoint().poll_timeout()
+        };
+        match progress {
+            Progress::BusyPoll => std::thread::yield_now(),
+            _ => sleep(shared, readiness.as_ref(), next_timer),
+        }
+    }
+}
+
+/// Sleeps until a frame may be waiting, the next timer, a wake-up, or a bound.
+fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instant>) {
+    let bound = if readiness.is_some() {
+        MAX_SLEEP
+    } else {
+        POLL_WITHOUT_FD
+    };
+    let until_timer = next_timer.map(|at| at.saturating_duration_since(Instant::now()));
+    let timeout = until_timer.map_or(bound, |until| until.min(bound));
+    let Ok(timeout) = Timespec::try_from(timeout) else {
+        return;
+    };
+    let wake = shared.wake_fd();
+    let mut fds = vec![PollFd::new(wake, PollFlags::IN)];
+    if let Some(fd) = readiness {
+        fds.push(PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN));
+    }
+    let _ = poll(&mut fds, Some(&timeout));
+    if fds[0].revents().contains(PollFlags::IN) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(wake, &mut counter);
+    }
+}

@@ -1,0 +1,168 @@
+//! What a context shares with every object made from it: the locked core, the device, how
+//! the engine progresses, and whether it has failed.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use roce_provider::backend::Backend;
+use roce_provider::engine::Engine;
+use roce_transport::endpoint::AsyncEvent;
+use roce_transport::mr::PdId;
+use roce_transport::AccessFlags;
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::backend::{BackendKind, Neighbours};
+use crate::core::Core;
+use crate::device::Device;
+use crate::error::Error;
+use crate::limits;
+use crate::options::Progress;
+use crate::queues::EventQueue;
+
+/// State shared by a context and every object made from it.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    pub(crate) device: Device,
+    pub(crate) kind: BackendKind,
+    pub(crate) progress: Progress,
+    pub(crate) neighbours: Neighbours,
+    /// The async events the engine reports, readable without the lock.
+    pub(crate) async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Set while the background thread runs; otherwise callers drive the engine.
+    thread_running: AtomicBool,
+    stop: AtomicBool,
+    /// Written to wake a sleeping background thread (a post, or stopping).
+    wake: OwnedFd,
+    /// The error that stopped the engine, if one did.
+    failure: Mutex<Option<String>>,
+    /// Whether `failure` is set, readable without a lock.
+    failed: AtomicBool,
+}
+
+impl Shared {
+    /// The state of a context whose engine is `engine`.
+    pub(crate) fn new(
+        engine: Engine<Box<dyn Backend>>,
+        device: Device,
+        kind: BackendKind,
+        progress: Progress,
+    ) -> io::Result<Shared> {
+        let async_events = Arc::new(EventQueue::new()?);
+        Ok(Shared {
+            core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
+            device,
+            async_events,
+            neighbours: kind.neighbours(),
+            kind,
+            progress,
+            thread_running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    /// The lock over engine, endpoint and CQs; fails once the engine has failed.
+    pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Core>, Error> {
+        self.check_running()?;
+        self.core.lock().map_err(|_| Error::Poisoned)
+    }
+
+    /// The lock for the engine thread, which drives until told to stop whether or not a
+    /// failure was recorded; `None` once a thread panicked under it.
+    pub(crate) fn engine_lock(&self) -> Option<MutexGuard<'_, Core>> {
+        self.core.lock().ok()
+    }
+
+    /// Fails once the engine has failed (what a poller must hear, without taking the lock).
+    pub(crate) fn check_running(&self) -> Result<(), Error> {
+        if self.core.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self.failure.lock().map_err(|_| Error::Poisoned)?.as_ref() {
+            Some(why) => Err(Error::EngineFailed(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether callers must drive the engine themselves.
+    pub(crate) fn caller_drives(&self) -> bool {
+        !self.thread_running.load(Ordering::Acquire)
+    }
+
+    /// Records whether a background thread drives the engine.
+    pub(crate) fn set_thread_running(&self, running: bool) {
+        self.thread_running.store(running, Ordering::Release);
+    }
+
+    /// Asks the background thread to stop, waking it.
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake_thread();
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// After a post: make the new work leave now.
+    pub(crate) fn kick(&self, core: &mut Core) -> Result<(), Error> {
+        if self.caller_drives() {
+            self.drive(core)
+        } else {
+            self.wake();
+            Ok(())
+        }
+    }
+
+    /// [`Core::drive`], recording a failure for every later call.
+    pub(crate) fn drive(&self, core: &mut Core) -> Result<(), Error> {
+        core.drive().map_err(|error| self.fail(error))
+    }
+
+    /// Records `error` as what stopped the engine (the first one stays) and returns it.
+    pub(crate) fn fail(&self, error: io::Error) -> Error {
+        let why = error.to_string();
+        if let Ok(mut failure) = self.failure.lock() {
+            failure.get_or_insert(why.clone());
+        }
+        self.failed.store(true, Ordering::Release);
+        Error::EngineFailed(why)
+    }
+
+    /// After work was admitted without the lock: make the engine thread take it.
+    pub(crate) fn wake(&self) {
+        if self.progress == Progress::Events {
+            self.wake_thread();
+        }
+    }
+
+    fn wake_thread(&self) {
+        // A full counter already means "wake up"; nothing to do on error.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    /// The eventfd a sleeping engine thread waits on besides the backend.
+    pub(crate) fn wake_fd(&self) -> &OwnedFd {
+        &self.wake
+    }
+
+    /// Registers `len` zeroed bytes in `pd` at `iova`, or at a fresh range of this context's
+    /// when `None` ([`Core::reg_mr`]), within the device's `max_mr_size`.
+    pub(crate) fn reg_mr(
+        &self,
+        pd: PdId,
+        iova: Option<u64>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<(u64, u32), Error> {
+        limits::check_mr_len(len)?;
+        self.lock()?.reg_mr(pd, iova, len, access)
+    }
+}
