@@ -55,6 +55,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod cq;
 pub mod endpoint;
 pub mod mr;
