@@ -443,7 +443,7 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} sid={} qpn={:#08x} psn={:#08x} mtu={} rres={} idepth={} retry={} rnr_retry={} {}",
+            "local_id={:#010x} sid={} qpn={:#08x} psn={:#08x} mtu={} rres={} idepth={} retry={} rnr_retry={} ack_timeout={}",
             self.local_comm_id,
             self.service_id,
             self.local_qpn,
@@ -453,7 +453,7 @@ impl fmt::Display for Repr {
             self.initiator_depth,
             self.retry_count,
             self.rnr_retry_count,
-            self.primary_path
+            self.primary_path.local_ack_timeout
         )
     }
 }
