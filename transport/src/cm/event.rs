@@ -25,7 +25,7 @@ pub struct ConnectRequest {
 #[non_exhaustive]
 pub enum CmEvent {
     /// Passive: a REQ for a service we listen on (`RDMA_CM_EVENT_CONNECT_REQUEST`); answer with
-    /// [`Cm::accept`] or [`Cm::reject`].
+    /// [`Cm::accept`](super::Cm::accept) or [`Cm::reject`](super::Cm::reject).
     ConnectRequest {
         /// The new connection.
         conn: ConnId,
@@ -33,7 +33,7 @@ pub enum CmEvent {
         request: ConnectRequest,
     },
     /// Active: the REP arrived (`RDMA_CM_EVENT_CONNECT_RESPONSE`). Apply `qp` to the QP, then
-    /// call [`Cm::establish`].
+    /// call [`Cm::establish`](super::Cm::establish).
     ConnectResponse {
         /// The connection.
         conn: ConnId,
@@ -71,7 +71,7 @@ pub enum CmEvent {
         /// The connection.
         conn: ConnId,
     },
-    /// Passive SIDR: a SIDR_REQ for a service we listen on; answer with [`Cm::sidr_reply`].
+    /// Passive SIDR: a SIDR_REQ for a service we listen on; answer with [`Cm::sidr_reply`](super::Cm::sidr_reply).
     SidrRequest {
         /// The request.
         conn: ConnId,
@@ -129,7 +129,7 @@ pub enum CmError {
     /// Someone already listens on the service ID.
     #[error("service ID already in use")]
     AddressInUse,
-    /// [`CmConfig::max_connections`] reached.
+    /// [`CmConfig::max_connections`](super::CmConfig::max_connections) reached.
     #[error("too many CM connections")]
     TooManyConnections,
 }

@@ -43,7 +43,7 @@ impl Default for CmConfig {
     }
 }
 
-/// What [`Cm::connect`] needs: the path, the QP and rdma_cm's `struct rdma_conn_param`.
+/// What [`Cm::connect`](super::Cm::connect) needs: the path, the QP and rdma_cm's `struct rdma_conn_param`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectParams {
     /// The service to reach.
@@ -80,7 +80,7 @@ pub struct ConnectParams {
     pub flow_label: u32,
 }
 
-/// What [`Cm::accept`] needs (rdma_cm's `struct rdma_conn_param` on the passive side).
+/// What [`Cm::accept`](super::Cm::accept) needs (rdma_cm's `struct rdma_conn_param` on the passive side).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcceptParams {
     /// Our QP's number.
@@ -99,7 +99,7 @@ pub struct AcceptParams {
     pub flow_control: bool,
 }
 
-/// The answer [`Cm::sidr_reply`] sends.
+/// The answer [`Cm::sidr_reply`](super::Cm::sidr_reply) sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SidrReply {
     /// [`SidrStatus::SUCCESS`] or why not.
