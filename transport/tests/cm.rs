@@ -855,3 +855,91 @@ fn our_req_is_the_kernels_but_for_identifiers() {
     };
     assert_eq!(ours, expected);
 }
+
+#[test]
+fn destroying_ids_tells_the_peer() {
+    // An unanswered request: the requester is rejected, as by rdma_destroy_id in the kernel.
+    let mut pair = Pair::new(14, [0, 0]);
+    pair.on_request = OnRequest::Wait;
+    pair.connect();
+    assert!(pair.drive_until(MINUTE, |p| p.conn[B].is_some()));
+    let conn = pair.conn[B].unwrap();
+    pair.cms[B].destroy(conn);
+    pair.flush();
+    assert_eq!(pair.cms[B].connection_count(), 0);
+    assert!(pair.drive_until(MINUTE, |p| !p.events[A].is_empty()));
+    assert!(matches!(
+        pair.events[A][0].1,
+        CmEvent::Rejected {
+            reason: RejectReason::CONSUMER_DEFINED,
+            ..
+        }
+    ));
+    let Message::Rej(rej) = pair.sent[B][0].1.message else {
+        panic!()
+    };
+    assert_eq!(
+        rej.local_comm_id, 0,
+        "the kernel gives no ID before the answer"
+    );
+
+    // An established connection: the peer gets a DREQ and is disconnected.
+    let mut pair = Pair::new(15, [0, 0]);
+    pair.connect();
+    assert!(pair.drive_until(MINUTE, Pair::both_established));
+    let conn = pair.conn[A].unwrap();
+    pair.cms[A].destroy(conn);
+    pair.flush();
+    assert!(pair.drive_until(MINUTE, |p| p
+        .saw(B, |e| matches!(e, CmEvent::Disconnected { .. }))));
+    assert_eq!(pair.sent_names(A).last(), Some(&"CM_DREQ"));
+    // A forgot the connection; its DREP is still answered, and nothing is raised on A.
+    assert!(pair.drive_until(MINUTE, |p| p.cms[A].stats().unexpected == 1));
+    assert_eq!(pair.event_names(A), ["ConnectResponse", "Established"]);
+}
+
+#[test]
+fn first_packet_establishes_when_the_rtu_is_lost() {
+    let mut pair = Pair::new(16, [0, 0]);
+    pair.connect();
+    // Lose everything A sends from now on: the RTU never arrives.
+    assert!(pair.drive_until(MINUTE, |p| p
+        .saw(B, |e| matches!(e, CmEvent::ConnectRequest { .. }))));
+    pair.loss[A] = 100;
+    assert!(pair.drive_until(MINUTE, |p| p
+        .saw(A, |e| matches!(e, CmEvent::Established { .. }))));
+    let conn = pair.conn[B].unwrap();
+    assert_eq!(pair.cms[B].state(conn), Some(ConnState::RepSent));
+    // B's QP got its first packet from A's: the verbs layer reports it.
+    pair.cms[B].notify_comm_established(conn);
+    pair.flush();
+    assert_eq!(pair.cms[B].state(conn), Some(ConnState::Established));
+    assert_eq!(pair.event_names(B), ["ConnectRequest", "Established"]);
+    // And the REP is not resent any more (a resend would be a step within the minute).
+    let reps = pair.sent_names(B).len();
+    let later = pair.elapsed() + MINUTE;
+    pair.drive_until(later, |_| false);
+    assert_eq!(pair.sent_names(B).len(), reps);
+}
+
+#[test]
+fn ipv6_gids_work_as_well() {
+    let mut pair = Pair::new(17, [0, 0]);
+    let v6 = |last: u8| {
+        let mut gid: Gid = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        gid[15] = last;
+        gid
+    };
+    pair.gids = [v6(1), v6(2)];
+    let params = ConnectParams {
+        local_gid: v6(1),
+        remote_gid: v6(2),
+        ..connect_params()
+    };
+    let conn = pair.cms[A].connect(pair.now, &params, &[]).unwrap();
+    pair.conn[A] = Some(conn);
+    pair.flush();
+    assert!(pair.drive_until(MINUTE, Pair::both_established));
+    assert_eq!(pair.qp[A].unwrap().rtr.av.unwrap().dgid, v6(2));
+    assert_eq!(pair.qp[B].unwrap().rtr.av.unwrap().dgid, v6(1));
+}

@@ -58,7 +58,7 @@ impl Cm {
                 traffic_class: params.traffic_class,
                 hop_limit: params.hop_limit,
                 sl: 0,
-                subnet_local: false,
+                subnet_local: params.hop_limit <= 1,
                 local_ack_timeout: ack_timeout,
             },
             alternate_path: path::Repr::default(),

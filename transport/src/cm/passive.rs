@@ -104,15 +104,7 @@ impl Cm {
         }
         let mad = Self::emit(
             c.transaction_id,
-            Message::Rej(rej::Repr {
-                local_comm_id: conn.0,
-                remote_comm_id: c.remote_comm_id,
-                message_rejected: MessageKind::Req,
-                reason: RejectReason::CONSUMER_DEFINED,
-                ari_length: 0,
-                ari: [0; rej::ARI_LEN],
-                private_data,
-            }),
+            Self::rej_for(conn.0, c, RejectReason::CONSUMER_DEFINED, private_data),
         );
         c.last_reply = Some(mad);
         // Duplicates of the REQ get the same REJ until the wait ends.

@@ -6,7 +6,7 @@ use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::{drep, dreq, private_data, rej, Message, MessageKind};
 use roce_wire::mad;
 
-use super::connection::ConnState;
+use super::connection::{ConnState, Connection};
 use super::{Cm, CmError, CmEvent, ConnId, Gid};
 
 impl Cm {
@@ -55,17 +55,24 @@ impl Cm {
         let Some(c) = self.conns.get(&conn.0) else {
             return;
         };
+        // As the kernel's cm_destroy_id.
         let message = match c.state {
-            ConnState::ReqReceived | ConnState::MraReqSent => Some(Message::Rej(rej::Repr {
-                local_comm_id: conn.0,
-                remote_comm_id: c.remote_comm_id,
-                message_rejected: MessageKind::Req,
-                reason: RejectReason::TIMEOUT,
-                ari_length: 0,
-                ari: [0; rej::ARI_LEN],
-                private_data: [0; rej::PRIVATE_DATA_LEN],
-            })),
-            ConnState::Established | ConnState::RepSent => Some(Message::Dreq(dreq::Repr {
+            ConnState::ReqSent => Some(Self::rej_for(
+                conn.0,
+                c,
+                RejectReason::TIMEOUT,
+                [0; rej::PRIVATE_DATA_LEN],
+            )),
+            ConnState::ReqReceived
+            | ConnState::MraReqSent
+            | ConnState::RepSent
+            | ConnState::RepReceived => Some(Self::rej_for(
+                conn.0,
+                c,
+                RejectReason::CONSUMER_DEFINED,
+                [0; rej::PRIVATE_DATA_LEN],
+            )),
+            ConnState::Established => Some(Message::Dreq(dreq::Repr {
                 local_comm_id: conn.0,
                 remote_comm_id: c.remote_comm_id,
                 remote_qpn: c.remote_qpn,
@@ -78,6 +85,31 @@ impl Cm {
             self.send_on(conn.0, mad);
         }
         self.remove(conn.0);
+    }
+
+    /// A REJ for connection `id` in its current state, laid out as the kernel's
+    /// cm_format_rej does: before the application answered a REQ our ID is not given.
+    pub(super) fn rej_for(
+        id: u32,
+        c: &Connection,
+        reason: RejectReason,
+        private_data: [u8; rej::PRIVATE_DATA_LEN],
+    ) -> Message {
+        let (local_comm_id, message_rejected) = match c.state {
+            ConnState::ReqReceived => (0, MessageKind::Req),
+            ConnState::MraReqSent => (id, MessageKind::Req),
+            ConnState::RepReceived => (id, MessageKind::Rep),
+            _ => (id, MessageKind::Other),
+        };
+        Message::Rej(rej::Repr {
+            local_comm_id,
+            remote_comm_id: c.remote_comm_id,
+            message_rejected,
+            reason,
+            ari_length: 0,
+            ari: [0; rej::ARI_LEN],
+            private_data,
+        })
     }
 
     pub(super) fn on_rej(&mut self, now: Instant, m: rej::Repr) {
