@@ -29,6 +29,10 @@
 //! stretches the wait to its service timeout. After a disconnect (or a reject) a connection
 //! waits one local ACK timeout in time-wait, answering duplicates, before it is forgotten;
 //! a REQ from a peer connection still known draws a REJ "stale connection".
+//! One deliberate difference: the kernel drops a duplicate REQ its application has not
+//! answered yet; this CM answers it with an MRA (service timeout 2^24, rdma_cm's
+//! `CMA_CM_MRA_SETTING`), as the IBTA intends, so a slow acceptor does not use up the
+//! requester's retries. Kernel requesters honour MRAs.
 //! Memory is bounded: at most [`CmConfig::max_connections`] connections, and a listener holds
 //! at most its backlog of unanswered requests (more are dropped; the peer resends). Each
 //! connection has one deadline (resend or end of time-wait); [`Cm::poll_timeout`] takes the
