@@ -24,18 +24,44 @@ const KEPT: usize = 16;
 
 #[derive(Arbitrary, Debug)]
 enum Action {
-    Listen { side: bool, udp: bool, backlog: u8 },
-    StopListening { side: bool, udp: bool },
-    Connect { side: bool, private_len: u8 },
-    Resolve { side: bool },
+    Listen {
+        side: bool,
+        udp: bool,
+        backlog: u8,
+    },
+    StopListening {
+        side: bool,
+        udp: bool,
+    },
+    Connect {
+        side: bool,
+        private_len: u8,
+    },
+    Resolve {
+        side: bool,
+    },
     /// Answers (accept, reject, establish, reply, disconnect or destroy) the `pick`-th
     /// connection the side knows.
-    Answer { side: bool, pick: u8, how: u8 },
+    Answer {
+        side: bool,
+        pick: u8,
+        how: u8,
+    },
     /// The next MAD one side sends: delivered or lost.
-    Step { side: bool, deliver: bool },
+    Step {
+        side: bool,
+        deliver: bool,
+    },
     /// A MAD seen before, with one byte changed, to either side.
-    Replay { to: bool, pick: u8, offset: u8, value: u8 },
-    Wait { millis: u32 },
+    Replay {
+        to: bool,
+        pick: u8,
+        offset: u8,
+        value: u8,
+    },
+    Wait {
+        millis: u32,
+    },
 }
 
 fn gid(side: usize) -> Gid {
@@ -101,8 +127,14 @@ impl World {
         };
         let life = self.lives[side].entry(conn).or_default();
         assert!(!life.finished, "{event:?} after the end of {conn:?}");
-        assert!(!needs_disconnect || life.disconnected, "{event:?} without Disconnected");
-        assert!(!(disconnects && life.disconnected), "two Disconnected for {conn:?}");
+        assert!(
+            !needs_disconnect || life.disconnected,
+            "{event:?} without Disconnected"
+        );
+        assert!(
+            !(disconnects && life.disconnected),
+            "two Disconnected for {conn:?}"
+        );
         life.finished |= finishes;
         life.disconnected |= disconnects;
     }
@@ -213,9 +245,13 @@ fuzz_target!(|actions: Vec<Action>| {
             Action::Resolve { side } => {
                 let side = usize::from(side);
                 let now = world.now;
-                if let Ok(conn) =
-                    world.cms[side].resolve_service(now, service(true), gid(side), gid(1 - side), &[])
-                {
+                if let Ok(conn) = world.cms[side].resolve_service(
+                    now,
+                    service(true),
+                    gid(side),
+                    gid(1 - side),
+                    &[],
+                ) {
                     world.known[side].push(conn);
                 }
             }
@@ -229,7 +265,12 @@ fuzz_target!(|actions: Vec<Action>| {
                     }
                 }
             }
-            Action::Replay { to, pick, offset, value } => {
+            Action::Replay {
+                to,
+                pick,
+                offset,
+                value,
+            } => {
                 if !world.kept.is_empty() {
                     let mut mad = world.kept[usize::from(pick) % world.kept.len()];
                     mad[usize::from(offset)] = value;
