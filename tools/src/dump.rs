@@ -1,7 +1,8 @@
 //! `roce dump`: a small tshark for RoCEv2.
 //!
 //! One line per RoCEv2 frame (index in its file, IP source → destination, UDP source port,
-//! opcode, destination QPN, PSN, AckReq, extension headers, payload length, ICRC verdict);
+//! opcode, destination QPN, PSN, AckReq, extension headers, payload length, ICRC verdict,
+//! and for a communication manager MAD to QP1 its message, e.g. `CM_REQ ... tid=...`);
 //! other traffic is counted and skipped. The last line is always
 //! `frames=N roce=M icrc_bad=K malformed=J`, and the exit status is 0 exactly when K and J
 //! are 0 (2 when a file cannot be read, 141 when stdout is closed early).
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use roce_provider::capture::CaptureReader;
-use roce_wire::{Frame, FrameError, FrameRepr, Opcode};
+use roce_wire::{cm, mad, Frame, FrameError, FrameRepr, Opcode};
 
 /// Arguments of `roce dump`.
 #[derive(clap::Args)]
@@ -63,12 +64,26 @@ impl Tally {
             self.icrc_bad += 1;
             "BAD"
         };
-        Some(format!("{repr} icrc={verdict}"))
+        let mut line = format!("{repr} icrc={verdict}");
+        if let Some(cm) = cm_message(&repr, frame.payload()) {
+            line.push(' ');
+            line.push_str(&cm);
+        }
+        Some(line)
     }
 
     fn is_clean(&self) -> bool {
         self.icrc_bad == 0 && self.malformed == 0
     }
+}
+
+/// A communication manager MAD sent to QP1 (the GSI), decoded; other payloads are not.
+fn cm_message(repr: &FrameRepr, payload: &[u8]) -> Option<String> {
+    if repr.bth.dest_qpn != mad::GSI_QPN {
+        return None;
+    }
+    let message = cm::Repr::parse(&mad::Packet::new_checked(payload).ok()?).ok()?;
+    Some(message.to_string())
 }
 
 /// Runs `roce dump`.

@@ -149,3 +149,34 @@ fn unreadable_file_exits_2() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/x.pcap"));
 }
+
+#[test]
+fn cm_mads_get_their_message_decoded() {
+    let output = roce_dump(&[], &[&captures_dir().join("rping_rdmacm.pcap")]);
+    assert_eq!(output.status.code(), Some(0));
+    let cm_lines: Vec<String> = stdout_lines(&output)
+        .into_iter()
+        .filter(|line| line.contains(" CM_"))
+        .collect();
+    let names: Vec<&str> = cm_lines
+        .iter()
+        .map(|line| {
+            line.split(" CM_")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(names, ["REQ", "REP", "RTU", "DREQ", "DREP"]);
+    assert!(cm_lines[0].starts_with("1 10.88.0.12 -> 10.88.0.11 "));
+    assert!(cm_lines[0].ends_with(
+        "CM_REQ local_id=0x6fd0c1a6 sid=tcp:7174 qpn=0x00001c psn=0x709d4f mtu=3 rres=1 \
+         idepth=1 retry=7 rnr_retry=7 ack_timeout=19 tid=0x2a6c1d06f"
+    ));
+    assert!(cm_lines[1].ends_with(
+        "CM_REP local_id=0x0322dfd9 remote_id=0x6fd0c1a6 qpn=0x00001c psn=0x94e955 rres=1 \
+         idepth=1 ack_delay=15 rnr_retry=7 tid=0x2a6c1d06f"
+    ));
+}

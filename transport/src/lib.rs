@@ -59,6 +59,7 @@
 
 #[allow(unsafe_code)]
 mod caller_memory;
+pub mod cm;
 pub mod cq;
 pub mod endpoint;
 pub mod limits;

@@ -1,0 +1,308 @@
+//! The passive side of a connection: REQ in (duplicates, stale peers, no listener), REP
+//! out, RTU in.
+
+use std::time::Instant;
+
+use roce_wire::cm::rej::RejectReason;
+use roce_wire::cm::req::ServiceType;
+use roce_wire::cm::{self, mra, private_data, rej, rep, req, rtu, Message, MessageKind};
+use roce_wire::mad;
+
+use super::attrs::{self, Negotiated, QpAttrs};
+use super::connection::{ConnState, Connection, RemoteKey};
+use super::{AcceptParams, Cm, CmError, CmEvent, ConnId, ConnectRequest, Gid};
+use crate::qp_state::AddressVector;
+
+/// Service timeout an MRA announces for a REQ the application has not answered yet
+/// (rdma_cm's `CMA_CM_MRA_SETTING`: 4.096 µs × 2^24, about 69 s).
+const MRA_SERVICE_TIMEOUT: u8 = 24;
+
+impl Cm {
+    /// Passive side: accepts a [`CmEvent::ConnectRequest`] with a REP. Returns the attributes
+    /// to move our QP to INIT, RTR and RTS before the REP reaches the peer.
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        params: &AcceptParams,
+        private: &[u8],
+    ) -> Result<QpAttrs, CmError> {
+        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let sq_psn = self.random_psn();
+        let config = self.config;
+        let c = self
+            .conns
+            .get_mut(&conn.0)
+            .ok_or(CmError::UnknownConnection)?;
+        let request = match (c.state, c.req) {
+            (ConnState::ReqReceived | ConnState::MraReqSent, Some(request)) => request,
+            _ => return Err(CmError::InvalidState(c.state)),
+        };
+        let path_mtu = attrs::path_mtu(request.path_mtu)
+            .ok_or(CmError::InvalidState(c.state))?
+            .min(config.max_path_mtu);
+        let reply = rep::Repr {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+            local_qkey: 0,
+            local_qpn: params.qpn & 0xFF_FFFF,
+            starting_psn: sq_psn,
+            responder_resources: params.responder_resources,
+            initiator_depth: params.initiator_depth,
+            target_ack_delay: config.ca_ack_delay,
+            failover_accepted: 0,
+            flow_control: params.flow_control,
+            rnr_retry_count: params.rnr_retry_count.min(7),
+            srq: params.srq,
+            local_ca_guid: config.local_ca_guid,
+            private_data,
+        };
+        let negotiated = Negotiated {
+            service_type: request.service_type,
+            path_mtu,
+            remote_qpn: request.local_qpn,
+            rq_psn: request.starting_psn,
+            sq_psn,
+            responder_resources: params.responder_resources,
+            initiator_depth: params.initiator_depth,
+            retry_count: request.retry_count,
+            rnr_retry_count: request.rnr_retry_count,
+            ack_timeout: request.primary_path.local_ack_timeout,
+            av: AddressVector {
+                dgid: c.remote_gid,
+                sgid_index: params.sgid_index,
+                hop_limit: request.primary_path.hop_limit,
+                traffic_class: request.primary_path.traffic_class,
+                flow_label: request.primary_path.flow_label,
+            },
+        };
+        let mad = Self::emit(c.transaction_id, Message::Rep(reply));
+        // The kernel waits the response time the REQ announced, as often as it allows.
+        c.send_reliably(
+            now,
+            mad,
+            request.max_cm_retries,
+            Self::ms(request.local_cm_response_timeout),
+        );
+        c.state = ConnState::RepSent;
+        self.release_listener_slot(conn.0);
+        self.send_on(conn.0, mad);
+        Ok(negotiated.qp_attrs())
+    }
+
+    /// Passive side: refuses a [`CmEvent::ConnectRequest`] (`rdma_reject`): a REJ with reason
+    /// "consumer defined" and `private` as its private data.
+    pub fn reject(&mut self, now: Instant, conn: ConnId, private: &[u8]) -> Result<(), CmError> {
+        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let wait = self.timewait(0);
+        let c = self
+            .conns
+            .get_mut(&conn.0)
+            .ok_or(CmError::UnknownConnection)?;
+        if !matches!(c.state, ConnState::ReqReceived | ConnState::MraReqSent) {
+            return Err(CmError::InvalidState(c.state));
+        }
+        let mad = Self::emit(
+            c.transaction_id,
+            Self::rej_for(conn.0, c, RejectReason::CONSUMER_DEFINED, private_data),
+        );
+        c.last_reply = Some(mad);
+        // Duplicates of the REQ get the same REJ until the wait ends.
+        c.enter_timewait(now, wait, false);
+        self.release_listener_slot(conn.0);
+        self.send_on(conn.0, mad);
+        Ok(())
+    }
+
+    /// Passive side: the QP received its first packet before the RTU (the verbs
+    /// `IBV_EVENT_COMM_EST`); the connection is established as if the RTU had come.
+    pub fn notify_comm_established(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            if c.state == ConnState::RepSent {
+                c.answered();
+                c.state = ConnState::Established;
+                self.events.push_back(CmEvent::Established { conn });
+            }
+        }
+    }
+
+    pub(super) fn reject_req(
+        &mut self,
+        local_gid: Gid,
+        remote_gid: Gid,
+        tid: u64,
+        request: &req::Repr,
+        reason: RejectReason,
+    ) {
+        // As the kernel's cm_issue_rej: our ID is the REQ's (reserved) remote ID word, zero.
+        let mad = Self::emit(
+            tid,
+            Message::Rej(rej::Repr {
+                local_comm_id: 0,
+                remote_comm_id: request.local_comm_id,
+                message_rejected: MessageKind::Req,
+                reason,
+                ari_length: 0,
+                ari: [0; rej::ARI_LEN],
+                private_data: [0; rej::PRIVATE_DATA_LEN],
+            }),
+        );
+        self.send(local_gid, remote_gid, mad);
+    }
+
+    pub(super) fn on_req(&mut self, local_gid: Gid, remote_gid: Gid, tid: u64, request: req::Repr) {
+        let key = RemoteKey::Conn {
+            ca_guid: request.local_ca_guid,
+            comm_id: request.local_comm_id,
+        };
+        if let Some(&id) = self.remotes.get(&key) {
+            self.on_duplicate_req(id, local_gid, remote_gid, tid, &request);
+            return;
+        }
+        let same_qp_connected = self.conns.values().any(|c| {
+            matches!(
+                c.state,
+                ConnState::RepSent | ConnState::Established | ConnState::DreqSent
+            ) && c.remote_qpn == request.local_qpn
+                && matches!(c.remote_key, Some(RemoteKey::Conn { ca_guid, .. }) if ca_guid == request.local_ca_guid)
+        });
+        if same_qp_connected {
+            self.stats.stale += 1;
+            self.reject_req(
+                local_gid,
+                remote_gid,
+                tid,
+                &request,
+                RejectReason::STALE_CONNECTION,
+            );
+            return;
+        }
+        let Some(listener) = self.listeners.get(&request.service_id).copied() else {
+            self.stats.no_listener += 1;
+            self.reject_req(
+                local_gid,
+                remote_gid,
+                tid,
+                &request,
+                RejectReason::INVALID_SERVICE_ID,
+            );
+            return;
+        };
+        if !matches!(request.service_type, ServiceType::Rc | ServiceType::Uc) {
+            self.reject_req(
+                local_gid,
+                remote_gid,
+                tid,
+                &request,
+                RejectReason::INVALID_TRANSPORT_TYPE,
+            );
+            return;
+        }
+        if attrs::path_mtu(request.path_mtu).is_none() {
+            self.reject_req(
+                local_gid,
+                remote_gid,
+                tid,
+                &request,
+                RejectReason::INVALID_MTU,
+            );
+            return;
+        }
+        if listener.pending >= listener.backlog {
+            self.stats.dropped_full += 1;
+            return;
+        }
+        let Ok(id) = self.alloc_id() else {
+            self.stats.dropped_full += 1;
+            return;
+        };
+        if let Some(listener) = self.listeners.get_mut(&request.service_id) {
+            listener.pending += 1;
+        }
+        let mut c = Connection::new(
+            ConnState::ReqReceived,
+            local_gid,
+            remote_gid,
+            request.service_id,
+        );
+        c.remote_key = Some(key);
+        c.remote_comm_id = request.local_comm_id;
+        c.remote_qpn = request.local_qpn;
+        c.transaction_id = tid;
+        c.req = Some(request);
+        c.pending_on_listener = true;
+        c.ack_timeout = request.primary_path.local_ack_timeout;
+        self.conns.insert(id, c);
+        self.remotes.insert(key, id);
+        self.events.push_back(CmEvent::ConnectRequest {
+            conn: ConnId(id),
+            request: ConnectRequest {
+                service_id: request.service_id,
+                local_gid,
+                remote_gid,
+                req: request,
+            },
+        });
+    }
+
+    pub(super) fn on_duplicate_req(
+        &mut self,
+        id: u32,
+        local_gid: Gid,
+        remote_gid: Gid,
+        tid: u64,
+        request: &req::Repr,
+    ) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match c.state {
+            ConnState::ReqReceived => {
+                // The application is slow to answer: ask the peer to wait (rdma_cm does).
+                let mad = Self::emit(
+                    c.transaction_id,
+                    Message::Mra(mra::Repr {
+                        local_comm_id: id,
+                        remote_comm_id: c.remote_comm_id,
+                        message_mraed: MessageKind::Req,
+                        service_timeout: MRA_SERVICE_TIMEOUT,
+                        private_data: [0; mra::PRIVATE_DATA_LEN],
+                    }),
+                );
+                c.state = ConnState::MraReqSent;
+                c.last_reply = Some(mad);
+                self.stats.duplicates += 1;
+                self.send_on(id, mad);
+            }
+            ConnState::MraReqSent => self.resend_last_reply(id),
+            ConnState::TimeWait => {
+                let was_rejected = c.last_reply.is_some_and(|mad| {
+                    mad::Packet::new_unchecked(&mad[..]).attribute_id() == cm::attribute::REJ
+                });
+                if was_rejected {
+                    self.resend_last_reply(id);
+                } else {
+                    self.stats.stale += 1;
+                    self.reject_req(
+                        local_gid,
+                        remote_gid,
+                        tid,
+                        request,
+                        RejectReason::STALE_CONNECTION,
+                    );
+                }
+            }
+            // The REP is resent by its own timer.
+            _ => self.stats.duplicates += 1,
+        }
+    }
+
+    pub(super) fn on_rtu(&mut self, m: rtu::Repr) {
+        let id = m.remote_comm_id;
+        match self.matching(id, m.local_comm_id).map(|c| c.state) {
+            Some(ConnState::RepSent) => self.notify_comm_established(ConnId(id)),
+            Some(ConnState::Established) => self.stats.duplicates += 1,
+            _ => self.stats.unexpected += 1,
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! DREQ: a request to disconnect (IBTA Table 112).
+
+use core::fmt;
+
+use crate::{read_u24, read_u32, write_u24, Result};
+
+/// Bytes of private data.
+pub const PRIVATE_DATA_LEN: usize = 220;
+
+mod field {
+    use crate::Field;
+
+    pub const LOCAL_COMM_ID: Field = 0..4;
+    pub const REMOTE_COMM_ID: Field = 4..8;
+    pub const REMOTE_QPN: Field = 8..11;
+    pub const RESERVED: usize = 11;
+    pub const PRIVATE_DATA: Field = 12..232;
+}
+
+fixed_header_packet! {
+    crate::mad::DATA_LEN;
+    /// A read/write view of a DREQ (the bytes after the MAD header).
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// The sender's communication ID.
+    pub fn local_comm_id(&self) -> u32 {
+        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
+    }
+
+    /// The receiver's communication ID.
+    pub fn remote_comm_id(&self) -> u32 {
+        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
+    }
+
+    /// The receiver's QPN (24 bits), which the receiver checks.
+    pub fn remote_qpn(&self) -> u32 {
+        read_u24(&self.buffer.as_ref()[field::REMOTE_QPN])
+    }
+
+    /// Private data.
+    pub fn private_data(&self) -> &[u8] {
+        &self.buffer.as_ref()[field::PRIVATE_DATA]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the local communication ID.
+    pub fn set_local_comm_id(&mut self, value: u32) {
+        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
+    }
+
+    /// Sets the remote communication ID.
+    pub fn set_remote_comm_id(&mut self, value: u32) {
+        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
+    }
+
+    /// Sets the remote QPN (low 24 bits), clearing the reserved byte after it.
+    pub fn set_remote_qpn(&mut self, value: u32) {
+        let buffer = self.buffer.as_mut();
+        write_u24(&mut buffer[field::REMOTE_QPN], value & 0xFF_FFFF);
+        buffer[field::RESERVED] = 0;
+    }
+
+    /// Private data, to fill.
+    pub fn private_data_mut(&mut self) -> &mut [u8] {
+        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
+    }
+}
+
+/// A parsed DREQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repr {
+    /// The sender's communication ID.
+    pub local_comm_id: u32,
+    /// The receiver's communication ID.
+    pub remote_comm_id: u32,
+    /// The receiver's QPN, 24 bits.
+    pub remote_qpn: u32,
+    /// Private data.
+    pub private_data: [u8; PRIVATE_DATA_LEN],
+}
+
+impl Repr {
+    /// Parses a DREQ (every bit pattern is valid).
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+        let mut private_data = [0; PRIVATE_DATA_LEN];
+        private_data.copy_from_slice(packet.private_data());
+        Ok(Repr {
+            local_comm_id: packet.local_comm_id(),
+            remote_comm_id: packet.remote_comm_id(),
+            remote_qpn: packet.remote_qpn(),
+            private_data,
+        })
+    }
+
+    /// Bytes [`emit`](Self::emit) writes.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the DREQ.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        packet.set_local_comm_id(self.local_comm_id);
+        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_remote_qpn(self.remote_qpn);
+        packet
+            .private_data_mut()
+            .copy_from_slice(&self.private_data);
+    }
+}
+
+impl fmt::Display for Repr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "local_id={:#010x} remote_id={:#010x} remote_qpn={:#08x}",
+            self.local_comm_id, self.remote_comm_id, self.remote_qpn
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::tests::capture_message;
+
+    /// rping's DREQ in rping_rdmacm.pcap (the active side disconnects).
+    fn header_bytes() -> [u8; HEADER_LEN] {
+        capture_message(3)
+    }
+
+    const REPR: Repr = Repr {
+        local_comm_id: 0x6fd0_c1a6,
+        remote_comm_id: 0x0322_dfd9,
+        remote_qpn: 0x1c,
+        private_data: [0; PRIVATE_DATA_LEN],
+    };
+
+    #[test]
+    fn deconstruct() {
+        let bytes = header_bytes();
+        let packet = Packet::new_checked(&bytes[..]).unwrap();
+        assert_eq!(packet.local_comm_id(), 0x6fd0_c1a6);
+        assert_eq!(packet.remote_comm_id(), 0x0322_dfd9);
+        assert_eq!(packet.remote_qpn(), 0x1c);
+        assert_eq!(packet.private_data(), &[0; PRIVATE_DATA_LEN][..]);
+    }
+
+    #[test]
+    fn construct() {
+        let mut bytes = [0xA5; HEADER_LEN];
+        let mut packet = Packet::new_unchecked(&mut bytes[..]);
+        packet.set_local_comm_id(0x6fd0_c1a6);
+        packet.set_remote_comm_id(0x0322_dfd9);
+        packet.set_remote_qpn(0x1c);
+        packet.private_data_mut().fill(0);
+        assert_eq!(bytes, header_bytes());
+    }
+
+    #[test]
+    fn parse() {
+        let bytes = header_bytes();
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Ok(REPR)
+        );
+    }
+
+    #[test]
+    fn emit() {
+        let mut bytes = [0xA5; HEADER_LEN];
+        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes, header_bytes());
+    }
+}

@@ -1,0 +1,319 @@
+//! The 44-byte path description a REQ carries twice (primary and alternate path).
+
+use core::fmt;
+
+use super::{bits, read_u16, set_bits};
+use crate::{read_u32, Result};
+
+mod field {
+    use crate::Field;
+
+    pub const LOCAL_LID: Field = 0..2;
+    pub const REMOTE_LID: Field = 2..4;
+    pub const LOCAL_GID: Field = 4..20;
+    pub const REMOTE_GID: Field = 20..36;
+    /// Flow label in the top 20 bits, packet rate in the low 6.
+    pub const FLOW_LABEL_RATE: Field = 36..40;
+    pub const TRAFFIC_CLASS: usize = 40;
+    pub const HOP_LIMIT: usize = 41;
+    /// SL in bits 7..4, SubnetLocal in bit 3.
+    pub const SL: usize = 42;
+    /// Local ACK timeout in bits 7..3.
+    pub const ACK_TIMEOUT: usize = 43;
+}
+
+fixed_header_packet! {
+    44;
+    /// A read/write view of a path in a REQ.
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// LID of the sender's port; 0xFFFF (permissive) on RoCE across routers.
+    pub fn local_lid(&self) -> u16 {
+        read_u16(&self.buffer.as_ref()[field::LOCAL_LID])
+    }
+
+    /// LID of the receiver's port.
+    pub fn remote_lid(&self) -> u16 {
+        read_u16(&self.buffer.as_ref()[field::REMOTE_LID])
+    }
+
+    /// The sender's GID (on RoCEv2 its IP address, IPv4-mapped for IPv4).
+    pub fn local_gid(&self) -> [u8; 16] {
+        let mut gid = [0; 16];
+        gid.copy_from_slice(&self.buffer.as_ref()[field::LOCAL_GID]);
+        gid
+    }
+
+    /// The receiver's GID.
+    pub fn remote_gid(&self) -> [u8; 16] {
+        let mut gid = [0; 16];
+        gid.copy_from_slice(&self.buffer.as_ref()[field::REMOTE_GID]);
+        gid
+    }
+
+    /// Flow label (20 bits).
+    pub fn flow_label(&self) -> u32 {
+        read_u32(&self.buffer.as_ref()[field::FLOW_LABEL_RATE]) >> 12
+    }
+
+    /// Static rate (6 bits, IB rate enum).
+    pub fn packet_rate(&self) -> u8 {
+        bits(self.buffer.as_ref()[field::FLOW_LABEL_RATE.end - 1], 0, 6)
+    }
+
+    /// Traffic class.
+    pub fn traffic_class(&self) -> u8 {
+        self.buffer.as_ref()[field::TRAFFIC_CLASS]
+    }
+
+    /// Hop limit.
+    pub fn hop_limit(&self) -> u8 {
+        self.buffer.as_ref()[field::HOP_LIMIT]
+    }
+
+    /// Service level (4 bits).
+    pub fn sl(&self) -> u8 {
+        bits(self.buffer.as_ref()[field::SL], 4, 4)
+    }
+
+    /// Whether the path stays inside the subnet.
+    pub fn subnet_local(&self) -> bool {
+        bits(self.buffer.as_ref()[field::SL], 3, 1) == 1
+    }
+
+    /// Local ACK timeout exponent (5 bits) the requester's QP should use.
+    pub fn local_ack_timeout(&self) -> u8 {
+        bits(self.buffer.as_ref()[field::ACK_TIMEOUT], 3, 5)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Sets the local LID.
+    pub fn set_local_lid(&mut self, lid: u16) {
+        self.buffer.as_mut()[field::LOCAL_LID].copy_from_slice(&lid.to_be_bytes());
+    }
+
+    /// Sets the remote LID.
+    pub fn set_remote_lid(&mut self, lid: u16) {
+        self.buffer.as_mut()[field::REMOTE_LID].copy_from_slice(&lid.to_be_bytes());
+    }
+
+    /// Sets the sender's GID.
+    pub fn set_local_gid(&mut self, gid: [u8; 16]) {
+        self.buffer.as_mut()[field::LOCAL_GID].copy_from_slice(&gid);
+    }
+
+    /// Sets the receiver's GID.
+    pub fn set_remote_gid(&mut self, gid: [u8; 16]) {
+        self.buffer.as_mut()[field::REMOTE_GID].copy_from_slice(&gid);
+    }
+
+    /// Sets the flow label (low 20 bits) and the packet rate (low 6 bits), clearing the
+    /// reserved bits between them.
+    pub fn set_flow_label_and_rate(&mut self, flow_label: u32, rate: u8) {
+        let word = ((flow_label & 0xF_FFFF) << 12) | u32::from(rate & 0x3F);
+        self.buffer.as_mut()[field::FLOW_LABEL_RATE].copy_from_slice(&word.to_be_bytes());
+    }
+
+    /// Sets the traffic class.
+    pub fn set_traffic_class(&mut self, value: u8) {
+        self.buffer.as_mut()[field::TRAFFIC_CLASS] = value;
+    }
+
+    /// Sets the hop limit.
+    pub fn set_hop_limit(&mut self, value: u8) {
+        self.buffer.as_mut()[field::HOP_LIMIT] = value;
+    }
+
+    /// Sets the SL (low 4 bits) and SubnetLocal, clearing the reserved bits.
+    pub fn set_sl(&mut self, sl: u8, subnet_local: bool) {
+        let byte = &mut self.buffer.as_mut()[field::SL];
+        *byte = 0;
+        set_bits(byte, 4, 4, sl);
+        set_bits(byte, 3, 1, subnet_local.into());
+    }
+
+    /// Sets the local ACK timeout (low 5 bits), clearing the reserved bits.
+    pub fn set_local_ack_timeout(&mut self, value: u8) {
+        let byte = &mut self.buffer.as_mut()[field::ACK_TIMEOUT];
+        *byte = 0;
+        set_bits(byte, 3, 5, value);
+    }
+}
+
+/// A parsed path. A REQ without an alternate path carries one of all zeros
+/// ([`Repr::default`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Repr {
+    /// Sender's LID.
+    pub local_lid: u16,
+    /// Receiver's LID.
+    pub remote_lid: u16,
+    /// Sender's GID.
+    pub local_gid: [u8; 16],
+    /// Receiver's GID.
+    pub remote_gid: [u8; 16],
+    /// Flow label, 20 bits.
+    pub flow_label: u32,
+    /// Packet rate, 6 bits.
+    pub packet_rate: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Service level, 4 bits.
+    pub sl: u8,
+    /// Subnet local.
+    pub subnet_local: bool,
+    /// Local ACK timeout exponent, 5 bits.
+    pub local_ack_timeout: u8,
+}
+
+impl Repr {
+    /// Parses a path (every bit pattern is valid).
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
+        Ok(Repr {
+            local_lid: packet.local_lid(),
+            remote_lid: packet.remote_lid(),
+            local_gid: packet.local_gid(),
+            remote_gid: packet.remote_gid(),
+            flow_label: packet.flow_label(),
+            packet_rate: packet.packet_rate(),
+            traffic_class: packet.traffic_class(),
+            hop_limit: packet.hop_limit(),
+            sl: packet.sl(),
+            subnet_local: packet.subnet_local(),
+            local_ack_timeout: packet.local_ack_timeout(),
+        })
+    }
+
+    /// Bytes [`emit`](Self::emit) writes.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN
+    }
+
+    /// Writes the path.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
+        packet.set_local_lid(self.local_lid);
+        packet.set_remote_lid(self.remote_lid);
+        packet.set_local_gid(self.local_gid);
+        packet.set_remote_gid(self.remote_gid);
+        packet.set_flow_label_and_rate(self.flow_label, self.packet_rate);
+        packet.set_traffic_class(self.traffic_class);
+        packet.set_hop_limit(self.hop_limit);
+        packet.set_sl(self.sl, self.subnet_local);
+        packet.set_local_ack_timeout(self.local_ack_timeout);
+    }
+}
+
+impl fmt::Display for Repr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "path({} -> {} tc={} hop={} flow={:#x} ack_timeout={})",
+            core::net::Ipv6Addr::from(self.local_gid),
+            core::net::Ipv6Addr::from(self.remote_gid),
+            self.traffic_class,
+            self.hop_limit,
+            self.flow_label,
+            self.local_ack_timeout
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cm::tests::capture_message;
+
+    /// The primary path of the REQ in rping_rdmacm.pcap (bytes 52..96 of the message).
+    fn header_bytes() -> [u8; HEADER_LEN] {
+        capture_message(0)[52..96].try_into().unwrap()
+    }
+
+    const LOCAL_GID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 88, 0, 12];
+    const REMOTE_GID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 88, 0, 11];
+
+    const REPR: Repr = Repr {
+        local_lid: 0xFFFF,
+        remote_lid: 0xFFFF,
+        local_gid: LOCAL_GID,
+        remote_gid: REMOTE_GID,
+        flow_label: 0x580bb,
+        packet_rate: 0,
+        traffic_class: 0,
+        hop_limit: 64,
+        sl: 0,
+        subnet_local: false,
+        local_ack_timeout: 19,
+    };
+
+    #[test]
+    fn deconstruct() {
+        let bytes = header_bytes();
+        let packet = Packet::new_checked(&bytes[..]).unwrap();
+        assert_eq!(packet.local_lid(), 0xFFFF);
+        assert_eq!(packet.remote_lid(), 0xFFFF);
+        assert_eq!(packet.local_gid(), LOCAL_GID);
+        assert_eq!(packet.remote_gid(), REMOTE_GID);
+        assert_eq!(packet.flow_label(), 0x580bb);
+        assert_eq!(packet.packet_rate(), 0);
+        assert_eq!(packet.traffic_class(), 0);
+        assert_eq!(packet.hop_limit(), 64);
+        assert_eq!(packet.sl(), 0);
+        assert!(!packet.subnet_local());
+        assert_eq!(packet.local_ack_timeout(), 19);
+    }
+
+    #[test]
+    fn construct() {
+        let mut bytes = [0xA5; HEADER_LEN];
+        let mut packet = Packet::new_unchecked(&mut bytes[..]);
+        packet.set_local_lid(0xFFFF);
+        packet.set_remote_lid(0xFFFF);
+        packet.set_local_gid(LOCAL_GID);
+        packet.set_remote_gid(REMOTE_GID);
+        packet.set_flow_label_and_rate(0x580bb, 0);
+        packet.set_traffic_class(0);
+        packet.set_hop_limit(64);
+        packet.set_sl(0, false);
+        packet.set_local_ack_timeout(19);
+        assert_eq!(bytes, header_bytes());
+    }
+
+    #[test]
+    fn parse() {
+        let bytes = header_bytes();
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Ok(REPR)
+        );
+    }
+
+    #[test]
+    fn emit() {
+        let mut bytes = [0xA5; HEADER_LEN];
+        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes, header_bytes());
+    }
+
+    #[test]
+    fn bit_fields_do_not_overlap() {
+        let repr = Repr {
+            flow_label: 0xF_FFFF,
+            packet_rate: 0x3F,
+            sl: 0xF,
+            subnet_local: true,
+            local_ack_timeout: 0x1F,
+            ..Repr::default()
+        };
+        let mut bytes = [0; HEADER_LEN];
+        repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes[36..44], [0xFF, 0xFF, 0xF0, 0x3F, 0, 0, 0xF8, 0xF8]);
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Ok(repr)
+        );
+    }
+}
