@@ -4,12 +4,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod args;
 mod demo;
 mod dump;
 mod perf;
 mod pingpong;
 mod rdma;
 mod sim;
+mod workload;
 
 #[derive(Parser)]
 #[command(name = "roce", version, about = "RoCEv2 in user space: tools")]

@@ -9,19 +9,17 @@
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use roce_verbs::{
-    AccessFlags, AddressVector, CompChannel, ConnectOptions, Cq, Mr, PathMtu, Progress, Qp, QpCaps,
-    QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest,
-    WcOpcode, WcStatus,
+    AccessFlags, AddressVector, CompChannel, ConnectOptions, Cq, Mr, PathMtu, Pd, Progress, Qp,
+    QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use roce_wire::Psn;
 
-use crate::rdma::open_device;
-
-/// Bound on any single wait, so a broken run ends instead of hanging.
-const STALL: Duration = Duration::from_secs(10);
+use crate::args::{parse_mtu, DeviceArgs};
+use crate::rdma::{open_device, STALL};
 
 /// Arguments of `roce pingpong`, named as `ibv_rc_pingpong` names them.
 #[derive(clap::Args)]
@@ -31,18 +29,14 @@ pub struct Args {
     /// TCP port of the address exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
-    /// Network interface to use (default: the first one that is up, not loopback).
-    #[arg(short = 'd', long = "ib-dev")]
-    device: Option<String>,
-    /// Port of the device (there is only 1).
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
-    ib_port: u8,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Message size in bytes.
     #[arg(short = 's', long = "size", default_value_t = 4096)]
     size: u32,
     /// Path MTU: 256, 512, 1024, 2048 or 4096.
-    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
-    mtu: u32,
+    #[arg(short = 'm', long = "mtu", default_value = "1024", value_parser = parse_mtu)]
+    mtu: PathMtu,
     /// Receives posted at once.
     #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
     rx_depth: u32,
@@ -71,12 +65,6 @@ pub struct Args {
     /// Unreliable datagram, as ibv_ud_pingpong (messages up to the path MTU).
     #[arg(long)]
     ud: bool,
-    /// Use kernel UDP sockets instead of AF_XDP (no root needed).
-    #[arg(long)]
-    udp: bool,
-    /// Write every frame sent and received to this pcap file.
-    #[arg(long, value_name = "FILE")]
-    pcap: Option<std::path::PathBuf>,
 }
 
 /// The Q_Key ibv_ud_pingpong uses.
@@ -95,17 +83,6 @@ pub fn run(args: &Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn path_mtu(bytes: u32) -> io::Result<PathMtu> {
-    Ok(match bytes {
-        256 => PathMtu::Mtu256,
-        512 => PathMtu::Mtu512,
-        1024 => PathMtu::Mtu1024,
-        2048 => PathMtu::Mtu2048,
-        4096 => PathMtu::Mtu4096,
-        _ => return Err(io::Error::other(format!("invalid MTU {bytes}"))),
-    })
 }
 
 /// One side's address, as `ibv_rc_pingpong` sends it.
@@ -202,23 +179,13 @@ fn exchange(
 }
 
 fn pingpong(args: &Args) -> io::Result<()> {
-    if args.ib_port != 1 {
-        return Err(io::Error::other("only port 1 exists"));
-    }
-    let mtu = path_mtu(args.mtu)?;
     // One thread: it drives the engine itself, unless it sleeps on events.
     let progress = if args.events {
         Progress::Events
     } else {
         Progress::Caller
     };
-    let ctx = open_device(
-        "pingpong",
-        args.device.as_deref(),
-        args.udp,
-        progress,
-        args.pcap.as_deref(),
-    )?;
+    let ctx = open_device("pingpong", &args.device, args.gid_index, progress)?;
     let qp_type = match (args.uc, args.ud) {
         (true, _) => QpType::Uc,
         (_, true) => QpType::Ud,
@@ -245,11 +212,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
     let grh = if args.ud { GRH } else { 0 };
     let send_buf = pd.reg_mr(size, AccessFlags::LOCAL_WRITE)?;
     let recv_buf = pd.reg_mr(size + grh, AccessFlags::all())?;
-    // What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.
-    let mut message = vec![0x7bu8; size];
-    if args.check {
-        message.iter_mut().step_by(4096).for_each(|byte| *byte = 0);
-    }
+    let message = payload(args);
     send_buf.write(0, &message)?;
     let endpoint = qp.endpoint(args.gid_index)?;
     let mine = Dest {
@@ -265,31 +228,8 @@ fn pingpong(args: &Args) -> io::Result<()> {
     };
     let mut ud = None;
     let (peer, peer_ip) = exchange(args, mine, |peer| {
+        ud = ready(&qp, &pd, args, &peer)?;
         // Receives go up before the peer can send: right after the QP can take them.
-        if args.ud {
-            qp.ready_ud(UD_QKEY)?;
-            let ah = pd.create_ah(AddressVector {
-                dgid: peer.gid,
-                sgid_index: args.gid_index,
-                hop_limit: 64,
-                traffic_class: 0,
-                flow_label: 0,
-            })?;
-            ud = Some(ah.dest(peer.qpn, UD_QKEY));
-        } else {
-            let remote = QpEndpoint {
-                qpn: peer.qpn,
-                psn: peer.psn,
-                gid: peer.gid,
-            };
-            let options = ConnectOptions {
-                mtu,
-                retry: RetryConfig::RC_PINGPONG,
-                sgid_index: args.gid_index,
-                ..ConnectOptions::default()
-            };
-            qp.connect(&remote, &options)?;
-        }
         qp.post_recv((0..rx_depth).map(|_| recv.clone()))?;
         Ok(())
     })?;
@@ -313,6 +253,44 @@ fn pingpong(args: &Args) -> io::Result<()> {
         ud,
     };
     ping.bounce(&message, args)
+}
+
+/// What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.
+fn payload(args: &Args) -> Vec<u8> {
+    let mut message = vec![0x7bu8; args.size as usize];
+    if args.check {
+        message.iter_mut().step_by(4096).for_each(|byte| *byte = 0);
+    }
+    message
+}
+
+/// Brings `qp` to where it can send to `peer`: connected (RC, UC), or ready with the
+/// destination its UD sends name.
+fn ready(qp: &Qp, pd: &Pd, args: &Args, peer: &Dest) -> io::Result<Option<UdDest>> {
+    if args.ud {
+        qp.ready_ud(UD_QKEY)?;
+        let ah = pd.create_ah(AddressVector {
+            dgid: peer.gid,
+            sgid_index: args.gid_index,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        })?;
+        return Ok(Some(ah.dest(peer.qpn, UD_QKEY)));
+    }
+    let remote = QpEndpoint {
+        qpn: peer.qpn,
+        psn: peer.psn,
+        gid: peer.gid,
+    };
+    let options = ConnectOptions {
+        mtu: args.mtu,
+        retry: RetryConfig::RC_PINGPONG,
+        sgid_index: args.gid_index,
+        ..ConnectOptions::default()
+    };
+    qp.connect(&remote, &options)?;
+    Ok(None)
 }
 
 /// The ping-pong's verbs objects.
@@ -352,17 +330,7 @@ impl Ping<'_> {
         let mut completions = Vec::new();
         let mut last_progress = Instant::now();
         while sent < args.iters || received < args.iters {
-            completions.clear();
-            if let Some(channel) = self.channel {
-                // rc_pingpong -e: arm, sleep until the event, then drain.
-                self.cq.req_notify(false)?;
-                if self.cq.poll_into(16, &mut completions)? == 0 {
-                    channel.get_cq_event(Some(STALL))?;
-                    self.cq.poll_into(16, &mut completions)?;
-                }
-            } else {
-                self.cq.poll_into(16, &mut completions)?;
-            }
+            self.reap(&mut completions)?;
             if completions.is_empty() {
                 if last_progress.elapsed() > STALL {
                     return Err(io::Error::other(format!(
@@ -404,17 +372,36 @@ impl Ping<'_> {
                 }
             }
         }
-        let seconds = started.elapsed().as_secs_f64();
-        let bytes = u64::from(size) * u64::from(args.iters) * 2;
-        println!(
-            "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
-            bytes as f64 * 8.0 / seconds / 1e6
-        );
-        println!(
-            "{} iters in {seconds:.2} seconds = {:.2} usec/iter",
-            args.iters,
-            seconds * 1e6 / f64::from(args.iters)
-        );
+        print_result(size, args.iters, started.elapsed().as_secs_f64());
         Ok(())
     }
+
+    /// Takes what completions there are; `-e` first sleeps until there is one (or
+    /// [`STALL`] passes), as rc_pingpong -e arms, sleeps until the event, then drains.
+    fn reap(&self, completions: &mut Vec<WorkCompletion>) -> io::Result<()> {
+        completions.clear();
+        if let Some(channel) = self.channel {
+            self.cq.req_notify(false)?;
+            if self.cq.poll_into(16, completions)? == 0 {
+                channel.get_cq_event(Some(STALL))?;
+                self.cq.poll_into(16, completions)?;
+            }
+        } else {
+            self.cq.poll_into(16, completions)?;
+        }
+        Ok(())
+    }
+}
+
+/// rdma-core's two result lines.
+fn print_result(size: u32, iters: u32, seconds: f64) {
+    let bytes = u64::from(size) * u64::from(iters) * 2;
+    println!(
+        "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
+        bytes as f64 * 8.0 / seconds / 1e6
+    );
+    println!(
+        "{iters} iters in {seconds:.2} seconds = {:.2} usec/iter",
+        seconds * 1e6 / f64::from(iters)
+    );
 }

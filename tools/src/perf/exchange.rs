@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use roce_verbs::{Context, PathMtu};
 
-use super::{Args, Test, Verb, CACHE_LINE, PAGE, VERSION};
+use super::params::{Args, Test, Verb, CACHE_LINE, PAGE, VERSION};
 use crate::rdma::STALL;
 
 /// One side of the TCP exchange. While it waits for the peer, it keeps our engine running:

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use roce_verbs::Context;
 
-use super::{AtomicType, Params, Verb, NO_PEAK_ITERS, OUR_OUT_READS, RESULT_LINE};
+use super::params::{AtomicType, Params, Verb, NO_PEAK_ITERS, OUR_OUT_READS, RESULT_LINE};
 
 /// The client's results, as the five 8-byte values perftest sends.
 #[derive(Debug, Clone, Copy, PartialEq)]
