@@ -11,6 +11,7 @@ mod perf;
 mod pingpong;
 mod rdma;
 mod sim;
+mod tcp;
 mod workload;
 
 #[derive(Parser)]

@@ -6,7 +6,7 @@
 //! arrived intact. Over AF_XDP (root) by default, or kernel UDP sockets with `--udp`.
 //!
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use roce_wire::Psn;
 
 use crate::args::{parse_mtu, DeviceArgs};
 use crate::rdma::{open_device, STALL};
+use crate::tcp::{Channel, Idle};
 
 /// Arguments of `roce pingpong`, named as `ibv_rc_pingpong` names them.
 #[derive(clap::Args)]
@@ -67,6 +68,9 @@ pub struct Args {
     ud: bool,
 }
 
+/// The path MTU of a UD QP (`ready_ud` sets none, so the transport's default holds): a UD
+/// message is one packet of at most this many bytes.
+const UD_PATH_MTU: PathMtu = PathMtu::Mtu1024;
 /// The Q_Key ibv_ud_pingpong uses.
 const UD_QKEY: u32 = 0x1111_1111;
 /// Bytes in front of every UD receive.
@@ -112,7 +116,12 @@ impl Dest {
     fn from_wire(wire: &[u8]) -> io::Result<Dest> {
         let text = String::from_utf8_lossy(wire);
         let text = text.trim_end_matches('\0');
-        let bad = || io::Error::other(format!("bad address message {text:?}"));
+        let bad = || {
+            io::Error::other(
+                "the peer's address message is not rdma-core's LID:QPN:PSN:GID in hex: is it \
+                 ibv_rc_pingpong or roce pingpong, on the same port?",
+            )
+        };
         let mut fields = text.split(':');
         let mut hex = || {
             let field = fields.next().ok_or_else(bad)?;
@@ -150,27 +159,31 @@ fn exchange(
     mine: Dest,
     connect: impl FnOnce(Dest) -> io::Result<()>,
 ) -> io::Result<(Dest, Ipv4Addr)> {
+    let mut wire = [0u8; 52];
     if let Some(host) = args.host {
-        let mut stream = TcpStream::connect((host, args.port))?;
-        stream.set_read_timeout(Some(STALL))?;
-        stream.write_all(&mine.to_wire())?;
-        let mut wire = [0u8; 52];
-        stream.read_exact(&mut wire)?;
+        let stream = TcpStream::connect((host, args.port)).map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!("cannot reach {host} port {}: {error}", args.port),
+            )
+        })?;
+        let mut channel = Channel::new(stream, Idle, STALL)?;
+        channel.write_all(&mine.to_wire(), "address")?;
+        channel.read_exact(&mut wire, "address")?;
         let peer = Dest::from_wire(&wire)?;
         connect(peer)?;
-        stream.write_all(b"done\0")?;
+        channel.write_all(b"done\0", "closing `done`")?;
         Ok((peer, host))
     } else {
         let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, args.port))?;
-        let (mut stream, from) = listener.accept()?;
-        stream.set_read_timeout(Some(STALL))?;
-        let mut wire = [0u8; 52];
-        stream.read_exact(&mut wire)?;
+        let (stream, from) = listener.accept()?;
+        let mut channel = Channel::new(stream, Idle, STALL)?;
+        channel.read_exact(&mut wire, "address")?;
         let peer = Dest::from_wire(&wire)?;
         connect(peer)?;
-        stream.write_all(&mine.to_wire())?;
+        channel.write_all(&mine.to_wire(), "address")?;
         let mut done = [0u8; 5];
-        stream.read_exact(&mut done)?;
+        channel.read_exact(&mut done, "closing `done`")?;
         let std::net::IpAddr::V4(from) = from.ip() else {
             return Err(io::Error::other("IPv6 peers are not supported yet"));
         };
@@ -178,7 +191,20 @@ fn exchange(
     }
 }
 
+/// Refuses, before anything waits, what cannot run.
+fn check(args: &Args) -> io::Result<()> {
+    if args.ud && args.size as usize > UD_PATH_MTU.bytes() {
+        return Err(io::Error::other(format!(
+            "a UD message is one packet: -s {} is larger than the path MTU ({} bytes)",
+            args.size,
+            UD_PATH_MTU.bytes()
+        )));
+    }
+    Ok(())
+}
+
 fn pingpong(args: &Args) -> io::Result<()> {
+    check(args)?;
     // One thread: it drives the engine itself, unless it sleeps on events.
     let progress = if args.events {
         Progress::Events
@@ -186,25 +212,23 @@ fn pingpong(args: &Args) -> io::Result<()> {
         Progress::Caller
     };
     let ctx = open_device("pingpong", &args.device, args.gid_index, progress)?;
-    let qp_type = match (args.uc, args.ud) {
-        (true, _) => QpType::Uc,
-        (_, true) => QpType::Ud,
-        _ => QpType::Rc,
-    };
     let pd = ctx.alloc_pd()?;
     let channel = args.events.then(|| ctx.create_comp_channel()).transpose()?;
     let rx_depth = args.rx_depth.max(1);
     let cq = ctx.create_cq(rx_depth as usize + 16, channel.as_ref())?;
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: rx_depth,
-        ..QpCaps::default()
-    };
     let qp = pd.create_qp(&QpInitAttr {
-        qp_type,
+        qp_type: match (args.uc, args.ud) {
+            (true, _) => QpType::Uc,
+            (_, true) => QpType::Ud,
+            _ => QpType::Rc,
+        },
         send_cq: &cq,
         recv_cq: &cq,
-        caps,
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: rx_depth,
+            ..QpCaps::default()
+        },
         sq_sig_all: false,
     })?;
     let size = args.size as usize;

@@ -169,3 +169,94 @@ fn perf_against_itself_in_every_test() {
         text(&server)
     );
 }
+
+/// `roce ARGS...` outside any namespace, bounded: options it refuses must not reach the
+/// network.
+fn roce_bounded(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_roce"))
+        .args(args)
+        .output()
+        .expect("run roce")
+}
+
+#[test]
+fn options_that_cannot_run_are_refused_before_anything_waits() {
+    let refused: [(&[&str], &str); 5] = [
+        (
+            &["-n", "0"],
+            "Iteration count must be between 5 and 100000000",
+        ),
+        (
+            &["-q", "0"],
+            "the number of QPs must be between 1 and 16384",
+        ),
+        (
+            &["-q", "99999"],
+            "the number of QPs must be between 1 and 16384",
+        ),
+        (&["-t", "0"], "the TX depth (-t) must be at least 1"),
+        (&["-i", "2"], "only port 1 exists"),
+    ];
+    for (flags, words) in refused {
+        // As a server: with options it could run, it would wait for a client.
+        let args = [&["perf", "write_bw"][..], flags].concat();
+        let output = roce_bounded(&args);
+        let said = text(&output);
+        assert!(
+            matches!(output.status.code(), Some(1 | 2)),
+            "{flags:?} exited {:?}: {said}",
+            output.status
+        );
+        assert!(said.contains(words), "{flags:?}: {said}");
+    }
+}
+
+#[test]
+fn a_silent_exchange_peer_times_out() {
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("SKIPPED a_silent_exchange_peer_times_out: needs root");
+        return;
+    }
+    let ns = Netns::create("roce-silent").unwrap();
+    // A GID index the device does not have is refused before anything waits.
+    let output = roce_in(&ns, "perf", &["write_bw", "--udp", "-d", "lo", "-x", "9"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    assert!(
+        text(&output).contains("GID index 9 does not exist on lo"),
+        "{}",
+        text(&output)
+    );
+
+    let server = roce_in(
+        &ns,
+        "perf",
+        &["write_bw", "--udp", "-d", "lo", "--exchange-timeout", "2"],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_listener(&ns, 18515);
+    // A client that connects and says nothing, holding the connection open until the
+    // server has given up (bounded).
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let name = ns.name.clone();
+    let silent = std::thread::spawn(move || {
+        roce_provider::netns::enter(&name).unwrap();
+        let stream = std::net::TcpStream::connect(("127.0.0.1", 18515)).unwrap();
+        let _ = done_rx.recv_timeout(std::time::Duration::from_secs(60));
+        drop(stream);
+    });
+    let server = server.wait_with_output().unwrap();
+    let _ = done_tx.send(());
+    silent.join().unwrap();
+    let said = text(&server);
+    assert_eq!(server.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("no sign of the peer while waiting for its perftest version"),
+        "{said}"
+    );
+}

@@ -5,7 +5,7 @@
 use std::io;
 use std::net::Ipv4Addr;
 
-use roce_verbs::PathMtu;
+use roce_verbs::{Device, PathMtu};
 
 use crate::args::{parse_size, path_mtu, path_mtu_from_enum, DeviceArgs};
 
@@ -104,6 +104,12 @@ pub struct Args {
     /// key it never issued, to see its NAK (the run then fails with REM_ACCESS_ERR).
     #[arg(long)]
     pub(super) wrong_rkey: bool,
+    /// Seconds to wait for the peer at any step of the TCP exchange; RDMA traffic from it
+    /// counts as a sign of life (a bandwidth server waits in the exchange while the client
+    /// runs).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(super) exchange_timeout: u64,
     /// Fault injection (receiver of send tests): post the receives this many milliseconds
     /// after the last barrier, so the first SENDs meet an empty queue and get RNR NAKs.
     #[arg(long, value_name = "MS")]
@@ -211,10 +217,10 @@ impl Params {
         }
     }
 
-    /// The parameters `args` ask for, with perftest's defaults, before the exchange; an
-    /// error, in perftest's words where it has them, for options that cannot run. `active`
-    /// is the port's MTU.
-    pub(super) fn new(args: &Args, active: PathMtu) -> io::Result<Params> {
+    /// The parameters `args` ask for, with perftest's defaults, before the device is open
+    /// and the exchange starts; an error, in perftest's words where it has them, for options
+    /// that cannot run.
+    pub(super) fn new(args: &Args) -> io::Result<Params> {
         let test = args.test;
         let verb = test.verb();
         let refuse = |why: &str| Err(io::Error::other(why.to_string()));
@@ -246,6 +252,9 @@ impl Params {
         if args.qps > 1 && test.is_latency() {
             return refuse(" Multiple QPs only available on bw tests");
         }
+        if args.tx_depth == Some(0) {
+            return refuse("the TX depth (-t) must be at least 1");
+        }
         let tx_depth = if test.is_latency() {
             1
         } else {
@@ -268,11 +277,24 @@ impl Params {
             cq_mod,
             cycle_buffer: u64::from(PAGE),
             cache_line: u64::from(CACHE_LINE),
-            mtu: requested_mtu(args.mtu, active),
+            mtu: PathMtu::Mtu1024,
             atomic: args.atomic_type.unwrap_or(AtomicType::FetchAndAdd),
             gbits: args.report_gbits,
             verify: args.verify,
         })
+    }
+
+    /// Fits the run to the device: the MTU `-m` asks for within the port's, and a TX depth
+    /// within its work-request limit.
+    pub(super) fn fit(&mut self, args: &Args, device: &Device) -> io::Result<()> {
+        let most = u64::from(device.query().max_qp_wr);
+        if self.tx_depth > most {
+            return Err(io::Error::other(format!(
+                "the TX depth (-t) must be at most {most}, the device's max_qp_wr"
+            )));
+        }
+        self.mtu = requested_mtu(args.mtu, device.query_port().active_mtu);
+        Ok(())
     }
 
     /// Takes in what the peer said in the preamble: the larger page and cache line, the

@@ -8,7 +8,7 @@ use roce_verbs::{RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkComp
 
 use super::exchange::KeyMsg;
 use super::params::{AtomicType, Verb};
-use super::report::BwReport;
+use super::report::{BwReport, Gaps, Timeline};
 use super::setup::{Rdma, PATTERN};
 use crate::rdma::{signaled, STALL};
 
@@ -94,13 +94,12 @@ impl Rdma<'_> {
     pub(super) fn run_bw_client(&self, peers: &[KeyMsg]) -> io::Result<BwReport> {
         let params = &self.params;
         let qps = self.qps.len();
-        let total = params.iters as usize * qps;
-        let mut posted = Vec::with_capacity(total);
-        let mut completed = Vec::with_capacity(total);
+        let total = params.iters * qps as u64;
+        let mut timeline = Timeline::new(params);
         let (mut sent, mut done) = (vec![0u64; qps], vec![0u64; qps]);
         let mut completions = Vec::new();
         let mut batch = Vec::new();
-        while completed.len() < total {
+        while timeline.completions() < total {
             for (qp, peer) in peers.iter().enumerate().take(qps) {
                 batch.clear();
                 while sent[qp] < params.iters && sent[qp] - done[qp] < params.tx_depth {
@@ -109,7 +108,7 @@ impl Rdma<'_> {
                 }
                 if !batch.is_empty() {
                     let now = Instant::now();
-                    posted.extend(batch.iter().map(|_| now));
+                    timeline.posted(now, batch.len() as u64);
                     self.qps[qp].post_send(batch.drain(..))?;
                 }
             }
@@ -119,29 +118,31 @@ impl Rdma<'_> {
                 // A signaled completion also completes every unsignaled request before it.
                 let (qp, n) = ((wc.wr_id >> 32) as usize, wc.wr_id & 0xFFFF_FFFF);
                 let newly = (n + 1).saturating_sub(done[qp]);
-                completed.extend((0..newly).map(|_| now));
+                timeline.completed(now, newly);
                 done[qp] = done[qp].max(n + 1);
             }
         }
-        Ok(BwReport::compute(params, &posted, &completed))
+        Ok(BwReport::compute(params, &timeline))
     }
 
     /// perftest's `run_iter_bw_server`: receive `iters` SENDs on each QP, re-posting as
     /// they arrive.
     pub(super) fn run_send_bw_server(&self) -> io::Result<BwReport> {
         let params = &self.params;
-        let n = params.iters as usize * self.qps.len();
-        let mut arrivals = Vec::with_capacity(n);
+        let n = params.iters * self.qps.len() as u64;
+        let mut arrivals = Timeline::new(params);
         let mut posted = vec![params.rx_depth; self.qps.len()];
         let mut completions = Vec::new();
-        while arrivals.len() < n {
+        while arrivals.completions() < n {
             self.poll(&mut completions)?;
             let now = Instant::now();
             for wc in &completions {
                 if wc.opcode != WcOpcode::Recv || u64::from(wc.byte_len) != params.size {
                     return Err(io::Error::other(format!("unexpected completion {wc:?}")));
                 }
-                arrivals.push(now);
+                // The server's clock starts at the first arrival.
+                arrivals.posted(now, 1);
+                arrivals.completed(now, 1);
                 let qp = self.qp_index(wc.qp_num)?;
                 self.check_received(qp)?;
                 if posted[qp] < params.iters {
@@ -151,7 +152,7 @@ impl Rdma<'_> {
             }
         }
         // The server's clock starts at the first arrival and it reports no peak.
-        let report = BwReport::compute(params, &arrivals, &arrivals);
+        let report = BwReport::compute(params, &arrivals);
         Ok(BwReport {
             peak: 0.0,
             ..report
@@ -243,9 +244,9 @@ impl Rdma<'_> {
 
     /// perftest's `run_iter_lat_send`: the client sends first; each side answers each
     /// arrival with its next SEND.
-    pub(super) fn run_send_lat(&self) -> io::Result<Vec<Instant>> {
+    pub(super) fn run_send_lat(&self) -> io::Result<Gaps> {
         let params = &self.params;
-        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut posted = Gaps::new(params.iters);
         let (mut sent, mut received, mut sends_done) = (0u64, 0u64, 0u64);
         let mut recvs_posted = params.rx_depth;
         let mut completions = Vec::new();
@@ -279,7 +280,7 @@ impl Rdma<'_> {
                 while sent - sends_done >= 8 {
                     reap(&mut received, &mut sends_done)?;
                 }
-                posted.push(Instant::now());
+                posted.post(Instant::now());
                 self.qps[0].post_send([send(sent)])?;
                 sent += 1;
             }
@@ -289,12 +290,12 @@ impl Rdma<'_> {
 
     /// perftest's `run_iter_lat_write`: the server writes first; each side waits for the
     /// peer's counter in the last byte of its window, then writes its own.
-    pub(super) fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
+    pub(super) fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Gaps> {
         let params = &self.params;
         let size = params.size as usize;
         let window = self.params.exposed_at(0);
         let poll_at = window + size - 1;
-        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut posted = Gaps::new(params.iters);
         let (mut sent, mut received) = (0u64, 0u64);
         let mut completions = Vec::new();
         while sent < params.iters || received < params.iters {
@@ -320,7 +321,7 @@ impl Rdma<'_> {
                 }
             }
             if sent < params.iters {
-                posted.push(Instant::now());
+                posted.post(Instant::now());
                 sent += 1;
                 self.buf.write(size - 1, &[sent as u8])?;
                 let write = SendOp::RdmaWrite {
@@ -336,9 +337,9 @@ impl Rdma<'_> {
     }
 
     /// perftest's `run_iter_lat` for READ: one signaled READ at a time.
-    pub(super) fn run_read_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
+    pub(super) fn run_read_lat(&self, peer: &KeyMsg) -> io::Result<Gaps> {
         let params = &self.params;
-        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut posted = Gaps::new(params.iters);
         let mut completions = Vec::new();
         for n in 0..params.iters {
             let read = SendOp::RdmaRead {
@@ -346,7 +347,7 @@ impl Rdma<'_> {
                 rkey: peer.rkey,
             };
             let read = signaled(n, read, self.buf.sge(0, params.size as u32));
-            posted.push(Instant::now());
+            posted.post(Instant::now());
             self.qps[0].post_send([read])?;
             self.poll(&mut completions)?;
         }

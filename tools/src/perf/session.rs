@@ -21,9 +21,10 @@ pub(super) fn perf(args: &Args) -> io::Result<()> {
         // spinning threads than cores costs milliseconds per scheduler switch.
         _ => Progress::Caller,
     };
+    let mut params = Params::new(args)?;
     let ctx = open_device("perf", &args.device, args.gid_index, progress)?;
-    let mut params = Params::new(args, ctx.device().query_port().active_mtu)?;
-    let mut oob = Oob::connect(args, &ctx)?;
+    params.fit(args, ctx.device())?;
+    let mut oob = Oob::connect(args, &ctx, progress == Progress::Caller)?;
     let (page, line, their_mtu) = oob.preamble(params.mtu)?;
     params.agree(page, line, their_mtu)?;
     let rdma = Rdma::new(&ctx, params)?;
@@ -47,18 +48,11 @@ fn bandwidth(mut oob: Oob, rdma: &Rdma, mine: &[KeyMsg], peers: &[KeyMsg]) -> io
     let report = if params.client {
         let report = rdma.run_bw_client(peers)?;
         oob.handshake(single)?;
-        // The client's results; the server's are meaningless (perftest sends garbage).
-        for value in report.to_wire() {
-            oob.exchange(&value)?;
-        }
+        oob.results(&report.to_wire())?;
         report
     } else {
         oob.handshake(single)?;
-        let mut received = Vec::new();
-        for _ in 0..5 {
-            received.push(oob.exchange(&[0u8; 8])?);
-        }
-        BwReport::from_wire(&received)?
+        BwReport::from_wire(&oob.results(&[[0u8; 8]; 5])?)?
     };
     print_bw_row(params, &report);
     println!("{RESULT_LINE}");
