@@ -10,9 +10,9 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_verbs::{
@@ -22,7 +22,8 @@ use roce_verbs::{
 };
 
 use crate::args::parse_size;
-use crate::rdma::{signaled, STALL};
+use crate::progress::Tenths;
+use crate::rdma::{failed, signaled, STALL};
 use crate::workload::{Counter, Pattern, Slots};
 
 /// Arguments of `roce demo`.
@@ -71,8 +72,22 @@ fn path_mtu(veth_mtu: u32) -> PathMtu {
     }
 }
 
-/// Namespaces to delete if the process is interrupted.
-static NAMESPACES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Deletes this process's namespaces, found by name (`Netns::create` puts the process id in
+/// it) rather than from a list: an interruption may come between a namespace's creation
+/// and the moment its handle exists.
+fn remove_namespaces() {
+    let tag = format!("-{}-", std::process::id());
+    for entry in std::fs::read_dir("/var/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("roce-demo-") && name.contains(&tag) {
+            netns::delete(&name);
+        }
+    }
+}
 
 /// Runs `roce demo`.
 pub fn run(args: &Args) -> ExitCode {
@@ -81,13 +96,7 @@ pub fn run(args: &Args) -> ExitCode {
         return ExitCode::from(2);
     }
     let handler = ctrlc::set_handler(|| {
-        for name in NAMESPACES
-            .lock()
-            .map(|names| names.clone())
-            .unwrap_or_default()
-        {
-            netns::delete(&name);
-        }
+        remove_namespaces();
         eprintln!("roce demo: interrupted; namespaces removed");
         std::process::exit(130);
     });
@@ -107,15 +116,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 fn demo(args: &Args) -> io::Result<bool> {
     let a = Netns::create("roce-demo-a")?;
-    NAMESPACES
-        .lock()
-        .map_err(|_| io::Error::other("poisoned"))?
-        .push(a.name.clone());
     let b = Netns::create("roce-demo-b")?;
-    NAMESPACES
-        .lock()
-        .map_err(|_| io::Error::other("poisoned"))?
-        .push(b.name.clone());
     veth(
         (&a, "roce0", "10.79.0.1/24"),
         (&b, "roce0", "10.79.0.2/24"),
@@ -443,10 +444,7 @@ fn check_ok(completion: &WorkCompletion) -> io::Result<()> {
     if completion.status == WcStatus::Success {
         Ok(())
     } else {
-        Err(io::Error::other(format!(
-            "work request {} ended {:?}",
-            completion.wr_id, completion.status
-        )))
+        Err(failed(completion))
     }
 }
 
@@ -509,7 +507,11 @@ fn bandwidth(
     };
     let started = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
-    let mut last_shown = 0;
+    let name = match direction {
+        Direction::Write => "WRITE",
+        Direction::Read => "READ",
+    };
+    let mut progress = Tenths::new(format!("roce demo: {name}"), Duration::ZERO);
     while done < messages {
         let mut batch = Vec::new();
         while posted < messages && posted - done + (batch.len() as u64) < in_flight {
@@ -539,12 +541,9 @@ fn bandwidth(
             }
             done += 1;
         }
-        if done * 10 / messages > last_shown {
-            last_shown = done * 10 / messages;
-            eprint!("\rroce demo: {}%", last_shown * 10);
-        }
+        progress.update(done, messages, |_| String::new());
     }
-    eprintln!();
+    progress.finish();
     let seconds = started.elapsed().as_secs_f64();
     let moved = messages * MESSAGE as u64;
     if direction == Direction::Read {

@@ -19,7 +19,8 @@ use roce_verbs::{
 use roce_wire::Psn;
 
 use crate::args::{parse_mtu, DeviceArgs};
-use crate::rdma::{open_device, STALL};
+use crate::rdma::{failed, open_device, STALL};
+use crate::signals;
 use crate::tcp::{Channel, Idle};
 
 /// Arguments of `roce pingpong`, named as `ibv_rc_pingpong` names them.
@@ -84,7 +85,7 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("roce pingpong: {error}");
-            ExitCode::FAILURE
+            signals::failure(&error)
         }
     }
 }
@@ -258,6 +259,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
         Ok(())
     })?;
     peer.print("remote");
+    signals::stop_on_signals()?;
     // An IPv4-mapped GID must be the address the peer connected from (an IPv6 GID, such
     // as rxe's link-local GID 0, is used as given).
     let mapped = Ipv6Addr::from(peer.gid).to_ipv4_mapped();
@@ -354,6 +356,7 @@ impl Ping<'_> {
         let mut completions = Vec::new();
         let mut last_progress = Instant::now();
         while sent < args.iters || received < args.iters {
+            signals::check()?;
             self.reap(&mut completions)?;
             if completions.is_empty() {
                 if last_progress.elapsed() > STALL {
@@ -366,10 +369,7 @@ impl Ping<'_> {
             last_progress = Instant::now();
             for completion in &completions {
                 if completion.status != WcStatus::Success {
-                    return Err(io::Error::other(format!(
-                        "work request {} ended {:?}",
-                        completion.wr_id, completion.status
-                    )));
+                    return Err(failed(completion));
                 }
                 match completion.opcode {
                     WcOpcode::Send => sent += 1,

@@ -1,5 +1,5 @@
-//! What the tools share to drive RDMA: opening a device, a work request, and how long a
-//! wait may stall.
+//! What the tools share to drive RDMA: opening a device, a work request, a failed
+//! completion in words, and how long a wait may stall.
 
 use std::io;
 use std::path::Path;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use roce_verbs::{
     devices, BackendChoice, BackendKind, Context, Device, OpenOptions, Progress, SendFlags, SendOp,
-    SendWr, Sge,
+    SendWr, Sge, WcStatus, WorkCompletion,
 };
 
 use crate::args::DeviceArgs;
@@ -66,6 +66,71 @@ pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         flags: SendFlags::SIGNALED,
         ud: None,
     }
+}
+
+/// A completion's status as rdma-core names it (`IBV_WC_*`), with what it tells a user.
+pub fn status_in_words(status: WcStatus) -> String {
+    let (name, words) = match status {
+        WcStatus::Success => ("IBV_WC_SUCCESS", "success"),
+        WcStatus::LocalLength => (
+            "IBV_WC_LOC_LEN_ERR",
+            "local length error: a message longer than the receive buffer",
+        ),
+        WcStatus::LocalQpOperation => (
+            "IBV_WC_LOC_QP_OP_ERR",
+            "local QP operation error: a request this QP cannot carry out",
+        ),
+        WcStatus::LocalProtection => (
+            "IBV_WC_LOC_PROT_ERR",
+            "local protection error: a local key or its access does not cover the buffer",
+        ),
+        WcStatus::WrFlush => (
+            "IBV_WC_WR_FLUSH_ERR",
+            "flushed: the QP had already failed, and an earlier completion says why",
+        ),
+        WcStatus::BadResponse => (
+            "IBV_WC_BAD_RESP_ERR",
+            "bad response error: the peer answered with something impossible",
+        ),
+        WcStatus::LocalAccess => (
+            "IBV_WC_LOC_ACCESS_ERR",
+            "local access error: a READ or atomic result could not be written here",
+        ),
+        WcStatus::RemoteInvalidRequest => (
+            "IBV_WC_REM_INV_REQ_ERR",
+            "remote invalid request error: the peer refused the request as invalid",
+        ),
+        WcStatus::RemoteAccess => (
+            "IBV_WC_REM_ACCESS_ERR",
+            "remote access error: the peer refused the key, the address range or the access",
+        ),
+        WcStatus::RemoteOperation => (
+            "IBV_WC_REM_OP_ERR",
+            "remote operation error: the peer could not carry out the request",
+        ),
+        WcStatus::RetryExceeded => (
+            "IBV_WC_RETRY_EXC_ERR",
+            "transport retry counter exceeded: the peer stopped answering",
+        ),
+        WcStatus::RnrRetryExceeded => (
+            "IBV_WC_RNR_RETRY_EXC_ERR",
+            "RNR retry counter exceeded: the peer had no receive posted, retry after retry",
+        ),
+        WcStatus::General => ("IBV_WC_GENERAL_ERR", "general error"),
+        _ => ("IBV_WC_GENERAL_ERR", "an error this tool has no words for"),
+    };
+    format!("{name} ({words})")
+}
+
+/// The error a failed completion makes: what it was, on which QP, and its status in words.
+pub fn failed(completion: &WorkCompletion) -> io::Error {
+    io::Error::other(format!(
+        "work request {} ({:?} on QP {:#x}) failed: {}",
+        completion.wr_id,
+        completion.opcode,
+        completion.qp_num,
+        status_in_words(completion.status)
+    ))
 }
 
 /// Bound on any single wait, so a broken run ends instead of hanging.

@@ -27,6 +27,7 @@ use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, QpPair, RetryConfig, Sim};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
+use crate::progress::Tenths;
 use crate::workload::{Counter, Pattern, Slots, CANARY};
 
 /// Bytes of a data message (SEND, WRITE, READ); the last one of a run may be shorter.
@@ -598,29 +599,8 @@ impl Run {
     }
 }
 
-/// Prints a line on stderr each time another tenth of the bytes is verified, once the run has
-/// taken long enough for that to help.
-struct Progress {
-    started: Instant,
-    tenths: u64,
-}
-
-impl Progress {
-    fn update(&mut self, verified: u64, target: u64) {
-        let tenths = (u128::from(verified) * 10 / u128::from(target)) as u64;
-        if tenths > self.tenths && self.started.elapsed() >= QUIET_FOR {
-            eprintln!(
-                "roce sim: {}% ({verified} of {target} bytes verified, {:.1?})",
-                tenths * 10,
-                self.started.elapsed()
-            );
-        }
-        self.tenths = self.tenths.max(tenths);
-    }
-}
-
 /// Runs the simulator until every byte is verified or a check fails.
-fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Progress) -> Result<(), String> {
+fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Tenths) -> Result<(), String> {
     run.refill(sim)?;
     while !run.finished() {
         let mut failure = None;
@@ -659,7 +639,10 @@ fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Progress) -> Result<(), St
                 return Err(format!("node {node}: {event:?}"));
             }
         }
-        progress.update(run.verified, run.target);
+        let (verified, target) = (run.verified, run.target);
+        progress.update(verified, target, |elapsed| {
+            format!(" ({verified} of {target} bytes verified, {elapsed:.1?})")
+        });
         run.refill(sim)?;
     }
     run.check_end(sim)
@@ -786,7 +769,7 @@ pub fn run(args: &Args) -> ExitCode {
     sim.add_node();
     let sim_start = sim.now;
     let mut run = Run::new(args, &mut sim);
-    let mut progress = Progress { started, tenths: 0 };
+    let mut progress = Tenths::new("roce sim:", QUIET_FOR);
     let outcome = drive(&mut sim, &mut run, &mut progress);
     let simulated = sim.now - sim_start;
     let stdout = io::stdout();

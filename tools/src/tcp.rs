@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
+use crate::signals;
+
 /// How long a side keeps spinning after the last sign of life before it sleeps between
 /// turns: long enough to ride out the gaps of a run, short enough to cost nothing idle.
 const SPIN_FOR: Duration = Duration::from_millis(10);
@@ -71,41 +73,41 @@ impl<W: Waiting> Channel<W> {
     /// Writes the whole message (`what`, in words, for errors); it fits the socket buffer,
     /// so it leaves in one piece.
     pub fn write_all(&mut self, message: &[u8], what: &str) -> io::Result<()> {
-        let mut sent = 0;
-        let mut wait = Wait::new(self.stall);
-        while sent < message.len() {
-            match self.stream.write(&message[sent..]) {
-                Ok(0) => return Err(closed(what, sent, message.len(), Direction::Out)),
-                Ok(n) => {
-                    sent += n;
-                    wait.restart();
-                }
-                Err(error) if retry(&error) => {
-                    self.wait(&mut wait, Direction::Out)
-                        .map_err(|e| late(e, what, sent, message.len(), Direction::Out))?;
-                }
-                Err(error) => return Err(broken(error, what, Direction::Out)),
-            }
-        }
-        Ok(())
+        self.transfer(message.len(), what, Direction::Out, |stream, done| {
+            stream.write(&message[done..])
+        })
     }
 
     /// Reads exactly `buf.len()` bytes of the peer's `what`.
     pub fn read_exact(&mut self, buf: &mut [u8], what: &str) -> io::Result<()> {
-        let mut filled = 0;
+        let len = buf.len();
+        self.transfer(len, what, Direction::In, |stream, done| {
+            stream.read(&mut buf[done..])
+        })
+    }
+
+    /// Moves `len` bytes with `step` (given how many have moved), waiting in between.
+    fn transfer(
+        &mut self,
+        len: usize,
+        what: &str,
+        direction: Direction,
+        mut step: impl FnMut(&mut TcpStream, usize) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        let mut done = 0;
         let mut wait = Wait::new(self.stall);
-        while filled < buf.len() {
-            match self.stream.read(&mut buf[filled..]) {
-                Ok(0) => return Err(closed(what, filled, buf.len(), Direction::In)),
+        while done < len {
+            match step(&mut self.stream, done) {
+                Ok(0) => return Err(closed(what, done, len, direction)),
                 Ok(n) => {
-                    filled += n;
+                    done += n;
                     wait.restart();
                 }
                 Err(error) if retry(&error) => {
-                    self.wait(&mut wait, Direction::In)
-                        .map_err(|e| late(e, what, filled, buf.len(), Direction::In))?;
+                    self.wait(&mut wait, direction)
+                        .map_err(|e| late(e, what, done, len, direction))?;
                 }
-                Err(error) => return Err(broken(error, what, Direction::In)),
+                Err(error) => return Err(broken(error, what, direction)),
             }
         }
         Ok(())
@@ -135,6 +137,7 @@ impl<W: Waiting> Channel<W> {
     /// One step of waiting: a turn, then a spin or a short sleep on the socket; an error of
     /// kind `TimedOut` once `stall` passed without a sign of life.
     fn wait(&mut self, wait: &mut Wait, direction: Direction) -> io::Result<()> {
+        signals::check()?;
         self.waiting.turn()?;
         let now = Instant::now();
         if now.duration_since(wait.checked) >= CHECK_EVERY {
@@ -225,8 +228,10 @@ fn closed(what: &str, got: usize, want: usize, direction: Direction) -> io::Erro
 }
 
 fn late(error: io::Error, what: &str, got: usize, want: usize, direction: Direction) -> io::Error {
-    if error.kind() != io::ErrorKind::TimedOut {
-        return broken(error, what, direction);
+    match error.kind() {
+        io::ErrorKind::TimedOut => {}
+        io::ErrorKind::Interrupted => return error,
+        _ => return broken(error, what, direction),
     }
     io::Error::new(
         io::ErrorKind::TimedOut,

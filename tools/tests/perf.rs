@@ -260,3 +260,55 @@ fn a_silent_exchange_peer_times_out() {
         "{said}"
     );
 }
+
+#[test]
+fn a_run_stopped_by_sigterm_leaves_a_whole_capture() {
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("SKIPPED a_run_stopped_by_sigterm_leaves_a_whole_capture: needs root");
+        return;
+    }
+    let a = Netns::create("roce-term-a").unwrap();
+    let b = Netns::create("roce-term-b").unwrap();
+    veth((&a, "ta", "10.84.0.1/24"), (&b, "tb", "10.84.0.2/24"), 9000).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("client.pcap");
+    // Far more iterations than the run is given.
+    let args = ["write_bw", "-s", "4096", "-n", "100000000"];
+    let server = roce_in(&b, "perf", &args).spawn().unwrap();
+    wait_for_listener(&b, 18515);
+    let pcap_arg = pcap.to_str().unwrap();
+    let client_args = [&args[..], &["--pcap", pcap_arg, "10.84.0.2"]].concat();
+    let client = roce_in(&a, "perf", &client_args).spawn().unwrap();
+    // Stop it once frames are on their way (`timeout`, which `roce_in` runs it under,
+    // hands the signal on).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::metadata(&pcap).map_or(0, |m| m.len()) < 1 << 20
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &client.id().to_string()])
+        .status()
+        .unwrap();
+    let client = client.wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert_eq!(client.status.code(), Some(130), "{}", text(&client));
+    assert!(
+        text(&client).contains("stopped by a signal"),
+        "{}",
+        text(&client)
+    );
+    assert!(!server.status.success(), "{}", text(&server));
+    let dump = std::process::Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["dump", "--summary", pcap_arg])
+        .output()
+        .unwrap();
+    assert_eq!(dump.status.code(), Some(0), "{}", text(&dump));
+    assert!(
+        text(&dump).contains("RC_RDMA_WRITE_ONLY"),
+        "{}",
+        text(&dump)
+    );
+}

@@ -27,13 +27,15 @@ mod setup;
 
 pub use params::Args;
 
+use crate::signals::failure;
+
 /// Runs `roce perf`.
 pub fn run(args: &Args) -> ExitCode {
     match session::perf(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("roce perf: {error}");
-            ExitCode::FAILURE
+            failure(&error)
         }
     }
 }

@@ -10,7 +10,8 @@ use super::exchange::KeyMsg;
 use super::params::{AtomicType, Verb};
 use super::report::{BwReport, Gaps, Timeline};
 use super::setup::{Rdma, PATTERN};
-use crate::rdma::{signaled, STALL};
+use crate::rdma::{failed, signaled, STALL};
+use crate::signals;
 
 impl Rdma<'_> {
     /// Posts up to `count` receives of one message each into QP `qp`'s exposed window.
@@ -73,7 +74,9 @@ impl Rdma<'_> {
     pub(super) fn poll(&self, out: &mut Vec<WorkCompletion>) -> io::Result<()> {
         out.clear();
         let started = Instant::now();
+        signals::check()?;
         while self.cq.poll_into(64, out)? == 0 {
+            signals::check()?;
             if started.elapsed() > STALL {
                 return Err(io::Error::other("no completion for 10 s"));
             }
@@ -81,10 +84,7 @@ impl Rdma<'_> {
             std::thread::yield_now();
         }
         match out.iter().find(|wc| wc.status != WcStatus::Success) {
-            Some(bad) => Err(io::Error::other(format!(
-                "work request {} ({:?}) ended {:?}",
-                bad.wr_id, bad.opcode, bad.status
-            ))),
+            Some(bad) => Err(failed(bad)),
             None => Ok(()),
         }
     }
@@ -306,6 +306,7 @@ impl Rdma<'_> {
                 let started = Instant::now();
                 loop {
                     // Nothing but us moves the engine while we watch memory.
+                    signals::check()?;
                     self.ctx.progress()?;
                     let mut last = [0u8];
                     self.buf.read(poll_at, &mut last)?;

@@ -12,6 +12,7 @@ use super::params::{Args, Params, Test, RESULT_LINE};
 use super::report::{print_bw_header, print_bw_row, print_lat_header, print_lat_row, BwReport};
 use super::setup::Rdma;
 use crate::rdma::open_device;
+use crate::signals;
 
 pub(super) fn perf(args: &Args) -> io::Result<()> {
     let progress = match (args.busy_poll, args.events) {
@@ -25,6 +26,7 @@ pub(super) fn perf(args: &Args) -> io::Result<()> {
     let ctx = open_device("perf", &args.device, args.gid_index, progress)?;
     params.fit(args, ctx.device())?;
     let mut oob = Oob::connect(args, &ctx, progress == Progress::Caller)?;
+    signals::stop_on_signals()?;
     let (page, line, their_mtu) = oob.preamble(params.mtu)?;
     params.agree(page, line, their_mtu)?;
     let rdma = Rdma::new(&ctx, params)?;
@@ -106,6 +108,7 @@ fn send(
 fn drive_for(ctx: &Context, how_long: Duration) -> io::Result<()> {
     let until = Instant::now() + how_long;
     while Instant::now() < until {
+        signals::check()?;
         ctx.progress()?;
         std::hint::spin_loop();
     }
