@@ -312,3 +312,38 @@ fn a_run_stopped_by_sigterm_leaves_a_whole_capture() {
         text(&dump)
     );
 }
+
+#[test]
+fn a_failed_qp_says_why_on_both_sides() {
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("SKIPPED a_failed_qp_says_why_on_both_sides: needs root");
+        return;
+    }
+    let a = Netns::create("roce-why-a").unwrap();
+    let b = Netns::create("roce-why-b").unwrap();
+    veth((&a, "wa", "10.85.0.1/24"), (&b, "wb", "10.85.0.2/24"), 9000).unwrap();
+    let args = ["write_bw", "-s", "4096", "-n", "100"];
+    let server = roce_in(&b, "perf", &args).spawn().unwrap();
+    wait_for_listener(&b, 18515);
+    let client = roce_in(
+        &a,
+        "perf",
+        &[&args[..], &["--wrong-rkey", "10.85.0.2"]].concat(),
+    )
+    .output()
+    .unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (ours, theirs) = (text(&client), text(&server));
+    assert_eq!(client.status.code(), Some(1), "{ours}");
+    assert!(
+        ours.contains("failed: IBV_WC_REM_ACCESS_ERR (remote access error")
+            && ours.contains("is in the error state ("),
+        "{ours}"
+    );
+    assert!(!server.status.success(), "{theirs}");
+    assert!(
+        theirs.contains("the peer closed the connection while waiting for its key message"),
+        "{theirs}"
+    );
+}

@@ -4,7 +4,7 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use roce_verbs::{Context, Progress};
+use roce_verbs::{Context, Progress, QpState};
 
 use super::connection::{connect, per_qp};
 use super::exchange::{KeyMsg, Oob};
@@ -37,6 +37,30 @@ pub(super) fn perf(args: &Args) -> io::Result<()> {
         Test::WriteLat => write_lat(oob, &rdma, &mine[0], &peers[0]),
         Test::ReadLat => read_lat(oob, &rdma, &mine[0], &peers),
     }
+    .map_err(|error| with_our_side(error, &rdma))
+}
+
+/// A failed run's error, with what our side knows of it: a QP of ours that went to the
+/// error state (its NAK and retry counters), and the device's async events.
+fn with_our_side(error: io::Error, rdma: &Rdma) -> io::Error {
+    let mut words = error.to_string();
+    for qp in &rdma.qps {
+        if let (Ok(QpState::Err), Ok(stats)) = (qp.state(), qp.stats()) {
+            words.push_str(&format!(
+                "; our QP {:#x} is in the error state ({} NAKs sent, {} received, {} \
+                 retransmits, {} timeouts)",
+                qp.qp_num(),
+                stats.naks_sent,
+                stats.naks_received,
+                stats.retransmits,
+                stats.timeouts
+            ));
+        }
+    }
+    while let Ok(Some(event)) = rdma.ctx.get_async_event() {
+        words.push_str(&format!("; async event {event:?}"));
+    }
+    io::Error::new(error.kind(), words)
 }
 
 /// write_bw, read_bw and atomic_bw: the client runs, then sends its results, which both
