@@ -10,18 +10,21 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_verbs::{
     AccessFlags, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions, PathMtu, Pd,
-    Progress, Qp, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
+    Progress, Qp, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr,
     WcOpcode, WcStatus, WorkCompletion, XdpMode,
 };
 
-use crate::rdma::STALL;
+use crate::args::parse_size;
+use crate::progress::Tenths;
+use crate::rdma::{failed, signaled, STALL};
+use crate::workload::{Counter, Pattern, Slots};
 
 /// Arguments of `roce demo`.
 #[derive(clap::Args)]
@@ -30,7 +33,7 @@ pub struct Args {
     #[arg(long, default_value_t = 20_000)]
     iters: u32,
     /// Bytes each bandwidth test moves (K, M, G suffixes: KiB, MiB, GiB).
-    #[arg(long, default_value = "512M", value_parser = crate::sim::parse_size)]
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
     bytes: u64,
     /// Attach the XDP program in generic mode instead of in the driver.
     #[arg(long)]
@@ -48,6 +51,14 @@ const IP_B: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 2);
 const MESSAGE: usize = 64 * 1024;
 /// WRITE/READ messages in flight; also the number of 64 KiB slots in the target window.
 const WINDOW: usize = 16;
+/// The target window and its local copy: a slot per message in flight, between guards.
+const SLOTS: Slots = Slots {
+    size: MESSAGE,
+    count: WINDOW,
+    guard: 64,
+};
+/// What WRITE sends and READ must bring back, by offset in the window's slots.
+const PAYLOAD: Pattern = Pattern::new(0x6465_6d6f);
 /// READs in flight (see `bandwidth`).
 const READS_IN_FLIGHT: u64 = 4;
 const PING: usize = 64;
@@ -61,8 +72,22 @@ fn path_mtu(veth_mtu: u32) -> PathMtu {
     }
 }
 
-/// Namespaces to delete if the process is interrupted.
-static NAMESPACES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Deletes this process's namespaces, found by name (`Netns::create` puts the process id in
+/// it) rather than from a list: an interruption may come between a namespace's creation
+/// and the moment its handle exists.
+fn remove_namespaces() {
+    let tag = format!("-{}-", std::process::id());
+    for entry in std::fs::read_dir("/var/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("roce-demo-") && name.contains(&tag) {
+            netns::delete(&name);
+        }
+    }
+}
 
 /// Runs `roce demo`.
 pub fn run(args: &Args) -> ExitCode {
@@ -71,13 +96,7 @@ pub fn run(args: &Args) -> ExitCode {
         return ExitCode::from(2);
     }
     let handler = ctrlc::set_handler(|| {
-        for name in NAMESPACES
-            .lock()
-            .map(|names| names.clone())
-            .unwrap_or_default()
-        {
-            netns::delete(&name);
-        }
+        remove_namespaces();
         eprintln!("roce demo: interrupted; namespaces removed");
         std::process::exit(130);
     });
@@ -97,15 +116,7 @@ pub fn run(args: &Args) -> ExitCode {
 
 fn demo(args: &Args) -> io::Result<bool> {
     let a = Netns::create("roce-demo-a")?;
-    NAMESPACES
-        .lock()
-        .map_err(|_| io::Error::other("poisoned"))?
-        .push(a.name.clone());
     let b = Netns::create("roce-demo-b")?;
-    NAMESPACES
-        .lock()
-        .map_err(|_| io::Error::other("poisoned"))?
-        .push(b.name.clone());
     veth(
         (&a, "roce0", "10.79.0.1/24"),
         (&b, "roce0", "10.79.0.2/24"),
@@ -313,56 +324,14 @@ fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
     let (offer_tx, offer_rx) = mpsc::channel::<Offer>();
     let (a_tx, a_rx) = mpsc::channel::<QpEndpoint>();
     let stop = Arc::new(AtomicBool::new(false));
+    let (mtu, generic) = (args.mtu, args.generic);
 
-    // B: echo every SEND back, and otherwise serve WRITEs, READs and atomics, until told.
     let name_b = b.name.clone();
     let stop_b = Arc::clone(&stop);
-    let mtu = args.mtu;
-    let generic = args.generic;
     let responder = thread::spawn(move || -> io::Result<()> {
         netns::enter(&name_b)?;
         let side = open_side(generic, None)?;
-        let window = side.pd.reg_mr(MESSAGE * WINDOW, AccessFlags::all())?;
-        let counter = side.pd.reg_mr(8, AccessFlags::all())?;
-        let ping = side.pd.reg_mr(PING, AccessFlags::all())?;
-        let offer = Offer {
-            qp: side.qp.endpoint(1)?,
-            window: (window.addr(), window.rkey()),
-            counter: (counter.addr(), counter.rkey()),
-        };
-        offer_tx
-            .send(offer)
-            .map_err(|_| io::Error::other("A is gone"))?;
-        let peer = a_rx
-            .recv_timeout(STALL)
-            .map_err(|_| io::Error::other("no QP from A"))?;
-        connect(&side, &peer, mtu)?;
-        let arm = || RecvWr {
-            wr_id: 0,
-            sg_list: [ping.sge(0, PING as u32)].into(),
-        };
-        side.qp.post_recv([arm()])?;
-        let mut completions = Vec::new();
-        while !stop_b.load(Ordering::Relaxed) {
-            completions.clear();
-            side.cq.poll_into(64, &mut completions)?;
-            for completion in &completions {
-                check_ok(completion)?;
-                if completion.opcode == WcOpcode::Recv {
-                    // Re-arm first: the next ping may follow the echo at once.
-                    side.qp.post_recv([arm()])?;
-                    let echo = SendWr {
-                        wr_id: 1,
-                        op: SendOp::Send,
-                        sg_list: [ping.sge(0, completion.byte_len)].into(),
-                        inline_data: Vec::new(),
-                        flags: SendFlags::empty(),
-                        ud: None,
-                    };
-                    side.qp.post_send([echo])?;
-                }
-            }
-        }
+        serve(&side, mtu, &offer_tx, &a_rx, &stop_b)?;
         drop(side.ctx);
         Ok(())
     });
@@ -378,21 +347,7 @@ fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
         a_tx.send(side.qp.endpoint(1)?)
             .map_err(|_| io::Error::other("B is gone"))?;
         connect(&side, &offer.qp, mtu)?;
-        let mut verified = 0u64;
-        let half_rtt_us = ping_pong(&side, iters, &mut verified)?;
-        eprintln!("roce demo: ping-pong done");
-        let write_gbps = bandwidth(&side, Direction::Write, offer.window, bytes, &mut verified)?;
-        eprintln!("roce demo: WRITE done");
-        let read_gbps = bandwidth(&side, Direction::Read, offer.window, bytes, &mut verified)?;
-        eprintln!("roce demo: READ done");
-        let atomics_per_s = atomics(&side, offer.counter, iters, &mut verified)?;
-        Ok(RoceFigures {
-            half_rtt_us,
-            write_gbps,
-            read_gbps,
-            atomics_per_s,
-            verified,
-        })
+        measure(&side, &offer, iters, bytes)
     });
     let figures = requester
         .join()
@@ -406,6 +361,78 @@ fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
     figures?
 }
 
+/// B: offers its QP and memory to A, then echoes every SEND back, and otherwise serves
+/// WRITEs, READs and atomics, until told to stop.
+fn serve(
+    side: &Side,
+    mtu: u32,
+    offer_tx: &mpsc::Sender<Offer>,
+    a_rx: &mpsc::Receiver<QpEndpoint>,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    let window = side.pd.reg_mr(SLOTS.len(), AccessFlags::all())?;
+    let counter = side.pd.reg_mr(8, AccessFlags::all())?;
+    let ping = side.pd.reg_mr(PING, AccessFlags::all())?;
+    let offer = Offer {
+        qp: side.qp.endpoint(1)?,
+        window: (window.addr(), window.rkey()),
+        counter: (counter.addr(), counter.rkey()),
+    };
+    offer_tx
+        .send(offer)
+        .map_err(|_| io::Error::other("A is gone"))?;
+    let peer = a_rx
+        .recv_timeout(STALL)
+        .map_err(|_| io::Error::other("no QP from A"))?;
+    connect(side, &peer, mtu)?;
+    let arm = || RecvWr {
+        wr_id: 0,
+        sg_list: [ping.sge(0, PING as u32)].into(),
+    };
+    side.qp.post_recv([arm()])?;
+    let mut completions = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        completions.clear();
+        side.cq.poll_into(64, &mut completions)?;
+        for completion in &completions {
+            check_ok(completion)?;
+            if completion.opcode == WcOpcode::Recv {
+                // Re-arm first: the next ping may follow the echo at once.
+                side.qp.post_recv([arm()])?;
+                let echo = SendWr {
+                    wr_id: 1,
+                    op: SendOp::Send,
+                    sg_list: [ping.sge(0, completion.byte_len)].into(),
+                    inline_data: Vec::new(),
+                    flags: SendFlags::empty(),
+                    ud: None,
+                };
+                side.qp.post_send([echo])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A: the four measurements against B's offer, in turn.
+fn measure(side: &Side, offer: &Offer, iters: u32, bytes: u64) -> io::Result<RoceFigures> {
+    let mut verified = 0u64;
+    let half_rtt_us = ping_pong(side, iters, &mut verified)?;
+    eprintln!("roce demo: ping-pong done");
+    let write_gbps = bandwidth(side, Direction::Write, offer.window, bytes, &mut verified)?;
+    eprintln!("roce demo: WRITE done");
+    let read_gbps = bandwidth(side, Direction::Read, offer.window, bytes, &mut verified)?;
+    eprintln!("roce demo: READ done");
+    let atomics_per_s = atomics(side, offer.counter, iters, &mut verified)?;
+    Ok(RoceFigures {
+        half_rtt_us,
+        write_gbps,
+        read_gbps,
+        atomics_per_s,
+        verified,
+    })
+}
+
 /// Polls until `want` completions arrived, each a success; fails after [`STALL`] without one.
 fn wait(side: &Side, want: usize) -> io::Result<Vec<WorkCompletion>> {
     let completions = side.cq.wait_for(want, STALL)?;
@@ -417,21 +444,7 @@ fn check_ok(completion: &WorkCompletion) -> io::Result<()> {
     if completion.status == WcStatus::Success {
         Ok(())
     } else {
-        Err(io::Error::other(format!(
-            "work request {} ended {:?}",
-            completion.wr_id, completion.status
-        )))
-    }
-}
-
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
+        Err(failed(completion))
     }
 }
 
@@ -440,7 +453,8 @@ fn ping_pong(side: &Side, iters: u32, verified: &mut u64) -> io::Result<f64> {
     let buffer = side.pd.reg_mr(2 * PING, AccessFlags::LOCAL_WRITE)?;
     let started = Instant::now();
     for i in 0..iters {
-        let ping: Vec<u8> = (0..PING).map(|k| (i as usize * 31 + k) as u8).collect();
+        let mut ping = [0u8; PING];
+        Pattern::new(u64::from(i)).fill(0, &mut ping);
         buffer.write(0, &ping)?;
         side.qp.post_recv([RecvWr {
             wr_id: 2,
@@ -474,13 +488,17 @@ fn bandwidth(
     verified: &mut u64,
 ) -> io::Result<f64> {
     let messages = bytes.div_ceil(MESSAGE as u64).max(WINDOW as u64);
-    let pattern: Vec<u8> = (0..MESSAGE * WINDOW)
-        .map(|i| (i * 7 + i / 65_521) as u8)
-        .collect();
-    let local = side.pd.reg_mr(MESSAGE * WINDOW, AccessFlags::all())?;
-    if direction == Direction::Write {
-        local.write(0, &pattern)?;
-    }
+    let mut pattern = vec![0u8; MESSAGE * WINDOW];
+    PAYLOAD.fill(0, &mut pattern);
+    let local = side.pd.reg_mr(SLOTS.len(), AccessFlags::all())?;
+    local.with_bytes_mut(|bytes| {
+        bytes.copy_from_slice(&SLOTS.blank());
+        if direction == Direction::Write {
+            for (slot, message) in pattern.chunks(MESSAGE).enumerate() {
+                bytes[SLOTS.offset(slot)..][..MESSAGE].copy_from_slice(message);
+            }
+        }
+    })?;
     // READ responses arrive in bursts the receiver must absorb; keeping fewer READs in flight
     // keeps a busy (or descheduled) requester from overflowing its AF_XDP receive ring.
     let in_flight = match direction {
@@ -489,12 +507,16 @@ fn bandwidth(
     };
     let started = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
-    let mut last_shown = 0;
+    let name = match direction {
+        Direction::Write => "WRITE",
+        Direction::Read => "READ",
+    };
+    let mut progress = Tenths::new(format!("roce demo: {name}"), Duration::ZERO);
     while done < messages {
         let mut batch = Vec::new();
         while posted < messages && posted - done + (batch.len() as u64) < in_flight {
             let n = posted + batch.len() as u64;
-            let offset = (n % WINDOW as u64) as usize * MESSAGE;
+            let offset = SLOTS.offset((n % WINDOW as u64) as usize);
             let remote_addr = window + offset as u64;
             let op = match direction {
                 Direction::Write => SendOp::RdmaWrite { remote_addr, rkey },
@@ -507,23 +529,21 @@ fn bandwidth(
         for completion in wait(side, 1)? {
             if direction == Direction::Read {
                 let slot = (completion.wr_id % WINDOW as u64) as usize;
-                let range = slot * MESSAGE..(slot + 1) * MESSAGE;
-                let intact = local.with_bytes(|got| got[range.clone()] == pattern[range])?;
-                if !intact {
-                    return Err(io::Error::other(format!(
-                        "READ {} returned other bytes than were written",
-                        completion.wr_id
-                    )));
-                }
+                let want = &pattern[slot * MESSAGE..(slot + 1) * MESSAGE];
+                local
+                    .with_bytes(|got| SLOTS.check(got, slot, want))?
+                    .map_err(|why| {
+                        io::Error::other(format!(
+                            "READ {} returned other bytes than were written: {why}",
+                            completion.wr_id
+                        ))
+                    })?;
             }
             done += 1;
         }
-        if done * 10 / messages > last_shown {
-            last_shown = done * 10 / messages;
-            eprint!("\rroce demo: {}%", last_shown * 10);
-        }
+        progress.update(done, messages, |_| String::new());
     }
-    eprintln!();
+    progress.finish();
     let seconds = started.elapsed().as_secs_f64();
     let moved = messages * MESSAGE as u64;
     if direction == Direction::Read {
@@ -542,6 +562,9 @@ fn atomics(
 ) -> io::Result<f64> {
     let results = side.pd.reg_mr(8 * WINDOW, AccessFlags::all())?;
     let total = u64::from(iters);
+    // What B's counter holds, and what each slot's atomic must find there.
+    let mut counter_at_b = Counter::default();
+    let mut expected = [0u64; WINDOW];
     let started = Instant::now();
     let (mut posted, mut done) = (0u64, 0u64);
     while done < total {
@@ -549,13 +572,16 @@ fn atomics(
             let slot = (posted % WINDOW as u64) as usize;
             let op = if posted + 1 == total {
                 // The counter now holds total − 1 adds of 1: swap it for zero.
+                let (compare, swap) = (total - 1, 0);
+                expected[slot] = counter_at_b.compare_swap(compare, swap);
                 SendOp::CompareSwap {
                     remote_addr: counter,
                     rkey,
-                    compare: total - 1,
-                    swap: 0,
+                    compare,
+                    swap,
                 }
             } else {
+                expected[slot] = counter_at_b.fetch_add(1);
                 SendOp::FetchAdd {
                     remote_addr: counter,
                     rkey,
@@ -571,10 +597,10 @@ fn atomics(
             let mut original = [0u8; 8];
             results.read(slot * 8, &mut original)?;
             let original = u64::from_ne_bytes(original);
-            if original != completion.wr_id {
+            if original != expected[slot] {
                 return Err(io::Error::other(format!(
-                    "atomic {} saw {original}",
-                    completion.wr_id
+                    "atomic {} saw {original}, expected {}",
+                    completion.wr_id, expected[slot]
                 )));
             }
             *verified += 8;

@@ -4,12 +4,15 @@
 //! opcode, destination QPN, PSN, AckReq, extension headers, payload length, ICRC verdict,
 //! and for a communication manager MAD to QP1 its message, e.g. `CM_REQ ... tid=...`);
 //! other traffic is counted and skipped. The last line is always
-//! `frames=N roce=M icrc_bad=K malformed=J`, and the exit status is 0 exactly when K and J
-//! are 0 (2 when a file cannot be read, 141 when stdout is closed early).
+//! `frames=N roce=M icrc_bad=K malformed=J`, also when a file cannot be read or stops inside
+//! a record (a capture cut short, as by a killed writer): every complete record before the
+//! cut is decoded and counted, stderr says where the file stops, and the next file is read.
+//! The exit status is 2 when any file could not be read to its end, otherwise 1 when K or J
+//! is not 0, otherwise 0 (141 when stdout is closed early).
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use roce_provider::capture::CaptureReader;
@@ -86,12 +89,19 @@ fn cm_message(repr: &FrameRepr, payload: &[u8]) -> Option<String> {
     Some(message.to_string())
 }
 
+/// What the dump found, and whether every file could be read to its end.
+struct Outcome {
+    tally: Tally,
+    unreadable: bool,
+}
+
 /// Runs `roce dump`.
 pub fn run(args: &Args) -> ExitCode {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
-    match dump(args, &mut out).and_then(|tally| out.flush().map(|()| tally)) {
-        Ok(tally) if tally.is_clean() => ExitCode::SUCCESS,
+    match dump(args, &mut out).and_then(|outcome| out.flush().map(|()| outcome)) {
+        Ok(outcome) if outcome.unreadable => ExitCode::from(2),
+        Ok(outcome) if outcome.tally.is_clean() => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         // The reader went away (`roce dump ... | head`): stop quietly, as tcpdump does.
         Err(error) if error.kind() == io::ErrorKind::BrokenPipe => ExitCode::from(141),
@@ -103,23 +113,19 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-fn dump(args: &Args, out: &mut impl Write) -> io::Result<Tally> {
+fn dump(args: &Args, out: &mut impl Write) -> io::Result<Outcome> {
     let mut tally = Tally::default();
+    let mut unreadable = false;
     let several = args.files.len() > 1;
     for path in &args.files {
-        let named = |error: &dyn std::fmt::Display| {
-            io::Error::other(format!("{}: {error}", path.display()))
-        };
-        let reader = CaptureReader::open(path).map_err(|e| named(&e))?;
         if several && !args.summary {
             writeln!(out, "# {}", path.display())?;
         }
-        for (index, frame) in reader.enumerate() {
-            let frame = frame.map_err(|e| named(&e))?;
-            let line = tally.add(&frame.data);
-            if let (Some(line), false) = (line, args.summary) {
-                writeln!(out, "{} {line}", index + 1)?;
-            }
+        if let Err(why) = dump_file(path, args.summary, &mut tally, out)? {
+            // Said after the frames before it, which stdout may still hold.
+            out.flush()?;
+            eprintln!("roce dump: {}: {why}", path.display());
+            unreadable = true;
         }
     }
     if args.summary {
@@ -132,5 +138,38 @@ fn dump(args: &Args, out: &mut impl Write) -> io::Result<Tally> {
         "frames={} roce={} icrc_bad={} malformed={}",
         tally.frames, tally.roce, tally.icrc_bad, tally.malformed
     )?;
-    Ok(tally)
+    Ok(Outcome { tally, unreadable })
+}
+
+/// Decodes the frames of one file into `tally` (and lines on `out`, unless `summary`).
+/// The inner error says why the file could not be read to its end; the outer one is
+/// stdout's.
+fn dump_file(
+    path: &Path,
+    summary: bool,
+    tally: &mut Tally,
+    out: &mut impl Write,
+) -> io::Result<Result<(), String>> {
+    let reader = match CaptureReader::open(path) {
+        Ok(reader) => reader,
+        Err(error) => return Ok(Err(error.to_string())),
+    };
+    let mut complete = 0;
+    for frame in reader {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(error) => {
+                return Ok(Err(format!(
+                    "the file stops inside a record after {complete} complete frames: it was \
+                     cut short (as by a writer that was killed) or is damaged there ({error})"
+                )))
+            }
+        };
+        complete += 1;
+        let line = tally.add(&frame.data);
+        if let (Some(line), false) = (line, summary) {
+            writeln!(out, "{complete} {line}")?;
+        }
+    }
+    Ok(Ok(()))
 }

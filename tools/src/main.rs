@@ -4,12 +4,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod args;
 mod demo;
 mod dump;
 mod perf;
 mod pingpong;
+mod progress;
 mod rdma;
+mod signals;
 mod sim;
+mod tcp;
+mod workload;
 
 #[derive(Parser)]
 #[command(name = "roce", version, about = "RoCEv2 in user space: tools")]

@@ -6,22 +6,22 @@
 //! arrived intact. Over AF_XDP (root) by default, or kernel UDP sockets with `--udp`.
 //!
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use roce_verbs::{
-    AccessFlags, AddressVector, CompChannel, ConnectOptions, Cq, Mr, PathMtu, Progress, Qp, QpCaps,
-    QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest,
-    WcOpcode, WcStatus,
+    AccessFlags, AddressVector, CompChannel, ConnectOptions, Cq, Mr, PathMtu, Pd, Progress, Qp,
+    QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags, SendOp, SendWr, UdDest,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use roce_wire::Psn;
 
-use crate::rdma::open_device;
-
-/// Bound on any single wait, so a broken run ends instead of hanging.
-const STALL: Duration = Duration::from_secs(10);
+use crate::args::{parse_mtu, DeviceArgs};
+use crate::rdma::{failed, open_device, STALL};
+use crate::signals;
+use crate::tcp::{Channel, Idle};
 
 /// Arguments of `roce pingpong`, named as `ibv_rc_pingpong` names them.
 #[derive(clap::Args)]
@@ -31,18 +31,14 @@ pub struct Args {
     /// TCP port of the address exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
-    /// Network interface to use (default: the first one that is up, not loopback).
-    #[arg(short = 'd', long = "ib-dev")]
-    device: Option<String>,
-    /// Port of the device (there is only 1).
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
-    ib_port: u8,
+    #[command(flatten)]
+    device: DeviceArgs,
     /// Message size in bytes.
     #[arg(short = 's', long = "size", default_value_t = 4096)]
     size: u32,
     /// Path MTU: 256, 512, 1024, 2048 or 4096.
-    #[arg(short = 'm', long = "mtu", default_value_t = 1024)]
-    mtu: u32,
+    #[arg(short = 'm', long = "mtu", default_value = "1024", value_parser = parse_mtu)]
+    mtu: PathMtu,
     /// Receives posted at once.
     #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
     rx_depth: u32,
@@ -71,14 +67,11 @@ pub struct Args {
     /// Unreliable datagram, as ibv_ud_pingpong (messages up to the path MTU).
     #[arg(long)]
     ud: bool,
-    /// Use kernel UDP sockets instead of AF_XDP (no root needed).
-    #[arg(long)]
-    udp: bool,
-    /// Write every frame sent and received to this pcap file.
-    #[arg(long, value_name = "FILE")]
-    pcap: Option<std::path::PathBuf>,
 }
 
+/// The path MTU of a UD QP (`ready_ud` sets none, so the transport's default holds): a UD
+/// message is one packet of at most this many bytes.
+const UD_PATH_MTU: PathMtu = PathMtu::Mtu1024;
 /// The Q_Key ibv_ud_pingpong uses.
 const UD_QKEY: u32 = 0x1111_1111;
 /// Bytes in front of every UD receive.
@@ -92,20 +85,9 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("roce pingpong: {error}");
-            ExitCode::FAILURE
+            signals::failure(&error)
         }
     }
-}
-
-fn path_mtu(bytes: u32) -> io::Result<PathMtu> {
-    Ok(match bytes {
-        256 => PathMtu::Mtu256,
-        512 => PathMtu::Mtu512,
-        1024 => PathMtu::Mtu1024,
-        2048 => PathMtu::Mtu2048,
-        4096 => PathMtu::Mtu4096,
-        _ => return Err(io::Error::other(format!("invalid MTU {bytes}"))),
-    })
 }
 
 /// One side's address, as `ibv_rc_pingpong` sends it.
@@ -135,7 +117,12 @@ impl Dest {
     fn from_wire(wire: &[u8]) -> io::Result<Dest> {
         let text = String::from_utf8_lossy(wire);
         let text = text.trim_end_matches('\0');
-        let bad = || io::Error::other(format!("bad address message {text:?}"));
+        let bad = || {
+            io::Error::other(
+                "the peer's address message is not rdma-core's LID:QPN:PSN:GID in hex: is it \
+                 ibv_rc_pingpong or roce pingpong, on the same port?",
+            )
+        };
         let mut fields = text.split(':');
         let mut hex = || {
             let field = fields.next().ok_or_else(bad)?;
@@ -173,27 +160,31 @@ fn exchange(
     mine: Dest,
     connect: impl FnOnce(Dest) -> io::Result<()>,
 ) -> io::Result<(Dest, Ipv4Addr)> {
+    let mut wire = [0u8; 52];
     if let Some(host) = args.host {
-        let mut stream = TcpStream::connect((host, args.port))?;
-        stream.set_read_timeout(Some(STALL))?;
-        stream.write_all(&mine.to_wire())?;
-        let mut wire = [0u8; 52];
-        stream.read_exact(&mut wire)?;
+        let stream = TcpStream::connect((host, args.port)).map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!("cannot reach {host} port {}: {error}", args.port),
+            )
+        })?;
+        let mut channel = Channel::new(stream, Idle, STALL)?;
+        channel.write_all(&mine.to_wire(), "address")?;
+        channel.read_exact(&mut wire, "address")?;
         let peer = Dest::from_wire(&wire)?;
         connect(peer)?;
-        stream.write_all(b"done\0")?;
+        channel.write_all(b"done\0", "closing `done`")?;
         Ok((peer, host))
     } else {
         let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, args.port))?;
-        let (mut stream, from) = listener.accept()?;
-        stream.set_read_timeout(Some(STALL))?;
-        let mut wire = [0u8; 52];
-        stream.read_exact(&mut wire)?;
+        let (stream, from) = listener.accept()?;
+        let mut channel = Channel::new(stream, Idle, STALL)?;
+        channel.read_exact(&mut wire, "address")?;
         let peer = Dest::from_wire(&wire)?;
         connect(peer)?;
-        stream.write_all(&mine.to_wire())?;
+        channel.write_all(&mine.to_wire(), "address")?;
         let mut done = [0u8; 5];
-        stream.read_exact(&mut done)?;
+        channel.read_exact(&mut done, "closing `done`")?;
         let std::net::IpAddr::V4(from) = from.ip() else {
             return Err(io::Error::other("IPv6 peers are not supported yet"));
         };
@@ -201,43 +192,44 @@ fn exchange(
     }
 }
 
-fn pingpong(args: &Args) -> io::Result<()> {
-    if args.ib_port != 1 {
-        return Err(io::Error::other("only port 1 exists"));
+/// Refuses, before anything waits, what cannot run.
+fn check(args: &Args) -> io::Result<()> {
+    if args.ud && args.size as usize > UD_PATH_MTU.bytes() {
+        return Err(io::Error::other(format!(
+            "a UD message is one packet: -s {} is larger than the path MTU ({} bytes)",
+            args.size,
+            UD_PATH_MTU.bytes()
+        )));
     }
-    let mtu = path_mtu(args.mtu)?;
+    Ok(())
+}
+
+fn pingpong(args: &Args) -> io::Result<()> {
+    check(args)?;
     // One thread: it drives the engine itself, unless it sleeps on events.
     let progress = if args.events {
         Progress::Events
     } else {
         Progress::Caller
     };
-    let ctx = open_device(
-        "pingpong",
-        args.device.as_deref(),
-        args.udp,
-        progress,
-        args.pcap.as_deref(),
-    )?;
-    let qp_type = match (args.uc, args.ud) {
-        (true, _) => QpType::Uc,
-        (_, true) => QpType::Ud,
-        _ => QpType::Rc,
-    };
+    let ctx = open_device("pingpong", &args.device, args.gid_index, progress)?;
     let pd = ctx.alloc_pd()?;
     let channel = args.events.then(|| ctx.create_comp_channel()).transpose()?;
     let rx_depth = args.rx_depth.max(1);
     let cq = ctx.create_cq(rx_depth as usize + 16, channel.as_ref())?;
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: rx_depth,
-        ..QpCaps::default()
-    };
     let qp = pd.create_qp(&QpInitAttr {
-        qp_type,
+        qp_type: match (args.uc, args.ud) {
+            (true, _) => QpType::Uc,
+            (_, true) => QpType::Ud,
+            _ => QpType::Rc,
+        },
         send_cq: &cq,
         recv_cq: &cq,
-        caps,
+        caps: QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: rx_depth,
+            ..QpCaps::default()
+        },
         sq_sig_all: false,
     })?;
     let size = args.size as usize;
@@ -245,11 +237,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
     let grh = if args.ud { GRH } else { 0 };
     let send_buf = pd.reg_mr(size, AccessFlags::LOCAL_WRITE)?;
     let recv_buf = pd.reg_mr(size + grh, AccessFlags::all())?;
-    // What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.
-    let mut message = vec![0x7bu8; size];
-    if args.check {
-        message.iter_mut().step_by(4096).for_each(|byte| *byte = 0);
-    }
+    let message = payload(args);
     send_buf.write(0, &message)?;
     let endpoint = qp.endpoint(args.gid_index)?;
     let mine = Dest {
@@ -265,35 +253,13 @@ fn pingpong(args: &Args) -> io::Result<()> {
     };
     let mut ud = None;
     let (peer, peer_ip) = exchange(args, mine, |peer| {
+        ud = ready(&qp, &pd, args, &peer)?;
         // Receives go up before the peer can send: right after the QP can take them.
-        if args.ud {
-            qp.ready_ud(UD_QKEY)?;
-            let ah = pd.create_ah(AddressVector {
-                dgid: peer.gid,
-                sgid_index: args.gid_index,
-                hop_limit: 64,
-                traffic_class: 0,
-                flow_label: 0,
-            })?;
-            ud = Some(ah.dest(peer.qpn, UD_QKEY));
-        } else {
-            let remote = QpEndpoint {
-                qpn: peer.qpn,
-                psn: peer.psn,
-                gid: peer.gid,
-            };
-            let options = ConnectOptions {
-                mtu,
-                retry: RetryConfig::RC_PINGPONG,
-                sgid_index: args.gid_index,
-                ..ConnectOptions::default()
-            };
-            qp.connect(&remote, &options)?;
-        }
         qp.post_recv((0..rx_depth).map(|_| recv.clone()))?;
         Ok(())
     })?;
     peer.print("remote");
+    signals::stop_on_signals()?;
     // An IPv4-mapped GID must be the address the peer connected from (an IPv6 GID, such
     // as rxe's link-local GID 0, is used as given).
     let mapped = Ipv6Addr::from(peer.gid).to_ipv4_mapped();
@@ -313,6 +279,44 @@ fn pingpong(args: &Args) -> io::Result<()> {
         ud,
     };
     ping.bounce(&message, args)
+}
+
+/// What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.
+fn payload(args: &Args) -> Vec<u8> {
+    let mut message = vec![0x7bu8; args.size as usize];
+    if args.check {
+        message.iter_mut().step_by(4096).for_each(|byte| *byte = 0);
+    }
+    message
+}
+
+/// Brings `qp` to where it can send to `peer`: connected (RC, UC), or ready with the
+/// destination its UD sends name.
+fn ready(qp: &Qp, pd: &Pd, args: &Args, peer: &Dest) -> io::Result<Option<UdDest>> {
+    if args.ud {
+        qp.ready_ud(UD_QKEY)?;
+        let ah = pd.create_ah(AddressVector {
+            dgid: peer.gid,
+            sgid_index: args.gid_index,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        })?;
+        return Ok(Some(ah.dest(peer.qpn, UD_QKEY)));
+    }
+    let remote = QpEndpoint {
+        qpn: peer.qpn,
+        psn: peer.psn,
+        gid: peer.gid,
+    };
+    let options = ConnectOptions {
+        mtu: args.mtu,
+        retry: RetryConfig::RC_PINGPONG,
+        sgid_index: args.gid_index,
+        ..ConnectOptions::default()
+    };
+    qp.connect(&remote, &options)?;
+    Ok(None)
 }
 
 /// The ping-pong's verbs objects.
@@ -352,17 +356,8 @@ impl Ping<'_> {
         let mut completions = Vec::new();
         let mut last_progress = Instant::now();
         while sent < args.iters || received < args.iters {
-            completions.clear();
-            if let Some(channel) = self.channel {
-                // rc_pingpong -e: arm, sleep until the event, then drain.
-                self.cq.req_notify(false)?;
-                if self.cq.poll_into(16, &mut completions)? == 0 {
-                    channel.get_cq_event(Some(STALL))?;
-                    self.cq.poll_into(16, &mut completions)?;
-                }
-            } else {
-                self.cq.poll_into(16, &mut completions)?;
-            }
+            signals::check()?;
+            self.reap(&mut completions)?;
             if completions.is_empty() {
                 if last_progress.elapsed() > STALL {
                     return Err(io::Error::other(format!(
@@ -374,10 +369,7 @@ impl Ping<'_> {
             last_progress = Instant::now();
             for completion in &completions {
                 if completion.status != WcStatus::Success {
-                    return Err(io::Error::other(format!(
-                        "work request {} ended {:?}",
-                        completion.wr_id, completion.status
-                    )));
+                    return Err(failed(completion));
                 }
                 match completion.opcode {
                     WcOpcode::Send => sent += 1,
@@ -404,17 +396,36 @@ impl Ping<'_> {
                 }
             }
         }
-        let seconds = started.elapsed().as_secs_f64();
-        let bytes = u64::from(size) * u64::from(args.iters) * 2;
-        println!(
-            "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
-            bytes as f64 * 8.0 / seconds / 1e6
-        );
-        println!(
-            "{} iters in {seconds:.2} seconds = {:.2} usec/iter",
-            args.iters,
-            seconds * 1e6 / f64::from(args.iters)
-        );
+        print_result(size, args.iters, started.elapsed().as_secs_f64());
         Ok(())
     }
+
+    /// Takes what completions there are; `-e` first sleeps until there is one (or
+    /// [`STALL`] passes), as rc_pingpong -e arms, sleeps until the event, then drains.
+    fn reap(&self, completions: &mut Vec<WorkCompletion>) -> io::Result<()> {
+        completions.clear();
+        if let Some(channel) = self.channel {
+            self.cq.req_notify(false)?;
+            if self.cq.poll_into(16, completions)? == 0 {
+                channel.get_cq_event(Some(STALL))?;
+                self.cq.poll_into(16, completions)?;
+            }
+        } else {
+            self.cq.poll_into(16, completions)?;
+        }
+        Ok(())
+    }
+}
+
+/// rdma-core's two result lines.
+fn print_result(size: u32, iters: u32, seconds: f64) {
+    let bytes = u64::from(size) * u64::from(iters) * 2;
+    println!(
+        "{bytes} bytes in {seconds:.2} seconds = {:.2} Mbit/sec",
+        bytes as f64 * 8.0 / seconds / 1e6
+    );
+    println!(
+        "{iters} iters in {seconds:.2} seconds = {:.2} usec/iter",
+        seconds * 1e6 / f64::from(iters)
+    );
 }

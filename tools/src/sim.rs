@@ -27,18 +27,21 @@ use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, QpPair, RetryConfig, Sim};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
+use crate::progress::Tenths;
+use crate::workload::{Counter, Pattern, Slots, CANARY};
+
 /// Bytes of a data message (SEND, WRITE, READ); the last one of a run may be shorter.
 const MESSAGE: usize = 64 * 1024;
 /// Messages in flight per QP pair, each in its own slot: a 1 MiB window per side.
 const SLOTS: usize = 16;
 /// Canary bytes after every slot and before the first, which no operation addresses.
 const GUARD: usize = 256;
-/// A slot and the guard after it.
-const STRIDE: usize = MESSAGE + GUARD;
-/// Bytes of one window.
-const WINDOW_LEN: usize = GUARD + SLOTS * STRIDE;
-/// What unaddressed memory holds, and must still hold when checked.
-const CANARY: u8 = 0xA5;
+/// Each side's window of a QP pair.
+const WINDOW: Slots = Slots {
+    size: MESSAGE,
+    count: SLOTS,
+    guard: GUARD,
+};
 /// Simulator steps allowed without a single message completing before the run is stuck.
 const STALL_STEPS: u64 = 1_000_000;
 /// Runs shorter than this print no progress.
@@ -64,24 +67,24 @@ pub struct Args {
     /// Bytes to move and verify in total, with an optional K, M or G suffix (KiB, MiB, GiB).
     /// SEND, WRITE and READ move 64 KiB per message (the last one may be shorter); an atomic
     /// moves 8 bytes.
-    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = crate::args::parse_size)]
     bytes: u64,
     /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096.
-    #[arg(long, value_name = "BYTES", default_value = "1024", value_parser = parse_mtu)]
+    #[arg(long, value_name = "BYTES", default_value = "1024", value_parser = crate::args::parse_mtu)]
     mtu: PathMtu,
     /// Frames lost, in percent (`--loss 5` is 5 %, `--loss 0.5` is 0.5 %).
-    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = crate::args::parse_percent)]
     loss: f64,
     /// Frames delayed by one to three extra link latencies, so later ones overtake them,
     /// in percent.
-    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = crate::args::parse_percent)]
     reorder: f64,
     /// Frames delivered twice, in percent.
-    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = crate::args::parse_percent)]
     dup: f64,
     /// Frames with one bit flipped after the Ethernet header, in percent (the receiver's
     /// ICRC check must reject every one).
-    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = parse_percent)]
+    #[arg(long, value_name = "PERCENT", default_value = "0", value_parser = crate::args::parse_percent)]
     corrupt: f64,
     /// Seed of every random choice: the same arguments replay the same run.
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -110,52 +113,6 @@ impl fmt::Display for Op {
             Op::Atomic => "atomic",
         })
     }
-}
-
-/// `16M`, `64K`, `1G`, `4096`: bytes, with binary suffixes (an `iB` after them is allowed).
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let lower = text.trim().to_ascii_lowercase();
-    let number = lower.strip_suffix("ib").unwrap_or(&lower);
-    let (digits, shift) = match number.as_bytes().last() {
-        Some(b'k') => (&number[..number.len() - 1], 10),
-        Some(b'm') => (&number[..number.len() - 1], 20),
-        Some(b'g') => (&number[..number.len() - 1], 30),
-        _ => (number, 0),
-    };
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size such as 4096, 64K, 16M or 1G"))?;
-    let bytes = value
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))?;
-    if bytes == 0 {
-        return Err("the size must be at least 1 byte".into());
-    }
-    Ok(bytes)
-}
-
-fn parse_mtu(text: &str) -> Result<PathMtu, String> {
-    match text.trim() {
-        "256" => Ok(PathMtu::Mtu256),
-        "512" => Ok(PathMtu::Mtu512),
-        "1024" => Ok(PathMtu::Mtu1024),
-        "2048" => Ok(PathMtu::Mtu2048),
-        "4096" => Ok(PathMtu::Mtu4096),
-        _ => Err("the MTU must be 256, 512, 1024, 2048 or 4096".into()),
-    }
-}
-
-/// A percentage from 0 to 100, returned as a probability.
-fn parse_percent(text: &str) -> Result<f64, String> {
-    let percent: f64 = text
-        .trim()
-        .trim_end_matches('%')
-        .parse()
-        .map_err(|_| format!("`{text}` is not a percentage such as 5 or 0.5"))?;
-    if !(0.0..=100.0).contains(&percent) {
-        return Err("a percentage must be between 0 and 100".into());
-    }
-    Ok(percent / 100.0)
 }
 
 /// One posted work request and what has come back for it.
@@ -232,10 +189,10 @@ struct Lane {
     /// Index in `--ops` of this pair's next operation: every pair takes every operation.
     next_op: usize,
     atomics: u64,
-    /// What the FETCH_ADD counter holds once every atomic posted so far has run.
-    sum: u64,
+    /// The FETCH_ADD counter once every atomic posted so far has run.
+    sum: Counter,
     /// The same for the CMP_SWAP word.
-    word: u64,
+    word: Counter,
 }
 
 /// Where windows live in each node's address space; pair i's is `i` × `WINDOW_SPACING` on.
@@ -251,59 +208,6 @@ fn window_iova(lane: usize) -> u64 {
 
 fn counters_iova(lane: usize) -> u64 {
     COUNTERS_IOVA + lane as u64 * WINDOW_SPACING
-}
-
-/// Offset of a slot in its window.
-fn slot_offset(slot: usize) -> usize {
-    GUARD + slot * STRIDE
-}
-
-/// SplitMix64: one step of a tiny generator that is a bijection of its state.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The seed of message `seq` of pair `lane`: distinct for every pair (below 2^16) and
-/// message (below 2^48), so bytes left over from an earlier message never pass for a later one.
-fn message_key(seed: u64, lane: usize, seq: u64) -> u64 {
-    let mut state = seed ^ ((lane as u64) << 48) ^ seq;
-    splitmix64(&mut state)
-}
-
-/// The bytes a message carries.
-fn fill_pattern(key: u64, out: &mut [u8]) {
-    let mut state = key;
-    for chunk in out.chunks_mut(8) {
-        let word = splitmix64(&mut state).to_le_bytes();
-        chunk.copy_from_slice(&word[..chunk.len()]);
-    }
-}
-
-/// Checks a slot and its guard: `want`, then canary only.
-fn check_stride(stride: &[u8], want: &[u8]) -> Result<(), String> {
-    if let Some(at) = stride[..want.len()]
-        .iter()
-        .zip(want)
-        .position(|(got, want)| got != want)
-    {
-        return Err(format!(
-            "byte {at} of {} is {:#04x}, expected {:#04x}",
-            want.len(),
-            stride[at],
-            want[at]
-        ));
-    }
-    match stride[want.len()..].iter().position(|&b| b != CANARY) {
-        Some(at) => Err(format!(
-            "byte {at} after the {} addressed bytes was overwritten",
-            want.len()
-        )),
-        None => Ok(()),
-    }
 }
 
 fn wr_id(lane: usize, seq: u64) -> u64 {
@@ -326,6 +230,33 @@ fn region(sim: &mut Sim, node: usize, key: u32) -> &mut [u8] {
 }
 
 impl Lane {
+    /// What the requester posts for `work` on pair `lane`, whose slot is at `addr`.
+    fn send_op(&self, lane: usize, work: Work, addr: u64) -> SendOp {
+        let counter_addr = counters_iova(lane) + GUARD as u64;
+        match work {
+            Work::Send => SendOp::Send,
+            Work::Write => SendOp::RdmaWrite {
+                remote_addr: addr,
+                rkey: self.remote,
+            },
+            Work::Read => SendOp::RdmaRead {
+                remote_addr: addr,
+                rkey: self.remote,
+            },
+            Work::FetchAdd { add, .. } => SendOp::FetchAdd {
+                remote_addr: counter_addr,
+                rkey: self.counters,
+                add,
+            },
+            Work::CompareSwap { compare, swap, .. } => SendOp::CompareSwap {
+                remote_addr: counter_addr + 8,
+                rkey: self.counters,
+                compare,
+                swap,
+            },
+        }
+    }
+
     /// The windows (node, key) a message's bytes come from and go to; an atomic's come from
     /// the counters.
     fn ends(&self, work: Work) -> (Option<(usize, u32)>, (usize, u32)) {
@@ -358,7 +289,7 @@ struct Run {
 impl Run {
     /// Connects the pairs and registers their windows.
     fn new(args: &Args, sim: &mut Sim) -> Self {
-        let blank = vec![CANARY; WINDOW_LEN];
+        let blank = WINDOW.blank();
         let mut counters = vec![CANARY; COUNTERS_LEN];
         counters[GUARD..GUARD + 16].fill(0);
         let lanes = (0..usize::from(args.qps))
@@ -373,8 +304,8 @@ impl Run {
                     next_seq: 0,
                     next_op: 0,
                     atomics: 0,
-                    sum: 0,
-                    word: 0,
+                    sum: Counter::default(),
+                    word: Counter::default(),
                 }
             })
             .collect();
@@ -439,25 +370,28 @@ impl Run {
         match k % 4 {
             0 | 2 => {
                 let add = (key >> 40) + 1;
-                let original = l.sum;
-                l.sum = l.sum.wrapping_add(add);
+                let original = l.sum.fetch_add(add);
                 Work::FetchAdd { add, original }
             }
             1 => {
-                let original = l.word;
-                let swap = if key == l.word { !key } else { key };
-                l.word = swap;
+                let compare = l.word.value;
+                let swap = if key == compare { !key } else { key };
+                let original = l.word.compare_swap(compare, swap);
                 Work::CompareSwap {
-                    compare: original,
+                    compare,
                     swap,
                     original,
                 }
             }
-            _ => Work::CompareSwap {
-                compare: !l.word,
-                swap: key,
-                original: l.word,
-            },
+            _ => {
+                let compare = !l.word.value;
+                let original = l.word.compare_swap(compare, key);
+                Work::CompareSwap {
+                    compare,
+                    swap: key,
+                    original,
+                }
+            }
         }
     }
 
@@ -465,14 +399,14 @@ impl Run {
     fn post(&mut self, sim: &mut Sim, lane: usize, op: Op) -> Result<(), String> {
         let seq = self.lanes[lane].next_seq;
         self.lanes[lane].next_seq += 1;
-        let key = message_key(self.seed, lane, seq);
+        let pattern = Pattern::for_message(self.seed, lane, seq);
         let left = self.target - self.posted;
         let data_len = (MESSAGE as u64).min(left) as usize;
         let (work, len) = match op {
             Op::Send => (Work::Send, data_len),
             Op::Write => (Work::Write, data_len),
             Op::Read => (Work::Read, data_len),
-            Op::Atomic => (self.next_atomic(lane, key), 8),
+            Op::Atomic => (self.next_atomic(lane, pattern.key()), 8),
         };
         let message = Message {
             seq,
@@ -482,63 +416,38 @@ impl Run {
             received: work != Work::Send,
         };
         let l = &self.lanes[lane];
-        let (local, remote, counters) = (l.local, l.remote, l.counters);
         let (qp_a, qp_b) = (l.pair.a.1, l.pair.b.1);
-        let offset = slot_offset(message.slot());
+        let offset = WINDOW.offset(message.slot());
         // Both windows of a pair sit at the same address on their node.
         let addr = window_iova(lane) + offset as u64;
-        let counter_addr = counters_iova(lane) + GUARD as u64;
         // The source gets this message's bytes, the destination the canary.
         let (source, (node, window)) = l.ends(work);
         if let Some((node, window)) = source {
-            fill_pattern(key, &mut region(sim, node, window)[offset..offset + len]);
+            pattern.fill(0, &mut region(sim, node, window)[offset..offset + len]);
         }
         region(sim, node, window)[offset..offset + MESSAGE].fill(CANARY);
-
-        let local_sge = Sge {
-            addr,
-            length: len as u32,
-            lkey: local,
-        };
-        let op = match work {
-            Work::Send => {
-                let receive = RecvWr {
-                    wr_id: wr_id(lane, seq),
-                    sg_list: [Sge {
-                        addr,
-                        length: MESSAGE as u32,
-                        lkey: remote,
-                    }]
-                    .into(),
-                };
-                sim.post_recv(B, qp_b, &receive)
-                    .map_err(|e| format!("post_recv on QP {qp_b:#x}: {e}"))?;
-                SendOp::Send
-            }
-            Work::Write => SendOp::RdmaWrite {
-                remote_addr: addr,
-                rkey: remote,
-            },
-            Work::Read => SendOp::RdmaRead {
-                remote_addr: addr,
-                rkey: remote,
-            },
-            Work::FetchAdd { add, .. } => SendOp::FetchAdd {
-                remote_addr: counter_addr,
-                rkey: counters,
-                add,
-            },
-            Work::CompareSwap { compare, swap, .. } => SendOp::CompareSwap {
-                remote_addr: counter_addr + 8,
-                rkey: counters,
-                compare,
-                swap,
-            },
-        };
+        if work == Work::Send {
+            let receive = RecvWr {
+                wr_id: wr_id(lane, seq),
+                sg_list: [Sge {
+                    addr,
+                    length: MESSAGE as u32,
+                    lkey: l.remote,
+                }]
+                .into(),
+            };
+            sim.post_recv(B, qp_b, &receive)
+                .map_err(|e| format!("post_recv on QP {qp_b:#x}: {e}"))?;
+        }
         let wr = SendWr {
             wr_id: wr_id(lane, seq),
-            op,
-            sg_list: [local_sge].into(),
+            op: l.send_op(lane, work, addr),
+            sg_list: [Sge {
+                addr,
+                length: len as u32,
+                lkey: l.local,
+            }]
+            .into(),
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
@@ -642,11 +551,12 @@ impl Run {
             Work::FetchAdd { original, .. } | Work::CompareSwap { original, .. } => {
                 want.copy_from_slice(&original.to_ne_bytes());
             }
-            _ => fill_pattern(message_key(self.seed, lane, message.seq), want),
+            _ => Pattern::for_message(self.seed, lane, message.seq).fill(0, want),
         }
-        let offset = slot_offset(message.slot());
-        let stride = &region(sim, node, window)[offset..offset + STRIDE];
-        check_stride(stride, want).map_err(|e| format!("{}: {e}", name()))?;
+        let offset = WINDOW.offset(message.slot());
+        WINDOW
+            .check(region(sim, node, window), message.slot(), want)
+            .map_err(|e| format!("{}: {e}", name()))?;
         if let Some((node, window)) = source {
             let sent = &region(sim, node, window)[offset..offset + want.len()];
             if sent != &want[..] {
@@ -664,11 +574,11 @@ impl Run {
             let counters = region(sim, B, l.counters);
             let value = |at: usize| u64::from_ne_bytes(counters[at..at + 8].try_into().unwrap());
             let (sum, word) = (value(GUARD), value(GUARD + 8));
-            if (sum, word) != (l.sum, l.word) {
+            if (sum, word) != (l.sum.value, l.word.value) {
                 return Err(format!(
                     "QP {qpn:#x}: FETCH_ADD counter {sum:#x} and CMP_SWAP word {word:#x}, \
                      expected {:#x} (the sum of every add) and {:#x}",
-                    l.sum, l.word
+                    l.sum.value, l.word.value
                 ));
             }
             let guards = [&counters[..GUARD], &counters[GUARD + 16..]];
@@ -678,14 +588,10 @@ impl Run {
                 ));
             }
             for (node, key) in [(A, l.local), (B, l.remote)] {
-                let window = region(sim, node, key);
-                let mut guards = std::iter::once(0..GUARD)
-                    .chain((0..SLOTS).map(|s| slot_offset(s) + MESSAGE..slot_offset(s) + STRIDE));
-                if let Some(g) = guards.find(|g| window[g.clone()].iter().any(|&b| b != CANARY)) {
+                if let Some(at) = WINDOW.damaged_guard(region(sim, node, key)) {
                     return Err(format!(
-                        "QP {qpn:#x}: the guard at offset {} of pair {lane}'s window on node {node} \
-                         was written",
-                        g.start
+                        "QP {qpn:#x}: the guard at offset {at} of pair {lane}'s window on node \
+                         {node} was written"
                     ));
                 }
             }
@@ -694,29 +600,8 @@ impl Run {
     }
 }
 
-/// Prints a line on stderr each time another tenth of the bytes is verified, once the run has
-/// taken long enough for that to help.
-struct Progress {
-    started: Instant,
-    tenths: u64,
-}
-
-impl Progress {
-    fn update(&mut self, verified: u64, target: u64) {
-        let tenths = (u128::from(verified) * 10 / u128::from(target)) as u64;
-        if tenths > self.tenths && self.started.elapsed() >= QUIET_FOR {
-            eprintln!(
-                "roce sim: {}% ({verified} of {target} bytes verified, {:.1?})",
-                tenths * 10,
-                self.started.elapsed()
-            );
-        }
-        self.tenths = self.tenths.max(tenths);
-    }
-}
-
 /// Runs the simulator until every byte is verified or a check fails.
-fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Progress) -> Result<(), String> {
+fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Tenths) -> Result<(), String> {
     run.refill(sim)?;
     while !run.finished() {
         let mut failure = None;
@@ -755,7 +640,10 @@ fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Progress) -> Result<(), St
                 return Err(format!("node {node}: {event:?}"));
             }
         }
-        progress.update(run.verified, run.target);
+        let (verified, target) = (run.verified, run.target);
+        progress.update(verified, target, |elapsed| {
+            format!(" ({verified} of {target} bytes verified, {elapsed:.1?})")
+        });
         run.refill(sim)?;
     }
     run.check_end(sim)
@@ -882,7 +770,7 @@ pub fn run(args: &Args) -> ExitCode {
     sim.add_node();
     let sim_start = sim.now;
     let mut run = Run::new(args, &mut sim);
-    let mut progress = Progress { started, tenths: 0 };
+    let mut progress = Tenths::new("roce sim:", QUIET_FOR);
     let outcome = drive(&mut sim, &mut run, &mut progress);
     let simulated = sim.now - sim_start;
     let stdout = io::stdout();
@@ -905,65 +793,5 @@ pub fn run(args: &Args) -> ExitCode {
             eprintln!("roce sim: {error}");
             ExitCode::from(2)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("16m"), Ok(16 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
-        for bad in ["", "M", "0", "1.5M", "-1", "1T", "99999999999G"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn percentages() {
-        assert_eq!(parse_percent("5"), Ok(0.05));
-        assert_eq!(parse_percent("0.5"), Ok(0.005));
-        assert_eq!(parse_percent("100%"), Ok(1.0));
-        for bad in ["-1", "100.5", "x", "NaN"] {
-            assert!(parse_percent(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn mtus() {
-        assert_eq!(parse_mtu("256"), Ok(PathMtu::Mtu256));
-        assert_eq!(parse_mtu("4096"), Ok(PathMtu::Mtu4096));
-        assert!(parse_mtu("300").is_err());
-        assert!(parse_mtu("8192").is_err());
-    }
-
-    #[test]
-    fn messages_differ() {
-        let (mut one, mut two) = ([0u8; 64], [0u8; 64]);
-        fill_pattern(message_key(1, 0, 0), &mut one);
-        fill_pattern(message_key(1, 0, SLOTS as u64), &mut two);
-        assert_ne!(
-            one, two,
-            "a slot's next message must not look like its last"
-        );
-    }
-
-    #[test]
-    fn stride_check_reports_both_kinds_of_damage() {
-        let mut stride = vec![CANARY; 32];
-        stride[..4].copy_from_slice(&[1, 2, 3, 4]);
-        assert_eq!(check_stride(&stride, &[1, 2, 3, 4]), Ok(()));
-        assert!(check_stride(&stride, &[1, 2, 9, 4])
-            .unwrap_err()
-            .starts_with("byte 2 of 4"));
-        stride[10] = 0;
-        assert!(check_stride(&stride, &[1, 2, 3, 4])
-            .unwrap_err()
-            .starts_with("byte 6 after"));
     }
 }

@@ -51,6 +51,12 @@ fn demo_runs_verifies_and_cleans_up() {
         stdout.contains("half round trip") && stdout.contains("RDMA READ"),
         "{stdout}"
     );
+    // Its stderr is a pipe: progress comes as whole lines, never rewritten in place.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.lines().any(|line| line == "roce demo: WRITE 100%") && !stderr.contains('\r'),
+        "{stderr}"
+    );
     assert_eq!(demo_namespaces(pid), 0, "namespaces left behind");
     interrupted_demo_removes_its_namespaces();
 }

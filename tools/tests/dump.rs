@@ -180,3 +180,63 @@ fn cm_mads_get_their_message_decoded() {
          idepth=1 ack_delay=15 rnr_retry=7 tid=0x2a6c1d06f"
     ));
 }
+
+/// A copy of `name` without its last 10 bytes, as a killed writer leaves a capture: the
+/// last record is cut, every one before it complete.
+fn cut_copy(dir: &Path, name: &str) -> (std::path::PathBuf, usize) {
+    let original = captures_dir().join(name);
+    let bytes = std::fs::read(&original).unwrap();
+    let cut = dir.join(format!("cut-{name}"));
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    (cut, read_frames(&original).unwrap().len())
+}
+
+#[test]
+fn a_cut_capture_is_decoded_up_to_the_cut_and_the_next_file_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // One pcap and one pcapng, each followed by a whole file.
+    for name in ["send_lat.pcap", "write_bw_64k.pcap"] {
+        let (cut, total) = cut_copy(dir.path(), name);
+        let whole = captures_dir().join("read_lat.pcap");
+        let after = read_frames(&whole).unwrap().len();
+        for summary in [true, false] {
+            let flags: &[&str] = if summary { &["--summary"] } else { &[] };
+            let output = roce_dump(flags, &[&cut, &whole]);
+            assert_eq!(output.status.code(), Some(2), "{name} {flags:?}");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                stderr.contains(&format!(
+                    "stops inside a record after {} complete frames",
+                    total - 1
+                )),
+                "{name} {flags:?}: {stderr}"
+            );
+            let lines = stdout_lines(&output);
+            let last = lines.last().unwrap();
+            assert!(
+                last.starts_with(&format!("frames={} ", total - 1 + after)),
+                "{name} {flags:?}: {last}"
+            );
+            if !summary {
+                // The cut file's lines are the whole file's, up to the cut.
+                let full = stdout_lines(&roce_dump(&[], &[&captures_dir().join(name)]));
+                let before_cut: Vec<&String> = full
+                    .iter()
+                    .filter(|line| {
+                        line.split(' ')
+                            .next()
+                            .and_then(|n| n.parse::<usize>().ok())
+                            .is_some_and(|n| n < total)
+                    })
+                    .collect();
+                let section: Vec<&String> = lines
+                    .iter()
+                    .skip(1)
+                    .take_while(|line| !line.starts_with("# "))
+                    .collect();
+                assert_eq!(section, before_cut, "{name}");
+                assert!(lines.contains(&format!("# {}", whole.display())));
+            }
+        }
+    }
+}

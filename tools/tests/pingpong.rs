@@ -59,3 +59,19 @@ fn pingpong_against_itself_in_every_mode() {
         check(&format!("{name} server"), &server, iters, size);
     }
 }
+
+#[test]
+fn a_ud_message_larger_than_the_path_mtu_is_refused_in_words() {
+    let output = std::process::Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_roce"))
+        .args(["pingpong", "--ud", "-s", "9000"])
+        .output()
+        .expect("run roce");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("-s 9000 is larger than the path MTU (1024 bytes)"),
+        "{stderr}"
+    );
+}

@@ -1,25 +1,55 @@
 //! perftest's out-of-band TCP exchange: the preamble, the 108-byte key messages used as
 //! barriers, and `done`.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use roce_verbs::{Context, PathMtu};
 
-use super::{Args, Test, Verb, CACHE_LINE, PAGE, VERSION};
-use crate::rdma::STALL;
+use super::params::{Args, Test, Verb, CACHE_LINE, PAGE, VERSION};
+use crate::tcp::{Channel, Waiting};
 
-/// One side of the TCP exchange. While it waits for the peer, it keeps our engine running:
-/// the peer may be in the middle of a test against us (a bandwidth server waits here).
+/// While a side waits for the peer, it keeps our engine running: the peer may be in the
+/// middle of a test against us (a bandwidth server waits in the exchange), and frames from
+/// it count as signs of life.
+pub(super) struct Engine<'a> {
+    ctx: &'a Context,
+    /// Frames received when last asked.
+    rx_frames: u64,
+    /// The program thread drives the engine (no engine thread of its own).
+    drives: bool,
+}
+
+impl Waiting for Engine<'_> {
+    fn turn(&mut self) -> io::Result<()> {
+        Ok(self.ctx.progress()?)
+    }
+
+    fn activity(&mut self) -> io::Result<bool> {
+        let rx_frames = self.ctx.stats()?.rx_frames;
+        let active = rx_frames != self.rx_frames;
+        self.rx_frames = rx_frames;
+        Ok(active)
+    }
+
+    fn spins(&self) -> bool {
+        self.drives
+    }
+}
+
+/// One side of the TCP exchange.
 pub(super) struct Oob<'a> {
-    pub(super) stream: TcpStream,
-    pub(super) client: bool,
-    pub(super) ctx: &'a Context,
+    channel: Channel<Engine<'a>>,
+    client: bool,
+    /// Key messages swapped so far, to say which one failed.
+    handshakes: u32,
 }
 
 impl<'a> Oob<'a> {
-    pub(super) fn connect(args: &Args, ctx: &'a Context) -> io::Result<Oob<'a>> {
+    /// Connects to the server, or waits (asleep in accept(2)) for a client. `drives` says
+    /// whether this thread drives the engine.
+    pub(super) fn connect(args: &Args, ctx: &'a Context, drives: bool) -> io::Result<Oob<'a>> {
         let stream = if let Some(host) = args.host {
             // perftest's client does not retry; we do for a few seconds, as a courtesy to
             // scripts that start both sides at once.
@@ -27,7 +57,12 @@ impl<'a> Oob<'a> {
             loop {
                 match TcpStream::connect((host, args.port)) {
                     Ok(stream) => break stream,
-                    Err(error) if Instant::now() > deadline => return Err(error),
+                    Err(error) if Instant::now() > deadline => {
+                        return Err(io::Error::new(
+                            error.kind(),
+                            format!("cannot reach {host} port {}: {error}", args.port),
+                        ))
+                    }
                     Err(_) => std::thread::sleep(Duration::from_millis(100)),
                 }
             }
@@ -38,80 +73,34 @@ impl<'a> Oob<'a> {
             let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, args.port))?;
             listener.accept()?.0
         };
-        stream.set_nodelay(true)?;
-        // Never blocks: a waiting side polls the socket and drives the engine in turn (a
-        // socket timeout is a scheduler tick, 4 ms, far too coarse).
-        stream.set_nonblocking(true)?;
-        Ok(Oob {
-            stream,
-            client: args.host.is_some(),
+        let engine = Engine {
             ctx,
+            rx_frames: ctx.stats()?.rx_frames,
+            drives,
+        };
+        let stall = Duration::from_secs(args.exchange_timeout);
+        Ok(Oob {
+            channel: Channel::new(stream, engine, stall)?,
+            client: args.host.is_some(),
+            handshakes: 0,
         })
     }
 
-    /// Writes the whole message; it fits the socket buffer, so it leaves in one piece.
-    pub(super) fn write_all(&mut self, message: &[u8]) -> io::Result<()> {
-        let mut sent = 0;
-        while sent < message.len() {
-            match self.stream.write(&message[sent..]) {
-                Ok(n) => sent += n,
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => self.ctx.progress()?,
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads exactly `buf.len()` bytes, driving the engine while none are there.
-    pub(super) fn read_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        let mut filled = 0;
-        while filled < buf.len() {
-            match self.stream.read(&mut buf[filled..]) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => filled += n,
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    self.ctx.progress()?;
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(())
-    }
-
     /// Says we are done (half-close), then keeps the engine running until the peer closes
-    /// too (perftest exits; another `roce perf` half-closes) or `STALL` passes.
+    /// too (perftest exits; another `roce perf` half-closes) or goes quiet.
     pub(super) fn linger(&mut self) -> io::Result<()> {
-        self.stream.shutdown(std::net::Shutdown::Write)?;
-        let started = Instant::now();
-        let mut scratch = [0u8; 64];
-        while started.elapsed() < STALL {
-            match self.stream.read(&mut scratch) {
-                Ok(0) => return Ok(()),
-                Ok(_) => {}
-                Err(error) if error.kind() == io::ErrorKind::ConnectionReset => return Ok(()),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => self.ctx.progress()?,
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(())
+        self.channel.linger()
     }
 
     /// perftest's `ctx_xchg_data`: the client writes then reads, the server the reverse.
-    pub(super) fn exchange(&mut self, mine: &[u8]) -> io::Result<Vec<u8>> {
+    pub(super) fn exchange(&mut self, mine: &[u8], what: &str) -> io::Result<Vec<u8>> {
         let mut theirs = vec![0u8; mine.len()];
         if self.client {
-            self.write_all(mine)?;
-            self.read_exact(&mut theirs)?;
+            self.channel.write_all(mine, what)?;
+            self.channel.read_exact(&mut theirs, what)?;
         } else {
-            self.read_exact(&mut theirs)?;
-            self.write_all(mine)?;
+            self.channel.read_exact(&mut theirs, what)?;
+            self.channel.write_all(mine, what)?;
         }
         Ok(theirs)
     }
@@ -120,37 +109,46 @@ impl<'a> Oob<'a> {
     pub(super) fn preamble(&mut self, mtu: PathMtu) -> io::Result<(u32, u32, u8)> {
         let mut version = [0u8; 16];
         version[..VERSION.len()].copy_from_slice(VERSION);
-        let theirs = self.exchange(&version)?;
-        let text = String::from_utf8_lossy(&theirs);
-        let number: f64 = text
-            .trim_end_matches('\0')
-            .parse()
-            .map_err(|_| io::Error::other(format!("peer version {text:?}")))?;
+        let theirs = self.exchange(&version, "perftest version")?;
+        let number: f64 = std::str::from_utf8(&theirs)
+            .ok()
+            .and_then(|text| text.trim_end_matches('\0').parse().ok())
+            .ok_or_else(|| {
+                io::Error::other(
+                    "the peer's first 16 bytes are not a perftest version such as 6.06: is it \
+                     perftest or roce perf, on the same port?",
+                )
+            })?;
         if number < 5.70 {
             return Err(io::Error::other(
                 "Current implementation is not compatible with versions older than 5.70",
             ));
         }
-        let word = |bytes: Vec<u8>| -> io::Result<u32> {
-            let array: [u8; 4] = bytes.try_into().map_err(|_| io::Error::other("short"))?;
-            Ok(u32::from_be_bytes(array))
-        };
-        let page = word(self.exchange(&PAGE.to_be_bytes())?)?;
-        let line = word(self.exchange(&CACHE_LINE.to_be_bytes())?)?;
-        let theirs = self.exchange(&[b'0' + mtu as u8, 0])?;
+        let word = |bytes: Vec<u8>| u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let page = word(self.exchange(&PAGE.to_be_bytes(), "page size")?);
+        let line = word(self.exchange(&CACHE_LINE.to_be_bytes(), "cache-line size")?);
+        let theirs = self.exchange(&[b'0' + mtu as u8, 0], "path MTU")?;
         Ok((page, line, theirs[0].wrapping_sub(b'0')))
     }
 
     /// One 108-byte key handshake; returns the peer's message.
     pub(super) fn handshake(&mut self, mine: &KeyMsg) -> io::Result<KeyMsg> {
-        KeyMsg::from_wire(&self.exchange(&mine.to_wire())?)
+        self.handshakes += 1;
+        let what = format!("key message #{}", self.handshakes);
+        KeyMsg::from_wire(&self.exchange(&mine.to_wire(), &what)?)
+    }
+
+    /// The client's five report values (the server sends as many meaningless ones).
+    pub(super) fn results(&mut self, mine: &[[u8; 8]; 5]) -> io::Result<Vec<Vec<u8>>> {
+        mine.iter()
+            .map(|value| self.exchange(value, "bandwidth results"))
+            .collect()
     }
 
     /// perftest's `ctx_close_connection`: a handshake, then `done\0` (which nobody reads).
     pub(super) fn close(mut self, mine: &KeyMsg) -> io::Result<()> {
         self.handshake(mine)?;
-        self.write_all(b"done\0")?;
-        Ok(())
+        self.channel.write_all(b"done\0", "closing `done`")
     }
 }
 
@@ -188,7 +186,12 @@ impl KeyMsg {
     pub(super) fn from_wire(wire: &[u8]) -> io::Result<KeyMsg> {
         let text = String::from_utf8_lossy(wire);
         let text = text.trim_end_matches('\0');
-        let bad = || io::Error::other(format!("bad key message {text:?}"));
+        let bad = || {
+            io::Error::other(
+                "the peer's key message is not perftest's \
+                 LID:OUT_READS:QPN:PSN:RKEY:VADDR:GID:SRQN in hex",
+            )
+        };
         let fields: Vec<&str> = text.split(':').collect();
         if fields.len() < 23 {
             return Err(bad());

@@ -4,68 +4,24 @@
 use std::io;
 use std::time::Instant;
 
-use roce_verbs::{Mr, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use roce_verbs::{RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use super::exchange::KeyMsg;
-use super::report::BwReport;
-use super::{pattern, AtomicType, Params, Rdma, Test, Verb};
-use crate::rdma::STALL;
-
-/// What goes in our buffer before the run: each QP's local and exposed parts.
-pub(super) fn fill(buf: &Mr, params: &Params) -> io::Result<()> {
-    let part = params.buff_size() as usize;
-    let qps = params.qps as usize;
-    // SENDs land at the start of the receiver's window whatever offset they left from (small
-    // ones cycle through the sender's page): repeat the pattern at every step, so each
-    // message carries the same bytes.
-    let period = if params.test.verb() == Verb::Send {
-        params.step(params.size) as usize
-    } else {
-        usize::MAX
-    };
-    buf.with_bytes_mut(|bytes| {
-        let patterned = |part: &mut [u8]| {
-            for (i, byte) in part.iter_mut().enumerate() {
-                *byte = pattern((i % period) as u64);
-            }
-        };
-        for qp in 0..qps {
-            let local = qp * part..(qp + 1) * part;
-            let exposed = (qps + qp) * part..(qps + qp + 1) * part;
-            if params.verify {
-                match params.test.verb() {
-                    // The READer's buffer stays zero: the pattern can only come from the peer.
-                    Verb::Read => patterned(&mut bytes[exposed]),
-                    Verb::Send | Verb::Write => patterned(&mut bytes[local.clone()]),
-                    Verb::Atomic => {}
-                }
-            }
-            // write_lat's payload is zeros but for its counter byte, as perftest's.
-            if params.test == Test::WriteLat {
-                bytes[local].fill(0);
-            }
-        }
-    })?;
-    Ok(())
-}
+use super::params::{AtomicType, Verb};
+use super::report::{BwReport, Gaps, Timeline};
+use super::setup::{Rdma, PATTERN};
+use crate::rdma::{failed, signaled, STALL};
+use crate::signals;
 
 impl Rdma<'_> {
-    /// Where, in our buffer, QP `qp`'s window the peer reaches starts (the VADDR we
-    /// advertise for it): perftest's `buf + (num_qps + qp) * BUFF_SIZE`.
-    pub(super) fn exposed_at(&self, qp: usize) -> usize {
-        (self.params.qps as usize + qp) * self.params.buff_size() as usize
-    }
-
-    /// Where QP `qp`'s own data (what it sends, and what it READs into) starts.
-    fn local_at(&self, qp: usize) -> usize {
-        qp * self.params.buff_size() as usize
-    }
-
     /// Posts up to `count` receives of one message each into QP `qp`'s exposed window.
     pub(super) fn post_receives(&self, qp: usize, count: u64) -> io::Result<()> {
         let wr = RecvWr {
             wr_id: 0,
-            sg_list: [self.buf.sge(self.exposed_at(qp), self.params.size as u32)].into(),
+            sg_list: [self
+                .buf
+                .sge(self.params.exposed_at(qp), self.params.size as u32)]
+            .into(),
         };
         self.qps[qp].post_recv((0..count).map(|_| wr.clone()))?;
         Ok(())
@@ -99,9 +55,10 @@ impl Rdma<'_> {
         SendWr {
             wr_id: (qp as u64) << 32 | n,
             op,
-            sg_list: [self
-                .buf
-                .sge(self.local_at(qp) + offset as usize, params.size as u32)]
+            sg_list: [self.buf.sge(
+                self.params.local_at(qp) + offset as usize,
+                params.size as u32,
+            )]
             .into(),
             inline_data: Vec::new(),
             flags: if signaled {
@@ -117,7 +74,9 @@ impl Rdma<'_> {
     pub(super) fn poll(&self, out: &mut Vec<WorkCompletion>) -> io::Result<()> {
         out.clear();
         let started = Instant::now();
+        signals::check()?;
         while self.cq.poll_into(64, out)? == 0 {
+            signals::check()?;
             if started.elapsed() > STALL {
                 return Err(io::Error::other("no completion for 10 s"));
             }
@@ -125,10 +84,7 @@ impl Rdma<'_> {
             std::thread::yield_now();
         }
         match out.iter().find(|wc| wc.status != WcStatus::Success) {
-            Some(bad) => Err(io::Error::other(format!(
-                "work request {} ({:?}) ended {:?}",
-                bad.wr_id, bad.opcode, bad.status
-            ))),
+            Some(bad) => Err(failed(bad)),
             None => Ok(()),
         }
     }
@@ -138,13 +94,12 @@ impl Rdma<'_> {
     pub(super) fn run_bw_client(&self, peers: &[KeyMsg]) -> io::Result<BwReport> {
         let params = &self.params;
         let qps = self.qps.len();
-        let total = params.iters as usize * qps;
-        let mut posted = Vec::with_capacity(total);
-        let mut completed = Vec::with_capacity(total);
+        let total = params.iters * qps as u64;
+        let mut timeline = Timeline::new(params);
         let (mut sent, mut done) = (vec![0u64; qps], vec![0u64; qps]);
         let mut completions = Vec::new();
         let mut batch = Vec::new();
-        while completed.len() < total {
+        while timeline.completions() < total {
             for (qp, peer) in peers.iter().enumerate().take(qps) {
                 batch.clear();
                 while sent[qp] < params.iters && sent[qp] - done[qp] < params.tx_depth {
@@ -153,7 +108,7 @@ impl Rdma<'_> {
                 }
                 if !batch.is_empty() {
                     let now = Instant::now();
-                    posted.extend(batch.iter().map(|_| now));
+                    timeline.posted(now, batch.len() as u64);
                     self.qps[qp].post_send(batch.drain(..))?;
                 }
             }
@@ -163,29 +118,31 @@ impl Rdma<'_> {
                 // A signaled completion also completes every unsignaled request before it.
                 let (qp, n) = ((wc.wr_id >> 32) as usize, wc.wr_id & 0xFFFF_FFFF);
                 let newly = (n + 1).saturating_sub(done[qp]);
-                completed.extend((0..newly).map(|_| now));
+                timeline.completed(now, newly);
                 done[qp] = done[qp].max(n + 1);
             }
         }
-        Ok(BwReport::compute(params, &posted, &completed))
+        Ok(BwReport::compute(params, &timeline))
     }
 
     /// perftest's `run_iter_bw_server`: receive `iters` SENDs on each QP, re-posting as
     /// they arrive.
     pub(super) fn run_send_bw_server(&self) -> io::Result<BwReport> {
         let params = &self.params;
-        let n = params.iters as usize * self.qps.len();
-        let mut arrivals = Vec::with_capacity(n);
+        let n = params.iters * self.qps.len() as u64;
+        let mut arrivals = Timeline::new(params);
         let mut posted = vec![params.rx_depth; self.qps.len()];
         let mut completions = Vec::new();
-        while arrivals.len() < n {
+        while arrivals.completions() < n {
             self.poll(&mut completions)?;
             let now = Instant::now();
             for wc in &completions {
                 if wc.opcode != WcOpcode::Recv || u64::from(wc.byte_len) != params.size {
                     return Err(io::Error::other(format!("unexpected completion {wc:?}")));
                 }
-                arrivals.push(now);
+                // The server's clock starts at the first arrival.
+                arrivals.posted(now, 1);
+                arrivals.completed(now, 1);
                 let qp = self.qp_index(wc.qp_num)?;
                 self.check_received(qp)?;
                 if posted[qp] < params.iters {
@@ -195,7 +152,7 @@ impl Rdma<'_> {
             }
         }
         // The server's clock starts at the first arrival and it reports no peak.
-        let report = BwReport::compute(params, &arrivals, &arrivals);
+        let report = BwReport::compute(params, &arrivals);
         Ok(BwReport {
             peak: 0.0,
             ..report
@@ -216,14 +173,11 @@ impl Rdma<'_> {
         if !self.params.verify {
             return Ok(());
         }
-        let window = self.exposed_at(qp);
+        let window = self.params.exposed_at(qp);
         let size = self.params.size as usize;
-        let intact = self.buf.with_bytes(|bytes| {
-            bytes[window..window + size]
-                .iter()
-                .enumerate()
-                .all(|(i, &b)| b == pattern(i as u64))
-        })?;
+        let intact = self
+            .buf
+            .with_bytes(|bytes| PATTERN.mismatch(0, &bytes[window..window + size]).is_none())?;
         intact
             .then_some(())
             .ok_or_else(|| io::Error::other("a received message differs from what was sent"))
@@ -243,9 +197,11 @@ impl Rdma<'_> {
         let holds_pattern = |base: &dyn Fn(usize) -> usize| {
             (0..self.qps.len()).all(|qp| {
                 let window = base(qp);
-                touched
-                    .iter()
-                    .all(|&at| (at..at + size).all(|i| bytes[window + i] == pattern(i as u64)))
+                touched.iter().all(|&at| {
+                    PATTERN
+                        .mismatch(at as u64, &bytes[window + at..window + at + size])
+                        .is_none()
+                })
             })
         };
         match (params.test.verb(), params.client) {
@@ -254,7 +210,7 @@ impl Rdma<'_> {
                 let step = params.step(8) as usize;
                 let slots = (params.cycle_buffer as usize / step).min(params.iters as usize);
                 let total: u64 = (0..self.qps.len())
-                    .flat_map(|qp| (0..slots).map(move |k| self.exposed_at(qp) + k * step))
+                    .flat_map(|qp| (0..slots).map(move |k| self.params.exposed_at(qp) + k * step))
                     .map(|at| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default()))
                     .sum();
                 let applied = params.iters * self.qps.len() as u64;
@@ -270,13 +226,13 @@ impl Rdma<'_> {
                 println!(" verified: {applied} atomics applied to our memory");
             }
             (Verb::Write, false) if params.verify => {
-                if !holds_pattern(&|qp| self.exposed_at(qp)) {
+                if !holds_pattern(&|qp| self.params.exposed_at(qp)) {
                     return Err(io::Error::other("the WRITEs left wrong bytes"));
                 }
                 println!(" verified: every byte the peer wrote");
             }
             (Verb::Read, true) if params.verify => {
-                if !holds_pattern(&|qp| self.local_at(qp)) {
+                if !holds_pattern(&|qp| self.params.local_at(qp)) {
                     return Err(io::Error::other("the READs brought back wrong bytes"));
                 }
                 println!(" verified: every byte read from {:#x}", peers[0].vaddr);
@@ -288,20 +244,13 @@ impl Rdma<'_> {
 
     /// perftest's `run_iter_lat_send`: the client sends first; each side answers each
     /// arrival with its next SEND.
-    pub(super) fn run_send_lat(&self) -> io::Result<Vec<Instant>> {
+    pub(super) fn run_send_lat(&self) -> io::Result<Gaps> {
         let params = &self.params;
-        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut posted = Gaps::new(params.iters);
         let (mut sent, mut received, mut sends_done) = (0u64, 0u64, 0u64);
         let mut recvs_posted = params.rx_depth;
         let mut completions = Vec::new();
-        let send = |n: u64| SendWr {
-            wr_id: n,
-            op: SendOp::Send,
-            sg_list: [self.buf.sge(0, params.size as u32)].into(),
-            inline_data: Vec::new(),
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        };
+        let send = |n: u64| signaled(n, SendOp::Send, self.buf.sge(0, params.size as u32));
         // One poll's completions, counted: arrivals and finished SENDs.
         let mut reap = |received: &mut u64, sends_done: &mut u64| -> io::Result<()> {
             self.poll(&mut completions)?;
@@ -331,7 +280,7 @@ impl Rdma<'_> {
                 while sent - sends_done >= 8 {
                     reap(&mut received, &mut sends_done)?;
                 }
-                posted.push(Instant::now());
+                posted.post(Instant::now());
                 self.qps[0].post_send([send(sent)])?;
                 sent += 1;
             }
@@ -341,12 +290,12 @@ impl Rdma<'_> {
 
     /// perftest's `run_iter_lat_write`: the server writes first; each side waits for the
     /// peer's counter in the last byte of its window, then writes its own.
-    pub(super) fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
+    pub(super) fn run_write_lat(&self, peer: &KeyMsg) -> io::Result<Gaps> {
         let params = &self.params;
         let size = params.size as usize;
-        let window = self.exposed_at(0);
+        let window = self.params.exposed_at(0);
         let poll_at = window + size - 1;
-        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut posted = Gaps::new(params.iters);
         let (mut sent, mut received) = (0u64, 0u64);
         let mut completions = Vec::new();
         while sent < params.iters || received < params.iters {
@@ -357,6 +306,7 @@ impl Rdma<'_> {
                 let started = Instant::now();
                 loop {
                     // Nothing but us moves the engine while we watch memory.
+                    signals::check()?;
                     self.ctx.progress()?;
                     let mut last = [0u8];
                     self.buf.read(poll_at, &mut last)?;
@@ -372,20 +322,14 @@ impl Rdma<'_> {
                 }
             }
             if sent < params.iters {
-                posted.push(Instant::now());
+                posted.post(Instant::now());
                 sent += 1;
                 self.buf.write(size - 1, &[sent as u8])?;
-                let write = SendWr {
-                    wr_id: sent,
-                    op: SendOp::RdmaWrite {
-                        remote_addr: peer.vaddr,
-                        rkey: peer.rkey,
-                    },
-                    sg_list: [self.buf.sge(0, params.size as u32)].into(),
-                    inline_data: Vec::new(),
-                    flags: SendFlags::SIGNALED,
-                    ud: None,
+                let write = SendOp::RdmaWrite {
+                    remote_addr: peer.vaddr,
+                    rkey: peer.rkey,
                 };
+                let write = signaled(sent, write, self.buf.sge(0, params.size as u32));
                 self.qps[0].post_send([write])?;
                 self.poll(&mut completions)?;
             }
@@ -394,23 +338,17 @@ impl Rdma<'_> {
     }
 
     /// perftest's `run_iter_lat` for READ: one signaled READ at a time.
-    pub(super) fn run_read_lat(&self, peer: &KeyMsg) -> io::Result<Vec<Instant>> {
+    pub(super) fn run_read_lat(&self, peer: &KeyMsg) -> io::Result<Gaps> {
         let params = &self.params;
-        let mut posted = Vec::with_capacity(params.iters as usize);
+        let mut posted = Gaps::new(params.iters);
         let mut completions = Vec::new();
         for n in 0..params.iters {
-            let read = SendWr {
-                wr_id: n,
-                op: SendOp::RdmaRead {
-                    remote_addr: peer.vaddr,
-                    rkey: peer.rkey,
-                },
-                sg_list: [self.buf.sge(0, params.size as u32)].into(),
-                inline_data: Vec::new(),
-                flags: SendFlags::SIGNALED,
-                ud: None,
+            let read = SendOp::RdmaRead {
+                remote_addr: peer.vaddr,
+                rkey: peer.rkey,
             };
-            posted.push(Instant::now());
+            let read = signaled(n, read, self.buf.sge(0, params.size as u32));
+            posted.post(Instant::now());
             self.qps[0].post_send([read])?;
             self.poll(&mut completions)?;
         }
