@@ -1,4 +1,4 @@
-//! One queue pair: the coordinator over its requester, completer and responder.
+//! One queue pair: the coordinator over its send queue, requester, completer and responder.
 //!
 //! Calling order, for the [`Endpoint`](crate::Endpoint) that owns it: inputs
 //! (`post_send`, `post_recv`, `handle_packet`, `handle_timeout`) in any order, then
@@ -7,6 +7,7 @@
 mod completer;
 mod requester;
 mod responder;
+mod send_queue;
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use roce_wire::aeth::RnrTimer;
 use roce_wire::frame::IpRepr;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{Cq, WcStatus, WorkCompletion};
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{
     check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
@@ -23,8 +24,9 @@ use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendWr, UdDest};
 use crate::AccessFlags;
 
-pub(crate) use requester::Requester;
-pub(crate) use responder::Responder;
+use completer::{Completer, Outcome, Then};
+use responder::Responder;
+use send_queue::SendQueue;
 
 /// Queue sizes and limits fixed at creation (`struct ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,7 +231,7 @@ impl PostGate {
         if inline && wr.inline_data.len() > self.caps.max_inline_data as usize {
             return Err(PostError::InlineTooLong);
         }
-        if !requester::supported(self.qp_type, wr) {
+        if !send_queue::supported(self.qp_type, wr) {
             return Err(PostError::UnsupportedOperation);
         }
         let len = if inline {
@@ -285,24 +287,26 @@ pub(crate) struct Ctx<'a> {
     pub cqs: &'a mut [Cq],
 }
 
-/// One queue pair.
+/// One queue pair. The fields the endpoint reads are public; the rest belong to this module
+/// and the requester, completer and responder under it.
 #[derive(Debug)]
 pub(crate) struct Qp {
     pub qpn: u32,
-    pub qp_type: QpType,
-    pub pd: PdId,
-    pub send_cq: usize,
-    pub recv_cq: usize,
-    pub caps: QpCaps,
-    pub sq_sig_all: bool,
     pub state: QpState,
     pub config: QpConfig,
-    pub req: Requester,
-    pub resp: Responder,
-    pub timers: TimerTable,
     pub stats: QpStats,
     /// Set when a completion could not be queued; the owner reports it as an async event.
     pub cq_overflowed: bool,
+    qp_type: QpType,
+    pd: PdId,
+    send_cq: usize,
+    recv_cq: usize,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    sq: SendQueue,
+    comp: Completer,
+    resp: Responder,
+    timers: TimerTable,
 }
 
 /// Everything needed to create a QP.
@@ -334,7 +338,8 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
             config: QpConfig::default(),
-            req: Requester::default(),
+            sq: SendQueue::default(),
+            comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
             stats: QpStats::default(),
@@ -371,28 +376,26 @@ impl Qp {
         }
         if let Some(n) = attr.retry_cnt {
             config.retry_cnt = n;
-            self.req.retries_left = n;
+            self.comp.set_retry_cnt(n);
         }
         if let Some(n) = attr.rnr_retry {
             config.rnr_retry = n;
-            self.req.rnr_retries_left = n;
+            self.comp.set_rnr_retry(n);
         }
         if let Some(n) = attr.max_rd_atomic {
             config.max_rd_atomic = n;
         }
         if let Some(psn) = attr.rq_psn {
-            self.resp.epsn = psn;
-            self.resp.ack_psn = psn;
+            self.resp.set_psn(psn);
         }
         if let Some(psn) = attr.sq_psn {
-            self.req.next_psn = psn;
-            self.req.max_sent_psn = psn - 1;
-            self.req.acked_psn = psn - 1;
+            self.sq.set_psn(psn);
         }
         match to {
             QpState::Err if self.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
-                self.req = Requester::default();
+                self.sq = SendQueue::default();
+                self.comp = Completer::default();
                 self.resp = Responder::default();
                 self.timers = TimerTable::default();
                 self.state = QpState::Reset;
@@ -422,7 +425,39 @@ impl Qp {
         if frame.bth.opcode.info().is_request {
             responder::handle_request(self, ctx, frame);
         } else if frame.bth.opcode != Opcode::Cnp {
-            completer::handle_response(self, ctx, frame);
+            self.handle_response(ctx, frame);
+        }
+    }
+
+    fn handle_response(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
+        let acked_before = self.sq.acked_psn();
+        let Some(outcome) = completer::handle_response(self, ctx, frame) else {
+            return;
+        };
+        self.apply(ctx, outcome);
+        if self.state != QpState::Err {
+            completer::settle(self, ctx, frame, acked_before);
+        }
+    }
+
+    /// Carries out what the completer decided, in order; a CQ overflow on the way (which
+    /// moves the QP to ERR and flushes the queue) ends it.
+    fn apply(&mut self, ctx: &mut Ctx, outcome: Outcome) {
+        for _ in 0..outcome.complete {
+            self.complete_front(ctx);
+            if self.state == QpState::Err {
+                return;
+            }
+        }
+        match outcome.then {
+            Then::Nothing => {}
+            Then::Retry { from, wait } => {
+                if let Some(wait) = wait {
+                    self.timers.set(Timer::RnrWait, ctx.now + wait);
+                }
+                self.sq.rewind(from);
+            }
+            Then::Fail(status) => self.fail_wqe(ctx, 0, status),
         }
     }
 
@@ -439,7 +474,10 @@ impl Qp {
         let expired: Vec<Timer> = self.timers.expire(ctx.now).collect();
         for timer in expired {
             match timer {
-                Timer::Retransmit => completer::ack_timeout(self, ctx),
+                Timer::Retransmit => {
+                    let outcome = completer::ack_timeout(self);
+                    self.apply(ctx, outcome);
+                }
                 Timer::RnrWait => {}
             }
         }
@@ -452,8 +490,8 @@ impl Qp {
             caps: self.caps,
             state: self.state,
             mtu: self.config.mtu,
-            sq_len: self.req.wqes.len(),
-            rq_len: self.resp.rq.len(),
+            sq_len: self.sq.len(),
+            rq_len: self.resp.rq_len(),
         }
     }
 
@@ -511,23 +549,36 @@ impl Qp {
         }
     }
 
-    fn send_completion(
-        &self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u32,
-    ) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm_data: None,
-            invalidated_rkey: None,
-            qp_num: self.qpn,
-            src_qp: 0,
-            solicited: false,
+    /// Removes the front send WQE, which succeeded, and reports it if it is signaled.
+    fn complete_front(&mut self, ctx: &mut Ctx) {
+        if self.sq.front().is_none() {
+            return;
+        }
+        let completion = self.sq.success_of_front(self.qpn, self.sq_sig_all);
+        self.sq.pop_front();
+        if let Some(completion) = completion {
+            self.complete(ctx, self.send_cq, completion);
+        }
+    }
+
+    /// Completes the send WQE at `index` with an error (earlier ones are flushed first, to
+    /// keep completions in order) and moves the QP to ERR, which flushes the rest.
+    fn fail_wqe(&mut self, ctx: &mut Ctx, index: usize, status: WcStatus) {
+        for flushed in 0..=index {
+            let Some(wqe) = self.sq.front() else {
+                break;
+            };
+            let status = if flushed < index {
+                WcStatus::WrFlush
+            } else {
+                status
+            };
+            let completion = send_queue::completion(self.qpn, &wqe.wr, status, 0);
+            self.sq.pop_front();
+            self.complete(ctx, self.send_cq, completion);
+        }
+        if self.state != QpState::Err {
+            self.enter_error(ctx);
         }
     }
 
@@ -535,23 +586,14 @@ impl Qp {
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
         self.timers = TimerTable::default();
-        let sends = std::mem::take(&mut self.req.wqes);
+        let sends = self.sq.take_all();
         for wqe in sends.iter() {
-            let completion = self.send_completion(
-                wqe.wr.wr_id,
-                WcStatus::WrFlush,
-                requester::wc_opcode(&wqe.wr),
-                0,
-            );
+            let completion = send_queue::completion(self.qpn, &wqe.wr, WcStatus::WrFlush, 0);
             self.complete(ctx, self.send_cq, completion);
         }
-        self.req.next = 0;
         let recvs = self.resp.take_receives();
         for wr in recvs.iter() {
-            let completion = WorkCompletion {
-                opcode: WcOpcode::Recv,
-                ..self.send_completion(wr.wr_id, WcStatus::WrFlush, WcOpcode::Recv, 0)
-            };
+            let completion = responder::recv_completion(self.qpn, wr, WcStatus::WrFlush);
             self.complete(ctx, self.recv_cq, completion);
         }
     }

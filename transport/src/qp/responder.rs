@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
 use roce_wire::frame::IpRepr;
-use roce_wire::opcode::Position;
+use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use super::{Ctx, OutPacket, PostError, Qp};
@@ -73,14 +73,14 @@ impl Resource {
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
     /// Expected PSN of the next new request.
-    pub epsn: Psn,
+    epsn: Psn,
     /// The PSN after the last SEND, WRITE or atomic executed: duplicates are acknowledged
     /// with the one before it, as rxe does, so a duplicate's ACK never names a READ's PSN
     /// (which would complete that READ at an rxe requester without its data).
-    pub ack_psn: Psn,
+    ack_psn: Psn,
     /// Requests completed (the AETH's MSN).
-    pub msn: u32,
-    pub(crate) rq: Ring<RecvWr>,
+    msn: u32,
+    rq: Ring<RecvWr>,
     in_message: Option<InMessage>,
     /// A sequence NAK was sent for the current gap.
     nak_sent: bool,
@@ -94,6 +94,17 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
+    /// Expects the next request at `psn` (`rq_psn` of `modify_qp`).
+    pub fn set_psn(&mut self, psn: Psn) {
+        self.epsn = psn;
+        self.ack_psn = psn;
+    }
+
+    /// Receives posted and not yet completed.
+    pub fn rq_len(&self) -> usize {
+        self.rq.len()
+    }
+
     /// Every receive not yet completed, oldest first (one a message is arriving into is
     /// the front), leaving none and no message under way.
     pub fn take_receives(&mut self) -> Ring<RecvWr> {
@@ -115,7 +126,7 @@ enum Refusal {
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
     qp.post_gate().check_recv(wr, 0)?;
     if qp.state == QpState::Err {
-        let completion = recv_completion(qp, wr, WcStatus::WrFlush);
+        let completion = recv_completion(qp.qpn, wr, WcStatus::WrFlush);
         qp.complete(ctx, qp.recv_cq, completion);
     } else {
         qp.resp.rq.push_slot().clone_from(wr);
@@ -123,7 +134,8 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostEr
     Ok(())
 }
 
-fn recv_completion(qp: &Qp, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
+/// The completion of receive `wr` on QP `qpn`, before what the message adds to it.
+pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
     WorkCompletion {
         wr_id: wr.wr_id,
         status,
@@ -131,7 +143,7 @@ fn recv_completion(qp: &Qp, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
         byte_len: 0,
         imm_data: None,
         invalidated_rkey: None,
-        qp_num: qp.qpn,
+        qp_num: qpn,
         src_qp: 0,
         solicited: false,
     }
@@ -220,7 +232,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         Err(Refusal::Fatal(code, receive)) => {
             nak(qp, psn, Syndrome::Nak(code));
             if let (Some(status), Some(wqe)) = (receive, qp.resp.rq.front()) {
-                let completion = recv_completion(qp, wqe, status);
+                let completion = recv_completion(qp.qpn, wqe, status);
                 qp.resp.rq.pop_front();
                 qp.complete(ctx, qp.recv_cq, completion);
             }
@@ -264,68 +276,23 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     }
 }
 
-/// What an opcode asks of the responder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Send,
-    Write,
-    Read,
-    Atomic,
-}
-
-/// What the responder does with a request opcode; `None` for the ones it does not implement
-/// (FLUSH, ATOMIC WRITE), which are NAKed as invalid requests.
-fn kind(opcode: Opcode) -> Option<Kind> {
-    use Opcode::*;
-    Some(match opcode {
-        RcRdmaReadRequest => Kind::Read,
-        RcCompareSwap | RcFetchAdd => Kind::Atomic,
-        RcRdmaWriteFirst
-        | RcRdmaWriteMiddle
-        | RcRdmaWriteLast
-        | RcRdmaWriteLastWithImmediate
-        | RcRdmaWriteOnly
-        | RcRdmaWriteOnlyWithImmediate
-        | UcRdmaWriteFirst
-        | UcRdmaWriteMiddle
-        | UcRdmaWriteLast
-        | UcRdmaWriteLastWithImmediate
-        | UcRdmaWriteOnly
-        | UcRdmaWriteOnlyWithImmediate => Kind::Write,
-        RcSendFirst
-        | RcSendMiddle
-        | RcSendLast
-        | RcSendLastWithImmediate
-        | RcSendOnly
-        | RcSendOnlyWithImmediate
-        | RcSendLastWithInvalidate
-        | RcSendOnlyWithInvalidate
-        | UcSendFirst
-        | UcSendMiddle
-        | UcSendLast
-        | UcSendLastWithImmediate
-        | UcSendOnly
-        | UcSendOnlyWithImmediate
-        | UdSendOnly
-        | UdSendOnlyWithImmediate => Kind::Send,
-        _ => return None,
-    })
-}
-
 /// Executes an in-order request; on success the expected PSN moves past it.
 fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
-    let opcode = frame.bth.opcode;
-    let position = opcode.info().position;
-    let kind = kind(opcode).ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    let info = frame.bth.opcode.info();
+    let (operation, position) = (info.operation, info.position);
+    // FLUSH and ATOMIC WRITE are not implemented: invalid requests.
+    if matches!(operation, Operation::Flush | Operation::AtomicWrite) {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+    }
     let continuing = match &qp.resp.in_message {
-        Some(InMessage::Send { .. }) => Some(Kind::Send),
-        Some(InMessage::Write { .. }) => Some(Kind::Write),
+        Some(InMessage::Send { .. }) => Some(Operation::Send),
+        Some(InMessage::Write { .. }) => Some(Operation::Write),
         None => None,
     };
     let sequence_ok = if position.starts_message() {
         continuing.is_none()
     } else {
-        continuing == Some(kind)
+        continuing == Some(operation)
     };
     if !sequence_ok {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
@@ -343,54 +310,59 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
-    if matches!(kind, Kind::Read | Kind::Atomic) && !reads_allowed {
+    let read_or_atomic = operation == Operation::ReadRequest || operation.is_atomic();
+    if read_or_atomic && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    match kind {
-        Kind::Send => receive_send(qp, ctx, frame)?,
-        Kind::Write => receive_write(qp, ctx, frame)?,
-        Kind::Read => {
-            let reth = frame
-                .ext
-                .reth
-                .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-            let npsn = read_responses(
-                qp,
-                ctx,
-                frame.bth.psn,
-                reth.virtual_address,
-                reth.rkey,
-                reth.dma_length,
-            )?;
-            let kind = ResourceKind::Read {
-                address: reth.virtual_address,
-                rkey: reth.rkey,
-                len: reth.dma_length,
-            };
-            remember(
-                qp,
-                Resource {
-                    first_psn: frame.bth.psn,
-                    npsn,
-                    kind,
-                },
-            );
-            qp.resp.msn = qp.resp.msn.wrapping_add(1);
-            qp.resp.epsn = qp.resp.epsn + npsn;
-            return Ok(());
-        }
-        Kind::Atomic => {
+    match operation {
+        Operation::Send => receive_send(qp, ctx, frame)?,
+        Operation::Write => receive_write(qp, ctx, frame)?,
+        Operation::ReadRequest => return read_request(qp, ctx, frame),
+        Operation::CompareSwap | Operation::FetchAdd => {
             atomic(qp, ctx, frame)?;
             qp.resp.epsn = qp.resp.epsn + 1;
             qp.resp.ack_psn = qp.resp.epsn;
             return Ok(());
         }
+        _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
     }
     qp.resp.epsn = qp.resp.epsn + 1;
     qp.resp.ack_psn = qp.resp.epsn;
     if frame.bth.ack_req && qp.qp_type == QpType::Rc {
         qp.resp.pending_ack = Some(frame.bth.psn);
     }
+    Ok(())
+}
+
+/// A new READ request: its responses are queued and it is kept to answer duplicates.
+fn read_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+    let reth = frame
+        .ext
+        .reth
+        .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    let npsn = read_responses(
+        qp,
+        ctx,
+        frame.bth.psn,
+        reth.virtual_address,
+        reth.rkey,
+        reth.dma_length,
+    )?;
+    let kind = ResourceKind::Read {
+        address: reth.virtual_address,
+        rkey: reth.rkey,
+        len: reth.dma_length,
+    };
+    remember(
+        qp,
+        Resource {
+            first_psn: frame.bth.psn,
+            npsn,
+            kind,
+        },
+    );
+    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    qp.resp.epsn = qp.resp.epsn + npsn;
     Ok(())
 }
 
@@ -429,7 +401,7 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         invalidated_rkey: frame.ext.ieth.map(|ieth| ieth.rkey),
         solicited: frame.bth.solicited,
-        ..recv_completion(qp, wqe, WcStatus::Success)
+        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
     qp.resp.rq.pop_front();
     qp.resp.in_message = None;
@@ -438,33 +410,39 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
     Ok(())
 }
 
+/// The first packet of a WRITE: its RETH names the whole message's target.
+fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+    let reth = frame
+        .ext
+        .reth
+        .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    // An ONLY packet carrying the whole message is checked once, as it is written.
+    let only = frame.bth.opcode.info().position == Position::Only;
+    if !only || frame.payload.len() != reth.dma_length as usize {
+        let write = AccessFlags::REMOTE_WRITE;
+        remote_access(
+            qp,
+            ctx,
+            reth.rkey,
+            reth.virtual_address,
+            reth.dma_length,
+            write,
+        )?;
+    }
+    qp.resp.in_message = Some(InMessage::Write {
+        address: reth.virtual_address,
+        rkey: reth.rkey,
+        remaining: reth.dma_length,
+        length: reth.dma_length,
+    });
+    Ok(())
+}
+
 fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
     let has_imm = frame.bth.opcode.info().has_immediate;
     if position.starts_message() {
-        let reth = frame
-            .ext
-            .reth
-            .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-        // An ONLY packet carrying the whole message is checked once, as it is written.
-        let whole = position == Position::Only && frame.payload.len() == reth.dma_length as usize;
-        if !whole {
-            let write = AccessFlags::REMOTE_WRITE;
-            remote_access(
-                qp,
-                ctx,
-                reth.rkey,
-                reth.virtual_address,
-                reth.dma_length,
-                write,
-            )?;
-        }
-        qp.resp.in_message = Some(InMessage::Write {
-            address: reth.virtual_address,
-            rkey: reth.rkey,
-            remaining: reth.dma_length,
-            length: reth.dma_length,
-        });
+        start_write(qp, ctx, frame)?;
     }
     // A WRITE with immediate consumes a receive: refuse before touching memory.
     if has_imm && qp.resp.rq.is_empty() {
@@ -514,7 +492,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             byte_len: length,
             imm_data: frame.ext.immdt.map(|imm| imm.immediate),
             solicited: frame.bth.solicited,
-            ..recv_completion(qp, wqe, WcStatus::Success)
+            ..recv_completion(qp.qpn, wqe, WcStatus::Success)
         };
         qp.resp.rq.pop_front();
         qp.complete(ctx, qp.recv_cq, completion);
@@ -562,12 +540,14 @@ fn read_responses(
     let npsn = qp.config.packets(len);
     let msn = qp.resp.msn.wrapping_add(1);
     for k in 0..npsn {
-        let opcode = match (k, npsn) {
-            (_, 1) => Opcode::RcRdmaReadResponseOnly,
-            (0, _) => Opcode::RcRdmaReadResponseFirst,
-            (i, n) if i + 1 == n => Opcode::RcRdmaReadResponseLast,
-            _ => Opcode::RcRdmaReadResponseMiddle,
-        };
+        let position = Position::of(k, npsn);
+        let opcode = Opcode::find(
+            Service::Rc,
+            Operation::ReadResponse,
+            position,
+            Trailer::None,
+        )
+        .unwrap_or(Opcode::RcRdmaReadResponseOnly);
         let offset = k as usize * mtu;
         let chunk = (len as usize - offset).min(mtu);
         let payload = if chunk == 0 {
@@ -720,7 +700,7 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
-        ..recv_completion(qp, wqe, WcStatus::Success)
+        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
     qp.resp.rq.pop_front();
     qp.complete(ctx, qp.recv_cq, completion);
