@@ -15,7 +15,7 @@ use roce_wire::FrameRepr;
 
 use crate::cq::Cq;
 use crate::mr::MrTable;
-use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats};
+use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog};
 use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
 use crate::wr::{RecvWr, SendWr};
 
@@ -304,6 +304,11 @@ impl Endpoint {
     /// The QP's counters.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
         self.qps.get(qpn).map(|qp| qp.stats)
+    }
+
+    /// What the QP's responder has queued to send, and its bound.
+    pub fn responder_backlog(&self, qpn: u32) -> Option<ResponderBacklog> {
+        self.qps.get(qpn).map(Qp::responder_backlog)
     }
 
     /// `ibv_post_send` for one work request, which is copied into the send queue (as

@@ -6,6 +6,7 @@
 
 mod completer;
 mod requester;
+mod resources;
 mod responder;
 mod send_queue;
 
@@ -280,6 +281,15 @@ pub struct QpStats {
     pub dropped: u64,
 }
 
+/// What a QP's responder has queued to send, and the most it can ever hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponderBacklog {
+    /// READ responses (one entry per READ, however long), atomic results, ACKs and NAKs.
+    pub queued: usize,
+    /// The most that can be queued, set by `max_dest_rd_atomic`, not by what peers ask.
+    pub bound: usize,
+}
+
 /// What a QP needs from its owner while it runs.
 pub(crate) struct Ctx<'a> {
     pub now: Instant,
@@ -500,7 +510,16 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-        responder::next_packet(self, out) || requester::next_packet(self, ctx, out)
+        responder::next_packet(self, ctx, out) || requester::next_packet(self, ctx, out)
+    }
+
+    /// What the responder has queued to send.
+    pub fn responder_backlog(&self) -> ResponderBacklog {
+        let limit = usize::from(self.config.max_dest_rd_atomic);
+        ResponderBacklog {
+            queued: self.resp.backlog(),
+            bound: resources::Resources::backlog_bound(limit),
+        }
     }
 
     pub fn next_timeout(&self) -> Option<Instant> {
