@@ -13,9 +13,11 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
 
-use crate::cq::Cq;
+use crate::cq::{Cq, WcStatus};
 use crate::mr::MrTable;
-use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog};
+use crate::qp::{
+    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
+};
 use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
 use crate::wr::{RecvWr, SendWr};
 
@@ -37,10 +39,32 @@ pub enum CreateQpError {
 
 /// Something that happened outside any work request (`ibv_get_async_event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AsyncEvent {
-    /// A completion found its CQ full; the QP went to ERR.
+    /// A completion found its CQ full; the QP went to ERR (`IBV_EVENT_CQ_ERR`).
     CqOverflow {
         /// The QP whose completion was lost.
+        qpn: u32,
+    },
+    /// One of the QP's send work requests failed and the QP went to ERR
+    /// (`IBV_EVENT_QP_FATAL`); that request's completion carries `status`.
+    QpFatal {
+        /// The QP.
+        qpn: u32,
+        /// Why: retries or RNR retries exhausted, a NAK's error, a bad response, a local
+        /// protection error.
+        status: WcStatus,
+    },
+    /// A peer's request broke the protocol; the QP NAKed it as an invalid request and went
+    /// to ERR (`IBV_EVENT_QP_REQ_ERR`).
+    QpRequestError {
+        /// The QP.
+        qpn: u32,
+    },
+    /// A peer's request broke an access rule (R_Key, rights, bounds); the QP NAKed it and
+    /// went to ERR (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError {
+        /// The QP.
         qpn: u32,
     },
 }
@@ -408,10 +432,19 @@ impl Endpoint {
     }
 }
 
-/// Turns a QP's lost completion into the async event that reports it.
+/// Turns a QP's lost completion, and why it went to ERR, into the async events that report
+/// them.
 #[inline]
 fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
     if std::mem::take(&mut qp.cq_overflowed) {
         events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
+    }
+    if let Some(failure) = qp.failure.take() {
+        let qpn = qp.qpn;
+        events.push(match failure {
+            Failure::Fatal(status) => AsyncEvent::QpFatal { qpn, status },
+            Failure::InvalidRequest => AsyncEvent::QpRequestError { qpn },
+            Failure::Access => AsyncEvent::QpAccessError { qpn },
+        });
     }
 }

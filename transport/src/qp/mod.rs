@@ -290,6 +290,18 @@ pub struct ResponderBacklog {
     pub bound: usize,
 }
 
+/// Why a QP went to ERR on its own (not through `modify_qp`), for its owner to report as an
+/// async event, as an HCA does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// One of its own send work requests failed; its completion carries this status.
+    Fatal(WcStatus),
+    /// A peer's request broke the protocol; it was NAKed as an invalid request.
+    InvalidRequest,
+    /// A peer's request broke an access rule; it was NAKed as a remote access error.
+    Access,
+}
+
 /// What a QP needs from its owner while it runs.
 pub(crate) struct Ctx<'a> {
     pub now: Instant,
@@ -307,6 +319,8 @@ pub(crate) struct Qp {
     pub stats: QpStats,
     /// Set when a completion could not be queued; the owner reports it as an async event.
     pub cq_overflowed: bool,
+    /// Set when the QP went to ERR on its own; the owner reports it as an async event.
+    pub failure: Option<Failure>,
     qp_type: QpType,
     pd: PdId,
     send_cq: usize,
@@ -354,6 +368,7 @@ impl Qp {
             timers: TimerTable::default(),
             stats: QpStats::default(),
             cq_overflowed: false,
+            failure: None,
         }
     }
 
@@ -583,6 +598,9 @@ impl Qp {
     /// Completes the send WQE at `index` with an error (earlier ones are flushed first, to
     /// keep completions in order) and moves the QP to ERR, which flushes the rest.
     fn fail_wqe(&mut self, ctx: &mut Ctx, index: usize, status: WcStatus) {
+        if self.state != QpState::Err {
+            self.failure = Some(Failure::Fatal(status));
+        }
         for flushed in 0..=index {
             let Some(wqe) = self.sq.front() else {
                 break;
@@ -597,6 +615,14 @@ impl Qp {
             self.complete(ctx, self.send_cq, completion);
         }
         if self.state != QpState::Err {
+            self.enter_error(ctx);
+        }
+    }
+
+    /// Moves to ERR because of a peer's request, saying why.
+    fn fail_by_peer(&mut self, ctx: &mut Ctx, failure: Failure) {
+        if self.state != QpState::Err {
+            self.failure = Some(failure);
             self.enter_error(ctx);
         }
     }

@@ -7,7 +7,7 @@ use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
-use super::{Ctx, OutPacket, PostError, Qp};
+use super::{Ctx, Failure, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{Location, MrError};
 use crate::qp_state::{QpState, QpType};
@@ -285,7 +285,11 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
                 qp.resp.rq.pop_front();
                 qp.complete(ctx, qp.recv_cq, completion);
             }
-            qp.enter_error(ctx);
+            let failure = match code {
+                NakCode::RemoteAccessError => Failure::Access,
+                _ => Failure::InvalidRequest,
+            };
+            qp.fail_by_peer(ctx, failure);
         }
     }
 }
