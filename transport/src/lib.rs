@@ -19,7 +19,13 @@
 //!   NAKs, retries, timeouts) and returns an outcome: complete N WQEs, then retry from a PSN
 //!   or fail with a status. The QP applies it, so only one place moves the cursor;
 //! - the responder checks PSNs, answers duplicates, executes SEND/WRITE/READ/atomic, NAKs
-//!   and coalesces ACKs.
+//!   and coalesces ACKs. A READ or atomic becomes one of at most `max_dest_rd_atomic`
+//!   resources with a cursor: READ responses are built from memory as they are sent, and a
+//!   duplicate only moves the cursor back, so what the responder queues is bounded by its
+//!   resources, never by the bytes a peer asks for.
+//!
+//! A QP that goes to ERR on its own says why: the failing completion carries the precise
+//! status and the endpoint raises the matching async event.
 //!
 //! What a packet is (its operation, its place in the message, its headers) comes from one
 //! table in `roce_wire::opcode`, read in both directions; no module re-derives it. A QP's

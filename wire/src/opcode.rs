@@ -116,6 +116,7 @@ impl Position {
     }
 
     /// The place of packet `index` (from 0) in a message of `count` packets.
+    #[inline]
     pub const fn of(index: u32, count: u32) -> Position {
         if count <= 1 {
             Position::Only
@@ -343,6 +344,7 @@ const OPERATIONS: usize = Operation::Cnp as usize + 1;
 const POSITIONS: usize = 4;
 const TRAILERS: usize = 3;
 
+#[inline]
 const fn find_slot(
     service: Service,
     operation: Operation,
@@ -366,6 +368,7 @@ impl Opcode {
     }
 
     /// What ends this opcode's message besides the payload.
+    #[inline]
     pub const fn trailer(self) -> Trailer {
         let info = self.info();
         if info.has_immediate {

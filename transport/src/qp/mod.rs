@@ -439,6 +439,7 @@ impl Qp {
         responder::post(self, ctx, wr)
     }
 
+    #[inline]
     pub fn handle_packet(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
         // Only the default partition exists (full or limited member), and a connected QP
         // hears only its peer (rxe's check_keys and check_addr).
@@ -584,6 +585,7 @@ impl Qp {
     }
 
     /// Removes the front send WQE, which succeeded, and reports it if it is signaled.
+    #[inline]
     fn complete_front(&mut self, ctx: &mut Ctx) {
         if self.sq.front().is_none() {
             return;

@@ -229,6 +229,8 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
                 });
             }
             out.ext = ext;
+            // RC has a READ response for every position (the opcode table's tests check),
+            // so the fallback is never taken.
             out.bth = qp.bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
             out.bth.pad_count = ((4 - chunk % 4) % 4) as u8;
             out.av = qp.connected_av();

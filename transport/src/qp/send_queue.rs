@@ -27,16 +27,19 @@ pub(crate) struct SendWqe {
 }
 
 impl SendWqe {
+    #[inline]
     pub fn last_psn(&self) -> Psn {
         self.first_psn + (self.npsn - 1)
     }
 
+    #[inline]
     pub fn contains(&self, psn: Psn) -> bool {
         let offset = psn.distance(self.first_psn);
         offset >= 0 && (offset as u32) < self.npsn
     }
 
     /// The PSN after the last READ response or atomic result received.
+    #[inline]
     pub fn answered_through(&self) -> Psn {
         self.first_psn + self.responses
     }
@@ -70,35 +73,43 @@ pub(crate) struct Advance {
 }
 
 impl SendQueue {
+    #[inline]
     pub fn len(&self) -> usize {
         self.wqes.len()
     }
 
+    #[inline]
     pub fn get(&self, index: usize) -> Option<&SendWqe> {
         self.wqes.get(index)
     }
 
+    #[inline]
     pub fn front(&self) -> Option<&SendWqe> {
         self.wqes.front()
     }
 
+    #[inline]
     pub fn next_psn(&self) -> Psn {
         self.next_psn
     }
 
+    #[inline]
     pub fn max_sent_psn(&self) -> Psn {
         self.max_sent_psn
     }
 
+    #[inline]
     pub fn acked_psn(&self) -> Psn {
         self.acked_psn
     }
 
+    #[inline]
     pub fn noack_pkts(&self) -> u32 {
         self.noack_pkts
     }
 
     /// Starts numbering at `psn` (`sq_psn` of `modify_qp`).
+    #[inline]
     pub fn set_psn(&mut self, psn: Psn) {
         self.next_psn = psn;
         self.max_sent_psn = psn - 1;
@@ -107,6 +118,7 @@ impl SendQueue {
 
     /// Copies `wr` into the back slot field by field: a WQE is big, and every move of one is
     /// a copy.
+    #[inline]
     pub fn push(&mut self, wr: &SendWr, len: u32, npsn: u32) {
         let wqe = self.wqes.push_slot();
         wqe.wr.clone_from(wr);
@@ -117,21 +129,25 @@ impl SendQueue {
     }
 
     /// The WQE to transmit from and the packet of it that goes next, if any WQE is left.
+    #[inline]
     pub fn cursor(&self) -> Option<(usize, u32)> {
         (self.next < self.wqes.len()).then_some((self.next, self.pkt_in_wqe))
     }
 
     /// Whether any packet of the WQE at `index` has been transmitted.
+    #[inline]
     pub fn started(&self, index: usize) -> bool {
         index < self.next || (index == self.next && self.pkt_in_wqe > 0)
     }
 
     /// Whether every packet of the WQE at `index` has been transmitted.
+    #[inline]
     pub fn fully_sent(&self, index: usize) -> bool {
         index < self.next
     }
 
     /// Gives the WQE under the cursor its first PSN when its first packet is about to go.
+    #[inline]
     pub fn begin_packet(&mut self) {
         if self.pkt_in_wqe == 0 {
             let psn = self.next_psn;
@@ -142,6 +158,7 @@ impl SendQueue {
     }
 
     /// Moves the cursor past a packet that used `consumed` PSNs and asked for an ACK or not.
+    #[inline]
     pub fn advance(&mut self, consumed: u32, ack_req: bool) -> Advance {
         let last_psn = self.next_psn + (consumed - 1);
         let retransmit = last_psn.distance(self.max_sent_psn) <= 0;
@@ -169,6 +186,7 @@ impl SendQueue {
 
     /// Moves the transmit cursor back to `psn` (go back N); a READ whose response packets
     /// from `psn` on are asked for again expects them again.
+    #[inline]
     pub fn rewind(&mut self, psn: Psn) {
         let Some(index) = self
             .wqes
@@ -192,11 +210,13 @@ impl SendQueue {
     }
 
     /// Records everything through `psn` as acknowledged.
+    #[inline]
     pub fn acknowledge(&mut self, psn: Psn) {
         self.acked_psn = psn;
     }
 
     /// Counts one more READ response landed for the WQE at `index`; whether it was the last.
+    #[inline]
     pub fn record_response(&mut self, index: usize) -> bool {
         self.wqes.get_mut(index).is_some_and(|wqe| {
             wqe.responses += 1;
@@ -205,12 +225,14 @@ impl SendQueue {
     }
 
     /// Removes the front WQE (whose completion has been built from it).
+    #[inline]
     pub fn pop_front(&mut self) {
         self.wqes.pop_front();
         self.next = self.next.saturating_sub(1);
     }
 
     /// Every WQE not yet completed, oldest first, leaving the queue empty.
+    #[inline]
     pub fn take_all(&mut self) -> Ring<SendWqe> {
         self.next = 0;
         std::mem::take(&mut self.wqes)
@@ -218,6 +240,7 @@ impl SendQueue {
 
     /// The completion the front WQE reports when it succeeds, if it is signaled (read in
     /// place: a WQE is too big to move out just to report it).
+    #[inline]
     pub fn success_of_front(&self, qpn: u32, sig_all: bool) -> Option<WorkCompletion> {
         let wqe = self.wqes.front()?;
         let signaled = sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED);
@@ -226,6 +249,7 @@ impl SendQueue {
 }
 
 /// The completion of send work request `wr` on QP `qpn`.
+#[inline]
 pub(crate) fn completion(qpn: u32, wr: &SendWr, status: WcStatus, byte_len: u32) -> WorkCompletion {
     WorkCompletion {
         wr_id: wr.wr_id,
@@ -241,6 +265,7 @@ pub(crate) fn completion(qpn: u32, wr: &SendWr, status: WcStatus, byte_len: u32)
 }
 
 /// The completion opcode of a send work request.
+#[inline]
 fn wc_opcode(wr: &SendWr) -> WcOpcode {
     match wr.op {
         SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
@@ -252,6 +277,7 @@ fn wc_opcode(wr: &SendWr) -> WcOpcode {
 }
 
 /// The wire operation a work request carries out, and what ends its message.
+#[inline]
 fn operation(op: &SendOp) -> (Operation, Trailer) {
     match op {
         SendOp::Send => (Operation::Send, Trailer::None),
@@ -265,6 +291,7 @@ fn operation(op: &SendOp) -> (Operation, Trailer) {
     }
 }
 
+#[inline]
 fn service(qp_type: QpType) -> Service {
     match qp_type {
         QpType::Rc => Service::Rc,
@@ -276,6 +303,7 @@ fn service(qp_type: QpType) -> Service {
 /// The opcode of a request packet at `position` in the message of `op` (a READ request or
 /// an atomic is one packet whatever its response takes); `None` if the QP type has no such
 /// operation (the opcode table is what says READ is RC only, and so on).
+#[inline]
 pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -> Option<Opcode> {
     let (operation, trailer) = operation(op);
     let trailer = if position.ends_message() {
