@@ -3,7 +3,8 @@
 //! the path MTU and retry settings, what is posted on which QP, which packets arrive, when
 //! time passes, and which real packets come back with a byte changed (as a hostile or broken
 //! peer would send them; the ICRC is not checked under `cfg(fuzzing)`). Nothing may panic,
-//! and no work request may complete twice.
+//! no work request may complete twice, and no responder's queued output may exceed its
+//! bound (replays of real READ requests are duplicates that ask for responses again).
 #![no_main]
 
 use std::collections::HashSet;
@@ -291,6 +292,23 @@ impl World {
             }
         }
         self.check_completions();
+        self.check_backlog();
+    }
+
+    /// What a responder has queued to send stays within its bound, which the number of
+    /// READ/atomic resources sets, whatever was asked of it (duplicate READs included).
+    fn check_backlog(&self) {
+        for side in 0..2 {
+            for qpn in self.qpn[side] {
+                let Some(backlog) = self.sim.nodes[side].endpoint.responder_backlog(qpn) else {
+                    continue;
+                };
+                assert!(
+                    backlog.queued <= backlog.bound,
+                    "responder of QP {qpn} holds {backlog:?}"
+                );
+            }
+        }
     }
 
     fn deliver(&mut self, side: usize, bytes: &[u8]) {

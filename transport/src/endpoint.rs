@@ -13,10 +13,12 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
 
-use crate::cq::Cq;
+use crate::cq::{Cq, WcStatus};
 use crate::limits::LIMITS;
 use crate::mr::MrTable;
-use crate::qp::{Ctx, OutPacket, PostError, PostGate, Qp, QpInit, QpStats};
+use crate::qp::{
+    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
+};
 use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
 use crate::wr::{RecvWr, SendWr};
 
@@ -62,10 +64,32 @@ pub enum CreateCqError {
 
 /// Something that happened outside any work request (`ibv_get_async_event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AsyncEvent {
-    /// A completion found its CQ full; the QP went to ERR.
+    /// A completion found its CQ full; the QP went to ERR (`IBV_EVENT_CQ_ERR`).
     CqOverflow {
         /// The QP whose completion was lost.
+        qpn: u32,
+    },
+    /// One of the QP's send work requests failed and the QP went to ERR
+    /// (`IBV_EVENT_QP_FATAL`); that request's completion carries `status`.
+    QpFatal {
+        /// The QP.
+        qpn: u32,
+        /// Why: retries or RNR retries exhausted, a NAK's error, a bad response, a local
+        /// protection error.
+        status: WcStatus,
+    },
+    /// A peer's request broke the protocol; the QP NAKed it as an invalid request and went
+    /// to ERR (`IBV_EVENT_QP_REQ_ERR`).
+    QpRequestError {
+        /// The QP.
+        qpn: u32,
+    },
+    /// A peer's request broke an access rule (R_Key, rights, bounds); the QP NAKed it and
+    /// went to ERR (`IBV_EVENT_QP_ACCESS_ERR`).
+    QpAccessError {
+        /// The QP.
         qpn: u32,
     },
 }
@@ -299,8 +323,7 @@ impl Endpoint {
         if !self.cq_exists(id) {
             return Err(DestroyCqError::UnknownCq);
         }
-        let used = |qp: &Qp| qp.send_cq == id.0 || qp.recv_cq == id.0;
-        if self.qps.qps.iter().any(used) {
+        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) {
             return Err(DestroyCqError::InUse);
         }
         self.cqs[id.0] = Cq::new(0);
@@ -379,6 +402,11 @@ impl Endpoint {
     /// The QP's counters.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
         self.qps.get(qpn).map(|qp| qp.stats)
+    }
+
+    /// What the QP's responder has queued to send, and its bound.
+    pub fn responder_backlog(&self, qpn: u32) -> Option<ResponderBacklog> {
+        self.qps.get(qpn).map(Qp::responder_backlog)
     }
 
     /// `ibv_post_send` for one work request, which is copied into the send queue (as
@@ -482,10 +510,19 @@ impl Endpoint {
     }
 }
 
-/// Turns a QP's lost completion into the async event that reports it.
+/// Turns a QP's lost completion, and why it went to ERR, into the async events that report
+/// them.
 #[inline]
 fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
     if std::mem::take(&mut qp.cq_overflowed) {
         events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
+    }
+    if let Some(failure) = qp.failure.take() {
+        let qpn = qp.qpn;
+        events.push(match failure {
+            Failure::Fatal(status) => AsyncEvent::QpFatal { qpn, status },
+            Failure::InvalidRequest => AsyncEvent::QpRequestError { qpn },
+            Failure::Access => AsyncEvent::QpAccessError { qpn },
+        });
     }
 }

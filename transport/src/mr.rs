@@ -658,16 +658,11 @@ impl MrTable {
     }
 
     /// Appends the `len` bytes at a location [`check`](Self::check) returned to `out`.
-    pub fn append(
-        &mut self,
-        location: Location,
-        len: usize,
-        out: &mut Vec<u8>,
-    ) -> Result<(), MrError> {
+    pub fn append(&self, location: Location, len: usize, out: &mut Vec<u8>) -> Result<(), MrError> {
         if len == 0 {
             return Ok(());
         }
-        let mr = self.mrs.get_mut(location.key).ok_or(MrError::UnknownKey)?;
+        let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
         mr.memory.append(location.offset, len, out)
     }
 

@@ -56,6 +56,41 @@ pub enum Service {
     Cnp,
 }
 
+/// What a packet does: the operation its message carries out, whatever its service and its
+/// place in the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// SEND (into a posted receive).
+    Send,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ request.
+    ReadRequest,
+    /// RDMA READ response data.
+    ReadResponse,
+    /// Atomic compare and swap.
+    CompareSwap,
+    /// Atomic fetch and add.
+    FetchAdd,
+    /// ACK or NAK.
+    Acknowledge,
+    /// Atomic acknowledgement carrying the original value.
+    AtomicAcknowledge,
+    /// FLUSH (memory placement extensions).
+    Flush,
+    /// ATOMIC WRITE (memory placement extensions).
+    AtomicWrite,
+    /// RoCEv2 congestion notification.
+    Cnp,
+}
+
+impl Operation {
+    /// Whether this is a remote atomic (compare and swap, fetch and add).
+    pub const fn is_atomic(self) -> bool {
+        matches!(self, Operation::CompareSwap | Operation::FetchAdd)
+    }
+}
+
 /// Where a packet sits in a multi-packet message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Position {
@@ -79,6 +114,20 @@ impl Position {
     pub const fn ends_message(self) -> bool {
         matches!(self, Position::Last | Position::Only)
     }
+
+    /// The place of packet `index` (from 0) in a message of `count` packets.
+    #[inline]
+    pub const fn of(index: u32, count: u32) -> Position {
+        if count <= 1 {
+            Position::Only
+        } else if index == 0 {
+            Position::First
+        } else if index + 1 >= count {
+            Position::Last
+        } else {
+            Position::Middle
+        }
+    }
 }
 
 /// Everything an opcode tells a parser and a state machine.
@@ -86,6 +135,8 @@ impl Position {
 pub struct OpcodeInfo {
     /// Extension headers that follow the BTH, in wire order.
     pub headers: &'static [ExtHeader],
+    /// What the packet does.
+    pub operation: Operation,
     /// Sent by a requester (true) or by a responder as a response or acknowledgement (false).
     pub is_request: bool,
     /// Position within its message.
@@ -112,7 +163,7 @@ impl OpcodeInfo {
 }
 
 macro_rules! opcodes {
-    ($($(#[$doc:meta])* $name:ident = $value:literal, $text:literal,
+    ($($(#[$doc:meta])* $name:ident = $value:literal, $text:literal, $operation:ident,
         [$($header:ident),*], $request:literal, $position:ident, $payload:literal;)*) => {
         /// A BTH opcode of RC, UC or UD, or the RoCEv2 CNP.
         ///
@@ -143,6 +194,7 @@ macro_rules! opcodes {
                 const TABLE: [OpcodeInfo; 256] = {
                     let mut table = [OpcodeInfo {
                         headers: &[],
+                        operation: Operation::Cnp,
                         is_request: false,
                         position: Position::Only,
                         has_payload: false,
@@ -153,6 +205,7 @@ macro_rules! opcodes {
                         const HEADERS: &[ExtHeader] = &[$(ExtHeader::$header),*];
                         table[$value] = OpcodeInfo {
                             headers: HEADERS,
+                            operation: Operation::$operation,
                             is_request: $request,
                             position: Position::$position,
                             has_payload: $payload,
@@ -192,85 +245,115 @@ const fn contains(headers: &[ExtHeader], wanted: ExtHeader) -> bool {
 
 opcodes! {
     /// RC SEND, first packet.
-    RcSendFirst = 0x00, "RC_SEND_FIRST", [], true, First, true;
+    RcSendFirst = 0x00, "RC_SEND_FIRST", Send, [], true, First, true;
     /// RC SEND, middle packet.
-    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", [], true, Middle, true;
+    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Send, [], true, Middle, true;
     /// RC SEND, last packet.
-    RcSendLast = 0x02, "RC_SEND_LAST", [], true, Last, true;
+    RcSendLast = 0x02, "RC_SEND_LAST", Send, [], true, Last, true;
     /// RC SEND, last packet, with immediate data.
-    RcSendLastWithImmediate = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", [ImmDt], true, Last, true;
+    RcSendLastWithImmediate = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Send, [ImmDt], true, Last, true;
     /// RC SEND in one packet.
-    RcSendOnly = 0x04, "RC_SEND_ONLY", [], true, Only, true;
+    RcSendOnly = 0x04, "RC_SEND_ONLY", Send, [], true, Only, true;
     /// RC SEND in one packet, with immediate data.
-    RcSendOnlyWithImmediate = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", [ImmDt], true, Only, true;
+    RcSendOnlyWithImmediate = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Send, [ImmDt], true, Only, true;
     /// RC RDMA WRITE, first packet.
-    RcRdmaWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", [Reth], true, First, true;
+    RcRdmaWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Write, [Reth], true, First, true;
     /// RC RDMA WRITE, middle packet.
-    RcRdmaWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", [], true, Middle, true;
+    RcRdmaWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Write, [], true, Middle, true;
     /// RC RDMA WRITE, last packet.
-    RcRdmaWriteLast = 0x08, "RC_RDMA_WRITE_LAST", [], true, Last, true;
+    RcRdmaWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Write, [], true, Last, true;
     /// RC RDMA WRITE, last packet, with immediate data.
-    RcRdmaWriteLastWithImmediate = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", [ImmDt], true, Last, true;
+    RcRdmaWriteLastWithImmediate = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, [ImmDt], true, Last, true;
     /// RC RDMA WRITE in one packet.
-    RcRdmaWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", [Reth], true, Only, true;
+    RcRdmaWriteOnly = 0x0A, "RC_RDMA_WRITE_ONLY", Write, [Reth], true, Only, true;
     /// RC RDMA WRITE in one packet, with immediate data.
-    RcRdmaWriteOnlyWithImmediate = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", [Reth, ImmDt], true, Only, true;
+    RcRdmaWriteOnlyWithImmediate = 0x0B, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, [Reth, ImmDt], true, Only, true;
     /// RC RDMA READ request.
-    RcRdmaReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", [Reth], true, Only, false;
+    RcRdmaReadRequest = 0x0C, "RC_RDMA_READ_REQUEST", ReadRequest, [Reth], true, Only, false;
     /// RC RDMA READ response, first packet.
-    RcRdmaReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", [Aeth], false, First, true;
+    RcRdmaReadResponseFirst = 0x0D, "RC_RDMA_READ_RESPONSE_FIRST", ReadResponse, [Aeth], false, First, true;
     /// RC RDMA READ response, middle packet.
-    RcRdmaReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", [], false, Middle, true;
+    RcRdmaReadResponseMiddle = 0x0E, "RC_RDMA_READ_RESPONSE_MIDDLE", ReadResponse, [], false, Middle, true;
     /// RC RDMA READ response, last packet.
-    RcRdmaReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", [Aeth], false, Last, true;
+    RcRdmaReadResponseLast = 0x0F, "RC_RDMA_READ_RESPONSE_LAST", ReadResponse, [Aeth], false, Last, true;
     /// RC RDMA READ response in one packet.
-    RcRdmaReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", [Aeth], false, Only, true;
+    RcRdmaReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", ReadResponse, [Aeth], false, Only, true;
     /// RC ACK or NAK.
-    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", [Aeth], false, Only, false;
+    RcAcknowledge = 0x11, "RC_ACKNOWLEDGE", Acknowledge, [Aeth], false, Only, false;
     /// RC atomic acknowledgement carrying the original value.
-    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", [Aeth, AtomicAckEth], false, Only, false;
+    RcAtomicAcknowledge = 0x12, "RC_ATOMIC_ACKNOWLEDGE", AtomicAcknowledge, [Aeth, AtomicAckEth], false, Only, false;
     /// RC atomic compare and swap.
-    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", [AtomicEth], true, Only, false;
+    RcCompareSwap = 0x13, "RC_COMPARE_SWAP", CompareSwap, [AtomicEth], true, Only, false;
     /// RC atomic fetch and add.
-    RcFetchAdd = 0x14, "RC_FETCH_ADD", [AtomicEth], true, Only, false;
+    RcFetchAdd = 0x14, "RC_FETCH_ADD", FetchAdd, [AtomicEth], true, Only, false;
     /// RC SEND, last packet, invalidating an R_Key.
-    RcSendLastWithInvalidate = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", [Ieth], true, Last, true;
+    RcSendLastWithInvalidate = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Send, [Ieth], true, Last, true;
     /// RC SEND in one packet, invalidating an R_Key.
-    RcSendOnlyWithInvalidate = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", [Ieth], true, Only, true;
+    RcSendOnlyWithInvalidate = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Send, [Ieth], true, Only, true;
     /// RC FLUSH (memory placement extensions).
-    RcFlush = 0x1C, "RC_FLUSH", [Feth, Reth], true, Only, false;
+    RcFlush = 0x1C, "RC_FLUSH", Flush, [Feth, Reth], true, Only, false;
     /// RC ATOMIC WRITE: an 8-byte payload written atomically.
-    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", [Reth], true, Only, true;
+    RcAtomicWrite = 0x1D, "RC_ATOMIC_WRITE", AtomicWrite, [Reth], true, Only, true;
     /// UC SEND, first packet.
-    UcSendFirst = 0x20, "UC_SEND_FIRST", [], true, First, true;
+    UcSendFirst = 0x20, "UC_SEND_FIRST", Send, [], true, First, true;
     /// UC SEND, middle packet.
-    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", [], true, Middle, true;
+    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Send, [], true, Middle, true;
     /// UC SEND, last packet.
-    UcSendLast = 0x22, "UC_SEND_LAST", [], true, Last, true;
+    UcSendLast = 0x22, "UC_SEND_LAST", Send, [], true, Last, true;
     /// UC SEND, last packet, with immediate data.
-    UcSendLastWithImmediate = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", [ImmDt], true, Last, true;
+    UcSendLastWithImmediate = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Send, [ImmDt], true, Last, true;
     /// UC SEND in one packet.
-    UcSendOnly = 0x24, "UC_SEND_ONLY", [], true, Only, true;
+    UcSendOnly = 0x24, "UC_SEND_ONLY", Send, [], true, Only, true;
     /// UC SEND in one packet, with immediate data.
-    UcSendOnlyWithImmediate = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", [ImmDt], true, Only, true;
+    UcSendOnlyWithImmediate = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Send, [ImmDt], true, Only, true;
     /// UC RDMA WRITE, first packet.
-    UcRdmaWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", [Reth], true, First, true;
+    UcRdmaWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Write, [Reth], true, First, true;
     /// UC RDMA WRITE, middle packet.
-    UcRdmaWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", [], true, Middle, true;
+    UcRdmaWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Write, [], true, Middle, true;
     /// UC RDMA WRITE, last packet.
-    UcRdmaWriteLast = 0x28, "UC_RDMA_WRITE_LAST", [], true, Last, true;
+    UcRdmaWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Write, [], true, Last, true;
     /// UC RDMA WRITE, last packet, with immediate data.
-    UcRdmaWriteLastWithImmediate = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", [ImmDt], true, Last, true;
+    UcRdmaWriteLastWithImmediate = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, [ImmDt], true, Last, true;
     /// UC RDMA WRITE in one packet.
-    UcRdmaWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", [Reth], true, Only, true;
+    UcRdmaWriteOnly = 0x2A, "UC_RDMA_WRITE_ONLY", Write, [Reth], true, Only, true;
     /// UC RDMA WRITE in one packet, with immediate data.
-    UcRdmaWriteOnlyWithImmediate = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", [Reth, ImmDt], true, Only, true;
+    UcRdmaWriteOnlyWithImmediate = 0x2B, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, [Reth, ImmDt], true, Only, true;
     /// UD SEND (always one packet).
-    UdSendOnly = 0x64, "UD_SEND_ONLY", [Deth], true, Only, true;
+    UdSendOnly = 0x64, "UD_SEND_ONLY", Send, [Deth], true, Only, true;
     /// UD SEND with immediate data.
-    UdSendOnlyWithImmediate = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", [Deth, ImmDt], true, Only, true;
+    UdSendOnlyWithImmediate = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Send, [Deth, ImmDt], true, Only, true;
     /// RoCEv2 congestion notification packet.
-    Cnp = 0x81, "CNP", [Cnp], false, Only, false;
+    Cnp = 0x81, "CNP", Cnp, [Cnp], false, Only, false;
+}
+
+/// What ends a message besides its payload: nothing, immediate data or an R_Key to
+/// invalidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trailer {
+    /// No ImmDt or IETH.
+    None,
+    /// An ImmDt header.
+    Immediate,
+    /// An IETH header.
+    Invalidate,
+}
+
+/// Slots of the reverse table, one per (service, operation, position, trailer).
+const SERVICES: usize = 4;
+const OPERATIONS: usize = Operation::Cnp as usize + 1;
+const POSITIONS: usize = 4;
+const TRAILERS: usize = 3;
+
+#[inline]
+const fn find_slot(
+    service: Service,
+    operation: Operation,
+    position: Position,
+    trailer: Trailer,
+) -> usize {
+    ((service as usize * OPERATIONS + operation as usize) * POSITIONS + position as usize)
+        * TRAILERS
+        + trailer as usize
 }
 
 impl Opcode {
@@ -282,6 +365,51 @@ impl Opcode {
             3 => Service::Ud,
             _ => Service::Cnp,
         }
+    }
+
+    /// What ends this opcode's message besides the payload.
+    #[inline]
+    pub const fn trailer(self) -> Trailer {
+        let info = self.info();
+        if info.has_immediate {
+            Trailer::Immediate
+        } else if info.has_invalidate {
+            Trailer::Invalidate
+        } else {
+            Trailer::None
+        }
+    }
+
+    /// The opcode of a packet of `operation` on `service` at `position` in its message,
+    /// ending with `trailer`; `None` if the spec has no such packet (a READ on UC, a SEND
+    /// with invalidate that is not its message's last packet, ...). The inverse of
+    /// [`info`](Self::info), [`service`](Self::service) and [`trailer`](Self::trailer).
+    #[inline]
+    pub const fn find(
+        service: Service,
+        operation: Operation,
+        position: Position,
+        trailer: Trailer,
+    ) -> Option<Opcode> {
+        // Built from the same rows as `info`, so the two cannot disagree.
+        const TABLE: [Option<Opcode>; SERVICES * OPERATIONS * POSITIONS * TRAILERS] = {
+            let mut table = [None; SERVICES * OPERATIONS * POSITIONS * TRAILERS];
+            let mut i = 0;
+            while i < Opcode::ALL.len() {
+                let opcode = Opcode::ALL[i];
+                let info = opcode.info();
+                let slot = find_slot(
+                    opcode.service(),
+                    info.operation,
+                    info.position,
+                    opcode.trailer(),
+                );
+                table[slot] = Some(opcode);
+                i += 1;
+            }
+            table
+        };
+        TABLE[find_slot(service, operation, position, trailer)]
     }
 }
 
@@ -361,6 +489,105 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn find_inverts_info() {
+        let mut found = 0;
+        for service in [Service::Rc, Service::Uc, Service::Ud, Service::Cnp] {
+            for operation in [
+                Operation::Send,
+                Operation::Write,
+                Operation::ReadRequest,
+                Operation::ReadResponse,
+                Operation::CompareSwap,
+                Operation::FetchAdd,
+                Operation::Acknowledge,
+                Operation::AtomicAcknowledge,
+                Operation::Flush,
+                Operation::AtomicWrite,
+                Operation::Cnp,
+            ] {
+                for position in [
+                    Position::First,
+                    Position::Middle,
+                    Position::Last,
+                    Position::Only,
+                ] {
+                    for trailer in [Trailer::None, Trailer::Immediate, Trailer::Invalidate] {
+                        let Some(opcode) = Opcode::find(service, operation, position, trailer)
+                        else {
+                            continue;
+                        };
+                        found += 1;
+                        let info = opcode.info();
+                        assert_eq!(opcode.service(), service, "{opcode}");
+                        assert_eq!(info.operation, operation, "{opcode}");
+                        assert_eq!(info.position, position, "{opcode}");
+                        assert_eq!(opcode.trailer(), trailer, "{opcode}");
+                    }
+                }
+            }
+        }
+        assert_eq!(found, Opcode::ALL.len());
+    }
+
+    #[test]
+    fn operation_is_consistent_with_names() {
+        for opcode in Opcode::ALL {
+            let name = opcode.name();
+            let operation = opcode.info().operation;
+            let expected = if name.contains("READ_REQUEST") {
+                Operation::ReadRequest
+            } else if name.contains("READ_RESPONSE") {
+                Operation::ReadResponse
+            } else if name.contains("ATOMIC_ACKNOWLEDGE") {
+                Operation::AtomicAcknowledge
+            } else if name.contains("ACKNOWLEDGE") {
+                Operation::Acknowledge
+            } else if name.contains("ATOMIC_WRITE") {
+                Operation::AtomicWrite
+            } else if name.contains("RDMA_WRITE") {
+                Operation::Write
+            } else if name.contains("SEND") {
+                Operation::Send
+            } else if name.contains("COMPARE_SWAP") {
+                Operation::CompareSwap
+            } else if name.contains("FETCH_ADD") {
+                Operation::FetchAdd
+            } else if name.contains("FLUSH") {
+                Operation::Flush
+            } else {
+                Operation::Cnp
+            };
+            assert_eq!(operation, expected, "{name}");
+            assert_eq!(
+                opcode.info().is_request,
+                operation_is_request(operation),
+                "{name}"
+            );
+        }
+    }
+
+    fn operation_is_request(operation: Operation) -> bool {
+        !matches!(
+            operation,
+            Operation::ReadResponse
+                | Operation::Acknowledge
+                | Operation::AtomicAcknowledge
+                | Operation::Cnp
+        )
+    }
+
+    #[test]
+    fn position_of_each_packet() {
+        assert_eq!(Position::of(0, 0), Position::Only);
+        assert_eq!(Position::of(0, 1), Position::Only);
+        assert_eq!(Position::of(0, 2), Position::First);
+        assert_eq!(Position::of(1, 2), Position::Last);
+        assert_eq!(Position::of(0, 3), Position::First);
+        assert_eq!(Position::of(1, 3), Position::Middle);
+        assert_eq!(Position::of(2, 3), Position::Last);
     }
 
     #[test]

@@ -1,14 +1,84 @@
 //! The completer: acknowledgements, NAKs, READ responses and atomic results coming back to
-//! the requester; retries (go back N), RNR waits, timeouts and send completions.
+//! the requester; retries (go back N), RNR waits and timeouts.
+//!
+//! It decides and returns an [`Outcome`] (complete N WQEs, then retry from a PSN or fail the
+//! next one); the QP applies it to the send queue. What the completer changes itself is its
+//! own state (retry budgets, the retry under way), the acknowledged PSN, READ progress and
+//! the data READ responses and atomic results carry into local memory.
+
+use std::time::Duration;
 
 use roce_wire::aeth::{NakCode, RnrTimer, Syndrome};
-use roce_wire::{FrameRepr, Opcode, Psn};
+use roce_wire::opcode::Operation;
+use roce_wire::{FrameRepr, Psn};
 
 use super::{Ctx, Qp};
 use crate::cq::WcStatus;
 use crate::qp_state::{QpState, QpType};
 use crate::timer::Timer;
 use crate::wr::SendOp;
+
+/// Retry budgets and the retry under way.
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    /// Transport retries left before RETRY_EXC_ERR.
+    retries_left: u8,
+    /// RNR retries left before RNR_RETRY_EXC_ERR (unused when rnr_retry is 7).
+    rnr_retries_left: u8,
+    /// Where the retry under way resumed; cleared by progress or a timeout.
+    recovering: Option<Psn>,
+}
+
+impl Completer {
+    /// A new `retry_cnt` (from `modify_qp`), which is also the budget from now on.
+    pub fn set_retry_cnt(&mut self, n: u8) {
+        self.retries_left = n;
+    }
+
+    /// A new `rnr_retry`, which is also the RNR budget from now on.
+    pub fn set_rnr_retry(&mut self, n: u8) {
+        self.rnr_retries_left = n;
+    }
+
+    /// Progress was made: the budgets are full again.
+    fn refill(&mut self, retry_cnt: u8, rnr_retry: u8) {
+        self.retries_left = retry_cnt;
+        self.rnr_retries_left = rnr_retry;
+    }
+}
+
+/// What the send queue must do after a response or timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    /// WQEs at the front that succeeded, to remove and report in order.
+    pub complete: usize,
+    /// Then, with the WQE that is front after them.
+    pub then: Then,
+}
+
+/// The second half of an [`Outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Then {
+    /// Nothing more.
+    Nothing,
+    /// Go back N: resend from `from` (after `wait`, for an RNR NAK).
+    Retry { from: Psn, wait: Option<Duration> },
+    /// The front WQE fails with this status and the QP enters ERR.
+    Fail(WcStatus),
+}
+
+impl Outcome {
+    fn complete(n: usize) -> Outcome {
+        Outcome {
+            complete: n,
+            then: Then::Nothing,
+        }
+    }
+
+    fn then(self, then: Then) -> Outcome {
+        Outcome { then, ..self }
+    }
+}
 
 /// Why the requester goes back.
 enum Retry {
@@ -18,73 +88,66 @@ enum Retry {
     Rnr(RnrTimer),
 }
 
-/// Handles a response or acknowledgement addressed to this QP.
-pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+/// Handles a response or acknowledgement addressed to this QP; `None` when it is dropped
+/// unread (a duplicate, a ghost, the wrong state).
+pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Option<Outcome> {
     if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
-        return;
+        return None;
     }
     let psn = frame.bth.psn;
     // Only PSNs sent and not yet acknowledged can be answered; anything else is a
     // duplicate or a ghost.
-    let sent_unacked = psn.distance(qp.req.acked_psn) > 0 && psn.distance(qp.req.next_psn) < 0;
+    let sent_unacked = psn.distance(qp.sq.acked_psn()) > 0 && psn.distance(qp.sq.next_psn()) < 0;
     if !sent_unacked {
         qp.stats.dropped += 1;
-        return;
+        return None;
     }
-    let before = qp.req.acked_psn;
-    match (frame.bth.opcode, frame.ext.aeth.map(|aeth| aeth.syndrome)) {
-        (Opcode::RcAcknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, ctx, psn, true),
-        (Opcode::RcAcknowledge, Some(Syndrome::RnrNak(timer))) => {
+    let syndrome = frame.ext.aeth.map(|aeth| aeth.syndrome);
+    Some(match (frame.bth.opcode.info().operation, syndrome) {
+        (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, psn, true),
+        (Operation::Acknowledge, Some(Syndrome::RnrNak(timer))) => {
             qp.stats.naks_received += 1;
-            nak_retry(qp, ctx, psn, Retry::Rnr(timer));
+            nak_retry(qp, psn, Retry::Rnr(timer))
         }
-        (Opcode::RcAcknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
+        (Operation::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
             qp.stats.naks_received += 1;
-            nak_retry(qp, ctx, psn, Retry::Transport);
+            nak_retry(qp, psn, Retry::Transport)
         }
-        (Opcode::RcAcknowledge, Some(Syndrome::Nak(code))) => {
+        (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
             qp.stats.naks_received += 1;
-            ack_through(qp, ctx, psn - 1, false);
             let status = match code {
                 NakCode::RemoteAccessError => WcStatus::RemoteAccess,
                 NakCode::RemoteOperationalError => WcStatus::RemoteOperation,
                 _ => WcStatus::RemoteInvalidRequest,
             };
-            if qp.state != QpState::Err {
-                fail_wqe(qp, ctx, 0, status);
-            }
+            ack_through(qp, psn - 1, false).then(Then::Fail(status))
         }
-        (
-            Opcode::RcRdmaReadResponseFirst
-            | Opcode::RcRdmaReadResponseMiddle
-            | Opcode::RcRdmaReadResponseLast
-            | Opcode::RcRdmaReadResponseOnly,
-            _,
-        ) => read_response(qp, ctx, frame),
-        (Opcode::RcAtomicAcknowledge, _) => atomic_ack(qp, ctx, frame),
-        _ => qp.stats.dropped += 1,
-    }
-    if qp.state == QpState::Err {
-        return;
-    }
+        (Operation::ReadResponse, _) => read_response(qp, ctx, frame),
+        (Operation::AtomicAcknowledge, _) => atomic_ack(qp, ctx, frame),
+        _ => {
+            qp.stats.dropped += 1;
+            Outcome::complete(0)
+        }
+    })
+}
+
+/// After the QP applied the outcome of `frame` (and did not enter ERR): progress refills
+/// the retry budgets (unless the frame itself asked for a retry), and the local ACK timer
+/// runs exactly while something is unacknowledged.
+pub(crate) fn settle(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr, acked_before: Psn) {
     let retried = matches!(
         frame.ext.aeth.map(|aeth| aeth.syndrome),
         Some(Syndrome::RnrNak(_) | Syndrome::Nak(NakCode::PsnSequenceError))
-    ) && frame.bth.opcode == Opcode::RcAcknowledge;
-    if qp.req.acked_psn != before {
-        qp.req.recovering = None;
+    ) && frame.bth.opcode.info().operation == Operation::Acknowledge;
+    let progress = qp.sq.acked_psn() != acked_before;
+    if progress {
+        qp.comp.recovering = None;
         if !retried {
-            qp.req.retries_left = qp.config.retry_cnt;
-            qp.req.rnr_retries_left = qp.config.rnr_retry;
+            qp.comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
         }
     }
-    restart_retransmit_timer(qp, ctx, qp.req.acked_psn != before);
-}
-
-/// Keeps the local ACK timer running exactly while something is unacknowledged.
-fn restart_retransmit_timer(qp: &mut Qp, ctx: &Ctx, progress: bool) {
-    let outstanding = qp.req.next_psn.distance(qp.req.acked_psn) > 1;
+    let outstanding = qp.sq.next_psn().distance(qp.sq.acked_psn()) > 1;
     match qp.config.ack_timeout() {
         Some(timeout) if outstanding => {
             if progress || !qp.timers.is_set(Timer::Retransmit) {
@@ -102,117 +165,105 @@ fn restart_retransmit_timer(qp: &mut Qp, ctx: &Ctx, progress: bool) {
 /// Like rxe, once a retry is under way further sequence NAKs that bring no progress are
 /// ignored: the responder sent them for gaps before it saw the retry, and acting on each
 /// would burn the whole retry budget within one round trip. An RNR NAK is always obeyed.
-fn nak_retry(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, why: Retry) {
-    let before = qp.req.acked_psn;
-    ack_through(qp, ctx, psn - 1, false);
-    if qp.state == QpState::Err {
-        return;
-    }
-    if qp.req.acked_psn != before {
-        qp.req.recovering = None;
+fn nak_retry(qp: &mut Qp, psn: Psn, why: Retry) -> Outcome {
+    let before = qp.sq.acked_psn();
+    let done = ack_through(qp, psn - 1, false);
+    if qp.sq.acked_psn() != before {
+        qp.comp.recovering = None;
         // Progress first, then charge this NAK's retry against the fresh budget.
-        qp.req.retries_left = qp.config.retry_cnt;
-        qp.req.rnr_retries_left = qp.config.rnr_retry;
+        qp.comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
     }
-    if qp.req.recovering.is_some() && matches!(why, Retry::Transport) {
+    if qp.comp.recovering.is_some() && matches!(why, Retry::Transport) {
         qp.stats.dropped += 1;
-        return;
+        return done;
     }
-    let resume = match qp.req.wqes.front() {
+    let resume = match qp.sq.get(done.complete) {
         Some(front) if front.wr.op.is_read_or_atomic() && psn.distance(front.first_psn) > 0 => {
-            front.first_psn + front.responses
+            front.answered_through()
         }
         _ => psn,
     };
-    qp.req.recovering = Some(resume);
-    retry(qp, ctx, resume, why);
+    qp.comp.recovering = Some(resume);
+    done.then(retry(qp, resume, why))
 }
 
 /// Completes every SEND/WRITE acknowledged by an ACK of `psn`. An ACK that covers a READ or
 /// atomic whose response never came is an implied NAK: that response was lost, and with
 /// `implied_nak` the requester goes back for it.
-fn ack_through(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, implied_nak: bool) {
+fn ack_through(qp: &mut Qp, psn: Psn, implied_nak: bool) -> Outcome {
     // The acknowledged PSN never passes a READ or atomic still waiting for its answer: the
     // answer's own PSNs must stay acceptable.
     let mut acked = psn;
-    while let Some(front) = qp.req.wqes.front() {
-        if qp.req.next == 0 && qp.req.pkt_in_wqe == 0 {
-            break; // not started
+    let mut index = 0;
+    while let Some(wqe) = qp.sq.get(index) {
+        if !qp.sq.started(index) {
+            break;
         }
-        if front.wr.op.is_read_or_atomic() {
-            let answered = front.first_psn + front.responses - 1;
+        if wqe.wr.op.is_read_or_atomic() {
+            let answered = wqe.answered_through() - 1;
             if psn.distance(answered) > 0 {
                 acked = answered;
                 if implied_nak {
-                    retry_lost(qp, ctx, answered + 1);
-                    return;
+                    return Outcome::complete(index).then(retry_lost(qp, answered + 1));
                 }
             }
             break;
         }
-        let fully_sent = qp.req.next > 0;
-        if !fully_sent || psn.distance(front.last_psn()) < 0 {
+        let last_psn = wqe.last_psn();
+        if !qp.sq.fully_sent(index) || psn.distance(last_psn) < 0 {
             break;
         }
-        complete_front(qp, ctx);
+        qp.sq.acknowledge(last_psn);
+        index += 1;
     }
-    if acked.distance(qp.req.acked_psn) > 0 && acked.distance(qp.req.next_psn) < 0 {
-        qp.req.acked_psn = acked;
+    if acked.distance(qp.sq.acked_psn()) > 0 && acked.distance(qp.sq.next_psn()) < 0 {
+        qp.sq.acknowledge(acked);
     }
+    Outcome::complete(index)
 }
 
-/// Removes the front WQE and reports its success if it is signaled.
-fn complete_front(qp: &mut Qp, ctx: &mut Ctx) {
-    let Some(last_psn) = qp.req.wqes.front().map(|wqe| wqe.last_psn()) else {
-        return;
-    };
-    let completion = super::requester::success_of_front(qp);
-    qp.req.wqes.pop_front();
-    qp.req.next = qp.req.next.saturating_sub(1);
-    qp.req.acked_psn = last_psn;
-    if let Some(completion) = completion {
-        qp.complete(ctx, qp.send_cq, completion);
-    }
-}
-
-/// Completes the WQEs before the one that holds `psn`, which a response for `psn` proves
-/// were acknowledged. Returns false if one of them was a READ or atomic still waiting for
-/// its response: that response was lost, and a retry has been started.
-fn complete_before(qp: &mut Qp, ctx: &mut Ctx, psn: Psn) -> bool {
-    while let Some(front) = qp.req.wqes.front() {
-        if front.contains(psn) {
-            return true;
+/// How many WQEs come before the one that holds `psn`: a response for `psn` proves they
+/// were acknowledged. `Err` if one of them was a READ or atomic still waiting for its
+/// response (that response was lost: the outcome goes back for it), or if none holds `psn`.
+fn answered_before(qp: &mut Qp, psn: Psn) -> Result<usize, Outcome> {
+    let mut index = 0;
+    while let Some(wqe) = qp.sq.get(index) {
+        if wqe.contains(psn) {
+            return Ok(index);
         }
-        if front.wr.op.is_read_or_atomic() {
-            let resume = front.first_psn + front.responses;
-            retry_lost(qp, ctx, resume);
-            return false;
+        if wqe.wr.op.is_read_or_atomic() {
+            let resume = wqe.answered_through();
+            return Err(Outcome::complete(index).then(retry_lost(qp, resume)));
         }
-        complete_front(qp, ctx);
+        let last_psn = wqe.last_psn();
+        qp.sq.acknowledge(last_psn);
+        index += 1;
     }
-    false
+    Err(Outcome::complete(index))
 }
 
-fn read_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn read_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
     let psn = frame.bth.psn;
-    if !complete_before(qp, ctx, psn) {
-        return;
-    }
+    let index = match answered_before(qp, psn) {
+        Ok(index) => index,
+        Err(outcome) => return outcome,
+    };
+    let done = Outcome::complete(index);
     let mtu = qp.config.mtu;
-    let Some(wqe) = qp.req.wqes.front() else {
-        return;
+    let Some(wqe) = qp.sq.get(index) else {
+        return done;
     };
     let SendOp::RdmaRead { .. } = wqe.wr.op else {
-        return fail_wqe(qp, ctx, 0, WcStatus::BadResponse);
+        return done.then(Then::Fail(WcStatus::BadResponse));
     };
-    let expected = wqe.first_psn + wqe.responses;
+    let expected = wqe.answered_through();
     match psn.distance(expected) {
         0 => {}
         behind if behind < 0 => {
             qp.stats.dropped += 1;
-            return;
+            return done;
         }
-        _ => return retry_lost(qp, ctx, expected),
+        _ => return done.then(retry_lost(qp, expected)),
     }
     // A retried READ is answered as a new message (FIRST again), and reordering can mix the
     // two answers; what must hold is that only the final packet ends the message and every
@@ -223,133 +274,88 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let want_len = (wqe.len as usize - offset).min(mtu);
     let ends = frame.bth.opcode.info().position.ends_message();
     if ends != last || frame.payload.len() != want_len {
-        return fail_wqe(qp, ctx, 0, WcStatus::BadResponse);
+        return done.then(Then::Fail(WcStatus::BadResponse));
     }
     if ctx
         .mrs
         .scatter(qp.pd, &wqe.wr.sg_list, offset as u64, frame.payload)
         .is_err()
     {
-        return fail_wqe(qp, ctx, 0, WcStatus::LocalProtection);
+        return done.then(Then::Fail(WcStatus::LocalProtection));
     }
-    let wqe = &mut qp.req.wqes[0];
-    wqe.responses += 1;
-    qp.req.acked_psn = psn;
-    if wqe.responses == wqe.npsn {
-        complete_front(qp, ctx);
-    }
+    let all_in = qp.sq.record_response(index);
+    qp.sq.acknowledge(psn);
+    Outcome::complete(index + usize::from(all_in))
 }
 
-fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
-    let psn = frame.bth.psn;
-    if !complete_before(qp, ctx, psn) {
-        return;
-    }
-    let Some(wqe) = qp.req.wqes.front() else {
-        return;
+fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
+    let index = match answered_before(qp, frame.bth.psn) {
+        Ok(index) => index,
+        Err(outcome) => return outcome,
     };
-    let Some(original) = frame.ext.atomic_ack_eth else {
-        return;
+    let done = Outcome::complete(index);
+    let (Some(wqe), Some(original)) = (qp.sq.get(index), frame.ext.atomic_ack_eth) else {
+        return done;
     };
     if !wqe.wr.op.is_atomic() {
-        return fail_wqe(qp, ctx, 0, WcStatus::BadResponse);
+        return done.then(Then::Fail(WcStatus::BadResponse));
     }
     // The original value lands in local memory in host byte order, as verbs defines it.
     let bytes = original.original.to_ne_bytes();
     if ctx.mrs.scatter(qp.pd, &wqe.wr.sg_list, 0, &bytes).is_err() {
-        return fail_wqe(qp, ctx, 0, WcStatus::LocalProtection);
+        return done.then(Then::Fail(WcStatus::LocalProtection));
     }
-    complete_front(qp, ctx);
+    let last_psn = wqe.last_psn();
+    qp.sq.acknowledge(last_psn);
+    Outcome::complete(index + 1)
 }
 
 /// A response is missing before `psn` (responses after it arrived, or an ACK implied it):
 /// go back for it, unless a retry is already under way (see [`nak_retry`]).
-fn retry_lost(qp: &mut Qp, ctx: &mut Ctx, psn: Psn) {
-    if qp.req.recovering.is_some() {
+fn retry_lost(qp: &mut Qp, psn: Psn) -> Then {
+    if qp.comp.recovering.is_some() {
         qp.stats.dropped += 1;
-        return;
+        return Then::Nothing;
     }
-    qp.req.recovering = Some(psn);
-    retry(qp, ctx, psn, Retry::Transport);
+    qp.comp.recovering = Some(psn);
+    retry(qp, psn, Retry::Transport)
 }
 
-/// Goes back to resend from `psn`, charging the matching retry counter; when it is
-/// exhausted the oldest WQE fails and the QP enters ERR.
-fn retry(qp: &mut Qp, ctx: &mut Ctx, psn: Psn, why: Retry) {
-    match why {
+/// Going back to resend from `psn`, charging the matching retry counter; when it is
+/// exhausted the oldest WQE fails instead.
+fn retry(qp: &mut Qp, psn: Psn, why: Retry) -> Then {
+    let comp = &mut qp.comp;
+    let wait = match why {
         Retry::Transport => {
-            if qp.req.retries_left == 0 {
-                return fail_wqe(qp, ctx, 0, WcStatus::RetryExceeded);
+            if comp.retries_left == 0 {
+                return Then::Fail(WcStatus::RetryExceeded);
             }
-            qp.req.retries_left -= 1;
+            comp.retries_left -= 1;
+            None
         }
         Retry::Rnr(timer) => {
             // rnr_retry 7 means retry forever (IBTA 9.7.5.2.8).
             if qp.config.rnr_retry != 7 {
-                if qp.req.rnr_retries_left == 0 {
-                    return fail_wqe(qp, ctx, 0, WcStatus::RnrRetryExceeded);
+                if comp.rnr_retries_left == 0 {
+                    return Then::Fail(WcStatus::RnrRetryExceeded);
                 }
-                qp.req.rnr_retries_left -= 1;
+                comp.rnr_retries_left -= 1;
             }
-            qp.timers.set(Timer::RnrWait, ctx.now + timer.duration());
+            Some(timer.duration())
         }
-    }
-    rewind(qp, psn);
-}
-
-/// Moves the transmit cursor back to `psn`.
-fn rewind(qp: &mut Qp, psn: Psn) {
-    let Some(index) = qp
-        .req
-        .wqes
-        .iter()
-        .take(qp.req.next + 1)
-        .position(|wqe| wqe.contains(psn))
-    else {
-        return;
     };
-    let wqe = &mut qp.req.wqes[index];
-    let k = psn.distance(wqe.first_psn) as u32;
-    if matches!(wqe.wr.op, SendOp::RdmaRead { .. }) {
-        wqe.responses = k;
-    }
-    qp.req.next = index;
-    qp.req.pkt_in_wqe = k;
-    qp.req.next_psn = psn;
-    qp.req.noack_pkts = 0;
+    Then::Retry { from: psn, wait }
 }
 
 /// Local ACK timeout: resend everything unacknowledged.
-pub(crate) fn ack_timeout(qp: &mut Qp, ctx: &mut Ctx) {
-    if qp.state == QpState::Err || qp.req.next_psn.distance(qp.req.acked_psn) <= 1 {
-        return;
+pub(crate) fn ack_timeout(qp: &mut Qp) -> Outcome {
+    if qp.state == QpState::Err || qp.sq.next_psn().distance(qp.sq.acked_psn()) <= 1 {
+        return Outcome::complete(0);
     }
     qp.stats.timeouts += 1;
     // This resend is the recovery now: loss signals that arrive before it makes progress
     // describe the same loss and must not cost another retry.
-    let resume = qp.req.acked_psn + 1;
-    qp.req.recovering = Some(resume);
-    retry(qp, ctx, resume, Retry::Transport);
-}
-
-/// Completes the WQE at `index` with an error (earlier ones are flushed first, to keep
-/// completions in order) and moves the QP to ERR, which flushes the rest.
-pub(crate) fn fail_wqe(qp: &mut Qp, ctx: &mut Ctx, index: usize, status: WcStatus) {
-    for flushed in 0..=index {
-        let Some(wqe) = qp.req.wqes.front() else {
-            break;
-        };
-        let status = if flushed < index {
-            WcStatus::WrFlush
-        } else {
-            status
-        };
-        let opcode = super::requester::wc_opcode(&wqe.wr);
-        let completion = qp.send_completion(wqe.wr.wr_id, status, opcode, 0);
-        qp.req.wqes.pop_front();
-        qp.complete(ctx, qp.send_cq, completion);
-    }
-    if qp.state != QpState::Err {
-        qp.enter_error(ctx);
-    }
+    let resume = qp.sq.acked_psn() + 1;
+    qp.comp.recovering = Some(resume);
+    Outcome::complete(0).then(retry(qp, resume, Retry::Transport))
 }

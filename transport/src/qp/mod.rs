@@ -1,4 +1,4 @@
-//! One queue pair: the coordinator over its requester, completer and responder.
+//! One queue pair: the coordinator over its send queue, requester, completer and responder.
 //!
 //! Calling order, for the [`Endpoint`](crate::Endpoint) that owns it: inputs
 //! (`post_send`, `post_recv`, `handle_packet`, `handle_timeout`) in any order, then
@@ -6,7 +6,9 @@
 
 mod completer;
 mod requester;
+mod resources;
 mod responder;
+mod send_queue;
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,7 @@ use roce_wire::aeth::RnrTimer;
 use roce_wire::frame::IpRepr;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{Cq, WcStatus, WorkCompletion};
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{
     check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
@@ -23,8 +25,9 @@ use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendWr, UdDest};
 use crate::AccessFlags;
 
-pub(crate) use requester::Requester;
-pub(crate) use responder::Responder;
+use completer::{Completer, Outcome, Then};
+use responder::Responder;
+use send_queue::SendQueue;
 
 /// Queue sizes and limits fixed at creation (`struct ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,7 +232,7 @@ impl PostGate {
         if inline && wr.inline_data.len() > self.caps.max_inline_data as usize {
             return Err(PostError::InlineTooLong);
         }
-        if !requester::supported(self.qp_type, wr) {
+        if !send_queue::supported(self.qp_type, wr) {
             return Err(PostError::UnsupportedOperation);
         }
         let len = if inline {
@@ -278,6 +281,27 @@ pub struct QpStats {
     pub dropped: u64,
 }
 
+/// What a QP's responder has queued to send, and the most it can ever hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponderBacklog {
+    /// READ responses (one entry per READ, however long), atomic results, ACKs and NAKs.
+    pub queued: usize,
+    /// The most that can be queued, set by `max_dest_rd_atomic`, not by what peers ask.
+    pub bound: usize,
+}
+
+/// Why a QP went to ERR on its own (not through `modify_qp`), for its owner to report as an
+/// async event, as an HCA does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// One of its own send work requests failed; its completion carries this status.
+    Fatal(WcStatus),
+    /// A peer's request broke the protocol; it was NAKed as an invalid request.
+    InvalidRequest,
+    /// A peer's request broke an access rule; it was NAKed as a remote access error.
+    Access,
+}
+
 /// What a QP needs from its owner while it runs.
 pub(crate) struct Ctx<'a> {
     pub now: Instant,
@@ -285,24 +309,28 @@ pub(crate) struct Ctx<'a> {
     pub cqs: &'a mut [Cq],
 }
 
-/// One queue pair.
+/// One queue pair. The fields the endpoint reads are public; the rest belong to this module
+/// and the requester, completer and responder under it.
 #[derive(Debug)]
 pub(crate) struct Qp {
     pub qpn: u32,
-    pub qp_type: QpType,
-    pub pd: PdId,
-    pub send_cq: usize,
-    pub recv_cq: usize,
-    pub caps: QpCaps,
-    pub sq_sig_all: bool,
     pub state: QpState,
     pub config: QpConfig,
-    pub req: Requester,
-    pub resp: Responder,
-    pub timers: TimerTable,
     pub stats: QpStats,
     /// Set when a completion could not be queued; the owner reports it as an async event.
     pub cq_overflowed: bool,
+    /// Set when the QP went to ERR on its own; the owner reports it as an async event.
+    pub failure: Option<Failure>,
+    qp_type: QpType,
+    pd: PdId,
+    send_cq: usize,
+    recv_cq: usize,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    sq: SendQueue,
+    comp: Completer,
+    resp: Responder,
+    timers: TimerTable,
 }
 
 /// What a QP is created with, besides its CQs (which
@@ -320,6 +348,11 @@ pub struct QpInit {
 }
 
 impl Qp {
+    /// Whether this QP completes into the CQ in slot `cq`.
+    pub(crate) fn uses_cq(&self, cq: usize) -> bool {
+        self.send_cq == cq || self.recv_cq == cq
+    }
+
     /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`.
     pub fn new(qpn: u32, init: QpInit, send_cq: usize, recv_cq: usize) -> Self {
         Qp {
@@ -332,11 +365,13 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
             config: QpConfig::default(),
-            req: Requester::default(),
+            sq: SendQueue::default(),
+            comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
             stats: QpStats::default(),
             cq_overflowed: false,
+            failure: None,
         }
     }
 
@@ -369,28 +404,26 @@ impl Qp {
         }
         if let Some(n) = attr.retry_cnt {
             config.retry_cnt = n;
-            self.req.retries_left = n;
+            self.comp.set_retry_cnt(n);
         }
         if let Some(n) = attr.rnr_retry {
             config.rnr_retry = n;
-            self.req.rnr_retries_left = n;
+            self.comp.set_rnr_retry(n);
         }
         if let Some(n) = attr.max_rd_atomic {
             config.max_rd_atomic = n;
         }
         if let Some(psn) = attr.rq_psn {
-            self.resp.epsn = psn;
-            self.resp.ack_psn = psn;
+            self.resp.set_psn(psn);
         }
         if let Some(psn) = attr.sq_psn {
-            self.req.next_psn = psn;
-            self.req.max_sent_psn = psn - 1;
-            self.req.acked_psn = psn - 1;
+            self.sq.set_psn(psn);
         }
         match to {
             QpState::Err if self.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
-                self.req = Requester::default();
+                self.sq = SendQueue::default();
+                self.comp = Completer::default();
                 self.resp = Responder::default();
                 self.timers = TimerTable::default();
                 self.state = QpState::Reset;
@@ -409,6 +442,7 @@ impl Qp {
         responder::post(self, ctx, wr)
     }
 
+    #[inline]
     pub fn handle_packet(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
         // Only the default partition exists (full or limited member), and a connected QP
         // hears only its peer (rxe's check_keys and check_addr).
@@ -420,7 +454,39 @@ impl Qp {
         if frame.bth.opcode.info().is_request {
             responder::handle_request(self, ctx, frame);
         } else if frame.bth.opcode != Opcode::Cnp {
-            completer::handle_response(self, ctx, frame);
+            self.handle_response(ctx, frame);
+        }
+    }
+
+    fn handle_response(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
+        let acked_before = self.sq.acked_psn();
+        let Some(outcome) = completer::handle_response(self, ctx, frame) else {
+            return;
+        };
+        self.apply(ctx, outcome);
+        if self.state != QpState::Err {
+            completer::settle(self, ctx, frame, acked_before);
+        }
+    }
+
+    /// Carries out what the completer decided, in order; a CQ overflow on the way (which
+    /// moves the QP to ERR and flushes the queue) ends it.
+    fn apply(&mut self, ctx: &mut Ctx, outcome: Outcome) {
+        for _ in 0..outcome.complete {
+            self.complete_front(ctx);
+            if self.state == QpState::Err {
+                return;
+            }
+        }
+        match outcome.then {
+            Then::Nothing => {}
+            Then::Retry { from, wait } => {
+                if let Some(wait) = wait {
+                    self.timers.set(Timer::RnrWait, ctx.now + wait);
+                }
+                self.sq.rewind(from);
+            }
+            Then::Fail(status) => self.fail_wqe(ctx, 0, status),
         }
     }
 
@@ -437,7 +503,10 @@ impl Qp {
         let expired: Vec<Timer> = self.timers.expire(ctx.now).collect();
         for timer in expired {
             match timer {
-                Timer::Retransmit => completer::ack_timeout(self, ctx),
+                Timer::Retransmit => {
+                    let outcome = completer::ack_timeout(self);
+                    self.apply(ctx, outcome);
+                }
                 Timer::RnrWait => {}
             }
         }
@@ -450,8 +519,8 @@ impl Qp {
             caps: self.caps,
             state: self.state,
             mtu: self.config.mtu,
-            sq_len: self.req.wqes.len(),
-            rq_len: self.resp.rq.len(),
+            sq_len: self.sq.len(),
+            rq_len: self.resp.rq_len(),
         }
     }
 
@@ -460,7 +529,16 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-        responder::next_packet(self, out) || requester::next_packet(self, ctx, out)
+        responder::next_packet(self, ctx, out) || requester::next_packet(self, ctx, out)
+    }
+
+    /// What the responder has queued to send.
+    pub fn responder_backlog(&self) -> ResponderBacklog {
+        let limit = usize::from(self.config.max_dest_rd_atomic);
+        ResponderBacklog {
+            queued: self.resp.backlog(),
+            bound: resources::Resources::backlog_bound(limit),
+        }
     }
 
     pub fn next_timeout(&self) -> Option<Instant> {
@@ -509,23 +587,48 @@ impl Qp {
         }
     }
 
-    fn send_completion(
-        &self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u32,
-    ) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm_data: None,
-            invalidated_rkey: None,
-            qp_num: self.qpn,
-            src_qp: 0,
-            solicited: false,
+    /// Removes the front send WQE, which succeeded, and reports it if it is signaled.
+    #[inline]
+    fn complete_front(&mut self, ctx: &mut Ctx) {
+        if self.sq.front().is_none() {
+            return;
+        }
+        let completion = self.sq.success_of_front(self.qpn, self.sq_sig_all);
+        self.sq.pop_front();
+        if let Some(completion) = completion {
+            self.complete(ctx, self.send_cq, completion);
+        }
+    }
+
+    /// Completes the send WQE at `index` with an error (earlier ones are flushed first, to
+    /// keep completions in order) and moves the QP to ERR, which flushes the rest.
+    fn fail_wqe(&mut self, ctx: &mut Ctx, index: usize, status: WcStatus) {
+        if self.state != QpState::Err {
+            self.failure = Some(Failure::Fatal(status));
+        }
+        for flushed in 0..=index {
+            let Some(wqe) = self.sq.front() else {
+                break;
+            };
+            let status = if flushed < index {
+                WcStatus::WrFlush
+            } else {
+                status
+            };
+            let completion = send_queue::completion(self.qpn, &wqe.wr, status, 0);
+            self.sq.pop_front();
+            self.complete(ctx, self.send_cq, completion);
+        }
+        if self.state != QpState::Err {
+            self.enter_error(ctx);
+        }
+    }
+
+    /// Moves to ERR because of a peer's request, saying why.
+    fn fail_by_peer(&mut self, ctx: &mut Ctx, failure: Failure) {
+        if self.state != QpState::Err {
+            self.failure = Some(failure);
+            self.enter_error(ctx);
         }
     }
 
@@ -533,23 +636,14 @@ impl Qp {
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
         self.timers = TimerTable::default();
-        let sends = std::mem::take(&mut self.req.wqes);
+        let sends = self.sq.take_all();
         for wqe in sends.iter() {
-            let completion = self.send_completion(
-                wqe.wr.wr_id,
-                WcStatus::WrFlush,
-                requester::wc_opcode(&wqe.wr),
-                0,
-            );
+            let completion = send_queue::completion(self.qpn, &wqe.wr, WcStatus::WrFlush, 0);
             self.complete(ctx, self.send_cq, completion);
         }
-        self.req.next = 0;
         let recvs = self.resp.take_receives();
         for wr in recvs.iter() {
-            let completion = WorkCompletion {
-                opcode: WcOpcode::Recv,
-                ..self.send_completion(wr.wr_id, WcStatus::WrFlush, WcOpcode::Recv, 0)
-            };
+            let completion = responder::recv_completion(self.qpn, wr, WcStatus::WrFlush);
             self.complete(ctx, self.recv_cq, completion);
         }
     }

@@ -1,15 +1,13 @@
-//! The requester: turns posted send work requests into packets, PSN by PSN.
-//!
-//! A WQE's packets are rebuilt from the WQE whenever they are (re)sent, so going back N after
-//! a NAK or timeout is only moving the cursor (`next`, `pkt_in_wqe`, `next_psn`) back.
+//! The requester: turns posted send work requests into packets, PSN by PSN, from the send
+//! queue's cursor.
 
 use roce_wire::opcode::Position;
-use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr, Opcode, Psn};
+use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr};
 
+use super::send_queue::{self, SendWqe};
 use super::{Ctx, OutPacket, PostError, Qp};
-use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::WcStatus;
 use crate::qp_state::{QpState, QpType};
-use crate::ring::Ring;
 use crate::timer::Timer;
 use crate::wr::{SendFlags, SendOp, SendWr};
 
@@ -18,89 +16,14 @@ const MAX_PACKETS_PER_ACK: u32 = 64;
 
 /// At most this many PSNs unacknowledged at once (rxe's `RXE_MAX_UNACKED_PSNS`): with go back
 /// N, an unbounded window would resend everything posted after every loss.
-pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
-
-/// A posted send and its progress.
-#[derive(Debug, Default)]
-pub(crate) struct SendWqe {
-    pub wr: SendWr,
-    /// Message length in bytes.
-    pub len: u32,
-    /// PSN of its first packet, once it has started.
-    pub first_psn: Psn,
-    /// PSNs it consumes (a READ consumes one per response packet).
-    pub npsn: u32,
-    /// READ response packets received, in order.
-    pub responses: u32,
-}
-
-impl SendWqe {
-    pub fn last_psn(&self) -> Psn {
-        self.first_psn + (self.npsn - 1)
-    }
-
-    pub fn contains(&self, psn: Psn) -> bool {
-        let offset = psn.distance(self.first_psn);
-        offset >= 0 && (offset as u32) < self.npsn
-    }
-}
-
-/// Send-queue state shared by the requester and the completer.
-#[derive(Debug, Default)]
-pub(crate) struct Requester {
-    /// Posted and not yet completed, oldest first.
-    pub wqes: Ring<SendWqe>,
-    /// Index of the first WQE not fully transmitted.
-    pub next: usize,
-    /// Packets of `wqes[next]` already transmitted.
-    pub pkt_in_wqe: u32,
-    /// PSN of the next packet to transmit.
-    pub next_psn: Psn,
-    /// Highest PSN ever transmitted: anything at or below it is a retransmission.
-    pub max_sent_psn: Psn,
-    /// Highest PSN acknowledged (cumulatively).
-    pub acked_psn: Psn,
-    /// Transport retries left before RETRY_EXC_ERR.
-    pub retries_left: u8,
-    /// RNR retries left before RNR_RETRY_EXC_ERR (unused when rnr_retry is 7).
-    pub rnr_retries_left: u8,
-    /// Packets sent since the last one with AckReq.
-    pub noack_pkts: u32,
-    /// Where the retry under way resumed; cleared by progress or a timeout.
-    pub recovering: Option<Psn>,
-}
-
-/// The completion opcode of a send work request.
-pub(crate) fn wc_opcode(wr: &SendWr) -> WcOpcode {
-    match wr.op {
-        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
-        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-        SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-    }
-}
-
-pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
-    match qp_type {
-        QpType::Rc => true,
-        QpType::Uc => matches!(
-            wr.op,
-            SendOp::Send
-                | SendOp::SendWithImm(_)
-                | SendOp::RdmaWrite { .. }
-                | SendOp::RdmaWriteWithImm { .. }
-        ),
-        QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && wr.ud.is_some(),
-    }
-}
+const MAX_UNACKED_PSNS: i32 = 128;
 
 /// `ibv_post_send` for one work request.
 #[inline]
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostError> {
     let len = qp.post_gate().check_send(wr, 0)?;
     if qp.state == QpState::Err {
-        let completion = qp.send_completion(wr.wr_id, WcStatus::WrFlush, wc_opcode(wr), 0);
+        let completion = send_queue::completion(qp.qpn, wr, WcStatus::WrFlush, 0);
         qp.complete(ctx, qp.send_cq, completion);
         return Ok(());
     }
@@ -109,89 +32,29 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostEr
     } else {
         qp.config.packets(len)
     };
-    // Copied field by field into its slot: a WQE is big, and every move of one is a copy.
-    let wqe = qp.req.wqes.push_slot();
-    wqe.wr.clone_from(wr);
-    wqe.len = len;
-    wqe.first_psn = Psn::new(0);
-    wqe.npsn = npsn;
-    wqe.responses = 0;
+    qp.sq.push(wr, len, npsn);
     Ok(())
 }
 
 /// Whether the WQE at `index` must wait: for a fence, or for a read/atomic slot.
-fn must_wait(qp: &Qp, index: usize) -> bool {
-    let wqe = &qp.req.wqes[index];
+fn must_wait(qp: &Qp, index: usize, pkt_in_wqe: u32) -> bool {
+    let Some(wqe) = qp.sq.get(index) else {
+        return true;
+    };
     let fence = wqe.wr.flags.contains(SendFlags::FENCE);
     if !fence && !wqe.wr.op.is_read_or_atomic() {
         return false; // the common case, without scanning the queue
     }
-    let earlier_reads = qp
-        .req
-        .wqes
-        .iter()
-        .take(index)
+    let earlier_reads = (0..index)
+        .filter_map(|i| qp.sq.get(i))
         .filter(|w| w.wr.op.is_read_or_atomic())
         .count();
     let fenced = fence && earlier_reads > 0;
-    let starting = qp.req.pkt_in_wqe == 0;
+    let starting = pkt_in_wqe == 0;
     let no_slot = wqe.wr.op.is_read_or_atomic()
         && starting
         && earlier_reads >= usize::from(qp.config.max_rd_atomic.max(1));
     fenced || no_slot
-}
-
-fn position(index: u32, count: u32) -> Position {
-    match (index, count) {
-        (_, 1) => Position::Only,
-        (0, _) => Position::First,
-        (i, n) if i + 1 == n => Position::Last,
-        _ => Position::Middle,
-    }
-}
-
-fn send_opcode(qp_type: QpType, op: &SendOp, position: Position) -> Opcode {
-    use Opcode::*;
-    use Position::*;
-    match (qp_type, op, position) {
-        (QpType::Ud, SendOp::SendWithImm(_), _) => UdSendOnlyWithImmediate,
-        (QpType::Ud, _, _) => UdSendOnly,
-        (QpType::Rc, SendOp::RdmaRead { .. }, _) => RcRdmaReadRequest,
-        (QpType::Rc, SendOp::CompareSwap { .. }, _) => RcCompareSwap,
-        (QpType::Rc, SendOp::FetchAdd { .. }, _) => RcFetchAdd,
-        (rc_or_uc, op, position) => {
-            let rc = rc_or_uc == QpType::Rc;
-            let pick = |rc_opcode, uc_opcode| if rc { rc_opcode } else { uc_opcode };
-            match (op, position) {
-                (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, First) => {
-                    pick(RcRdmaWriteFirst, UcRdmaWriteFirst)
-                }
-                (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, Middle) => {
-                    pick(RcRdmaWriteMiddle, UcRdmaWriteMiddle)
-                }
-                (SendOp::RdmaWrite { .. }, Last) => pick(RcRdmaWriteLast, UcRdmaWriteLast),
-                (SendOp::RdmaWrite { .. }, Only) => pick(RcRdmaWriteOnly, UcRdmaWriteOnly),
-                (SendOp::RdmaWriteWithImm { .. }, Last) => {
-                    pick(RcRdmaWriteLastWithImmediate, UcRdmaWriteLastWithImmediate)
-                }
-                (SendOp::RdmaWriteWithImm { .. }, Only) => {
-                    pick(RcRdmaWriteOnlyWithImmediate, UcRdmaWriteOnlyWithImmediate)
-                }
-                (_, First) => pick(RcSendFirst, UcSendFirst),
-                (_, Middle) => pick(RcSendMiddle, UcSendMiddle),
-                (SendOp::SendWithImm(_), Last) => {
-                    pick(RcSendLastWithImmediate, UcSendLastWithImmediate)
-                }
-                (SendOp::SendWithImm(_), Only) => {
-                    pick(RcSendOnlyWithImmediate, UcSendOnlyWithImmediate)
-                }
-                (SendOp::SendWithInv(_), Last) => RcSendLastWithInvalidate,
-                (SendOp::SendWithInv(_), Only) => RcSendOnlyWithInvalidate,
-                (_, Last) => pick(RcSendLast, UcSendLast),
-                (_, Only) => pick(RcSendOnly, UcSendOnly),
-            }
-        }
-    }
 }
 
 /// Extension headers of packet `index` of a WQE.
@@ -271,58 +134,34 @@ fn ext_headers(qp: &Qp, wqe: &SendWqe, index: u32, position: Position) -> ExtRep
 /// Writes the next request packet into `out` (reusing its payload buffer) and advances the
 /// cursor; `false` if nothing may be sent now.
 pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.timers.is_set(Timer::RnrWait) {
+    let Some((index, k)) = sendable(qp) else {
         return false;
-    }
-    // SQD drains: what was already sent may go again, nothing new starts.
-    if qp.state == QpState::Sqd && qp.req.next_psn.distance(qp.req.max_sent_psn) > 0 {
+    };
+    qp.sq.begin_packet();
+    let psn = qp.sq.next_psn();
+    let Some(wqe) = qp.sq.get(index) else {
         return false;
-    }
-    let index = qp.req.next;
-    if index >= qp.req.wqes.len() || must_wait(qp, index) {
-        return false;
-    }
-    if qp.qp_type == QpType::Rc && qp.req.next_psn.distance(qp.req.acked_psn) > MAX_UNACKED_PSNS {
-        return false;
-    }
-    if qp.req.pkt_in_wqe == 0 {
-        qp.req.wqes[index].first_psn = qp.req.next_psn;
-    }
-    let k = qp.req.pkt_in_wqe;
-    let wqe = &qp.req.wqes[index];
-    let psn = qp.req.next_psn;
-    let position = position(k, wqe.npsn);
+    };
     let is_read = matches!(wqe.wr.op, SendOp::RdmaRead { .. });
-    out.payload.clear();
-    if !is_read && !wqe.wr.op.is_atomic() {
-        let offset = k as usize * qp.config.mtu;
-        let chunk = (wqe.len as usize - offset).min(qp.config.mtu);
-        if wqe.wr.flags.contains(SendFlags::INLINE) {
-            out.payload
-                .extend_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
-        } else if ctx
-            .mrs
-            .gather(
-                qp.pd,
-                &wqe.wr.sg_list,
-                offset as u64,
-                chunk,
-                &mut out.payload,
-            )
-            .is_err()
-        {
-            super::completer::fail_wqe(qp, ctx, index, WcStatus::LocalProtection);
-            return false;
-        }
+    // A READ request or an atomic is one packet, whatever its response takes.
+    let position = if is_read || wqe.wr.op.is_atomic() {
+        Position::Only
+    } else {
+        Position::of(k, wqe.npsn)
+    };
+    let Some(opcode) = send_queue::request_opcode(qp.qp_type, &wqe.wr.op, position) else {
+        qp.fail_wqe(ctx, index, WcStatus::LocalQpOperation);
+        return false;
+    };
+    if let Err(status) = payload(qp, ctx, wqe, k, &mut out.payload) {
+        qp.fail_wqe(ctx, index, status);
+        return false;
     }
     out.ext = ext_headers(qp, wqe, k, position);
-    let mut bth = qp.bth(
-        send_opcode(qp.qp_type, &wqe.wr.op, position),
-        psn,
-        wqe.wr.ud.as_ref(),
-    );
+    let mut bth = qp.bth(opcode, psn, wqe.wr.ud.as_ref());
     bth.pad_count = ((4 - out.payload.len() % 4) % 4) as u8;
-    let solicit = matches!(
+    // Only what consumes a receive at the responder may ask it to raise an event.
+    let consumes_receive = matches!(
         wqe.wr.op,
         SendOp::Send
             | SendOp::SendWithImm(_)
@@ -330,35 +169,23 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bo
             | SendOp::RdmaWriteWithImm { .. }
     );
     bth.solicited =
-        solicit && position.ends_message() && wqe.wr.flags.contains(SendFlags::SOLICITED);
+        consumes_receive && position.ends_message() && wqe.wr.flags.contains(SendFlags::SOLICITED);
     if qp.qp_type == QpType::Rc {
         bth.ack_req =
-            position.ends_message() || is_read || qp.req.noack_pkts + 1 >= MAX_PACKETS_PER_ACK;
-        qp.req.noack_pkts = if bth.ack_req {
-            0
-        } else {
-            qp.req.noack_pkts + 1
-        };
+            position.ends_message() || is_read || qp.sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
     }
     out.bth = bth;
     out.av = wqe.wr.ud.map_or_else(|| qp.connected_av(), |dest| dest.av);
 
-    // Advance: a READ request stands for all of its response PSNs.
+    // A READ request stands for all of its response PSNs.
     let consumed = if is_read { wqe.npsn - k } else { 1 };
-    let last_psn = psn + (consumed - 1);
-    if last_psn.distance(qp.req.max_sent_psn) <= 0 {
+    let advance = qp.sq.advance(consumed, bth.ack_req);
+    if advance.retransmit {
         qp.stats.retransmits += 1;
-    } else {
-        qp.req.max_sent_psn = last_psn;
     }
-    qp.req.next_psn = psn + consumed;
-    qp.req.pkt_in_wqe += consumed;
-    if qp.req.pkt_in_wqe == qp.req.wqes[index].npsn {
-        qp.req.next += 1;
-        qp.req.pkt_in_wqe = 0;
-        if qp.qp_type != QpType::Rc {
-            complete_unreliable(qp, ctx);
-        }
+    if advance.wqe_sent && qp.qp_type != QpType::Rc {
+        // UC and UD sends are done once their last packet leaves.
+        qp.complete_front(ctx);
     }
     if qp.qp_type == QpType::Rc && !qp.timers.is_set(Timer::Retransmit) {
         if let Some(timeout) = qp.config.ack_timeout() {
@@ -368,24 +195,47 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bo
     true
 }
 
-/// The completion the front WQE reports when it succeeds, if it is signaled (read in place:
-/// a WQE is too big to move out just to report it).
-pub(crate) fn success_of_front(qp: &Qp) -> Option<WorkCompletion> {
-    let wqe = qp.req.wqes.front()?;
-    let signaled = qp.sq_sig_all || wqe.wr.flags.contains(SendFlags::SIGNALED);
-    signaled
-        .then(|| qp.send_completion(wqe.wr.wr_id, WcStatus::Success, wc_opcode(&wqe.wr), wqe.len))
+/// The WQE and packet to send next, if the QP's state, the RNR wait, fences, read slots and
+/// the window allow one now.
+fn sendable(qp: &Qp) -> Option<(usize, u32)> {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.timers.is_set(Timer::RnrWait) {
+        return None;
+    }
+    // SQD drains: what was already sent may go again, nothing new starts.
+    if qp.state == QpState::Sqd && qp.sq.next_psn().distance(qp.sq.max_sent_psn()) > 0 {
+        return None;
+    }
+    let (index, k) = qp.sq.cursor()?;
+    if must_wait(qp, index, k) {
+        return None;
+    }
+    let window = qp.sq.next_psn().distance(qp.sq.acked_psn());
+    if qp.qp_type == QpType::Rc && window > MAX_UNACKED_PSNS {
+        return None;
+    }
+    Some((index, k))
 }
 
-/// UC and UD sends are done once their last packet leaves.
-fn complete_unreliable(qp: &mut Qp, ctx: &mut Ctx) {
-    if qp.req.wqes.front().is_none() {
-        return;
+/// Fills `payload` with the data of packet `k` of `wqe` (none for a READ request or an
+/// atomic).
+fn payload(
+    qp: &Qp,
+    ctx: &mut Ctx,
+    wqe: &SendWqe,
+    k: u32,
+    payload: &mut Vec<u8>,
+) -> Result<(), WcStatus> {
+    payload.clear();
+    if wqe.wr.op.is_read_or_atomic() {
+        return Ok(());
     }
-    let completion = success_of_front(qp);
-    qp.req.wqes.pop_front();
-    qp.req.next -= 1;
-    if let Some(completion) = completion {
-        qp.complete(ctx, qp.send_cq, completion);
+    let offset = k as usize * qp.config.mtu;
+    let chunk = (wqe.len as usize - offset).min(qp.config.mtu);
+    if wqe.wr.flags.contains(SendFlags::INLINE) {
+        payload.extend_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
+        return Ok(());
     }
+    ctx.mrs
+        .gather(qp.pd, &wqe.wr.sg_list, offset as u64, chunk, payload)
+        .map_err(|_| WcStatus::LocalProtection)
 }

@@ -1,14 +1,13 @@
 //! The responder: executes incoming requests in PSN order, answers duplicates, NAKs gaps
 //! (once per gap) and errors, and acknowledges with coalescing.
 
-use std::collections::VecDeque;
-
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
 use roce_wire::frame::IpRepr;
-use roce_wire::opcode::Position;
+use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use super::{Ctx, OutPacket, PostError, Qp};
+use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
+use super::{Ctx, Failure, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError};
 use crate::qp_state::{QpState, QpType};
@@ -33,60 +32,23 @@ enum InMessage {
     },
 }
 
-/// A READ or atomic kept to answer duplicates (max_dest_rd_atomic of them).
-#[derive(Debug, Clone, Copy)]
-struct Resource {
-    first_psn: Psn,
-    npsn: u32,
-    kind: ResourceKind,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum ResourceKind {
-    /// A READ of `len` bytes at `address` through `rkey`: a duplicate may ask again for any
-    /// tail of it (a retry from a lost response), and for nothing else.
-    Read { address: u64, rkey: u32, len: u32 },
-    /// An atomic and the value it found.
-    Atomic { original: u64 },
-}
-
-impl Resource {
-    /// Whether a duplicate READ request at `psn` for `len` bytes at `address` asks for the
-    /// part of this READ that begins at its packet `psn`.
-    fn covers_read(&self, psn: Psn, mtu: usize, rkey: u32, address: u64, len: u32) -> bool {
-        let ResourceKind::Read {
-            address: start,
-            rkey: key,
-            len: total,
-        } = self.kind
-        else {
-            return false;
-        };
-        let offset = psn.distance(self.first_psn) as u64 * mtu as u64;
-        key == rkey
-            && address == start + offset
-            && u64::from(len) == u64::from(total) - offset.min(u64::from(total))
-    }
-}
-
 /// Receive-queue and responder state.
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
     /// Expected PSN of the next new request.
-    pub epsn: Psn,
+    epsn: Psn,
     /// The PSN after the last SEND, WRITE or atomic executed: duplicates are acknowledged
     /// with the one before it, as rxe does, so a duplicate's ACK never names a READ's PSN
     /// (which would complete that READ at an rxe requester without its data).
-    pub ack_psn: Psn,
+    ack_psn: Psn,
     /// Requests completed (the AETH's MSN).
-    pub msn: u32,
-    pub(crate) rq: Ring<RecvWr>,
+    msn: u32,
+    rq: Ring<RecvWr>,
     in_message: Option<InMessage>,
     /// A sequence NAK was sent for the current gap.
     nak_sent: bool,
-    resources: VecDeque<Resource>,
-    /// Responses and NAKs waiting to be sent, in order.
-    out: VecDeque<OutPacket>,
+    /// READ/atomic resources and the responses, ACKs and NAKs owed, in order.
+    resources: Resources,
     /// PSN of the newest ACK owed; later ACKs replace it (coalescing).
     pending_ack: Option<Psn>,
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
@@ -94,6 +56,22 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
+    /// Expects the next request at `psn` (`rq_psn` of `modify_qp`).
+    pub fn set_psn(&mut self, psn: Psn) {
+        self.epsn = psn;
+        self.ack_psn = psn;
+    }
+
+    /// Entries queued to send (see [`Resources::backlog`]).
+    pub fn backlog(&self) -> usize {
+        self.resources.backlog()
+    }
+
+    /// Receives posted and not yet completed.
+    pub fn rq_len(&self) -> usize {
+        self.rq.len()
+    }
+
     /// Every receive not yet completed, oldest first (one a message is arriving into is
     /// the front), leaving none and no message under way.
     pub fn take_receives(&mut self) -> Ring<RecvWr> {
@@ -115,7 +93,7 @@ enum Refusal {
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
     qp.post_gate().check_recv(wr, 0)?;
     if qp.state == QpState::Err {
-        let completion = recv_completion(qp, wr, WcStatus::WrFlush);
+        let completion = recv_completion(qp.qpn, wr, WcStatus::WrFlush);
         qp.complete(ctx, qp.recv_cq, completion);
     } else {
         qp.resp.rq.push_slot().clone_from(wr);
@@ -123,7 +101,8 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostEr
     Ok(())
 }
 
-fn recv_completion(qp: &Qp, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
+/// The completion of receive `wr` on QP `qpn`, before what the message adds to it.
+pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
     WorkCompletion {
         wr_id: wr.wr_id,
         status,
@@ -131,49 +110,134 @@ fn recv_completion(qp: &Qp, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
         byte_len: 0,
         imm_data: None,
         invalidated_rkey: None,
-        qp_num: qp.qpn,
+        qp_num: qpn,
         src_qp: 0,
         solicited: false,
     }
 }
 
 /// Writes the next response, NAK or (coalesced) ACK to send into `out`; `false` if none.
-pub(crate) fn next_packet(qp: &mut Qp, out: &mut OutPacket) -> bool {
-    let packet = match qp.resp.out.pop_front() {
-        Some(packet) => packet,
-        None => match qp.resp.pending_ack.take() {
-            Some(psn) => ack_packet(qp, psn, Syndrome::Ack(CreditCount::UNLIMITED)),
-            None => return false,
-        },
-    };
-    out.replace_with(packet);
-    true
+pub(crate) fn next_packet(qp: &mut Qp, ctx: &Ctx, out: &mut OutPacket) -> bool {
+    // Each turn either writes a packet or drops the front entry, so this ends.
+    while let Some(entry) = qp.resp.resources.front() {
+        match entry {
+            Output::Ack { psn, syndrome, msn } => {
+                qp.resp.resources.pop_front();
+                out.replace_with(ack_packet(qp, psn, syndrome, msn));
+                return true;
+            }
+            Output::Responses(first_psn) => {
+                if next_response(qp, ctx, first_psn, out) {
+                    return true;
+                }
+            }
+        }
+    }
+    match qp.resp.pending_ack.take() {
+        Some(psn) => {
+            let ack = Syndrome::Ack(CreditCount::UNLIMITED);
+            out.replace_with(ack_packet(qp, psn, ack, qp.resp.msn));
+            true
+        }
+        None => false,
+    }
 }
 
-fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome) -> OutPacket {
+fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
     let ext = ExtRepr {
-        aeth: Some(aeth::Repr {
-            syndrome,
-            msn: qp.resp.msn,
-        }),
+        aeth: Some(aeth::Repr { syndrome, msn }),
         ..ExtRepr::default()
     };
     qp.packet(qp.bth(Opcode::RcAcknowledge, psn, None), ext, Vec::new())
 }
 
-/// Queues a packet behind any ACK already owed, so responses stay in PSN order.
-fn respond(qp: &mut Qp, packet: OutPacket) {
+/// Puts any ACK owed in the queue, so what follows it stays in PSN order.
+fn flush_pending_ack(qp: &mut Qp) {
     if let Some(psn) = qp.resp.pending_ack.take() {
-        let ack = ack_packet(qp, psn, Syndrome::Ack(CreditCount::UNLIMITED));
-        qp.resp.out.push_back(ack);
+        let ack = Syndrome::Ack(CreditCount::UNLIMITED);
+        qp.resp.resources.queue_ack(psn, ack, qp.resp.msn);
     }
-    qp.resp.out.push_back(packet);
 }
 
 fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
     qp.stats.naks_sent += 1;
-    let packet = ack_packet(qp, psn, syndrome);
-    respond(qp, packet);
+    flush_pending_ack(qp);
+    qp.resp.resources.queue_ack(psn, syndrome, qp.resp.msn);
+}
+
+/// Writes the next response the resource at `first_psn` owes into `out`, building it from
+/// memory now; `false` (and the entry is dropped) when it owes nothing more.
+fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) -> bool {
+    let mtu = qp.config.mtu;
+    let Some(resource) = qp.resp.resources.get_mut(first_psn) else {
+        qp.resp.resources.pop_front();
+        return false;
+    };
+    let Some(owed) = resource.owed else {
+        qp.resp.resources.pop_front();
+        return false;
+    };
+    let k = owed.next;
+    let done = k + 1 >= resource.npsn;
+    resource.owed = (!done).then_some(Owed {
+        next: k + 1,
+        ..owed
+    });
+    let resource = *resource;
+    if done {
+        qp.resp.resources.pop_front();
+    }
+    match resource.kind {
+        ResourceKind::Atomic { original } => {
+            out.replace_with(atomic_ack_packet(qp, first_psn, original, resource.msn));
+        }
+        ResourceKind::Read { address, rkey, len } => {
+            let offset = u64::from(k) * mtu as u64;
+            let chunk = (u64::from(len) - offset.min(u64::from(len))).min(mtu as u64) as u32;
+            let position = Position::of(k - owed.start, resource.npsn - owed.start);
+            let psn = first_psn + k;
+            let read = AccessFlags::REMOTE_READ;
+            // The region may have gone since the request was accepted.
+            out.payload.clear();
+            let copied =
+                remote_access(qp, ctx, rkey, address + offset, chunk, read).and_then(|location| {
+                    (ctx.mrs.append(location, chunk as usize, &mut out.payload))
+                        .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
+                });
+            if copied.is_err() {
+                qp.stats.naks_sent += 1;
+                let nak = Syndrome::Nak(NakCode::RemoteAccessError);
+                out.replace_with(ack_packet(qp, psn, nak, resource.msn));
+                if let Some(resource) = qp.resp.resources.get_mut(first_psn) {
+                    resource.owed = None;
+                }
+                if !done {
+                    qp.resp.resources.pop_front();
+                }
+                return true;
+            };
+            let opcode = Opcode::find(
+                Service::Rc,
+                Operation::ReadResponse,
+                position,
+                Trailer::None,
+            );
+            let mut ext = ExtRepr::default();
+            if position != Position::Middle {
+                ext.aeth = Some(aeth::Repr {
+                    syndrome: Syndrome::Ack(CreditCount::UNLIMITED),
+                    msn: resource.msn,
+                });
+            }
+            out.ext = ext;
+            // RC has a READ response for every position (the opcode table's tests check),
+            // so the fallback is never taken.
+            out.bth = qp.bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
+            out.bth.pad_count = ((4 - chunk % 4) % 4) as u8;
+            out.av = qp.connected_av();
+        }
+    }
+    true
 }
 
 /// Handles a request addressed to this QP.
@@ -220,11 +284,15 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         Err(Refusal::Fatal(code, receive)) => {
             nak(qp, psn, Syndrome::Nak(code));
             if let (Some(status), Some(wqe)) = (receive, qp.resp.rq.front()) {
-                let completion = recv_completion(qp, wqe, status);
+                let completion = recv_completion(qp.qpn, wqe, status);
                 qp.resp.rq.pop_front();
                 qp.complete(ctx, qp.recv_cq, completion);
             }
-            qp.enter_error(ctx);
+            let failure = match code {
+                NakCode::RemoteAccessError => Failure::Access,
+                _ => Failure::InvalidRequest,
+            };
+            qp.fail_by_peer(ctx, failure);
         }
     }
 }
@@ -233,99 +301,50 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
 /// atomic's saved result.
 fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let psn = frame.bth.psn;
-    let resource = qp.resp.resources.iter().rev().find(|r| {
-        let offset = psn.distance(r.first_psn);
-        offset >= 0 && (offset as u32) < r.npsn
-    });
-    match frame.bth.opcode {
-        Opcode::RcRdmaReadRequest => {
+    let resource = qp.resp.resources.find(psn).copied();
+    let asked_again = match frame.bth.opcode.info().operation {
+        Operation::ReadRequest => {
             let mtu = qp.config.mtu;
-            let asked = frame.ext.reth.filter(|reth| {
-                resource.is_some_and(|r| {
-                    r.covers_read(psn, mtu, reth.rkey, reth.virtual_address, reth.dma_length)
-                })
-            });
-            match asked {
-                Some(reth) => {
-                    let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
-                    let _ = read_responses(qp, ctx, psn, address, rkey, len);
-                }
-                None => qp.stats.dropped += 1,
-            }
+            frame.ext.reth.is_some_and(|reth| {
+                let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
+                let read = AccessFlags::REMOTE_READ;
+                resource.is_some_and(|r| r.covers_read(psn, mtu, rkey, address, len))
+                    && remote_access(qp, ctx, rkey, address, len, read).is_ok()
+            })
         }
-        Opcode::RcCompareSwap | Opcode::RcFetchAdd => match resource.map(|r| r.kind) {
-            Some(ResourceKind::Atomic { original }) => {
-                let packet = atomic_ack_packet(qp, psn, original);
-                respond(qp, packet);
-            }
-            _ => qp.stats.dropped += 1,
-        },
-        _ => qp.resp.pending_ack = Some(qp.resp.ack_psn - 1),
+        Operation::CompareSwap | Operation::FetchAdd => {
+            resource.is_some_and(|r| matches!(r.kind, ResourceKind::Atomic { .. }))
+        }
+        _ => {
+            qp.resp.pending_ack = Some(qp.resp.ack_psn - 1);
+            return;
+        }
+    };
+    if asked_again {
+        flush_pending_ack(qp);
+        qp.resp.resources.restart(psn);
+    } else {
+        qp.stats.dropped += 1;
     }
-}
-
-/// What an opcode asks of the responder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Send,
-    Write,
-    Read,
-    Atomic,
-}
-
-/// What the responder does with a request opcode; `None` for the ones it does not implement
-/// (FLUSH, ATOMIC WRITE), which are NAKed as invalid requests.
-fn kind(opcode: Opcode) -> Option<Kind> {
-    use Opcode::*;
-    Some(match opcode {
-        RcRdmaReadRequest => Kind::Read,
-        RcCompareSwap | RcFetchAdd => Kind::Atomic,
-        RcRdmaWriteFirst
-        | RcRdmaWriteMiddle
-        | RcRdmaWriteLast
-        | RcRdmaWriteLastWithImmediate
-        | RcRdmaWriteOnly
-        | RcRdmaWriteOnlyWithImmediate
-        | UcRdmaWriteFirst
-        | UcRdmaWriteMiddle
-        | UcRdmaWriteLast
-        | UcRdmaWriteLastWithImmediate
-        | UcRdmaWriteOnly
-        | UcRdmaWriteOnlyWithImmediate => Kind::Write,
-        RcSendFirst
-        | RcSendMiddle
-        | RcSendLast
-        | RcSendLastWithImmediate
-        | RcSendOnly
-        | RcSendOnlyWithImmediate
-        | RcSendLastWithInvalidate
-        | RcSendOnlyWithInvalidate
-        | UcSendFirst
-        | UcSendMiddle
-        | UcSendLast
-        | UcSendLastWithImmediate
-        | UcSendOnly
-        | UcSendOnlyWithImmediate
-        | UdSendOnly
-        | UdSendOnlyWithImmediate => Kind::Send,
-        _ => return None,
-    })
 }
 
 /// Executes an in-order request; on success the expected PSN moves past it.
 fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
-    let opcode = frame.bth.opcode;
-    let position = opcode.info().position;
-    let kind = kind(opcode).ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    let info = frame.bth.opcode.info();
+    let (operation, position) = (info.operation, info.position);
+    // FLUSH and ATOMIC WRITE are not implemented: invalid requests.
+    if matches!(operation, Operation::Flush | Operation::AtomicWrite) {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+    }
     let continuing = match &qp.resp.in_message {
-        Some(InMessage::Send { .. }) => Some(Kind::Send),
-        Some(InMessage::Write { .. }) => Some(Kind::Write),
+        Some(InMessage::Send { .. }) => Some(Operation::Send),
+        Some(InMessage::Write { .. }) => Some(Operation::Write),
         None => None,
     };
     let sequence_ok = if position.starts_message() {
         continuing.is_none()
     } else {
-        continuing == Some(kind)
+        continuing == Some(operation)
     };
     if !sequence_ok {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
@@ -343,54 +362,49 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
-    if matches!(kind, Kind::Read | Kind::Atomic) && !reads_allowed {
+    let read_or_atomic = operation == Operation::ReadRequest || operation.is_atomic();
+    if read_or_atomic && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    match kind {
-        Kind::Send => receive_send(qp, ctx, frame)?,
-        Kind::Write => receive_write(qp, ctx, frame)?,
-        Kind::Read => {
-            let reth = frame
-                .ext
-                .reth
-                .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-            let npsn = read_responses(
-                qp,
-                ctx,
-                frame.bth.psn,
-                reth.virtual_address,
-                reth.rkey,
-                reth.dma_length,
-            )?;
-            let kind = ResourceKind::Read {
-                address: reth.virtual_address,
-                rkey: reth.rkey,
-                len: reth.dma_length,
-            };
-            remember(
-                qp,
-                Resource {
-                    first_psn: frame.bth.psn,
-                    npsn,
-                    kind,
-                },
-            );
-            qp.resp.msn = qp.resp.msn.wrapping_add(1);
-            qp.resp.epsn = qp.resp.epsn + npsn;
-            return Ok(());
-        }
-        Kind::Atomic => {
+    match operation {
+        Operation::Send => receive_send(qp, ctx, frame)?,
+        Operation::Write => receive_write(qp, ctx, frame)?,
+        Operation::ReadRequest => return read_request(qp, ctx, frame),
+        Operation::CompareSwap | Operation::FetchAdd => {
             atomic(qp, ctx, frame)?;
             qp.resp.epsn = qp.resp.epsn + 1;
             qp.resp.ack_psn = qp.resp.epsn;
             return Ok(());
         }
+        _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
     }
     qp.resp.epsn = qp.resp.epsn + 1;
     qp.resp.ack_psn = qp.resp.epsn;
     if frame.bth.ack_req && qp.qp_type == QpType::Rc {
         qp.resp.pending_ack = Some(frame.bth.psn);
     }
+    Ok(())
+}
+
+/// A new READ request becomes a resource whose responses are built as they are sent.
+fn read_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+    let reth = frame
+        .ext
+        .reth
+        .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
+    remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
+    let npsn = qp.config.packets(len);
+    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    let resource = Resource {
+        first_psn: frame.bth.psn,
+        npsn,
+        msn: qp.resp.msn,
+        kind: ResourceKind::Read { address, rkey, len },
+        owed: Some(Owed { start: 0, next: 0 }),
+    };
+    remember(qp, resource);
+    qp.resp.epsn = qp.resp.epsn + npsn;
     Ok(())
 }
 
@@ -429,7 +443,7 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         invalidated_rkey: frame.ext.ieth.map(|ieth| ieth.rkey),
         solicited: frame.bth.solicited,
-        ..recv_completion(qp, wqe, WcStatus::Success)
+        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
     qp.resp.rq.pop_front();
     qp.resp.in_message = None;
@@ -438,33 +452,39 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
     Ok(())
 }
 
+/// The first packet of a WRITE: its RETH names the whole message's target.
+fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+    let reth = frame
+        .ext
+        .reth
+        .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    // An ONLY packet carrying the whole message is checked once, as it is written.
+    let only = frame.bth.opcode.info().position == Position::Only;
+    if !only || frame.payload.len() != reth.dma_length as usize {
+        let write = AccessFlags::REMOTE_WRITE;
+        remote_access(
+            qp,
+            ctx,
+            reth.rkey,
+            reth.virtual_address,
+            reth.dma_length,
+            write,
+        )?;
+    }
+    qp.resp.in_message = Some(InMessage::Write {
+        address: reth.virtual_address,
+        rkey: reth.rkey,
+        remaining: reth.dma_length,
+        length: reth.dma_length,
+    });
+    Ok(())
+}
+
 fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
     let has_imm = frame.bth.opcode.info().has_immediate;
     if position.starts_message() {
-        let reth = frame
-            .ext
-            .reth
-            .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
-        // An ONLY packet carrying the whole message is checked once, as it is written.
-        let whole = position == Position::Only && frame.payload.len() == reth.dma_length as usize;
-        if !whole {
-            let write = AccessFlags::REMOTE_WRITE;
-            remote_access(
-                qp,
-                ctx,
-                reth.rkey,
-                reth.virtual_address,
-                reth.dma_length,
-                write,
-            )?;
-        }
-        qp.resp.in_message = Some(InMessage::Write {
-            address: reth.virtual_address,
-            rkey: reth.rkey,
-            remaining: reth.dma_length,
-            length: reth.dma_length,
-        });
+        start_write(qp, ctx, frame)?;
     }
     // A WRITE with immediate consumes a receive: refuse before touching memory.
     if has_imm && qp.resp.rq.is_empty() {
@@ -513,7 +533,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             byte_len: length,
             imm_data: frame.ext.immdt.map(|imm| imm.immediate),
             solicited: frame.bth.solicited,
-            ..recv_completion(qp, wqe, WcStatus::Success)
+            ..recv_completion(qp.qpn, wqe, WcStatus::Success)
         };
         qp.resp.rq.pop_front();
         qp.complete(ctx, qp.recv_cq, completion);
@@ -546,52 +566,6 @@ fn remote_access(
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
-/// Queues the READ responses for `len` bytes at `address`, starting at `psn`; returns how
-/// many PSNs they use.
-fn read_responses(
-    qp: &mut Qp,
-    ctx: &mut Ctx,
-    psn: Psn,
-    address: u64,
-    rkey: u32,
-    len: u32,
-) -> Result<u32, Refusal> {
-    let location = remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
-    let mtu = qp.config.mtu;
-    let npsn = qp.config.packets(len);
-    let msn = qp.resp.msn.wrapping_add(1);
-    for k in 0..npsn {
-        let opcode = match (k, npsn) {
-            (_, 1) => Opcode::RcRdmaReadResponseOnly,
-            (0, _) => Opcode::RcRdmaReadResponseFirst,
-            (i, n) if i + 1 == n => Opcode::RcRdmaReadResponseLast,
-            _ => Opcode::RcRdmaReadResponseMiddle,
-        };
-        let offset = k as usize * mtu;
-        let chunk = (len as usize - offset).min(mtu);
-        let at = crate::mr::Location {
-            key: location.key,
-            offset: location.offset + offset,
-        };
-        let mut payload = Vec::with_capacity(chunk);
-        ctx.mrs
-            .append(at, chunk, &mut payload)
-            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
-        let mut ext = ExtRepr::default();
-        if opcode != Opcode::RcRdmaReadResponseMiddle {
-            ext.aeth = Some(aeth::Repr {
-                syndrome: Syndrome::Ack(CreditCount::UNLIMITED),
-                msn,
-            });
-        }
-        let mut bth = qp.bth(opcode, psn + k, None);
-        bth.pad_count = ((4 - chunk % 4) % 4) as u8;
-        let packet = qp.packet(bth, ext, payload);
-        respond(qp, packet);
-    }
-    Ok(npsn)
-}
-
 fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
     let op = frame
         .ext
@@ -612,26 +586,23 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
         })?;
-    let kind = ResourceKind::Atomic { original };
-    remember(
-        qp,
-        Resource {
-            first_psn: frame.bth.psn,
-            npsn: 1,
-            kind,
-        },
-    );
     qp.resp.msn = qp.resp.msn.wrapping_add(1);
-    let packet = atomic_ack_packet(qp, frame.bth.psn, original);
-    respond(qp, packet);
+    let resource = Resource {
+        first_psn: frame.bth.psn,
+        npsn: 1,
+        msn: qp.resp.msn,
+        kind: ResourceKind::Atomic { original },
+        owed: Some(Owed { start: 0, next: 0 }),
+    };
+    remember(qp, resource);
     Ok(())
 }
 
-fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64) -> OutPacket {
+fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
     let ext = ExtRepr {
         aeth: Some(aeth::Repr {
             syndrome: Syndrome::Ack(CreditCount::UNLIMITED),
-            msn: qp.resp.msn,
+            msn,
         }),
         atomic_ack_eth: Some(atomic_ack_eth::Repr { original }),
         ..ExtRepr::default()
@@ -643,13 +614,12 @@ fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64) -> OutPacket {
     )
 }
 
-/// Keeps a READ/atomic for duplicate handling, forgetting the oldest beyond the limit.
+/// Keeps a new READ/atomic (behind any ACK owed), forgetting the oldest beyond
+/// `max_dest_rd_atomic`.
 fn remember(qp: &mut Qp, resource: Resource) {
-    let limit = usize::from(qp.config.max_dest_rd_atomic.max(1));
-    while qp.resp.resources.len() >= limit {
-        qp.resp.resources.pop_front();
-    }
-    qp.resp.resources.push_back(resource);
+    flush_pending_ack(qp);
+    let limit = usize::from(qp.config.max_dest_rd_atomic);
+    qp.resp.resources.add(resource, limit);
 }
 
 /// UC: no ACKs or NAKs; after a loss, drop until the next message starts.
@@ -716,7 +686,7 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
-        ..recv_completion(qp, wqe, WcStatus::Success)
+        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
     qp.resp.rq.pop_front();
     qp.complete(ctx, qp.recv_cq, completion);
