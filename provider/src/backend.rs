@@ -4,6 +4,10 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
+/// Largest frame any backend carries: path MTU 4096 plus every header (Ethernet, 802.1Q,
+/// IPv6, UDP, BTH, extension headers, ICRC), rounded up to two 4096-byte UMEM chunks.
+pub const MAX_FRAME: usize = 2 * 4096;
+
 /// Sends and receives whole Ethernet frames (from the destination MAC to the end of the
 /// payload; no FCS).
 ///

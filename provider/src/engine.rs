@@ -9,11 +9,7 @@ use std::time::{Duration, Instant};
 use roce_transport::{Endpoint, Transmit};
 use roce_wire::{Frame, FrameError, FrameRepr};
 
-use crate::backend::Backend;
-
-/// Largest frame the engine sends or receives: path MTU 4096 plus every header, rounded up
-/// to the two UMEM chunks an AF_XDP frame may span.
-pub const MAX_FRAME: usize = 2 * 4096;
+use crate::backend::{Backend, MAX_FRAME};
 
 /// Who this endpoint is on the link, and the neighbours it can reach.
 #[derive(Debug, Clone, PartialEq, Eq)]

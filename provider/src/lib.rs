@@ -26,4 +26,5 @@ pub mod fault;
 pub mod memory;
 pub mod netns;
 pub mod udp;
+mod umem;
 pub mod xdp;

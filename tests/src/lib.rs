@@ -1,10 +1,25 @@
 //! Support for the cross-crate tests: the bundled captures of real rxe traffic and the
 //! per-opcode counts their README promises.
 
+pub mod netcheck;
 pub mod rdma;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// Whether a test that needs root may run: `true` as root; otherwise it fails in CI
+/// (`CI=true`), where a missing prerequisite is a broken setup, and says `SKIPPED` elsewhere.
+pub fn root_or_skip(test: &str) -> bool {
+    if roce_provider::netns::is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |ci| ci != "true"),
+        "{test} needs root, and CI must run it"
+    );
+    eprintln!("SKIPPED {test}: needs root");
+    false
+}
 
 /// The folder of bundled pcaps (a copy of the team's `shared/captures`).
 pub fn captures_dir() -> PathBuf {

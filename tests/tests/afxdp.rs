@@ -7,9 +7,11 @@ use std::sync::mpsc;
 use std::thread;
 
 use roce_provider::afxdp::AfXdpBackend;
-use roce_provider::netns::{self, is_root, veth, Netns};
+use roce_provider::netns::{self, veth, Netns};
 use roce_provider::xdp::XdpMode;
+use roce_tests::netcheck::kernel_echoes_udp;
 use roce_tests::rdma::write_read_send_with_macs;
+use roce_tests::root_or_skip;
 use roce_transport::qp_state::PathMtu;
 
 /// Opens the backend on `interface` from a thread inside `ns` (a socket belongs to the
@@ -26,8 +28,7 @@ fn open_in(ns: &Netns, interface: &str, mode: XdpMode) -> AfXdpBackend {
 
 #[test]
 fn rdma_over_af_xdp_between_namespaces() {
-    if !is_root() {
-        eprintln!("SKIPPED rdma_over_af_xdp_between_namespaces: needs root");
+    if !root_or_skip("rdma_over_af_xdp_between_namespaces") {
         return;
     }
     let runs = [
@@ -56,11 +57,10 @@ fn rdma_over_af_xdp_between_namespaces() {
             (0, 0),
             "{mode:?} {path_mtu:?}"
         );
-        // The kernel still answers ping on the same interface while we hold its RoCE traffic.
-        let ping = b.run(&["ping", "-c", "1", "-W", "2", "10.78.0.1"]).unwrap();
-        assert!(
-            ping.status.success(),
-            "{mode:?}: ping failed while AF_XDP was attached"
-        );
+        // The kernel still answers ARP and UDP on the same interface while we hold its RoCE
+        // traffic.
+        if let Err(error) = kernel_echoes_udp(&a, "10.78.0.1", &b) {
+            panic!("{mode:?}: the kernel stopped answering while AF_XDP was attached: {error}");
+        }
     }
 }

@@ -10,7 +10,8 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
 use std::time::Duration;
 
-use roce_provider::netns::{self, is_root, veth_with_queues, Netns};
+use roce_provider::netns::{self, veth_with_queues, Netns};
+use roce_tests::root_or_skip;
 use roce_verbs::{
     devices, AccessFlags, BackendChoice, BackendKind, ConnectOptions, Context, OpenOptions,
     PathMtu, Progress, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags,
@@ -205,8 +206,7 @@ fn run_pair(setup: Setup) -> (Report, Report) {
 
 #[test]
 fn verbs_over_af_xdp_with_arp() {
-    if !is_root() {
-        eprintln!("SKIPPED verbs_over_af_xdp_with_arp: needs root");
+    if !root_or_skip("verbs_over_af_xdp_with_arp") {
         return;
     }
     let ((a, _), (b, _)) = run_pair(Setup {
@@ -222,8 +222,7 @@ fn verbs_over_af_xdp_with_arp() {
 
 #[test]
 fn verbs_over_kernel_udp_sockets() {
-    if !is_root() {
-        eprintln!("SKIPPED verbs_over_kernel_udp_sockets: needs root (namespaces)");
+    if !root_or_skip("verbs_over_kernel_udp_sockets") {
         return;
     }
     let ((a, _), (b, _)) = run_pair(Setup {
@@ -238,8 +237,7 @@ fn verbs_over_kernel_udp_sockets() {
 
 #[test]
 fn verbs_over_every_queue_of_a_multi_queue_interface() {
-    if !is_root() {
-        eprintln!("SKIPPED verbs_over_every_queue_of_a_multi_queue_interface: needs root");
+    if !root_or_skip("verbs_over_every_queue_of_a_multi_queue_interface") {
         return;
     }
     let (_, (_, per_queue)) = run_pair(Setup {
@@ -255,8 +253,7 @@ fn verbs_over_every_queue_of_a_multi_queue_interface() {
 
 #[test]
 fn verbs_over_ipv6_gids() {
-    if !is_root() {
-        eprintln!("SKIPPED verbs_over_ipv6_gids: needs root");
+    if !root_or_skip("verbs_over_ipv6_gids") {
         return;
     }
     // Two QPs: RoCEv2 over IPv6 from the ULA GIDs, peers found by neighbour discovery.
