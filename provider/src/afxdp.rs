@@ -71,17 +71,19 @@ struct Received {
     cut: bool,
     /// Where a frame whose buffers are not adjacent is put together (a fill-ring wrap).
     scratch: Vec<u8>,
-    stats: QueueStats,
+    stats: AfXdpStats,
 }
 
-/// What one queue has seen.
-#[derive(Debug, Clone, Copy, Default)]
-struct QueueStats {
-    received: u64,
-    /// Frames that had to be copied together (their buffers were not adjacent).
-    gathered: u64,
-    /// Frames longer than [`MAX_PIECES`] buffers, dropped.
-    oversized: u64,
+/// What the AF_XDP sockets have seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AfXdpStats {
+    /// Frames handed on.
+    pub received: u64,
+    /// Of those, frames that had to be copied together first because their buffers were
+    /// not adjacent (where the fill ring wraps); the others were handed on in place.
+    pub gathered: u64,
+    /// Frames longer than three buffers, dropped.
+    pub oversized: u64,
 }
 
 // SAFETY: every part (rings, UMEM mapping, memory area) is owned by this value alone and used
@@ -155,7 +157,7 @@ impl Queue {
                 piece_lens: Vec::with_capacity(MAX_PIECES),
                 cut: false,
                 scratch: vec![0; MAX_FRAME],
-                stats: QueueStats::default(),
+                stats: AfXdpStats::default(),
             },
             fd,
         };
@@ -249,6 +251,20 @@ impl AfXdpBackend {
         })
     }
 
+    /// What the sockets have seen, all queues together.
+    pub fn stats(&self) -> AfXdpStats {
+        self.queues
+            .iter()
+            .fold(AfXdpStats::default(), |sum, queue| {
+                let queue = queue.received.stats;
+                AfXdpStats {
+                    received: sum.received + queue.received,
+                    gathered: sum.gathered + queue.gathered,
+                    oversized: sum.oversized + queue.oversized,
+                }
+            })
+    }
+
     /// The program, e.g. to detach it early.
     pub fn program(&mut self) -> &mut XdpProgram {
         &mut self.program
@@ -325,11 +341,20 @@ impl Queue {
     /// Hands up to `budget` received frames to `handler`, each where it lies in the UMEM;
     /// returns how many.
     fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> usize {
-        let mut reader = self.rx.receive(RX_BATCH);
-        let delivered = self.received.take(&mut reader, &self.umem, budget, handler);
-        reader.release();
-        drop(reader);
-        self.refill();
+        let mut delivered = 0;
+        // Each pass reads at least one descriptor or ends the loop.
+        while delivered < budget {
+            let mut reader = self.rx.receive(RX_BATCH);
+            if reader.capacity() == 0 {
+                break;
+            }
+            delivered += self
+                .received
+                .take(&mut reader, &self.umem, budget - delivered, handler);
+            reader.release();
+            drop(reader);
+            self.refill();
+        }
         delivered
     }
 }
@@ -408,53 +433,40 @@ impl Received {
     }
 }
 
-/// The UDP source port of a RoCEv2 frame over IPv4 or IPv6 (an 802.1Q tag allowed), which
-/// carries the sending QP's flow entropy.
-fn flow_entropy(frame: &[u8]) -> u16 {
-    let (ethertype, ip) = match frame.get(12..14) {
-        Some([0x81, 0x00]) => (frame.get(16..18), 18),
-        other => (other, 14),
-    };
-    let udp = match ethertype {
-        Some([0x08, 0x00]) => ip + 4 * usize::from(frame.get(ip).map_or(5, |b| b & 0xF)),
-        Some([0x86, 0xDD]) => ip + 40,
-        _ => return 0,
-    };
-    frame
-        .get(udp..udp + 2)
-        .map_or(0, |port| u16::from_be_bytes([port[0], port[1]]))
-}
-
 impl Backend for AfXdpBackend {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        // One transmit queue per flow (the QP's UDP source port), so a QP's frames keep
-        // their order and flows spread over the queues as RSS spreads them on receive.
-        let index = usize::from(flow_entropy(frame)) % self.queues.len();
-        let queue = &mut self.queues[index];
-        queue.transmit(frame.len(), &mut |buffer| {
-            buffer.copy_from_slice(frame);
-            frame.len()
-        })?;
-        queue.kick();
-        Ok(())
-    }
-
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        // Every queue in turn, starting after the one served first last time, so none
+        // starves the others.
         let count = self.queues.len();
+        let mut delivered = 0;
         for step in 0..count {
-            let index = (self.next_rx + step) % count;
-            let mut received = None;
-            self.queues[index].receive(1, &mut |frame| {
-                let len = frame.len().min(buffer.len());
-                buffer[..len].copy_from_slice(&frame[..len]);
-                received = Some(len);
-            });
-            if received.is_some() {
-                self.next_rx = (index + 1) % count;
-                return Ok(received);
+            let queue = &mut self.queues[(self.next_rx + step) % count];
+            delivered += queue.receive(budget - delivered, handler);
+            if delivered == budget {
+                break;
             }
         }
-        Ok(None)
+        self.next_rx = (self.next_rx + 1) % count;
+        Ok(delivered)
+    }
+
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        // One transmit queue per flow, so a QP's frames keep their order and flows spread
+        // over the queues (on veth, the peer receives on the queue we send from).
+        let index = usize::from(flow) % self.queues.len();
+        self.queues[index].transmit(len, fill)
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        for queue in &mut self.queues {
+            queue.kick();
+        }
+        Ok(())
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use roce_transport::{Endpoint, Transmit};
 use roce_wire::{Frame, FrameError, FrameRepr};
 
-use crate::backend::{Backend, MAX_FRAME};
+use crate::backend::Backend;
 
 /// Most received frames handled per turn.
 pub const RX_BUDGET: usize = 1024;
@@ -65,8 +65,6 @@ pub struct Engine<B> {
     gids: Vec<[u8; 16]>,
     /// MAC of each IPv6 neighbour.
     neighbours6: HashMap<Ipv6Addr, [u8; 6]>,
-    rx: Vec<u8>,
-    tx: Vec<u8>,
     /// The packet being sent, kept so its payload buffer is reused.
     outgoing: Transmit,
     /// Whether `outgoing` holds a packet the backend had no room for yet.
@@ -86,8 +84,6 @@ impl<B: Backend> Engine<B> {
             addressing,
             gids: Vec::new(),
             neighbours6: HashMap::new(),
-            rx: vec![0; MAX_FRAME],
-            tx: vec![0; MAX_FRAME],
             outgoing: Transmit::default(),
             held: false,
             unfinished: false,
@@ -168,26 +164,26 @@ impl<B: Backend> Engine<B> {
         self.poll()
     }
 
-    /// Takes up to [`RX_BUDGET`] frames; `true` when more may be waiting.
+    /// Takes up to [`RX_BUDGET`] frames, each parsed where the backend holds it; `true`
+    /// when more may be waiting.
     fn receive_turn(&mut self, now: Instant) -> io::Result<bool> {
-        for _ in 0..RX_BUDGET {
-            let Some(len) = self.backend.recv(&mut self.rx)? else {
-                return Ok(false);
-            };
-            let frame = &self.rx[..len];
-            receive(
-                &mut self.endpoint,
-                &mut self.stats,
-                self.addressing.mac,
-                now,
-                frame,
-            );
-        }
-        Ok(true)
+        let Engine {
+            endpoint,
+            backend,
+            addressing,
+            stats,
+            ..
+        } = self;
+        let mac = addressing.mac;
+        let received = backend.receive(RX_BUDGET, &mut |frame| {
+            receive(endpoint, stats, mac, now, frame);
+        })?;
+        Ok(received == RX_BUDGET)
     }
 
-    /// Sends up to [`TX_BUDGET`] packets; `true` when more wait (the budget ran out, or the
-    /// backend's queue is full and the packet is held for the next turn).
+    /// Sends up to [`TX_BUDGET`] packets, then submits them; `true` when more wait (the
+    /// budget ran out, or the backend's queue is full and the packet is held for the next
+    /// turn).
     fn transmit_turn(&mut self, now: Instant) -> io::Result<bool> {
         let mut outgoing = std::mem::take(&mut self.outgoing);
         let mut result = Ok(true);
@@ -210,7 +206,8 @@ impl<B: Backend> Engine<B> {
             }
         }
         self.outgoing = outgoing;
-        result
+        let submitted = self.backend.submit();
+        result.and_then(|more| submitted.map(|()| more))
     }
 
     /// The frame for `transmit`: IPv4 from our address to a known IPv4 neighbour, or IPv6
@@ -231,17 +228,25 @@ impl<B: Backend> Engine<B> {
         transmit.ipv6_frame(mac, source, neighbour)
     }
 
-    /// Sends one packet; `false` when the backend's queue is full (nothing was sent).
+    /// Emits one packet straight into the backend's buffer; `false` when the backend's
+    /// queue is full (nothing was sent).
     fn transmit(&mut self, transmit: &Transmit) -> io::Result<bool> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
             self.stats.tx_unroutable += 1;
             return Ok(true);
         };
-        let len = repr
-            .emit(&mut self.tx)
-            .map_err(|_| io::Error::other("packet does not fit a frame"))?;
-        match self.backend.send(&self.tx[..len]) {
+        let mut emitted = Ok(());
+        let sent = self
+            .backend
+            .transmit(repr.buffer_len(), repr.udp_src_port, &mut |buffer| {
+                repr.emit(buffer).unwrap_or_else(|_| {
+                    emitted = Err(io::Error::other("packet does not fit a frame"));
+                    0
+                })
+            });
+        emitted?;
+        match sent {
             Ok(()) => self.stats.tx_frames += 1,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 self.stats.tx_full += 1;
@@ -311,11 +316,16 @@ mod tests {
     struct Refusing(i32);
 
     impl Backend for Refusing {
-        fn send(&mut self, _: &[u8]) -> io::Result<()> {
+        fn transmit(
+            &mut self,
+            _: usize,
+            _: u16,
+            _: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
             Err(io::Error::from_raw_os_error(self.0))
         }
-        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
-            Ok(None)
+        fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            Ok(0)
         }
         fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
             Ok(())
@@ -331,17 +341,22 @@ mod tests {
     }
 
     impl Backend for Flooded {
-        fn send(&mut self, _: &[u8]) -> io::Result<()> {
+        fn transmit(
+            &mut self,
+            _: usize,
+            _: u16,
+            _: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
             self.sent_after.push(self.received);
             Ok(())
         }
-        fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-            if self.received == 1_000_000 {
-                return Ok(None);
+        fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            let taken = budget.min(1_000_000 - self.received);
+            for _ in 0..taken {
+                handler(&self.frame);
             }
-            self.received += 1;
-            buffer[..self.frame.len()].copy_from_slice(&self.frame);
-            Ok(Some(self.frame.len()))
+            self.received += taken;
+            Ok(taken)
         }
         fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
             Ok(())

@@ -10,16 +10,20 @@ use roce_transport::sim::{chance, LinkConfig};
 use roce_wire::frame::IpRepr;
 use roce_wire::{Frame, FrameRepr};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, MAX_FRAME};
 
 /// Wraps a backend and damages what it sends, with the simulator's fault model
 /// ([`LinkConfig`]'s probabilities; its latency is not used). A reordered frame is held back
-/// and sent after the next one (or before the next wait).
+/// and sent after the next one (or before the next wait). A frame left alone goes straight
+/// into the inner backend's buffer; one to damage, copy or hold is written here first.
 pub struct FaultInjector<B> {
     inner: B,
     faults: LinkConfig,
     rng: ChaCha8Rng,
-    held: Option<Vec<u8>>,
+    /// A frame held back to go after the next one, and its flow.
+    held: Option<(Vec<u8>, u16)>,
+    /// Where a frame to damage, copy or hold is written.
+    scratch: Vec<u8>,
     /// What has been done so far.
     pub stats: FaultStats,
 }
@@ -27,7 +31,7 @@ pub struct FaultInjector<B> {
 /// Counts of injected faults.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultStats {
-    /// Frames passed to `send`.
+    /// Frames passed to `transmit`.
     pub frames: u64,
     /// Frames dropped.
     pub lost: u64,
@@ -47,6 +51,7 @@ impl<B: Backend> FaultInjector<B> {
             faults,
             rng: ChaCha8Rng::seed_from_u64(seed),
             held: None,
+            scratch: vec![0; MAX_FRAME],
             stats: FaultStats::default(),
         }
     }
@@ -58,52 +63,79 @@ impl<B: Backend> FaultInjector<B> {
 
     fn release_held(&mut self) -> io::Result<()> {
         match self.held.take() {
-            Some(frame) => self.inner.send(&frame),
+            Some((frame, flow)) => send_copy(&mut self.inner, &frame, flow),
             None => Ok(()),
         }
     }
 }
 
+/// Sends a copy of `frame` through `inner`.
+fn send_copy(inner: &mut impl Backend, frame: &[u8], flow: u16) -> io::Result<()> {
+    inner.transmit(frame.len(), flow, &mut |buffer| {
+        buffer.copy_from_slice(frame);
+        frame.len()
+    })
+}
+
 impl<B: Backend> Backend for FaultInjector<B> {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        self.inner.receive(budget, handler)
+    }
+
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
         self.stats.frames += 1;
         if chance(&mut self.rng, self.faults.loss) {
             self.stats.lost += 1;
             return self.release_held();
         }
-        let mut frame = frame.to_vec();
-        if chance(&mut self.rng, self.faults.corrupt) {
-            self.stats.corrupted += 1;
-            flip_covered_bit(&mut frame, &mut self.rng);
+        let corrupt = chance(&mut self.rng, self.faults.corrupt);
+        let duplicate = chance(&mut self.rng, self.faults.duplicate);
+        let reorder = self.held.is_none() && chance(&mut self.rng, self.faults.reorder);
+        if !(corrupt || duplicate || reorder) {
+            self.inner.transmit(len, flow, fill)?;
+            return self.release_held();
         }
-        let copies = if chance(&mut self.rng, self.faults.duplicate) {
+        let len = len.min(self.scratch.len());
+        let written = fill(&mut self.scratch[..len]).min(len);
+        let frame = &mut self.scratch[..written];
+        if corrupt {
+            self.stats.corrupted += 1;
+            flip_covered_bit(frame, &mut self.rng);
+        }
+        let copies = if duplicate {
             self.stats.duplicated += 1;
             2
         } else {
             1
         };
-        if self.held.is_none() && chance(&mut self.rng, self.faults.reorder) {
+        if reorder {
             self.stats.reordered += 1;
-            self.held = Some(frame.clone());
+            self.held = Some((frame.to_vec(), flow));
             return if copies == 2 {
-                self.inner.send(&frame)
+                send_copy(&mut self.inner, frame, flow)
             } else {
                 Ok(())
             };
         }
         for _ in 0..copies {
-            self.inner.send(&frame)?;
+            send_copy(&mut self.inner, frame, flow)?;
         }
         self.release_held()
     }
 
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        self.inner.recv(buffer)
+    fn submit(&mut self) -> io::Result<()> {
+        self.inner.submit()
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         // A held frame must not wait for traffic that may never come.
         self.release_held()?;
+        self.inner.submit()?;
         self.inner.wait(timeout)
     }
 }

@@ -1,9 +1,10 @@
 //! I/O for roce-xdp: everything that touches files, sockets, clocks and threads.
 //!
-//! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements;
+//! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements; it
+//!   lends received frames where they lie and lends a buffer to write a frame to send into;
 //! - [`memory`]: an in-memory wire for tests;
 //! - [`afxdp`]: the AF_XDP backend (root; a socket per receive queue, copy mode, multi-buffer
-//!   frames);
+//!   frames parsed in place), over a UMEM whose buffer ownership is in the types (`umem`);
 //! - [`udp`]: the kernel UDP-socket backend (no root, no AF_XDP);
 //! - [`xdp`]: our XDP program (UDP 4791 to AF_XDP sockets, the rest to the kernel) and its
 //!   bpf(2) loader;

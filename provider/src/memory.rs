@@ -34,7 +34,7 @@ pub struct MemoryTap {
 impl MemoryTap {
     /// Sends one frame; `WouldBlock` when the wire is full.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
-        send(&self.tx, frame)
+        send(&self.tx, frame.to_vec())
     }
 }
 
@@ -67,8 +67,8 @@ impl MemoryBackend {
     }
 }
 
-fn send(tx: &SyncSender<Vec<u8>>, frame: &[u8]) -> io::Result<()> {
-    match tx.try_send(frame.to_vec()) {
+fn send(tx: &SyncSender<Vec<u8>>, frame: Vec<u8>) -> io::Result<()> {
+    match tx.try_send(frame) {
         Ok(()) => Ok(()),
         Err(TrySendError::Full(_)) => Err(io::Error::new(
             io::ErrorKind::WouldBlock,
@@ -101,17 +101,29 @@ fn peer_gone() -> io::Error {
 }
 
 impl Backend for MemoryBackend {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        send(&self.tx, frame)
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        for delivered in 0..budget {
+            let Some(frame) = self.next_frame()? else {
+                return Ok(delivered);
+            };
+            handler(&frame);
+        }
+        Ok(budget)
     }
 
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        let Some(frame) = self.next_frame()? else {
-            return Ok(None);
-        };
-        let len = frame.len().min(buffer.len());
-        buffer[..len].copy_from_slice(&frame[..len]);
-        Ok(Some(len))
+    fn transmit(
+        &mut self,
+        len: usize,
+        _flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        let mut frame = vec![0; len];
+        let written = fill(&mut frame).min(len);
+        if written == 0 {
+            return Ok(());
+        }
+        frame.truncate(written);
+        send(&self.tx, frame)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {

@@ -7,6 +7,10 @@ pub mod rdma;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::netns::{self, Netns};
+use roce_provider::xdp::XdpMode;
+
 /// Whether a test that needs root may run: `true` as root; otherwise it fails in CI
 /// (`CI=true`), where a missing prerequisite is a broken setup, and says `SKIPPED` elsewhere.
 pub fn root_or_skip(test: &str) -> bool {
@@ -19,6 +23,18 @@ pub fn root_or_skip(test: &str) -> bool {
     );
     eprintln!("SKIPPED {test}: needs root");
     false
+}
+
+/// Opens the AF_XDP backend on `interface` from a thread inside `ns` (a socket belongs to
+/// the namespace it was bound in, and can be used from anywhere after).
+pub fn afxdp_in(ns: &Netns, interface: &str, mode: XdpMode) -> AfXdpBackend {
+    let (name, interface) = (ns.name.clone(), interface.to_string());
+    let opened = std::thread::spawn(move || {
+        netns::enter(&name)?;
+        AfXdpBackend::open(&interface, mode)
+    })
+    .join();
+    opened.expect("opening thread").expect("AF_XDP socket")
 }
 
 /// The folder of bundled pcaps (a copy of the team's `shared/captures`).
