@@ -10,6 +10,7 @@
 //!   bpf(2) loader;
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
+//! - [`ceiling`]: the raw AF_XDP ceiling of a link, RoCE-sized frames with no transport;
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
@@ -22,6 +23,7 @@
 pub mod afxdp;
 pub mod backend;
 pub mod capture;
+pub mod ceiling;
 pub mod engine;
 pub mod fault;
 pub mod memory;

@@ -66,8 +66,7 @@ impl Netns {
 
     /// The `ip -o link show` line of `interface`.
     fn link(&self, interface: &str) -> io::Result<String> {
-        let output = self.ip(&["-o", "link", "show", interface])?;
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        link_in(&self.name, interface)
     }
 
     /// The ifindex of `interface` in this namespace.
@@ -79,19 +78,7 @@ impl Netns {
 
     /// The MAC address of `interface` in this namespace.
     pub fn mac(&self, interface: &str) -> io::Result<[u8; 6]> {
-        let line = self.link(interface)?;
-        let bad = || io::Error::other(format!("no MAC in {line:?}"));
-        let after = line.split("link/ether ").nth(1).ok_or_else(bad)?;
-        let mut mac = [0u8; 6];
-        let mut parts = after.split(':');
-        for byte in &mut mac {
-            let hex = parts
-                .next()
-                .and_then(|part| part.get(..2))
-                .ok_or_else(bad)?;
-            *byte = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
-        }
-        Ok(mac)
+        mac_in(&self.name, interface)
     }
 
     /// Whether an XDP program is attached to `interface`.
@@ -103,6 +90,29 @@ impl Netns {
     pub fn enter(&self) -> io::Result<()> {
         enter(&self.name)
     }
+}
+
+/// The `ip -o link show` line of `interface` in the namespace `name`.
+fn link_in(name: &str, interface: &str) -> io::Result<String> {
+    let output = ip(&["-n", name, "-o", "link", "show", interface])?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The MAC address of `interface` in the namespace `name`.
+pub fn mac_in(name: &str, interface: &str) -> io::Result<[u8; 6]> {
+    let line = link_in(name, interface)?;
+    let bad = || io::Error::other(format!("no MAC in {line:?}"));
+    let after = line.split("link/ether ").nth(1).ok_or_else(bad)?;
+    let mut mac = [0u8; 6];
+    let mut parts = after.split(':');
+    for byte in &mut mac {
+        let hex = parts
+            .next()
+            .and_then(|part| part.get(..2))
+            .ok_or_else(bad)?;
+        *byte = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+    }
+    Ok(mac)
 }
 
 /// Moves the calling thread into the namespace `name`.
