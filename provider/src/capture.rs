@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
@@ -184,6 +184,22 @@ impl Write for SharedFile {
     }
 }
 
+/// Every recorder's file, so [`flush_all`] reaches the ones deep inside an engine.
+static LIVE: Mutex<Vec<Weak<Mutex<Gathered>>>> = Mutex::new(Vec::new());
+
+/// Writes every whole record gathered so far by every live [`PcapRecorder`] to its file:
+/// for an exit path that cannot reach the recorders, such as a Ctrl-C/SIGTERM handler
+/// running on its own thread (the `ctrlc` crate's). Not for a raw signal handler: it locks.
+pub fn flush_all() -> io::Result<()> {
+    let live = LIVE.lock().map_err(|_| io::Error::other("poisoned"))?;
+    let mut result = Ok(());
+    for file in live.iter().filter_map(Weak::upgrade) {
+        let flushed = SharedFile(file).flush();
+        result = result.and(flushed);
+    }
+    result
+}
+
 /// Flushes a [`PcapRecorder`]'s file from anywhere, e.g. a thread that watches for signals
 /// while the recorder sits inside an engine.
 #[derive(Clone)]
@@ -204,6 +220,10 @@ impl<B: Backend> PcapRecorder<B> {
             pending: Vec::with_capacity(FLUSH_SIZE),
         };
         let mut file = SharedFile(Arc::new(Mutex::new(gathered)));
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|file| file.strong_count() > 0);
+            live.push(Arc::downgrade(&file.0));
+        }
         let writer = PcapWriter::with_header(file.clone(), pcap_header())?;
         file.flush()?;
         Ok(PcapRecorder {
@@ -368,6 +388,52 @@ mod tests {
             .map(|f| f.data)
             .collect();
         assert_eq!(frames, [vec![1; 60], vec![2; 70]]);
+    }
+
+    /// The frames the file at `path` holds right now, checking it ends with a whole record.
+    fn on_disk(path: &Path) -> Vec<Vec<u8>> {
+        let frames: Vec<Vec<u8>> = read_frames(path)
+            .unwrap()
+            .into_iter()
+            .map(|frame| frame.data)
+            .collect();
+        let whole: usize = 24 + frames.iter().map(|frame| 16 + frame.len()).sum::<usize>();
+        assert_eq!(std::fs::metadata(path).unwrap().len() as usize, whole);
+        frames
+    }
+
+    #[test]
+    fn records_reach_the_file_whole_while_the_recorder_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.pcap");
+        let (a, _b) = crate::memory::memory_pair();
+        let mut recorded = PcapRecorder::create(a, &path).unwrap();
+        assert!(
+            on_disk(&path).is_empty(),
+            "the header is there from the start"
+        );
+        recorded.send(&[1; 60]).unwrap();
+        recorded.send(&[2; 61]).unwrap();
+        // From another thread, as a signal-watching thread of a tool would.
+        let flusher = recorded.flusher();
+        std::thread::spawn(move || flusher.flush().unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(on_disk(&path), [vec![1; 60], vec![2; 61]]);
+        // Without a handle to it, as a Ctrl-C handler would.
+        recorded.send(&[5; 64]).unwrap();
+        std::thread::spawn(|| flush_all().unwrap()).join().unwrap();
+        assert_eq!(on_disk(&path).len(), 3);
+        // Periodically, while the engine keeps turning.
+        recorded.send(&[3; 62]).unwrap();
+        std::thread::sleep(FLUSH_INTERVAL);
+        recorded.receive(1, &mut |_| {}).unwrap();
+        assert_eq!(on_disk(&path).len(), 4);
+        // Before the backend waits.
+        recorded.send(&[4; 63]).unwrap();
+        recorded.wait(Some(Duration::ZERO)).unwrap();
+        assert_eq!(on_disk(&path).len(), 5);
+        drop(recorded);
     }
 
     #[test]
