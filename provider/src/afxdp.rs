@@ -11,82 +11,36 @@
 //! 4096 span two chunks: the socket is bound with XDP_USE_SG and the program loaded with frags
 //! support, and a frame's descriptors carry XDP_PKT_CONTD on all but the last.
 
-use std::alloc::{self, Layout};
+use std::collections::VecDeque;
 use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
 use std::time::Duration;
 
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
-use xdpilone::xdp::XdpDesc;
-use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig};
+use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, UmemConfig};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, MAX_FRAME};
+use crate::umem::{RxBuffer, TxSlot, Umem, CHUNK_SIZE, RX_STRIDE, TX_SLOT, XDP_PKT_CONTD};
 use crate::xdp::{XdpMode, XdpProgram};
 
-/// UMEM chunk size: a page; larger needs hugepages.
-const FRAME_SIZE: u32 = 4096;
-/// Chunks for receiving (the fill ring is smaller, so the kernel never runs dry while we hold
-/// some) and as many for sending.
-const RX_FRAMES: u32 = 2048;
-const TX_FRAMES: u32 = 1024;
+/// Receive buffers (the fill ring is smaller, so the kernel never runs dry while we hold
+/// some) and transmit slots (a ring's worth of two-descriptor frames).
+const RX_BUFFERS: u32 = 2048;
+const TX_SLOTS: u32 = RING_SIZE / 2;
 const RING_SIZE: u32 = 1024;
 /// Bind flag for multi-buffer frames (linux/if_xdp.h, kernel 6.6 on).
 const XDP_USE_SG: u16 = 1 << 4;
-/// Descriptor option: more of this frame follows in the next descriptor.
-const XDP_PKT_CONTD: u32 = 1;
-/// Largest frame sent or received: path MTU 4096 plus every header, with room to spare.
-pub const MAX_FRAME: usize = 2 * FRAME_SIZE as usize;
-
-/// Page-aligned memory the kernel reads and writes frames in.
-struct Area {
-    memory: NonNull<u8>,
-    layout: Layout,
-}
-
-impl Area {
-    fn new(len: usize) -> io::Result<Area> {
-        let layout = Layout::from_size_align(len, 4096).map_err(io::Error::other)?;
-        // SAFETY: the layout has a non-zero size.
-        #[allow(unsafe_code)]
-        let memory = unsafe { alloc::alloc_zeroed(layout) };
-        let memory = NonNull::new(memory).ok_or_else(|| io::Error::other("out of memory"))?;
-        Ok(Area { memory, layout })
-    }
-
-    fn as_slice_ptr(&self) -> NonNull<[u8]> {
-        NonNull::slice_from_raw_parts(self.memory, self.layout.size())
-    }
-
-    /// The bytes at `offset..offset + len`.
-    ///
-    /// The kernel writes a chunk only while it sits in the fill ring, and reads one only while
-    /// it sits in the TX ring; we touch chunks outside those times only.
-    fn bytes(&mut self, offset: u64, len: usize) -> &mut [u8] {
-        assert!(
-            offset as usize + len <= self.layout.size(),
-            "descriptor outside the UMEM"
-        );
-        // SAFETY: in bounds (checked), and the kernel does not use the chunk now (above).
-        #[allow(unsafe_code)]
-        unsafe {
-            std::slice::from_raw_parts_mut(self.memory.as_ptr().add(offset as usize), len)
-        }
-    }
-}
-
-impl Drop for Area {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout; the socket using it is closed first
-        // (it is declared before the area in `AfXdpBackend`).
-        #[allow(unsafe_code)]
-        unsafe {
-            alloc::dealloc(self.memory.as_ptr(), self.layout)
-        }
-    }
-}
+/// UMEM flag: descriptors may point anywhere, not only at chunk starts.
+const XDP_UMEM_UNALIGNED_CHUNK_FLAG: u32 = 1;
+/// Most descriptors one received frame may span (MTU 9000 needs three); longer frames are
+/// dropped.
+const MAX_PIECES: usize = 3;
+/// Most descriptors read from the RX ring in one go.
+const RX_BATCH: u32 = 64;
+/// Most kicks per flush: each sends up to 32 frames in copy mode (the kernel's TX batch).
+const MAX_KICKS: usize = (RING_SIZE / 32) as usize;
 
 /// One AF_XDP socket bound to one receive queue, with its own UMEM.
 struct Queue {
@@ -95,17 +49,41 @@ struct Queue {
     tx: RingTx,
     device: DeviceQueue,
     _socket: Socket,
-    _umem: Umem,
-    area: Area,
-    /// RX chunks we hold, waiting for room in the fill ring.
-    to_fill: Vec<u64>,
-    /// TX chunks free to write a frame into.
-    free_tx: Vec<u64>,
-    /// The first pieces of a multi-buffer frame whose last piece has not been read yet.
-    partial: Vec<u8>,
+    _registration: xdpilone::Umem,
+    umem: Umem,
+    /// Transmit slots free to write a frame into.
+    free_tx: Vec<TxSlot>,
+    /// Descriptors queued for sending since the last kick.
+    unkicked: usize,
+    received: Received,
     fd: i32,
-    /// Frames received on this queue.
-    received: u64,
+}
+
+/// The receive side's buffers and counters.
+struct Received {
+    /// Receive buffers we hold for the fill ring, in the order they go back: the order the
+    /// kernel took them, so that consecutive fill entries stay adjacent in memory.
+    to_fill: VecDeque<RxBuffer>,
+    /// The buffers of a frame whose last descriptor has not been read yet, and their lengths.
+    pieces: Vec<RxBuffer>,
+    piece_lens: Vec<u32>,
+    /// Whether the frame in `pieces` lost its first buffers for being too long.
+    cut: bool,
+    /// Where a frame whose buffers are not adjacent is put together (a fill-ring wrap).
+    scratch: Vec<u8>,
+    stats: AfXdpStats,
+}
+
+/// What the AF_XDP sockets have seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AfXdpStats {
+    /// Frames handed on.
+    pub received: u64,
+    /// Of those, frames that had to be copied together first because their buffers were
+    /// not adjacent (where the fill ring wraps); the others were handed on in place.
+    pub gathered: u64,
+    /// Frames longer than three buffers, dropped.
+    pub oversized: u64,
 }
 
 // SAFETY: every part (rings, UMEM mapping, memory area) is owned by this value alone and used
@@ -139,45 +117,49 @@ impl Queue {
     fn open(info: &IfInfo, queue: u32) -> io::Result<Queue> {
         let mut info = *info;
         info.set_queue(queue);
-        let area = Area::new(((RX_FRAMES + TX_FRAMES) * FRAME_SIZE) as usize)?;
+        let (umem, rx_buffers, free_tx) = Umem::new(RX_BUFFERS, TX_SLOTS)?;
         let config = UmemConfig {
             fill_size: RING_SIZE,
             complete_size: RING_SIZE,
-            frame_size: FRAME_SIZE,
+            frame_size: CHUNK_SIZE,
             headroom: 0,
-            flags: 0,
+            flags: XDP_UMEM_UNALIGNED_CHUNK_FLAG,
         };
-        // SAFETY: the area is page-aligned and outlives the UMEM (field order above).
+        // SAFETY: the area is page-aligned and outlives the registration (field order above).
         #[allow(unsafe_code)]
-        let umem = unsafe { Umem::new(config, area.as_slice_ptr()) }.map_err(errno)?;
-        let socket = Socket::with_shared(&info, &umem).map_err(errno)?;
-        let device = umem.fq_cq(&socket).map_err(errno)?;
+        let registration = unsafe { xdpilone::Umem::new(config, umem.area()) }.map_err(errno)?;
+        let socket = Socket::with_shared(&info, &registration).map_err(errno)?;
+        let device = registration.fq_cq(&socket).map_err(errno)?;
         let rings = SocketConfig {
             rx_size: NonZeroU32::new(RING_SIZE),
             tx_size: NonZeroU32::new(RING_SIZE),
-            bind_flags: SocketConfig::XDP_BIND_COPY | XDP_USE_SG,
+            bind_flags: SocketConfig::XDP_BIND_COPY
+                | SocketConfig::XDP_BIND_NEED_WAKEUP
+                | XDP_USE_SG,
         };
-        let user = umem.rx_tx(&socket, &rings).map_err(errno)?;
+        let user = registration.rx_tx(&socket, &rings).map_err(errno)?;
         let rx = user.map_rx().map_err(errno)?;
         let tx = user.map_tx().map_err(errno)?;
-        umem.bind(&user).map_err(errno)?;
+        registration.bind(&user).map_err(errno)?;
         let fd = user.as_raw_fd();
-        let to_fill: Vec<u64> = (0..RX_FRAMES).map(|i| u64::from(i * FRAME_SIZE)).collect();
-        let free_tx = (RX_FRAMES..RX_FRAMES + TX_FRAMES)
-            .map(|i| u64::from(i * FRAME_SIZE))
-            .collect();
         let mut queue = Queue {
             rx,
             tx,
             device,
             _socket: socket,
-            _umem: umem,
-            area,
-            to_fill,
+            _registration: registration,
+            umem,
             free_tx,
-            partial: Vec::new(),
+            unkicked: 0,
+            received: Received {
+                to_fill: rx_buffers.into(),
+                pieces: Vec::with_capacity(MAX_PIECES),
+                piece_lens: Vec::with_capacity(MAX_PIECES),
+                cut: false,
+                scratch: vec![0; MAX_FRAME],
+                stats: AfXdpStats::default(),
+            },
             fd,
-            received: 0,
         };
         queue.refill();
         Ok(queue)
@@ -191,22 +173,33 @@ impl Queue {
         }
     }
 
-    /// Gives held RX chunks to the kernel, as many as the fill ring has room for.
+    /// Gives held receive buffers to the kernel, oldest first, as many as the fill ring has
+    /// room for.
     fn refill(&mut self) {
-        let mut fill = self.device.fill(self.to_fill.len() as u32);
-        let room = fill.capacity() as usize;
-        let start = self.to_fill.len() - room.min(self.to_fill.len());
-        let given = fill.insert(self.to_fill[start..].iter().copied()) as usize;
+        let to_fill = &mut self.received.to_fill;
+        if to_fill.is_empty() {
+            return;
+        }
+        let mut fill = self.device.fill(to_fill.len() as u32);
+        let room = (fill.capacity() as usize).min(to_fill.len());
+        let umem = &self.umem;
+        fill.insert(
+            to_fill
+                .drain(..room)
+                .map(|buffer| umem.fill_address(buffer)),
+        );
         fill.commit();
-        drop(fill);
-        self.to_fill.truncate(self.to_fill.len() - given);
     }
 
-    /// Takes back TX chunks the kernel has sent.
+    /// Takes back the transmit slots whose frames the kernel has sent.
     fn reclaim(&mut self) {
-        let mut done = self.device.complete(TX_FRAMES);
-        while let Some(offset) = done.read() {
-            self.free_tx.push(offset - offset % u64::from(FRAME_SIZE));
+        let mut done = self.device.complete(RING_SIZE);
+        while let Some(address) = done.read() {
+            // SAFETY: read from this UMEM's completion ring just now.
+            #[allow(unsafe_code)]
+            if let Some(slot) = unsafe { self.umem.completed(address) } {
+                self.free_tx.push(slot);
+            }
         }
         done.release();
     }
@@ -258,6 +251,20 @@ impl AfXdpBackend {
         })
     }
 
+    /// What the sockets have seen, all queues together.
+    pub fn stats(&self) -> AfXdpStats {
+        self.queues
+            .iter()
+            .fold(AfXdpStats::default(), |sum, queue| {
+                let queue = queue.received.stats;
+                AfXdpStats {
+                    received: sum.received + queue.received,
+                    gathered: sum.gathered + queue.gathered,
+                    oversized: sum.oversized + queue.oversized,
+                }
+            })
+    }
+
     /// The program, e.g. to detach it early.
     pub fn program(&mut self) -> &mut XdpProgram {
         &mut self.program
@@ -265,127 +272,201 @@ impl AfXdpBackend {
 }
 
 impl Queue {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+    /// Lends `fill` a transmit slot of `len` bytes and queues the frame it writes (of the
+    /// length it returns; 0 sends nothing). The frame leaves at the next [`kick`](Self::kick).
+    fn transmit(&mut self, len: usize, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> io::Result<()> {
+        if len > TX_SLOT as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "frame larger than a transmit slot",
+            ));
+        }
+        // Room for two descriptors, counted from the kernel's real consumer: xdpilone
+        // refreshes its cached view only when it has no free slot cached, so asking for two
+        // when one is cached would fail for ever.
+        let ring_full = |tx: &RingTx| RING_SIZE - tx.pending() < 2;
         self.reclaim();
-        let pieces = frame.chunks(FRAME_SIZE as usize);
-        if self.free_tx.len() < pieces.len() {
+        if self.free_tx.is_empty() || ring_full(&self.tx) {
             // Let the kernel finish what is queued, then look again.
-            self.tx.wake();
+            self.kick();
             self.reclaim();
         }
-        if self.free_tx.len() < pieces.len() {
+        if ring_full(&self.tx) {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 "AF_XDP TX ring full",
             ));
         }
-        let count = pieces.len();
-        let mut descs = Vec::with_capacity(count);
-        for (i, piece) in pieces.enumerate() {
-            let offset = self.free_tx.pop().unwrap_or_default();
-            self.area.bytes(offset, piece.len()).copy_from_slice(piece);
-            let options = if i + 1 < count { XDP_PKT_CONTD } else { 0 };
-            descs.push(XdpDesc {
-                addr: offset,
-                len: piece.len() as u32,
-                options,
-            });
-        }
-        // The kernel must never see the first piece of a frame without the rest, so check the
-        // ring's real room first, then queue piece by piece: xdpilone refreshes its view of the
-        // kernel's consumer only when it has no free slot cached, so asking for two at once
-        // when one is cached would fail for ever (seen as a stalled sender at path MTU 4096).
-        if RING_SIZE - self.tx.pending() < count as u32 {
-            self.free_tx.extend(descs.iter().map(|desc| desc.addr));
+        let Some(mut slot) = self.free_tx.pop() else {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
-                "AF_XDP TX ring full",
+                "AF_XDP TX slots all in flight",
             ));
+        };
+        let written = fill(&mut self.umem.slot_mut(&mut slot)[..len]).min(len);
+        if written == 0 {
+            self.free_tx.push(slot);
+            return Ok(());
         }
-        for desc in &descs {
+        // The slot is the kernel's from here until its completion comes back.
+        let (first, second) = self.umem.descriptors(slot, written);
+        for desc in std::iter::once(first).chain(second) {
             let mut writer = self.tx.transmit(1);
-            let queued = writer.insert_once(*desc);
+            writer.insert_once(desc);
             writer.commit();
-            drop(writer);
-            if !queued {
-                return Err(io::Error::other(
-                    "AF_XDP TX ring full in the middle of a frame",
-                ));
-            }
+            self.unkicked += 1;
         }
-        // Copy mode sends only when kicked.
-        self.tx.wake();
         Ok(())
     }
 
-    fn recv(&mut self, buffer: &mut [u8]) -> Option<usize> {
-        loop {
-            let mut reader = self.rx.receive(1);
-            let desc = reader.read();
+    /// Makes the kernel send what is queued: copy mode sends only inside a `sendto`, at most
+    /// 32 frames per call, so kick until the ring is drained (bounded).
+    fn kick(&mut self) {
+        if self.unkicked == 0 && self.tx.pending() == 0 {
+            return;
+        }
+        for _ in 0..MAX_KICKS {
+            let before = self.tx.pending();
+            if before == 0 || !self.tx.needs_wakeup() {
+                break;
+            }
+            self.tx.wake();
+            if self.tx.pending() == before {
+                break; // the device takes no more now
+            }
+        }
+        self.unkicked = 0;
+    }
+
+    /// Hands up to `budget` received frames to `handler`, each where it lies in the UMEM;
+    /// returns how many.
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> usize {
+        let mut delivered = 0;
+        // Each pass reads at least one descriptor or ends the loop.
+        while delivered < budget {
+            let mut reader = self.rx.receive(RX_BATCH);
+            if reader.capacity() == 0 {
+                break;
+            }
+            delivered += self
+                .received
+                .take(&mut reader, &self.umem, budget - delivered, handler);
             reader.release();
             drop(reader);
-            let Some(desc) = desc else {
-                self.refill();
-                return None;
-            };
-            let piece = self.area.bytes(desc.addr, desc.len as usize).to_vec();
-            self.to_fill
-                .push(desc.addr - desc.addr % u64::from(FRAME_SIZE));
-            self.partial.extend_from_slice(&piece);
-            if desc.options & XDP_PKT_CONTD != 0 {
-                continue; // the rest of the frame is in the next descriptor
-            }
             self.refill();
-            let len = self.partial.len().min(buffer.len());
-            buffer[..len].copy_from_slice(&self.partial[..len]);
-            self.partial.clear();
-            self.received += 1;
-            return Some(len);
         }
+        delivered
     }
 }
 
-/// The UDP source port of a RoCEv2 frame over IPv4 or IPv6 (an 802.1Q tag allowed), which
-/// carries the sending QP's flow entropy.
-fn flow_entropy(frame: &[u8]) -> u16 {
-    let (ethertype, ip) = match frame.get(12..14) {
-        Some([0x81, 0x00]) => (frame.get(16..18), 18),
-        other => (other, 14),
-    };
-    let udp = match ethertype {
-        Some([0x08, 0x00]) => ip + 4 * usize::from(frame.get(ip).map_or(5, |b| b & 0xF)),
-        Some([0x86, 0xDD]) => ip + 40,
-        _ => return 0,
-    };
-    frame
-        .get(udp..udp + 2)
-        .map_or(0, |port| u16::from_be_bytes([port[0], port[1]]))
+impl Received {
+    /// Reads descriptors until `budget` frames went to `handler` or none is left.
+    fn take(
+        &mut self,
+        reader: &mut xdpilone::ReadRx<'_>,
+        umem: &Umem,
+        budget: usize,
+        handler: &mut dyn FnMut(&[u8]),
+    ) -> usize {
+        let mut delivered = 0;
+        // A frame's descriptors arrive together, so stopping between frames splits none;
+        // a frame cut by the end of the batch is finished in the next.
+        while delivered < budget || !self.pieces.is_empty() {
+            let Some(desc) = reader.read() else { break };
+            // SAFETY: read from this UMEM's RX ring just now.
+            #[allow(unsafe_code)]
+            let Some(buffer) = (unsafe { umem.received(desc.addr) }) else {
+                continue;
+            };
+            if self.pieces.len() == MAX_PIECES {
+                // Too long to be ours: keep the buffers moving, drop the frame at its end.
+                self.to_fill.extend(self.pieces.drain(..));
+                self.piece_lens.clear();
+                self.cut = true;
+            }
+            self.pieces.push(buffer);
+            self.piece_lens.push(desc.len);
+            if desc.options & XDP_PKT_CONTD != 0 {
+                continue;
+            }
+            if std::mem::take(&mut self.cut) {
+                self.stats.oversized += 1;
+            } else if self.deliver(umem, handler) {
+                delivered += 1;
+            }
+            self.to_fill.extend(self.pieces.drain(..));
+            self.piece_lens.clear();
+        }
+        delivered
+    }
+
+    /// Hands the frame in `self.pieces` to `handler`: in place when its buffers are adjacent
+    /// (almost always), else put together in `scratch`. `false` when it was dropped.
+    fn deliver(&mut self, umem: &Umem, handler: &mut dyn FnMut(&[u8])) -> bool {
+        let len: usize = self.piece_lens.iter().map(|&len| len as usize).sum();
+        let whole = self
+            .piece_lens
+            .iter()
+            .rev()
+            .skip(1)
+            .all(|&len| u64::from(len) == RX_STRIDE);
+        if let Some(frame) = umem.frame(&self.pieces, len).filter(|_| whole) {
+            handler(frame);
+        } else if len <= self.scratch.len() {
+            let mut end = 0;
+            for (buffer, &piece) in self.pieces.iter().zip(&self.piece_lens) {
+                let piece = piece as usize;
+                let Some(bytes) = umem.frame(std::slice::from_ref(buffer), piece) else {
+                    return false;
+                };
+                self.scratch[end..end + piece].copy_from_slice(bytes);
+                end += piece;
+            }
+            self.stats.gathered += 1;
+            handler(&self.scratch[..end]);
+        } else {
+            self.stats.oversized += 1;
+            return false;
+        }
+        self.stats.received += 1;
+        true
+    }
 }
 
 impl Backend for AfXdpBackend {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        if frame.len() > MAX_FRAME {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "frame larger than two UMEM chunks",
-            ));
-        }
-        // One transmit queue per flow (the QP's UDP source port), so a QP's frames keep
-        // their order and flows spread over the queues as RSS spreads them on receive.
-        let index = usize::from(flow_entropy(frame)) % self.queues.len();
-        self.queues[index].send(frame)
-    }
-
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        // Every queue in turn, starting after the one served first last time, so none
+        // starves the others.
         let count = self.queues.len();
+        let mut delivered = 0;
         for step in 0..count {
-            let index = (self.next_rx + step) % count;
-            if let Some(len) = self.queues[index].recv(buffer) {
-                self.next_rx = (index + 1) % count;
-                return Ok(Some(len));
+            let queue = &mut self.queues[(self.next_rx + step) % count];
+            delivered += queue.receive(budget - delivered, handler);
+            if delivered == budget {
+                break;
             }
         }
-        Ok(None)
+        self.next_rx = (self.next_rx + 1) % count;
+        Ok(delivered)
+    }
+
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        // One transmit queue per flow, so a QP's frames keep their order and flows spread
+        // over the queues (on veth, the peer receives on the queue we send from).
+        let index = usize::from(flow) % self.queues.len();
+        self.queues[index].transmit(len, fill)
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        for queue in &mut self.queues {
+            queue.kick();
+        }
+        Ok(())
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
@@ -405,6 +486,9 @@ impl Backend for AfXdpBackend {
     }
 
     fn received_per_queue(&self) -> Vec<u64> {
-        self.queues.iter().map(|queue| queue.received).collect()
+        self.queues
+            .iter()
+            .map(|queue| queue.received.stats.received)
+            .collect()
     }
 }

@@ -4,19 +4,42 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-/// Sends and receives whole Ethernet frames (from the destination MAC to the end of the
-/// payload; no FCS).
+/// Largest frame any backend carries: path MTU 4096 plus every header (Ethernet, 802.1Q,
+/// IPv6, UDP, BTH, extension headers, ICRC), rounded up to two 4096-byte UMEM chunks.
+pub const MAX_FRAME: usize = 2 * 4096;
+
+/// Moves whole Ethernet frames (from the destination MAC to the end of the payload; no FCS)
+/// without copying them in the interface: a received frame is lent to a handler where it
+/// lies, and a frame to send is written straight into a buffer the backend lends, as
+/// smoltcp's `RxToken`/`TxToken` do.
+///
+/// Calling order: [`transmit`](Self::transmit) any number of times, then
+/// [`submit`](Self::submit) once for the batch (the AF_XDP backend kicks the kernel there).
 ///
 /// Wrappers ([`FaultInjector`](crate::fault::FaultInjector),
 /// [`PcapRecorder`](crate::capture::PcapRecorder)) implement it over any other backend, so they
 /// compose.
 pub trait Backend: Send {
-    /// Sends one frame.
-    fn send(&mut self, frame: &[u8]) -> io::Result<()>;
+    /// Hands up to `budget` waiting frames to `handler`, one at a time, each lent where it
+    /// lies; returns how many. Never blocks.
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
 
-    /// Copies one waiting frame into `buffer` and returns its length, or `None` when nothing
-    /// is waiting. Never blocks. A frame longer than `buffer` is truncated.
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>>;
+    /// Lends `fill` a buffer of `len` bytes (at most [`MAX_FRAME`]) for one frame; `fill`
+    /// writes the frame and returns its length (0: nothing to send). `flow` is the frame's
+    /// flow entropy (its UDP source port): frames of one flow leave in order. The frame may
+    /// wait in the backend until [`submit`](Self::submit). `WouldBlock` when the backend has
+    /// no room now: nothing was sent.
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()>;
+
+    /// Hands the frames [`transmit`](Self::transmit) queued to the wire.
+    fn submit(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 
     /// Blocks until a frame may be waiting or `timeout` has passed (`None`: no limit).
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
@@ -34,15 +57,45 @@ pub trait Backend: Send {
     fn received_per_queue(&self) -> Vec<u64> {
         Vec::new()
     }
+
+    /// Sends one whole frame, copied in (for tests and tools that hold frames as bytes).
+    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.transmit(frame.len(), flow_entropy(frame), &mut |buffer| {
+            buffer.copy_from_slice(frame);
+            frame.len()
+        })?;
+        self.submit()
+    }
+
+    /// Copies one waiting frame into `buffer` (truncated to fit) and returns its length, or
+    /// `None` when nothing is waiting (for tests and tools that hold frames as bytes).
+    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
+        let mut received = None;
+        self.receive(1, &mut |frame| {
+            let len = frame.len().min(buffer.len());
+            buffer[..len].copy_from_slice(&frame[..len]);
+            received = Some(len);
+        })?;
+        Ok(received)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        (**self).send(frame)
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        (**self).receive(budget, handler)
     }
 
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        (**self).recv(buffer)
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        (**self).transmit(len, flow, fill)
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        (**self).submit()
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
@@ -56,4 +109,21 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn received_per_queue(&self) -> Vec<u64> {
         (**self).received_per_queue()
     }
+}
+
+/// The UDP source port of a frame over IPv4 or IPv6 (an 802.1Q tag allowed), which in
+/// RoCEv2 carries the sending QP's flow entropy; 0 for anything else.
+pub fn flow_entropy(frame: &[u8]) -> u16 {
+    let (ethertype, ip) = match frame.get(12..14) {
+        Some([0x81, 0x00]) => (frame.get(16..18), 18),
+        other => (other, 14),
+    };
+    let udp = match ethertype {
+        Some([0x08, 0x00]) => ip + 4 * usize::from(frame.get(ip).map_or(5, |b| b & 0xF)),
+        Some([0x86, 0xDD]) => ip + 40,
+        _ => return 0,
+    };
+    frame
+        .get(udp..udp + 2)
+        .map_or(0, |port| u16::from_be_bytes([port[0], port[1]]))
 }

@@ -3,8 +3,8 @@
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
 use pcap_file::pcapng::{Block, PcapNgReader};
@@ -133,77 +133,181 @@ pub fn read_frames(path: &Path) -> Result<Vec<CapturedFrame>, CaptureError> {
 
 /// Wraps a backend and writes every frame it sends or receives to a pcap file, readable by
 /// `roce dump` and Wireshark.
+///
+/// Records gather in memory and reach the file whole, one write(2) of whole records at a
+/// time: at least every [`FLUSH_INTERVAL`] while frames flow, before the backend waits, on
+/// [`flush`](Self::flush) or a [`CaptureFlusher`]'s, and on drop. So a run stopped by a
+/// signal leaves a file that ends with a whole record, missing at most the last interval.
 pub struct PcapRecorder<B> {
     inner: B,
     writer: PcapWriter<SharedFile>,
     /// The same file as the writer's, kept to flush it (pcap-file lends no `get_mut`).
     file: SharedFile,
+    last_flush: Instant,
 }
 
-/// A buffered file that several owners can write and flush.
+/// Longest records wait in memory while frames flow.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(100);
+/// Most bytes of records held in memory before they are written.
+const FLUSH_SIZE: usize = 256 << 10;
+
+/// A file whose writes gather in memory until `flush`, which writes them in one call. The
+/// writer hands it whole records between flushes, so the file only ever grows by whole
+/// records.
 #[derive(Clone)]
-struct SharedFile(Arc<Mutex<BufWriter<File>>>);
+struct SharedFile(Arc<Mutex<Gathered>>);
+
+struct Gathered {
+    file: File,
+    pending: Vec<u8>,
+}
+
+impl SharedFile {
+    fn pending_len(&self) -> usize {
+        self.0.lock().map_or(0, |gathered| gathered.pending.len())
+    }
+}
 
 impl Write for SharedFile {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0
-            .lock()
-            .map_err(|_| io::Error::other("poisoned"))?
-            .write(bytes)
+        let mut gathered = self.0.lock().map_err(|_| io::Error::other("poisoned"))?;
+        gathered.pending.extend_from_slice(bytes);
+        Ok(bytes.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0
-            .lock()
-            .map_err(|_| io::Error::other("poisoned"))?
-            .flush()
+        let mut gathered = self.0.lock().map_err(|_| io::Error::other("poisoned"))?;
+        let Gathered { file, pending } = &mut *gathered;
+        let result = file.write_all(pending);
+        pending.clear();
+        result
+    }
+}
+
+/// Every recorder's file, so [`flush_all`] reaches the ones deep inside an engine.
+static LIVE: Mutex<Vec<Weak<Mutex<Gathered>>>> = Mutex::new(Vec::new());
+
+/// Writes every whole record gathered so far by every live [`PcapRecorder`] to its file:
+/// for an exit path that cannot reach the recorders, such as a Ctrl-C/SIGTERM handler
+/// running on its own thread (the `ctrlc` crate's). Not for a raw signal handler: it locks.
+pub fn flush_all() -> io::Result<()> {
+    let live = LIVE.lock().map_err(|_| io::Error::other("poisoned"))?;
+    let mut result = Ok(());
+    for file in live.iter().filter_map(Weak::upgrade) {
+        let flushed = SharedFile(file).flush();
+        result = result.and(flushed);
+    }
+    result
+}
+
+/// Flushes a [`PcapRecorder`]'s file from anywhere, e.g. a thread that watches for signals
+/// while the recorder sits inside an engine.
+#[derive(Clone)]
+pub struct CaptureFlusher(SharedFile);
+
+impl CaptureFlusher {
+    /// Writes every whole record gathered so far to the file.
+    pub fn flush(&self) -> io::Result<()> {
+        self.0.clone().flush()
     }
 }
 
 impl<B: Backend> PcapRecorder<B> {
     /// Records `inner`'s traffic into a new file at `path`.
     pub fn create(inner: B, path: &Path) -> Result<Self, CaptureError> {
-        let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(File::create(path)?))));
+        let gathered = Gathered {
+            file: File::create(path)?,
+            pending: Vec::with_capacity(FLUSH_SIZE),
+        };
+        let mut file = SharedFile(Arc::new(Mutex::new(gathered)));
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|file| file.strong_count() > 0);
+            live.push(Arc::downgrade(&file.0));
+        }
         let writer = PcapWriter::with_header(file.clone(), pcap_header())?;
+        file.flush()?;
         Ok(PcapRecorder {
             inner,
             writer,
             file,
+            last_flush: Instant::now(),
         })
     }
 
-    fn record(&mut self, frame: &[u8]) -> io::Result<()> {
-        let since_epoch = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let packet = PcapPacket::new(since_epoch, frame.len() as u32, frame);
-        self.writer
-            .write_packet(&packet)
-            .map(|_| ())
-            .map_err(io::Error::other)
+    /// A handle that flushes this recorder's file from another thread.
+    pub fn flusher(&self) -> CaptureFlusher {
+        CaptureFlusher(self.file.clone())
     }
 
-    /// Flushes the file.
+    /// Writes every whole record gathered so far to the file.
     pub fn flush(&mut self) -> io::Result<()> {
+        self.last_flush = Instant::now();
         self.file.flush()
+    }
+
+    /// Flushes when records have waited [`FLUSH_INTERVAL`] or fill the buffer.
+    fn flush_if_due(&mut self) -> io::Result<()> {
+        let pending = self.file.pending_len();
+        if pending >= FLUSH_SIZE || (pending > 0 && self.last_flush.elapsed() >= FLUSH_INTERVAL) {
+            self.flush()?;
+        }
+        Ok(())
     }
 }
 
-impl<B: Backend> Backend for PcapRecorder<B> {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        self.record(frame)?;
-        self.inner.send(frame)
-    }
+/// Writes one record.
+fn record(writer: &mut PcapWriter<SharedFile>, frame: &[u8]) -> io::Result<()> {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let packet = PcapPacket::new(since_epoch, frame.len() as u32, frame);
+    writer
+        .write_packet(&packet)
+        .map(|_| ())
+        .map_err(io::Error::other)
+}
 
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        let received = self.inner.recv(buffer)?;
-        if let Some(len) = received {
-            self.record(&buffer[..len])?;
-        }
+impl<B: Backend> Backend for PcapRecorder<B> {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let (writer, mut failed) = (&mut self.writer, Ok(()));
+        let received = self.inner.receive(budget, &mut |frame| {
+            if failed.is_ok() {
+                failed = record(writer, frame);
+            }
+            handler(frame);
+        })?;
+        failed?;
+        self.flush_if_due()?;
         Ok(received)
     }
 
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        let (writer, mut failed) = (&mut self.writer, Ok(()));
+        self.inner.transmit(len, flow, &mut |buffer| {
+            let written = fill(buffer);
+            if written > 0 {
+                failed = record(writer, &buffer[..written.min(buffer.len())]);
+            }
+            written
+        })?;
+        failed
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        self.inner.submit()?;
+        self.flush_if_due()
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        // Idle time: nothing recorded waits through it.
+        if self.file.pending_len() > 0 {
+            self.flush()?;
+        }
         self.inner.wait(timeout)
     }
 
@@ -284,6 +388,52 @@ mod tests {
             .map(|f| f.data)
             .collect();
         assert_eq!(frames, [vec![1; 60], vec![2; 70]]);
+    }
+
+    /// The frames the file at `path` holds right now, checking it ends with a whole record.
+    fn on_disk(path: &Path) -> Vec<Vec<u8>> {
+        let frames: Vec<Vec<u8>> = read_frames(path)
+            .unwrap()
+            .into_iter()
+            .map(|frame| frame.data)
+            .collect();
+        let whole: usize = 24 + frames.iter().map(|frame| 16 + frame.len()).sum::<usize>();
+        assert_eq!(std::fs::metadata(path).unwrap().len() as usize, whole);
+        frames
+    }
+
+    #[test]
+    fn records_reach_the_file_whole_while_the_recorder_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.pcap");
+        let (a, _b) = crate::memory::memory_pair();
+        let mut recorded = PcapRecorder::create(a, &path).unwrap();
+        assert!(
+            on_disk(&path).is_empty(),
+            "the header is there from the start"
+        );
+        recorded.send(&[1; 60]).unwrap();
+        recorded.send(&[2; 61]).unwrap();
+        // From another thread, as a signal-watching thread of a tool would.
+        let flusher = recorded.flusher();
+        std::thread::spawn(move || flusher.flush().unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(on_disk(&path), [vec![1; 60], vec![2; 61]]);
+        // Without a handle to it, as a Ctrl-C handler would.
+        recorded.send(&[5; 64]).unwrap();
+        std::thread::spawn(|| flush_all().unwrap()).join().unwrap();
+        assert_eq!(on_disk(&path).len(), 3);
+        // Periodically, while the engine keeps turning.
+        recorded.send(&[3; 62]).unwrap();
+        std::thread::sleep(FLUSH_INTERVAL);
+        recorded.receive(1, &mut |_| {}).unwrap();
+        assert_eq!(on_disk(&path).len(), 4);
+        // Before the backend waits.
+        recorded.send(&[4; 63]).unwrap();
+        recorded.wait(Some(Duration::ZERO)).unwrap();
+        assert_eq!(on_disk(&path).len(), 5);
+        drop(recorded);
     }
 
     #[test]

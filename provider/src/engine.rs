@@ -1,5 +1,11 @@
 //! Drives a transport [`Endpoint`] over a [`Backend`] with the real clock: frames in, parsed
-//! and checked; timers fired; packets out as rxe-shaped IPv4 frames.
+//! and checked; timers fired; packets out as rxe-shaped IPv4 or IPv6 frames.
+//!
+//! Each [`poll`](Engine::poll) is one bounded turn: at most [`RX_BUDGET`] received frames,
+//! then due timers, then at most [`TX_BUDGET`] packets out. So no input rate, however high,
+//! keeps responses, ACKs and retransmissions from leaving, and a long send queue does not
+//! keep received frames waiting either. Timers come before the transmit half of the turn so
+//! a retransmission they schedule leaves in the same turn.
 
 use std::collections::HashMap;
 use std::io;
@@ -11,9 +17,10 @@ use roce_wire::{Frame, FrameError, FrameRepr};
 
 use crate::backend::Backend;
 
-/// Largest frame the engine sends or receives: path MTU 4096 plus every header, rounded up
-/// to the two UMEM chunks an AF_XDP frame may span.
-pub const MAX_FRAME: usize = 2 * 4096;
+/// Most received frames handled per turn.
+pub const RX_BUDGET: usize = 1024;
+/// Most packets sent per turn.
+pub const TX_BUDGET: usize = 1024;
 
 /// Who this endpoint is on the link, and the neighbours it can reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +38,9 @@ pub struct Addressing {
 pub struct EngineStats {
     /// Frames received.
     pub rx_frames: u64,
+    /// Received frames whose Ethernet destination is not our MAC (broadcast and multicast
+    /// included: RoCEv2 unicast uses neither), dropped before parsing.
+    pub rx_not_ours: u64,
     /// Received frames that were not RoCEv2 (ARP, other UDP, ...).
     pub rx_other: u64,
     /// RoCEv2 frames dropped as malformed, with an unknown opcode or a bad ICRC.
@@ -39,9 +49,8 @@ pub struct EngineStats {
     pub tx_frames: u64,
     /// Packets dropped for want of a route (no IPv4-mapped GID, or no known neighbour).
     pub tx_unroutable: u64,
-    /// Packets dropped because the backend's transmit queue was full; the transport resends
-    /// them, as after a loss on the wire.
-    pub tx_dropped: u64,
+    /// Times the backend's transmit queue was full: the packet waits for the next turn.
+    pub tx_full: u64,
     /// Packets the backend refused for their own sake (no route, too big, filtered): lost.
     pub tx_failed: u64,
 }
@@ -56,10 +65,12 @@ pub struct Engine<B> {
     gids: Vec<[u8; 16]>,
     /// MAC of each IPv6 neighbour.
     neighbours6: HashMap<Ipv6Addr, [u8; 6]>,
-    rx: Vec<u8>,
-    tx: Vec<u8>,
     /// The packet being sent, kept so its payload buffer is reused.
     outgoing: Transmit,
+    /// Whether `outgoing` holds a packet the backend had no room for yet.
+    held: bool,
+    /// Whether the last turn stopped at a budget with work left.
+    unfinished: bool,
     /// Counters.
     pub stats: EngineStats,
 }
@@ -73,9 +84,9 @@ impl<B: Backend> Engine<B> {
             addressing,
             gids: Vec::new(),
             neighbours6: HashMap::new(),
-            rx: vec![0; MAX_FRAME],
-            tx: vec![0; MAX_FRAME],
             outgoing: Transmit::default(),
+            held: false,
+            unfinished: false,
             stats: EngineStats::default(),
         }
     }
@@ -89,6 +100,11 @@ impl<B: Backend> Engine<B> {
     pub fn backend(&mut self) -> &mut B {
         &mut self.backend
     }
+
+    /// Most received frames handled per turn.
+    pub const RX_BUDGET: usize = 64;
+    /// Most packets sent per turn.
+    pub const TX_BUDGET: usize = 64;
 
     /// Who this endpoint is on the link.
     pub fn addressing(&self) -> &Addressing {
@@ -118,34 +134,82 @@ impl<B: Backend> Engine<B> {
         self.gids = gids;
     }
 
-    /// Does everything possible now without blocking: every waiting frame, due timers, every
-    /// packet ready to go.
+    /// One bounded turn without blocking: up to [`RX_BUDGET`] waiting frames, due timers, up
+    /// to [`TX_BUDGET`] packets out.
     pub fn poll(&mut self) -> io::Result<()> {
         let now = Instant::now();
-        while let Some(len) = self.backend.recv(&mut self.rx)? {
-            receive(&mut self.endpoint, &mut self.stats, now, &self.rx[..len]);
-        }
+        let more_rx = self.receive_turn(now)?;
         self.endpoint.handle_timeout(now);
-        let mut outgoing = std::mem::take(&mut self.outgoing);
-        let mut sent = Ok(());
-        while sent.is_ok() && self.endpoint.poll_transmit_into(now, &mut outgoing) {
-            sent = self.transmit(&outgoing);
-        }
-        self.outgoing = outgoing;
-        sent
+        let more_tx = self.transmit_turn(now)?;
+        self.unfinished = more_rx || more_tx;
+        Ok(())
     }
 
-    /// [`poll`](Self::poll), then sleeps until a frame arrives, the next timer is due, or
-    /// `max_wait` has passed, then polls again.
+    /// When the engine next needs a [`poll`](Self::poll): now when the last turn left work
+    /// for the next, else at the earliest timer (`None`: only when a frame arrives).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.unfinished {
+            return Some(Instant::now());
+        }
+        self.endpoint.poll_timeout()
+    }
+
+    /// [`poll`](Self::poll), then sleeps until a frame arrives, the engine's
+    /// [`poll_timeout`](Self::poll_timeout), or `max_wait`, then polls again.
     pub fn run_once(&mut self, max_wait: Duration) -> io::Result<()> {
         self.poll()?;
-        let until_timer = self
-            .endpoint
+        let until = self
             .poll_timeout()
             .map(|at| at.saturating_duration_since(Instant::now()));
-        let wait = until_timer.map_or(max_wait, |until| until.min(max_wait));
+        let wait = until.map_or(max_wait, |until| until.min(max_wait));
         self.backend.wait(Some(wait))?;
         self.poll()
+    }
+
+    /// Takes up to [`RX_BUDGET`] frames, each parsed where the backend holds it; `true`
+    /// when more may be waiting.
+    fn receive_turn(&mut self, now: Instant) -> io::Result<bool> {
+        let Engine {
+            endpoint,
+            backend,
+            addressing,
+            stats,
+            ..
+        } = self;
+        let mac = addressing.mac;
+        let received = backend.receive(RX_BUDGET, &mut |frame| {
+            receive(endpoint, stats, mac, now, frame);
+        })?;
+        Ok(received == RX_BUDGET)
+    }
+
+    /// Sends up to [`TX_BUDGET`] packets, then submits them; `true` when more wait (the
+    /// budget ran out, or the backend's queue is full and the packet is held for the next
+    /// turn).
+    fn transmit_turn(&mut self, now: Instant) -> io::Result<bool> {
+        let mut outgoing = std::mem::take(&mut self.outgoing);
+        let mut result = Ok(true);
+        for _ in 0..TX_BUDGET {
+            if !self.held && !self.endpoint.poll_transmit_into(now, &mut outgoing) {
+                result = Ok(false);
+                break;
+            }
+            self.held = false;
+            match self.transmit(&outgoing) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.held = true;
+                    break;
+                }
+                Err(error) => {
+                    result = Err(error);
+                    break;
+                }
+            }
+        }
+        self.outgoing = outgoing;
+        let submitted = self.backend.submit();
+        result.and_then(|more| submitted.map(|()| more))
     }
 
     /// The frame for `transmit`: IPv4 from our address to a known IPv4 neighbour, or IPv6
@@ -166,30 +230,34 @@ impl<B: Backend> Engine<B> {
         transmit.ipv6_frame(mac, source, neighbour)
     }
 
-    fn transmit(&mut self, transmit: &Transmit) -> io::Result<()> {
+    /// Emits one packet straight into the backend's buffer; `false` when the backend's
+    /// queue is full (nothing was sent).
+    fn transmit(&mut self, transmit: &Transmit) -> io::Result<bool> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
             self.stats.tx_unroutable += 1;
-            return Ok(());
+            return Ok(true);
         };
-        let len = repr
-            .emit(&mut self.tx)
-            .map_err(|_| io::Error::other("packet does not fit a frame"))?;
-        match self.backend.send(&self.tx[..len]) {
-            Ok(()) => {
-                self.stats.tx_frames += 1;
-                Ok(())
-            }
+        let mut emitted = Ok(());
+        let sent = self
+            .backend
+            .transmit(repr.buffer_len(), repr.udp_src_port, &mut |buffer| {
+                repr.emit(buffer).unwrap_or_else(|_| {
+                    emitted = Err(io::Error::other("packet does not fit a frame"));
+                    0
+                })
+            });
+        emitted?;
+        match sent {
+            Ok(()) => self.stats.tx_frames += 1,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                self.stats.tx_dropped += 1;
-                Ok(())
+                self.stats.tx_full += 1;
+                return Ok(false);
             }
-            Err(error) if concerns_one_packet(&error) => {
-                self.stats.tx_failed += 1;
-                Ok(())
-            }
-            Err(error) => Err(error),
+            Err(error) if concerns_one_packet(&error) => self.stats.tx_failed += 1,
+            Err(error) => return Err(error),
         }
+        Ok(true)
     }
 }
 
@@ -215,9 +283,19 @@ fn concerns_one_packet(error: &io::Error) -> bool {
     )
 }
 
-/// Parses, checks and hands one received frame to the endpoint.
-fn receive(endpoint: &mut Endpoint, stats: &mut EngineStats, now: Instant, bytes: &[u8]) {
+/// Parses, checks and hands one received frame to the endpoint, if it is addressed to `mac`.
+fn receive(
+    endpoint: &mut Endpoint,
+    stats: &mut EngineStats,
+    mac: [u8; 6],
+    now: Instant,
+    bytes: &[u8],
+) {
     stats.rx_frames += 1;
+    if bytes.get(..6) != Some(&mac[..]) {
+        stats.rx_not_ours += 1;
+        return;
+    }
     let parsed = Frame::new_checked(bytes).and_then(|frame| FrameRepr::parse(&frame));
     match parsed {
         Ok(repr) => endpoint.handle_packet(now, &repr),
@@ -240,19 +318,108 @@ mod tests {
     struct Refusing(i32);
 
     impl Backend for Refusing {
-        fn send(&mut self, _: &[u8]) -> io::Result<()> {
+        fn transmit(
+            &mut self,
+            _: usize,
+            _: u16,
+            _: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
             Err(io::Error::from_raw_os_error(self.0))
         }
-        fn recv(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
-            Ok(None)
+        fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            Ok(0)
         }
         fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
             Ok(())
         }
     }
 
+    /// A backend that always has one more frame waiting (up to a bound, so a receive loop
+    /// that never yields ends instead of hanging the test), and notes when it sent.
+    struct Flooded {
+        frame: Vec<u8>,
+        received: usize,
+        sent_after: Vec<usize>,
+    }
+
+    impl Backend for Flooded {
+        fn transmit(
+            &mut self,
+            _: usize,
+            _: u16,
+            _: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
+            self.sent_after.push(self.received);
+            Ok(())
+        }
+        fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            let taken = budget.min(1_000_000 - self.received);
+            for _ in 0..taken {
+                handler(&self.frame);
+            }
+            self.received += taken;
+            Ok(taken)
+        }
+        fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A frame of junk to UDP 4791 addressed to `mac`.
+    fn junk_to(mac: [u8; 6]) -> Vec<u8> {
+        let mut frame = vec![0x5a; 120];
+        frame[..6].copy_from_slice(&mac);
+        frame
+    }
+
+    #[test]
+    fn a_flood_of_input_does_not_hold_back_output() {
+        let flooded = |mac| Flooded {
+            frame: junk_to(mac),
+            received: 0,
+            sent_after: Vec::new(),
+        };
+        for mac in [OUR_MAC, [0xff; 6]] {
+            let mut engine = engine_with_a_send(flooded(mac));
+            engine.poll().unwrap();
+            let backend = engine.backend();
+            assert_eq!(
+                backend.sent_after,
+                [RX_BUDGET],
+                "one turn: a batch in, the SEND out"
+            );
+            assert!(engine.poll_timeout().is_some_and(|at| at <= Instant::now()));
+        }
+    }
+
+    #[test]
+    fn only_frames_to_our_mac_are_parsed() {
+        let mut engine = engine_with_a_send(Refusing(libc::EPERM));
+        let now = Instant::now();
+        for mac in [
+            [0xff; 6],
+            [0x01, 0, 0x5e, 0, 0, 1],
+            [2, 0, 0, 0, 0, 9],
+            OUR_MAC,
+        ] {
+            let frame = junk_to(mac);
+            receive(
+                &mut engine.endpoint,
+                &mut engine.stats,
+                OUR_MAC,
+                now,
+                &frame,
+            );
+        }
+        let stats = engine.stats;
+        assert_eq!((stats.rx_frames, stats.rx_not_ours), (4, 3));
+        assert_eq!(stats.rx_other + stats.rx_rejected, 1, "{stats:?}");
+    }
+
+    const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
     /// An engine with one connected RC QP and one SEND posted.
-    fn engine_with_a_send(errno: i32) -> Engine<Refusing> {
+    fn engine_with_a_send<B: Backend>(backend: B) -> Engine<B> {
         let mut endpoint = Endpoint::new([3; 32]);
         let pd: PdId = endpoint.mrs().alloc_pd();
         let cq = endpoint.create_cq(8).unwrap();
@@ -290,17 +457,17 @@ mod tests {
         };
         endpoint.post_send(now, qpn, &wr).unwrap();
         let addressing = Addressing {
-            mac: [2, 0, 0, 0, 0, 1],
+            mac: OUR_MAC,
             ip: Ipv4Addr::new(10, 9, 9, 1),
             neighbours: HashMap::from([(peer_ip, [2, 0, 0, 0, 0, 2])]),
         };
-        Engine::new(endpoint, Refusing(errno), addressing)
+        Engine::new(endpoint, backend, addressing)
     }
 
     #[test]
     fn a_packet_refused_for_its_own_sake_is_lost_not_fatal() {
         for errno in [libc::ENETUNREACH, libc::EMSGSIZE, libc::EPERM, libc::EINVAL] {
-            let mut engine = engine_with_a_send(errno);
+            let mut engine = engine_with_a_send(Refusing(errno));
             engine.poll().expect("the engine goes on");
             assert_eq!(engine.stats.tx_failed, 1, "errno {errno}");
         }
@@ -308,7 +475,7 @@ mod tests {
 
     #[test]
     fn a_broken_backend_stops_the_engine() {
-        let mut engine = engine_with_a_send(libc::EBADF);
+        let mut engine = engine_with_a_send(Refusing(libc::EBADF));
         assert!(engine.poll().is_err());
     }
 }

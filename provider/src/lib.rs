@@ -1,14 +1,16 @@
 //! I/O for roce-xdp: everything that touches files, sockets, clocks and threads.
 //!
-//! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements;
+//! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements; it
+//!   lends received frames where they lie and lends a buffer to write a frame to send into;
 //! - [`memory`]: an in-memory wire for tests;
 //! - [`afxdp`]: the AF_XDP backend (root; a socket per receive queue, copy mode, multi-buffer
-//!   frames);
+//!   frames parsed in place), over a UMEM whose buffer ownership is in the types (`umem`);
 //! - [`udp`]: the kernel UDP-socket backend (no root, no AF_XDP);
 //! - [`xdp`]: our XDP program (UDP 4791 to AF_XDP sockets, the rest to the kernel) and its
 //!   bpf(2) loader;
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
+//! - [`ceiling`]: the raw AF_XDP ceiling of a link, RoCE-sized frames with no transport;
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
@@ -21,9 +23,11 @@
 pub mod afxdp;
 pub mod backend;
 pub mod capture;
+pub mod ceiling;
 pub mod engine;
 pub mod fault;
 pub mod memory;
 pub mod netns;
 pub mod udp;
+mod umem;
 pub mod xdp;

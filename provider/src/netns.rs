@@ -2,14 +2,10 @@
 //! veth pairs: the only places they send anything. Driven through ip(8).
 
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io;
 use std::os::fd::AsFd;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
 
 use rustix::thread::{move_into_link_name_space, LinkNameSpaceType};
 
@@ -93,8 +89,7 @@ impl Netns {
 
     /// The `ip -o link show` line of `interface`.
     fn link(&self, interface: &str) -> io::Result<String> {
-        let output = self.ip(&["-o", "link", "show", interface])?;
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        link_in(&self.name, interface)
     }
 
     /// The ifindex of `interface` in this namespace.
@@ -106,19 +101,7 @@ impl Netns {
 
     /// The MAC address of `interface` in this namespace.
     pub fn mac(&self, interface: &str) -> io::Result<[u8; 6]> {
-        let line = self.link(interface)?;
-        let bad = || io::Error::other(format!("no MAC in {line:?}"));
-        let after = line.split("link/ether ").nth(1).ok_or_else(bad)?;
-        let mut mac = [0u8; 6];
-        let mut parts = after.split(':');
-        for byte in &mut mac {
-            let hex = parts
-                .next()
-                .and_then(|part| part.get(..2))
-                .ok_or_else(bad)?;
-            *byte = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
-        }
-        Ok(mac)
+        mac_in(&self.name, interface)
     }
 
     /// Whether an XDP program is attached to `interface`.
@@ -130,6 +113,29 @@ impl Netns {
     pub fn enter(&self) -> io::Result<()> {
         enter(&self.name)
     }
+}
+
+/// The `ip -o link show` line of `interface` in the namespace `name`.
+fn link_in(name: &str, interface: &str) -> io::Result<String> {
+    let output = ip(&["-n", name, "-o", "link", "show", interface])?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The MAC address of `interface` in the namespace `name`.
+pub fn mac_in(name: &str, interface: &str) -> io::Result<[u8; 6]> {
+    let line = link_in(name, interface)?;
+    let bad = || io::Error::other(format!("no MAC in {line:?}"));
+    let after = line.split("link/ether ").nth(1).ok_or_else(bad)?;
+    let mut mac = [0u8; 6];
+    let mut parts = after.split(':');
+    for byte in &mut mac {
+        let hex = parts
+            .next()
+            .and_then(|part| part.get(..2))
+            .ok_or_else(bad)?;
+        *byte = u8::from_str_radix(hex, 16).map_err(|_| bad())?;
+    }
+    Ok(mac)
 }
 
 /// Moves the calling thread into the namespace `name`.
@@ -180,61 +186,4 @@ pub fn veth_with_queues(
         ns.ip(&["link", "set", interface, "up"])?;
     }
     Ok(())
-}
-
-/// How long [`kernel_answers_tcp`] waits for each step.
-const TCP_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Checks that the kernel of `server` still answers ordinary traffic on `address`: a TCP
-/// connection from `client` whose one byte comes back. Proves that an XDP program on the
-/// interface leaves non-RoCE traffic to the kernel, with no program outside this crate.
-pub fn kernel_answers_tcp(server: &Netns, address: Ipv4Addr, client: &Netns) -> io::Result<()> {
-    let (port_tx, port_rx) = mpsc::channel();
-    let server_name = server.name.clone();
-    let echo = thread::spawn(move || -> io::Result<()> {
-        enter(&server_name)?;
-        let listener = TcpListener::bind((address, 0))?;
-        port_tx
-            .send(listener.local_addr()?.port())
-            .map_err(io::Error::other)?;
-        listener.set_nonblocking(true)?;
-        let deadline = Instant::now() + TCP_PROBE_TIMEOUT;
-        let mut stream = loop {
-            match listener.accept() {
-                Ok((stream, _)) => break stream,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                    thread::sleep(Duration::from_millis(5))
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        stream.set_nonblocking(false)?;
-        stream.set_read_timeout(Some(TCP_PROBE_TIMEOUT))?;
-        let mut byte = [0u8];
-        stream.read_exact(&mut byte)?;
-        stream.write_all(&byte)
-    });
-    let port = port_rx
-        .recv_timeout(TCP_PROBE_TIMEOUT)
-        .map_err(|_| io::Error::other("the TCP listener did not start"))?;
-    let client_name = client.name.clone();
-    let probe = thread::spawn(move || -> io::Result<()> {
-        enter(&client_name)?;
-        let target = SocketAddr::from((address, port));
-        let mut stream = TcpStream::connect_timeout(&target, TCP_PROBE_TIMEOUT)?;
-        stream.set_read_timeout(Some(TCP_PROBE_TIMEOUT))?;
-        stream.write_all(&[0x5a])?;
-        let mut byte = [0u8];
-        stream.read_exact(&mut byte)?;
-        if byte == [0x5a] {
-            Ok(())
-        } else {
-            Err(io::Error::other("the TCP echo came back changed"))
-        }
-    });
-    let probed = probe
-        .join()
-        .map_err(|_| io::Error::other("probe panicked"))?;
-    let echoed = echo.join().map_err(|_| io::Error::other("echo panicked"))?;
-    probed.and(echoed)
 }

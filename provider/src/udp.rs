@@ -24,7 +24,7 @@ use roce_wire::Frame;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, MAX_FRAME};
 
 const ETHERNET_HEADER_LEN: usize = 14;
 const IPV4_HEADER_LEN: usize = 20;
@@ -39,8 +39,11 @@ pub struct UdpBackend {
     socket: UdpSocket,
     address: Ipv4Addr,
     mac: [u8; 6],
-    /// Where outgoing packets get the ICRC of the header the kernel will send.
-    scratch: Vec<u8>,
+    /// Where an outgoing frame is written, then given the ICRC of the header the kernel
+    /// will send.
+    outgoing: Vec<u8>,
+    /// Where a received datagram is put, behind room for the headers rebuilt around it.
+    incoming: Vec<u8>,
 }
 
 impl UdpBackend {
@@ -54,7 +57,8 @@ impl UdpBackend {
             socket,
             address,
             mac,
-            scratch: Vec::new(),
+            outgoing: vec![0; MAX_FRAME],
+            incoming: vec![0; MAX_FRAME],
         })
     }
 
@@ -68,49 +72,62 @@ fn invalid(why: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, why)
 }
 
-impl Backend for UdpBackend {
-    fn send(&mut self, frame: &[u8]) -> io::Result<()> {
-        let checked = Frame::new_checked(frame).map_err(|_| invalid("not a RoCEv2 frame"))?;
-        let ip = checked.ip_packet();
+impl UdpBackend {
+    /// Sends the `len`-byte frame in `self.outgoing` as a datagram from its BTH on, with
+    /// the ICRC recomputed for the header the kernel will write (identification 0, DF,
+    /// source port 4791).
+    fn send_outgoing(&mut self, len: usize) -> io::Result<()> {
+        let frame = &mut self.outgoing[..len];
+        let checked = Frame::new_checked(&*frame).map_err(|_| invalid("not a RoCEv2 frame"))?;
+        let ip_start = len - checked.ip_packet().len();
+        let ip = &mut frame[ip_start..];
         if ip.first() != Some(&0x45) {
             return Err(invalid("the UDP backend sends IPv4 without options only"));
         }
         let destination = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-        // The ICRC for the header the kernel will actually send.
-        self.scratch.clear();
-        self.scratch.extend_from_slice(ip);
-        self.scratch[4..6].fill(0);
-        self.scratch[6] |= DF;
+        ip[4..6].fill(0);
+        ip[6] |= DF;
         let source_port = IPV4_HEADER_LEN..IPV4_HEADER_LEN + 2;
-        self.scratch[source_port].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
-        let end = self.scratch.len() - ICRC_LEN;
-        let value = icrc::compute(&self.scratch[..end]).map_err(|_| invalid("short"))?;
-        self.scratch[end..].copy_from_slice(&icrc::to_bytes(value));
-        let datagram = &self.scratch[IPV4_HEADER_LEN + UDP_HEADER_LEN..];
+        ip[source_port].copy_from_slice(&ROCEV2_UDP_PORT.to_be_bytes());
+        let end = ip.len() - ICRC_LEN;
+        let value = icrc::compute(&ip[..end]).map_err(|_| invalid("short"))?;
+        ip[end..].copy_from_slice(&icrc::to_bytes(value));
+        let datagram = &ip[IPV4_HEADER_LEN + UDP_HEADER_LEN..];
         self.socket
             .send_to(datagram, SocketAddrV4::new(destination, ROCEV2_UDP_PORT))?;
         Ok(())
     }
+}
 
-    fn recv(&mut self, buffer: &mut [u8]) -> io::Result<Option<usize>> {
-        if buffer.len() < HEADERS + ICRC_LEN {
-            return Err(invalid("receive buffer too small"));
+impl Backend for UdpBackend {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        for delivered in 0..budget {
+            let (len, source) = match self.socket.recv_from(&mut self.incoming[HEADERS..]) {
+                Ok(received) => received,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(delivered),
+                Err(error) => return Err(error),
+            };
+            let SocketAddr::V4(source) = source else {
+                continue;
+            };
+            let frame_len = rebuild_frame(&mut self.incoming, len, source, self.address, self.mac);
+            handler(&self.incoming[..frame_len]);
         }
-        let (len, source) = match self.socket.recv_from(&mut buffer[HEADERS..]) {
-            Ok(received) => received,
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-            Err(error) => return Err(error),
-        };
-        let SocketAddr::V4(source) = source else {
-            return Ok(None);
-        };
-        Ok(Some(rebuild_frame(
-            buffer,
-            len,
-            source,
-            self.address,
-            self.mac,
-        )))
+        Ok(budget)
+    }
+
+    fn transmit(
+        &mut self,
+        len: usize,
+        _flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        let len = len.min(self.outgoing.len());
+        let written = fill(&mut self.outgoing[..len]).min(len);
+        if written == 0 {
+            return Ok(());
+        }
+        self.send_outgoing(written)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {

@@ -1,10 +1,27 @@
 //! Support for the cross-crate tests: the bundled captures of real rxe traffic and the
 //! per-opcode counts their README promises.
 
+pub mod netcheck;
 pub mod rdma;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::netns::{self, Netns};
+use roce_provider::xdp::XdpMode;
+
+/// Opens the AF_XDP backend on `interface` from a thread inside `ns` (a socket belongs to
+/// the namespace it was bound in, and can be used from anywhere after).
+pub fn afxdp_in(ns: &Netns, interface: &str, mode: XdpMode) -> AfXdpBackend {
+    let (name, interface) = (ns.name.clone(), interface.to_string());
+    let opened = std::thread::spawn(move || {
+        netns::enter(&name)?;
+        AfXdpBackend::open(&interface, mode)
+    })
+    .join();
+    opened.expect("opening thread").expect("AF_XDP socket")
+}
 
 /// The folder of bundled pcaps (a copy of the team's `shared/captures`).
 pub fn captures_dir() -> PathBuf {

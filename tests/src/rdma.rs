@@ -39,12 +39,16 @@ fn av(ip: Ipv4Addr) -> AddressVector {
     }
 }
 
-/// An endpoint with one PD, one CQ and one RC QP in RESET.
-struct Side {
-    endpoint: Endpoint,
-    qpn: u32,
-    pd: PdId,
-    cq: CqId,
+/// An endpoint with one PD, one CQ and one RC QP.
+pub struct Side {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// Its QP.
+    pub qpn: u32,
+    /// Its PD.
+    pub pd: PdId,
+    /// The QP's send and receive CQ.
+    pub cq: CqId,
 }
 
 fn side(seed: u8) -> Side {
@@ -76,7 +80,8 @@ impl Side {
         }
     }
 
-    fn register(&mut self, iova: u64, contents: &[u8]) -> u32 {
+    /// Registers a region at `iova` holding `contents`, with every access; returns its key.
+    pub fn register(&mut self, iova: u64, contents: &[u8]) -> u32 {
         let mrs = self.endpoint.mrs();
         let key = mrs
             .reg_mr(self.pd, iova, contents.len(), AccessFlags::all())
@@ -88,7 +93,22 @@ impl Side {
     }
 }
 
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
+/// Two sides at `ip_a` and `ip_b` whose QPs are connected to each other (RTS), path MTU `mtu`.
+pub fn connected_pair(ip_a: Ipv4Addr, ip_b: Ipv4Addr, mtu: PathMtu) -> (Side, Side) {
+    let (mut a, mut b) = (side(1), side(2));
+    let peer = |ip, qpn, psn| Peer {
+        av: av(ip),
+        qpn,
+        psn: Psn::new(psn),
+    };
+    let (qa, qb) = (a.qpn, b.qpn);
+    a.connect(peer(ip_b, qb, 200), Psn::new(100), mtu);
+    b.connect(peer(ip_a, qa, 100), Psn::new(200), mtu);
+    (a, b)
+}
+
+/// A signaled work request of one SGE.
+pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
         wr_id,
         op,
@@ -97,6 +117,24 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         flags: SendFlags::SIGNALED,
         ud: None,
     }
+}
+
+/// Runs both engines in turn until `done` says so or `limit` has passed; whether `done` did.
+pub fn drive<A: Backend, B: Backend>(
+    a: &mut Engine<A>,
+    b: &mut Engine<B>,
+    limit: Duration,
+    mut done: impl FnMut(&mut Engine<A>, &mut Engine<B>) -> bool,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if done(a, b) {
+            return true;
+        }
+        a.run_once(Duration::from_micros(200)).expect("engine A");
+        b.run_once(Duration::from_micros(200)).expect("engine B");
+    }
+    done(a, b)
 }
 
 /// A at `ip_a` WRITEs 1 MiB to B at `ip_b`, READs it back and SENDs 4 KiB, over the given
@@ -112,83 +150,72 @@ pub fn write_read_send<A: Backend, B: Backend>(
     write_read_send_with_macs(a, (backend_b, ip_b, MAC_B), PathMtu::Mtu1024)
 }
 
+/// Where the scenario's regions are, and what must end up in them.
+struct Regions {
+    data: Vec<u8>,
+    /// A's region the READ fills.
+    back: u32,
+    /// B's region the WRITE fills.
+    target: u32,
+    /// B's region the SEND fills.
+    inbox: u32,
+}
+
+const LEN: usize = 1 << 20;
+const SRC: u64 = 0x1000_0000;
+const BACK: u64 = 0x2000_0000;
+const TARGET: u64 = 0x3000_0000;
+const INBOX: u64 = 0x4000_0000;
+
+/// Registers the regions and posts the WRITE, READ and SEND on A, the receive on B.
+fn post_write_read_send(a: &mut Side, b: &mut Side) -> Regions {
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 251) as u8).collect();
+    let src = a.register(SRC, &data);
+    let back = a.register(BACK, &vec![0; LEN]);
+    let target = b.register(TARGET, &vec![0; LEN]);
+    let inbox = b.register(INBOX, &[0; 4096]);
+    let now = Instant::now();
+    let sge = |addr, length, lkey| Sge { addr, length, lkey };
+    let receive = RecvWr {
+        wr_id: 9,
+        sg_list: [sge(INBOX, 4096, inbox)].into(),
+    };
+    b.endpoint.post_recv(now, b.qpn, &receive).expect("post");
+    let write = SendOp::RdmaWrite {
+        remote_addr: TARGET,
+        rkey: target,
+    };
+    let read = SendOp::RdmaRead {
+        remote_addr: TARGET,
+        rkey: target,
+    };
+    let requests = [
+        (1, write, sge(SRC, LEN as u32, src)),
+        (2, read, sge(BACK, LEN as u32, back)),
+        (3, SendOp::Send, sge(SRC, 4096, src)),
+    ];
+    for (wr_id, op, sge) in requests {
+        a.endpoint
+            .post_send(now, a.qpn, &signaled(wr_id, op, sge))
+            .expect("post");
+    }
+    Regions {
+        data,
+        back,
+        target,
+        inbox,
+    }
+}
+
 /// [`write_read_send`] with each side's backend, IPv4 address and real MAC, at path MTU `mtu`.
 pub fn write_read_send_with_macs<A: Backend, B: Backend>(
     (backend_a, ip_a, mac_a): (A, Ipv4Addr, [u8; 6]),
     (backend_b, ip_b, mac_b): (B, Ipv4Addr, [u8; 6]),
     mtu: PathMtu,
 ) -> (Engine<A>, Engine<B>) {
-    let (mut side_a, mut side_b) = (side(1), side(2));
-    let (qa, qb) = (side_a.qpn, side_b.qpn);
-    side_a.connect(
-        Peer {
-            av: av(ip_b),
-            qpn: qb,
-            psn: Psn::new(200),
-        },
-        Psn::new(100),
-        mtu,
-    );
-    side_b.connect(
-        Peer {
-            av: av(ip_a),
-            qpn: qa,
-            psn: Psn::new(100),
-        },
-        Psn::new(200),
-        mtu,
-    );
-
-    let len = 1 << 20;
-    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
-    let src = side_a.register(0x1000_0000, &data);
-    let back = side_a.register(0x2000_0000, &vec![0; len]);
-    let target = side_b.register(0x3000_0000, &vec![0; len]);
-    let inbox = side_b.register(0x4000_0000, &[0; 4096]);
-    let now = Instant::now();
-    let inbox_sge = Sge {
-        addr: 0x4000_0000,
-        length: 4096,
-        lkey: inbox,
-    };
-    side_b
-        .endpoint
-        .post_recv(
-            now,
-            qb,
-            &RecvWr {
-                wr_id: 9,
-                sg_list: [inbox_sge].into(),
-            },
-        )
-        .expect("post");
-    let whole = |addr, lkey| Sge {
-        addr,
-        length: len as u32,
-        lkey,
-    };
-    let write = SendOp::RdmaWrite {
-        remote_addr: 0x3000_0000,
-        rkey: target,
-    };
-    let read = SendOp::RdmaRead {
-        remote_addr: 0x3000_0000,
-        rkey: target,
-    };
-    let hello = Sge {
-        addr: 0x1000_0000,
-        length: 4096,
-        lkey: src,
-    };
-    let ep_a = &mut side_a.endpoint;
-    ep_a.post_send(now, qa, &signaled(1, write, whole(0x1000_0000, src)))
-        .expect("post");
-    ep_a.post_send(now, qa, &signaled(2, read, whole(0x2000_0000, back)))
-        .expect("post");
-    ep_a.post_send(now, qa, &signaled(3, SendOp::Send, hello))
-        .expect("post");
+    let (mut side_a, mut side_b) = connected_pair(ip_a, ip_b, mtu);
+    let regions = post_write_read_send(&mut side_a, &mut side_b);
     let (cq_a, cq_b) = (side_a.cq, side_b.cq);
-
     let mut a = Engine::new(
         side_a.endpoint,
         backend_a,
@@ -200,39 +227,33 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
         addressing(mac_b, ip_b, mac_a, ip_a),
     );
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-    // Bounded in rounds and in time; the run takes well under a second.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for _ in 0..1_000_000 {
-        if (sends.len() == 3 && !recvs.is_empty()) || Instant::now() > deadline {
-            break;
-        }
-        a.run_once(Duration::from_micros(200)).expect("engine A");
-        b.run_once(Duration::from_micros(200)).expect("engine B");
+    drive(&mut a, &mut b, Duration::from_secs(60), |a, b| {
         a.endpoint().cq(cq_a).poll(16, &mut sends);
         b.endpoint().cq(cq_b).poll(16, &mut recvs);
-    }
+        sends.len() == 3 && !recvs.is_empty()
+    });
     let sends: Vec<_> = sends.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(
-        sends,
-        [
-            (1, WcStatus::Success),
-            (2, WcStatus::Success),
-            (3, WcStatus::Success)
-        ]
-    );
+    let success = WcStatus::Success;
+    assert_eq!(sends, [(1, success), (2, success), (3, success)]);
     assert_eq!(
         (recvs[0].wr_id, recvs[0].status, recvs[0].byte_len),
         (9, WcStatus::Success, 4096)
     );
+    let data = &regions.data[..];
     let mrs_b = b.endpoint().mrs();
-    assert_eq!(mrs_b.get(target).and_then(|mr| mr.bytes()), Some(&data[..]));
     assert_eq!(
-        mrs_b.get(inbox).and_then(|mr| mr.bytes()),
+        mrs_b.get(regions.target).and_then(|mr| mr.bytes()),
+        Some(data)
+    );
+    assert_eq!(
+        mrs_b.get(regions.inbox).and_then(|mr| mr.bytes()),
         Some(&data[..4096])
     );
-    assert_eq!(
-        a.endpoint().mrs().get(back).and_then(|mr| mr.bytes()),
-        Some(&data[..])
-    );
+    let back = a
+        .endpoint()
+        .mrs()
+        .get(regions.back)
+        .and_then(|mr| mr.bytes().map(<[u8]>::to_vec));
+    assert_eq!(back.as_deref(), Some(data));
     (a, b)
 }

@@ -74,7 +74,7 @@ fn run(shared: &Shared, progress: Progress) {
                 shared.fail(error);
                 return;
             }
-            core.engine.endpoint().poll_timeout()
+            core.engine.poll_timeout()
         };
         match progress {
             Progress::BusyPoll => std::thread::yield_now(),

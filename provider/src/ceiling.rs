@@ -1,0 +1,249 @@
+//! The raw AF_XDP ceiling of a link: RoCEv2-sized frames sent as fast as one AF_XDP sender
+//! can and counted by an AF_XDP receiver, with no transport in between. What the RoCE
+//! figures of `roce demo` are measured against.
+//!
+//! The frames are real RoCEv2 frames (Ethernet, IPv4, UDP to 4791, BTH, ICRC), so our XDP
+//! program hands them to the receiving socket exactly as it does the transport's: an RDMA
+//! WRITE middle packet for a full payload, an RDMA WRITE only packet (with its RETH) for a
+//! small one. The sender copies the frame into its transmit buffer each time, as the
+//! transport writes each packet; the receiver only counts.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
+use roce_wire::{bth, reth, ExtRepr, FrameRepr, Opcode, Psn};
+
+use crate::afxdp::AfXdpBackend;
+use crate::backend::Backend;
+use crate::netns;
+use crate::xdp::XdpMode;
+
+/// One end of the measurement: an interface in a named network namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Station {
+    /// The namespace's name (as `ip netns` knows it).
+    pub netns: String,
+    /// The interface inside it.
+    pub interface: String,
+}
+
+/// What one measurement found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CeilingRate {
+    /// RoCE payload bytes per frame.
+    pub payload: usize,
+    /// Whole frame, Ethernet header to ICRC.
+    pub frame_len: usize,
+    /// Frames the receiver counted.
+    pub frames: u64,
+    /// Frames per second received.
+    pub frames_per_sec: f64,
+    /// Frame bytes per second received (Ethernet header to ICRC).
+    pub bytes_per_sec: f64,
+}
+
+/// Frames sent between kicks.
+const BATCH: usize = 64;
+/// How long binding waits for a queue a previous socket just released (EBUSY for ~0.5 s).
+const BIND_PATIENCE: Duration = Duration::from_secs(3);
+/// Time for frames in flight to arrive after the sender stops.
+const DRAIN: Duration = Duration::from_millis(50);
+
+/// Sends frames carrying `payload` bytes of RoCE payload from `sender` to `receiver` for
+/// `period`, as fast as one AF_XDP socket can, and counts what an AF_XDP socket on
+/// `receiver` gets. Both run on threads of their own inside their namespaces, so this may be
+/// called from any thread; neither interface may have another AF_XDP user meanwhile (open
+/// RoCE contexts on them first close). A payload of 4096 needs an MTU of 9000 (two-buffer
+/// frames).
+pub fn measure_ceiling(
+    sender: &Station,
+    receiver: &Station,
+    mode: XdpMode,
+    payload: usize,
+    period: Duration,
+) -> io::Result<CeilingRate> {
+    let receiver_mac = netns::mac_in(&receiver.netns, &receiver.interface)?;
+    let sender_mac = netns::mac_in(&sender.netns, &sender.interface)?;
+    let frame = roce_frame(sender_mac, receiver_mac, payload)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let counter = {
+        let (station, stop) = (receiver.clone(), stop.clone());
+        thread::spawn(move || count_frames(&station, mode, &ready_tx, &stop))
+    };
+    // The receiver is bound (or failed) before anything is sent.
+    let ready = ready_rx.recv().unwrap_or(Ok(()));
+    let sent = ready.and_then(|()| {
+        let station = sender.clone();
+        let sending = thread::spawn(move || send_frames(&station, mode, &frame, period));
+        sending
+            .join()
+            .map_err(|_| io::Error::other("the sending thread panicked"))?
+    });
+    thread::sleep(DRAIN);
+    stop.store(true, Ordering::Relaxed);
+    let counted = counter
+        .join()
+        .map_err(|_| io::Error::other("the receiving thread panicked"))?;
+    let elapsed = sent?;
+    let frames = counted?;
+    let seconds = elapsed.as_secs_f64();
+    Ok(CeilingRate {
+        payload,
+        frame_len: frame_len(payload)?,
+        frames,
+        frames_per_sec: frames as f64 / seconds,
+        bytes_per_sec: (frames * frame_len(payload)? as u64) as f64 / seconds,
+    })
+}
+
+/// Opens the AF_XDP backend on `station` from the calling thread, entering its namespace,
+/// waiting out the EBUSY a just-closed socket leaves on its queue.
+fn open(station: &Station, mode: XdpMode) -> io::Result<AfXdpBackend> {
+    netns::enter(&station.netns)?;
+    let deadline = Instant::now() + BIND_PATIENCE;
+    loop {
+        match AfXdpBackend::open(&station.interface, mode) {
+            Err(error)
+                if error.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+            {
+                thread::sleep(Duration::from_millis(100));
+            }
+            opened => return opened,
+        }
+    }
+}
+
+/// Counts frames on `station` until `stop`; says on `ready` when it listens.
+fn count_frames(
+    station: &Station,
+    mode: XdpMode,
+    ready: &mpsc::Sender<io::Result<()>>,
+    stop: &AtomicBool,
+) -> io::Result<u64> {
+    let mut backend = match open(station, mode) {
+        Ok(backend) => backend,
+        Err(error) => {
+            let _ = ready.send(Err(io::Error::new(error.kind(), error.to_string())));
+            return Err(error);
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut frames = 0;
+    while !stop.load(Ordering::Relaxed) {
+        frames += backend.receive(1024, &mut |_| {})? as u64;
+    }
+    Ok(frames)
+}
+
+/// Sends `frame` from `station` as fast as the socket takes it for `period`; how long it
+/// sent.
+fn send_frames(
+    station: &Station,
+    mode: XdpMode,
+    frame: &[u8],
+    period: Duration,
+) -> io::Result<Duration> {
+    let mut backend = open(station, mode)?;
+    let started = Instant::now();
+    while started.elapsed() < period {
+        for _ in 0..BATCH {
+            let sent = backend.transmit(frame.len(), 0, &mut |buffer| {
+                buffer.copy_from_slice(frame);
+                frame.len()
+            });
+            match sent {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error),
+            }
+        }
+        backend.submit()?;
+    }
+    Ok(started.elapsed())
+}
+
+/// The length of the frame [`roce_frame`] builds.
+fn frame_len(payload: usize) -> io::Result<usize> {
+    Ok(roce_frame([0; 6], [0; 6], payload)?.len())
+}
+
+/// An RDMA WRITE packet with `payload` bytes: a middle packet for a full 4096, an only
+/// packet (with its RETH) otherwise, as the transport sends them.
+fn roce_frame(src: [u8; 6], dst: [u8; 6], payload: usize) -> io::Result<Vec<u8>> {
+    let (opcode, reth) = if payload == 4096 {
+        (Opcode::RcRdmaWriteMiddle, None)
+    } else {
+        let reth = reth::Repr {
+            virtual_address: 0x1000,
+            rkey: 0x1234,
+            dma_length: payload as u32,
+        };
+        (Opcode::RcRdmaWriteOnly, Some(reth))
+    };
+    let bytes = vec![0x5a; payload];
+    let repr = FrameRepr {
+        ethernet: EthernetRepr {
+            dst,
+            src,
+            vlan: None,
+        },
+        ip: IpRepr::V4(Ipv4Repr {
+            src: Ipv4Addr::new(198, 18, 0, 1),
+            dst: Ipv4Addr::new(198, 18, 0, 2),
+            dscp: 0,
+            ecn: 0,
+            identification: 0,
+            dont_fragment: true,
+            ttl: 64,
+        }),
+        udp_src_port: 0xC011,
+        udp_checksum: false,
+        bth: bth::Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qpn: 0x11,
+            ack_req: false,
+            psn: Psn::new(1),
+        },
+        ext: ExtRepr {
+            reth,
+            ..ExtRepr::default()
+        },
+        payload: &bytes,
+    };
+    let mut frame = vec![0; repr.buffer_len()];
+    repr.emit(&mut frame)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "payload too large"))?;
+    Ok(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_wire::Frame;
+
+    #[test]
+    fn frames_have_the_sizes_roce_sends() {
+        // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 (+ RETH 16) + payload + ICRC 4.
+        assert_eq!(frame_len(4096).unwrap(), 4154);
+        assert_eq!(frame_len(64).unwrap(), 138);
+        let frame = roce_frame([2; 6], [4; 6], 4096).unwrap();
+        let checked = Frame::new_checked(&frame[..]).unwrap();
+        let repr = FrameRepr::parse(&checked).unwrap();
+        assert_eq!(
+            (repr.bth.opcode, repr.payload.len()),
+            (Opcode::RcRdmaWriteMiddle, 4096)
+        );
+    }
+}

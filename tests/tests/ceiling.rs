@@ -1,0 +1,36 @@
+//! The raw AF_XDP ceiling between two namespaces: both RoCE frame sizes get through, and
+//! the rates are printed (not asserted). Needs root (CI is root).
+
+use std::time::Duration;
+
+use roce_provider::ceiling::{measure_ceiling, Station};
+use roce_provider::netns::needs_root;
+use roce_provider::netns::{veth, Netns};
+use roce_provider::xdp::XdpMode;
+
+#[test]
+fn ceiling_counts_full_and_small_roce_frames() {
+    if !needs_root("ceiling_counts_full_and_small_roce_frames") {
+        return;
+    }
+    let a = Netns::create("roce-ceil-a").unwrap();
+    let b = Netns::create("roce-ceil-b").unwrap();
+    veth((&a, "ca", "10.75.0.1/24"), (&b, "cb", "10.75.0.2/24"), 9000).unwrap();
+    let station = |ns: &Netns, interface: &str| Station {
+        netns: ns.name.clone(),
+        interface: interface.to_string(),
+    };
+    let (sender, receiver) = (station(&a, "ca"), station(&b, "cb"));
+    for (payload, frame_len) in [(4096, 4154), (64, 138)] {
+        let period = Duration::from_millis(300);
+        let rate = measure_ceiling(&sender, &receiver, XdpMode::Native, payload, period)
+            .expect("a measurement");
+        eprintln!(
+            "{payload} B payload ({frame_len} B frames): {:.0} frames/s, {:.2} Gbit/s",
+            rate.frames_per_sec,
+            rate.bytes_per_sec * 8.0 / 1e9
+        );
+        assert_eq!(rate.frame_len, frame_len);
+        assert!(rate.frames > 1000, "{rate:?}");
+    }
+}
