@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod conform;
 mod demo;
 mod dump;
 mod perf;
@@ -26,6 +27,8 @@ enum Command {
     Pingpong(pingpong::Args),
     /// perftest's bandwidth and latency tests, wire-compatible with ib_write_bw and friends.
     Perf(perf::Args),
+    /// IBTA conformance scenarios against another RoCE stack's perftest servers (root).
+    Conform(conform::Args),
     /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
@@ -34,6 +37,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Conform(args) => conform::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Dump(args) => dump::run(&args),
         Command::Perf(args) => perf::run(&args),

@@ -245,7 +245,7 @@ fn pattern(offset: u64) -> u8 {
     (offset * 7 + offset / 251 + 1) as u8
 }
 
-mod exchange;
+pub(crate) mod exchange;
 mod report;
 mod runs;
 
