@@ -1,0 +1,135 @@
+//! `roce conform` against our own stack: `roce perf` servers looping in one namespace, the
+//! suite in another, over a veth pair. Every scenario must PASS or DEVIATE exactly as
+//! docs/conformance.md says ours does, and none may break the target. Needs root (CI is
+//! root; there a missing prerequisite fails the test).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use roce_provider::netns::{is_root, veth, Netns};
+
+use common::text;
+
+/// A `while :; do roce perf ...; done` loop in a namespace, stopped (with the server it is
+/// running) on drop.
+struct ServerLoop<'a> {
+    ns: &'a Netns,
+    shell: Child,
+}
+
+impl<'a> ServerLoop<'a> {
+    fn start(ns: &'a Netns, flags: &str) -> Self {
+        let roce = env!("CARGO_BIN_EXE_roce");
+        let script = format!("while :; do timeout 60 {roce} perf {flags} >/dev/null 2>&1; done");
+        let shell = Command::new("ip")
+            .args(["netns", "exec", &ns.name, "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        ServerLoop { ns, shell }
+    }
+}
+
+impl Drop for ServerLoop<'_> {
+    fn drop(&mut self) {
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+        // The server the loop had started: every process left in the test's namespace.
+        if let Ok(output) = Command::new("ip")
+            .args(["netns", "pids", &self.ns.name])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&output.stdout).split_whitespace() {
+                let _ = Command::new("kill").arg(pid).status();
+            }
+        }
+    }
+}
+
+/// Our stack's verdict per scenario, from the tables in docs/conformance.md (the `ours`
+/// column starts with PASS or DEVIATES).
+fn documented() -> BTreeMap<String, String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/conformance.md");
+    let doc = std::fs::read_to_string(path).unwrap();
+    doc.lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.trim_matches('`');
+            let ours = cells.get(4)?.split([' ', ':']).next()?;
+            matches!(ours, "PASS" | "DEVIATES").then(|| (name.to_string(), ours.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
+    if !is_root() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs as root: conform needs namespaces and AF_XDP"
+        );
+        eprintln!("SKIPPED every_scenario_against_our_stack: needs root");
+        return;
+    }
+    let documented = documented();
+    let a = Netns::create("roce-conform-a").unwrap();
+    let b = Netns::create("roce-conform-b").unwrap();
+    veth((&a, "ca", "10.85.0.1/24"), (&b, "cb", "10.85.0.2/24"), 1500).unwrap();
+    let pcap = tempfile::NamedTempFile::new().unwrap();
+    let servers = [
+        ("write", "write_bw -p 18515"),
+        ("read", "read_bw -p 18516"),
+        ("atomic", "atomic_bw -p 18517"),
+        ("send", "send_bw -p 18518 -s 64 -n 5"),
+    ];
+    let mut seen = BTreeMap::new();
+    for (service, flags) in servers {
+        // One server process owns the namespace's RoCE port at a time: one service per run.
+        let server = ServerLoop::start(&b, flags);
+        let mut args = vec!["--service", service, "10.85.0.2"];
+        if service == "atomic" {
+            args.extend(["--pcap", pcap.path().to_str().unwrap()]);
+        }
+        let output = Command::new("ip")
+            .args(["netns", "exec", &a.name, "timeout", "300"])
+            .arg(env!("CARGO_BIN_EXE_roce"))
+            .arg("conform")
+            .args(&args)
+            .output()
+            .unwrap();
+        drop(server);
+        let out = text(&output);
+        assert!(output.status.success(), "{service}:\n{out}");
+        let last = out.lines().rfind(|l| l.starts_with("scenarios=")).unwrap();
+        assert!(last.ends_with(" broke=0"), "{service}: {last}\n{out}");
+        for line in out.lines().filter(|l| l.contains(" expected=")) {
+            let words: Vec<&str> = line.split(' ').collect();
+            let (name, verdict) = (words[0], words[words.len() - 1]);
+            assert_eq!(
+                documented.get(name).map(String::as_str),
+                Some(verdict),
+                "{line}: docs/conformance.md says otherwise"
+            );
+            seen.insert(name.to_string(), verdict.to_string());
+        }
+    }
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        documented.keys().collect::<Vec<_>>(),
+        "every documented scenario ran, and only those"
+    );
+    assert!(seen.len() >= 30);
+
+    // The observations of the atomic run, as `roce dump` reads them.
+    let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["dump", "--summary", pcap.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let summary = text(&dump);
+    for opcode in ["RC_FETCH_ADD", "RC_COMPARE_SWAP", "RC_ATOMIC_ACKNOWLEDGE"] {
+        assert!(summary.contains(opcode), "{summary}");
+    }
+}
