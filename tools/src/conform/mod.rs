@@ -24,6 +24,8 @@ use roce_wire::Opcode;
 
 pub mod conn;
 pub mod link;
+#[cfg(test)]
+mod memory;
 pub mod scenarios;
 pub mod target;
 
