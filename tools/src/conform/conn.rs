@@ -131,6 +131,26 @@ impl<'a> Conn<'a> {
         Ok(self.show(&answers))
     }
 
+    /// Sends one packet's bytes (already emitted) and waits for `wanted` answers; returns
+    /// them, having learnt from them where the target's expected PSN went.
+    pub fn exchange_bytes(&mut self, bytes: &[u8], wanted: usize) -> io::Result<Vec<Answer>> {
+        self.link.drain()?;
+        self.link.send_bytes(bytes)?;
+        let answers = self.link.observe(self.local.qpn, wanted)?;
+        self.show(&answers);
+        Ok(answers)
+    }
+
+    /// The link, for who is who on it.
+    pub fn link(&self) -> &Link {
+        self.link
+    }
+
+    /// The bytes `packet` makes on this connection's link.
+    pub fn emit(&self, packet: &Packet) -> io::Result<Vec<u8>> {
+        self.link.emit(packet, self.local.qpn)
+    }
+
     /// How `answers` read, learning where the target's expected PSN went.
     fn show(&mut self, answers: &[Answer]) -> String {
         if answers.is_empty() {

@@ -16,7 +16,7 @@ use roce_wire::{bth, ExtRepr, Frame, FrameError, FrameRepr, Opcode, Psn};
 
 /// Ethernet, IPv4 (no options) and UDP headers: where the BTH starts in what we send.
 pub const BTH_AT: usize = 14 + 20 + 8;
-const IP_AT: usize = 14;
+pub const IP_AT: usize = 14;
 const UDP_AT: usize = 14 + 20;
 /// Largest frame we read back (path MTU 4096 and every header, twice over).
 const MAX_FRAME: usize = 2 * 4096;
@@ -143,7 +143,7 @@ impl Packet {
 }
 
 /// Rewrites the IPv4 total length, its checksum and the UDP length for the frame's size.
-fn fix_lengths(bytes: &mut [u8]) {
+pub fn fix_lengths(bytes: &mut [u8]) {
     let ip_len = (bytes.len() - IP_AT) as u16;
     bytes[IP_AT + 2..IP_AT + 4].copy_from_slice(&ip_len.to_be_bytes());
     let udp_len = (bytes.len() - UDP_AT) as u16;
@@ -325,13 +325,17 @@ impl Link {
         }
     }
 
-    /// Emits and sends `packet` from our QP `src_qpn` (which picks the UDP source port, as
-    /// rxe does); returns the bytes sent.
-    pub fn send(&mut self, packet: &Packet, src_qpn: u32) -> io::Result<Vec<u8>> {
+    /// The frame `packet` makes from our QP `src_qpn` (which picks the UDP source port, as
+    /// rxe does).
+    pub fn emit(&self, packet: &Packet, src_qpn: u32) -> io::Result<Vec<u8>> {
         let port = 0xC000 | (src_qpn & 0x3FFF) as u16;
-        let bytes = packet.emit(self.ours, self.theirs, port)?;
-        self.send_bytes(&bytes)?;
-        Ok(bytes)
+        packet.emit(self.ours, self.theirs, port)
+    }
+
+    /// Emits and sends `packet` from our QP `src_qpn`.
+    pub fn send(&mut self, packet: &Packet, src_qpn: u32) -> io::Result<()> {
+        let bytes = self.emit(packet, src_qpn)?;
+        self.send_bytes(&bytes)
     }
 
     /// Sends a frame as it is.

@@ -375,3 +375,126 @@ fn a_responder_that_stops_answering_is_reported_broken_and_the_suite_stops() {
         }
     );
 }
+
+fn fuzz_config(seed: u64, packets: u64, findings: &std::path::Path) -> super::fuzz::Config {
+    super::fuzz::Config {
+        seed,
+        packets,
+        duration: None,
+        batch: 25,
+        services: vec![
+            Service::Write,
+            Service::Read,
+            Service::Atomic,
+            Service::Send,
+        ],
+        options: Options {
+            send_size: SEND_SIZE,
+            check: None,
+        },
+        findings: findings.to_path_buf(),
+    }
+}
+
+#[test]
+fn fuzzing_our_transport_in_memory_finds_nothing() {
+    let (mut target, mut link) = MemoryTarget::start(|backend| backend);
+    link.wait = Duration::from_millis(5);
+    let dir = tempfile::tempdir().unwrap();
+    let mut updates = 0;
+    let report = super::fuzz::fuzz(
+        &mut target,
+        &mut link,
+        &fuzz_config(7, 400, dir.path()),
+        &mut |_| updates += 1,
+    )
+    .unwrap();
+    assert_eq!(report.packets, 400);
+    assert_eq!(report.findings, 0, "{report}");
+    assert!(report.connections >= 400 / 25);
+    assert_eq!(updates, 400, "progress after every packet");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_finding_is_saved_with_its_anchor_and_replays_on_a_fresh_connection() {
+    // Dies in the middle of the first batch: the liveness check after it fails.
+    let dies = |inner| -> Box<dyn Backend> { Box::new(DiesAfter { inner, left: 10 }) };
+    let (mut target, mut link) = MemoryTarget::start(dies);
+    link.wait = Duration::from_millis(5);
+    let dir = tempfile::tempdir().unwrap();
+    let report = super::fuzz::fuzz(
+        &mut target,
+        &mut link,
+        &fuzz_config(3, 400, dir.path()),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!((report.findings, report.connections), (1, 1), "{report}");
+    let path = dir.path().join("finding-3-1.pcap");
+    let frames: Vec<Vec<u8>> = roce_provider::capture::read_frames(&path)
+        .unwrap()
+        .into_iter()
+        .map(|frame| frame.data)
+        .collect();
+    assert_eq!(frames.len(), 1 + 25, "the anchor and the batch");
+    let anchor = super::fuzz::Anchor::of(&frames[0]).unwrap();
+    assert_eq!(anchor.service, Service::Write, "the first service");
+
+    // On an honest target, the same frames leave it working.
+    let (mut honest, mut link) = MemoryTarget::start(|backend| backend);
+    link.wait = Duration::from_millis(5);
+    let options = Options {
+        send_size: SEND_SIZE,
+        check: None,
+    };
+    let mut out = Vec::new();
+    let alive = super::fuzz::replay(&mut honest, &mut link, &frames, &options, &mut out).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(alive, "{out}");
+    assert!(
+        out.starts_with("0 answers=ACK@0\n"),
+        "the anchor works again:\n{out}"
+    );
+    assert!(out.ends_with("replayed=26 status=ok\n"), "{out}");
+}
+
+#[test]
+fn retargeting_moves_the_connection_and_keeps_a_wrong_icrc_wrong() {
+    let (_target, link) = MemoryTarget::start(|backend| backend);
+    let from = super::fuzz::Anchor {
+        service: Service::Write,
+        qpn: 0x11,
+        psn: Psn::new(100),
+        memory: Some((0xAAAA, 0x1000)),
+    };
+    let to = super::fuzz::Anchor {
+        service: Service::Write,
+        qpn: 0x22,
+        psn: Psn::new(0xFF_FFFE),
+        memory: Some((0xBBBB, 0x9000)),
+    };
+    let mut packet = super::link::Packet::new(Opcode::RcRdmaWriteOnly, 0x11, Psn::new(103));
+    packet.ext.reth = Some(roce_wire::reth::Repr {
+        virtual_address: 0x1008,
+        rkey: 0xAAAA ^ 4,
+        dma_length: 0,
+    });
+    let good = link.emit(&packet, 1).unwrap();
+    let bad = link
+        .emit(&packet.clone().damaged(super::link::Damage::Icrc(0x10)), 1)
+        .unwrap();
+    for (frame, right) in [(good, true), (bad, false)] {
+        let moved = super::fuzz::retarget(&frame, &from, &to, &link);
+        let checked = Frame::new_checked(&moved[..]).unwrap();
+        assert_eq!(checked.bth().dest_qpn(), 0x22);
+        assert_eq!(checked.bth().psn(), Psn::new(1), "3 after 0xFFFFFE");
+        assert_eq!(checked.check_icrc().is_ok(), right);
+        let repr = roce_wire::FrameRepr::parse_ignoring_icrc(&checked).unwrap();
+        let reth = repr.ext.reth.unwrap();
+        assert_eq!((reth.virtual_address, reth.rkey), (0x9008, 0xBBBB ^ 4));
+        if !right {
+            assert_eq!(checked.computed_icrc() ^ checked.received_icrc(), 0x10);
+        }
+    }
+}

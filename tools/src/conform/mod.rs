@@ -23,6 +23,7 @@ use roce_verbs::{devices, XdpMode};
 use roce_wire::Opcode;
 
 pub mod conn;
+pub mod fuzz;
 pub mod link;
 #[cfg(test)]
 mod memory;
@@ -264,7 +265,7 @@ pub fn conduct(
 }
 
 /// A send server finishes when its receives are used: SEND until it stops ACKing.
-fn use_up_receives(conn: &mut Conn) -> io::Result<()> {
+pub fn use_up_receives(conn: &mut Conn) -> io::Result<()> {
     for _ in 0..RECEIVES_AT_MOST {
         let at = conn.next;
         let answer = conn.step(&[conn.send(Opcode::RcSendOnly, at, conn.send_size)], 1)?;
