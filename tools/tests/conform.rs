@@ -1,7 +1,8 @@
-//! `roce conform` against our own stack: `roce perf` servers looping in one namespace, the
-//! suite in another, over a veth pair. Every scenario must PASS or DEVIATE exactly as
-//! docs/conformance.md says ours does, and none may break the target. Needs root (CI is
-//! root; there a missing prerequisite fails the test).
+//! `roce conform` and `roce fuzz` against our own stack: `roce perf` servers looping in one
+//! namespace, the tool in another, over a veth pair. Every scenario must PASS or DEVIATE
+//! exactly as docs/conformance.md says ours does, none may break the target, and a bounded
+//! fuzz run must find nothing. Needs root (CI is root; there a missing prerequisite fails
+//! the test).
 
 mod common;
 
@@ -132,4 +133,58 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
     for opcode in ["RC_FETCH_ADD", "RC_COMPARE_SWAP", "RC_ATOMIC_ACKNOWLEDGE"] {
         assert!(summary.contains(opcode), "{summary}");
     }
+}
+
+#[test]
+fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
+    if !is_root() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs as root: fuzz needs namespaces and AF_XDP"
+        );
+        eprintln!("SKIPPED fuzzing_our_stack: needs root");
+        return;
+    }
+    let a = Netns::create("roce-fuzz-a").unwrap();
+    let b = Netns::create("roce-fuzz-b").unwrap();
+    veth((&a, "fa", "10.86.0.1/24"), (&b, "fb", "10.86.0.2/24"), 1500).unwrap();
+    let findings = tempfile::tempdir().unwrap();
+    let servers = [
+        ("write", "write_bw -p 18515"),
+        ("read", "read_bw -p 18516"),
+        ("atomic", "atomic_bw -p 18517"),
+        ("send", "send_bw -p 18518 -s 64 -n 5"),
+    ];
+    for (service, flags) in servers {
+        let server = ServerLoop::start(&b, flags);
+        let output = Command::new("ip")
+            .args(["netns", "exec", &a.name, "timeout", "300"])
+            .arg(env!("CARGO_BIN_EXE_roce"))
+            .args([
+                "fuzz",
+                "--service",
+                service,
+                "--seed",
+                "15",
+                "--packets",
+                "150",
+            ])
+            .args([
+                "--batch",
+                "30",
+                "--findings",
+                findings.path().to_str().unwrap(),
+            ])
+            .arg("10.86.0.2")
+            .output()
+            .unwrap();
+        drop(server);
+        let out = text(&output);
+        assert!(output.status.success(), "{service}:\n{out}");
+        assert!(
+            out.contains("packets=150 connections=5 findings=0 status=ok"),
+            "{service}:\n{out}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(findings.path()).unwrap().count(), 0);
 }

@@ -284,13 +284,16 @@ pub fn fuzz(
         let anchor = conn.emit(&anchor_packet(&conn, service))?;
         conn.exchange_bytes(&anchor, 1)?;
         sent.push(anchor);
-        for _ in 0..config.batch {
-            if out_of_time(&report) {
+        let mut in_batch = 0;
+        // A mutation that cannot be emitted is skipped; rare, so a few tries each suffice.
+        for _ in 0..4 * config.batch {
+            if in_batch == config.batch || out_of_time(&report) {
                 break;
             }
             let Ok(bytes) = conn.emit(&mutate(&mut rng, &conn, service)) else {
                 continue;
             };
+            in_batch += 1;
             let answers = conn.exchange_bytes(&bytes, 1)?;
             sent.push(bytes);
             report.packets += 1;
