@@ -44,7 +44,7 @@ impl Drop for ServerLoop<'_> {
             .output()
         {
             for pid in String::from_utf8_lossy(&output.stdout).split_whitespace() {
-                let _ = Command::new("kill").arg(pid).status();
+                let _ = Command::new("kill").arg(pid).stderr(Stdio::null()).status();
             }
         }
     }

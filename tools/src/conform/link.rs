@@ -308,8 +308,6 @@ pub struct Link {
     /// How long to wait for an answer that may not come.
     pub wait: Duration,
     rx: Vec<u8>,
-    /// Frames sent so far.
-    pub sent: u64,
 }
 
 impl Link {
@@ -321,7 +319,6 @@ impl Link {
             theirs,
             wait,
             rx: vec![0; MAX_FRAME],
-            sent: 0,
         }
     }
 
@@ -340,7 +337,6 @@ impl Link {
 
     /// Sends a frame as it is.
     pub fn send_bytes(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.sent += 1;
         self.backend.send(bytes)
     }
 
