@@ -52,6 +52,9 @@ pub struct Args {
     /// Only the scenarios with these names (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Not the scenarios with these names (one that broke the target, to run the rest).
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
     /// The send server's message size (its `-s`).
     #[arg(long, default_value_t = 64)]
     pub send_size: usize,
@@ -147,6 +150,7 @@ fn conform(args: &Args) -> io::Result<Summary> {
         .iter()
         .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
         .filter(|s| args.only.is_empty() || args.only.iter().any(|name| name == s.name))
+        .filter(|s| !args.skip.iter().any(|name| name == s.name))
         .collect();
     if chosen.is_empty() {
         return Err(io::Error::other("no scenario selected"));
