@@ -230,7 +230,7 @@ impl Drop for Vm {
 }
 
 #[test]
-fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_finds_nothing() {
+fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let Some(script) = rxe_peer().filter(|_| is_root()) else {
         assert!(
             std::env::var("CI").is_err(),
@@ -291,6 +291,12 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_finds_nothing
         findings.path().to_str().unwrap(),
     ]);
     let out = text(&output);
-    assert!(out.contains("packets=300 "), "{out}");
-    assert!(out.contains(" findings=0 status=ok"), "{out}");
+    let last = out.lines().rfind(|l| l.starts_with("packets=")).unwrap();
+    let saved = std::fs::read_dir(findings.path()).unwrap().count();
+    // rxe may crash on what the fuzzer sends (docs/conformance.md): then it is a finding.
+    match last.rsplit(' ').next() {
+        Some("status=ok") => assert!(last.starts_with("packets=300 ") && saved == 0, "{out}"),
+        Some("status=FOUND") => assert!(last.contains(" findings=1 ") && saved == 1, "{out}"),
+        _ => panic!("{out}"),
+    }
 }

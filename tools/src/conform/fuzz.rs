@@ -518,6 +518,10 @@ pub fn mutate(rng: &mut Rng, conn: &Conn, service: Service) -> Packet {
             ExtHeader::Cnp => packet.ext.cnp = Some(cnp::Repr),
         }
     }
+    if len < 4 && rng.chance(30) {
+        // A pad count beyond the payload: a length that goes negative when computed.
+        packet.damage.push(Damage::PadCount(1 + rng.below(3) as u8));
+    }
     for _ in 0..rng.below(3) {
         let damage = match rng.below(10) {
             0..=2 => Damage::Opcode(rng.next() as u8),
