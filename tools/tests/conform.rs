@@ -203,10 +203,14 @@ fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
     assert_eq!(std::fs::read_dir(findings.path()).unwrap().count(), 0);
 }
 
-/// rxe-peer's script (../shared/rxe-peer), when it is there.
+/// rxe-peer's script (../shared/rxe-peer next to the repository, or `$RXE_PEER` for a
+/// checkout elsewhere), when it is there.
 fn rxe_peer() -> Option<PathBuf> {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh");
+    let script = std::env::var_os("RXE_PEER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh")
+        });
     script.exists().then_some(script)
 }
 
