@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod args;
+mod conform;
 mod demo;
 mod dump;
 mod perf;
@@ -31,6 +32,12 @@ enum Command {
     Pingpong(pingpong::Args),
     /// perftest's bandwidth and latency tests, wire-compatible with ib_write_bw and friends.
     Perf(perf::Args),
+    /// IBTA conformance scenarios against another RoCE stack's perftest servers (root).
+    Conform(conform::Args),
+    /// Seeded mutations inside live connections to another RoCE stack's perftest servers (root).
+    Fuzz(conform::fuzz::Args),
+    /// Send a `roce fuzz` finding again, on a fresh connection (root).
+    Replay(conform::fuzz::ReplayArgs),
     /// Decode RoCEv2 frames in pcap/pcapng files, one line per frame, checking every ICRC.
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
@@ -39,8 +46,11 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Conform(args) => conform::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Dump(args) => dump::run(&args),
+        Command::Fuzz(args) => conform::fuzz::run(&args),
+        Command::Replay(args) => conform::fuzz::run_replay(&args),
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),

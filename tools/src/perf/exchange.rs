@@ -154,22 +154,22 @@ impl<'a> Oob<'a> {
 
 /// perftest's `struct pingpong_dest` as it travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct KeyMsg {
-    pub(super) lid: u16,
-    pub(super) out_reads: u16,
-    pub(super) qpn: u32,
-    pub(super) psn: u32,
-    pub(super) rkey: u32,
-    pub(super) vaddr: u64,
-    pub(super) gid: [u8; 16],
-    pub(super) srqn: u32,
+pub(crate) struct KeyMsg {
+    pub(crate) lid: u16,
+    pub(crate) out_reads: u16,
+    pub(crate) qpn: u32,
+    pub(crate) psn: u32,
+    pub(crate) rkey: u32,
+    pub(crate) vaddr: u64,
+    pub(crate) gid: [u8; 16],
+    pub(crate) srqn: u32,
 }
 
 impl KeyMsg {
     const LEN: usize = 108;
 
     /// `"%04x:%04x:%06x:%06x:%08x:%016llx:" + 16 × "%02x:" + "%08x:"`, NUL-terminated.
-    pub(super) fn to_wire(self) -> [u8; Self::LEN] {
+    pub(crate) fn to_wire(self) -> [u8; Self::LEN] {
         let mut text = format!(
             "{:04x}:{:04x}:{:06x}:{:06x}:{:08x}:{:016x}:",
             self.lid, self.out_reads, self.qpn, self.psn, self.rkey, self.vaddr
@@ -183,7 +183,7 @@ impl KeyMsg {
         wire
     }
 
-    pub(super) fn from_wire(wire: &[u8]) -> io::Result<KeyMsg> {
+    pub(crate) fn from_wire(wire: &[u8]) -> io::Result<KeyMsg> {
         let text = String::from_utf8_lossy(wire);
         let text = text.trim_end_matches('\0');
         let bad = || {

@@ -18,7 +18,7 @@
 use std::process::ExitCode;
 
 mod connection;
-mod exchange;
+pub(crate) mod exchange;
 mod params;
 mod report;
 mod runs;

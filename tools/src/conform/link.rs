@@ -1,0 +1,420 @@
+//! The raw side of `roce conform` and `roce fuzz`: frames we craft byte by byte (any field,
+//! any length, a right or wrong ICRC) and the target's answers, read back over a backend
+//! that hands us whole Ethernet frames (AF_XDP, or the in-memory wire in tests).
+
+use std::fmt;
+use std::io;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use roce_provider::backend::Backend;
+use roce_wire::aeth::{NakCode, Syndrome};
+use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
+use roce_wire::icrc::{self, ICRC_LEN};
+use roce_wire::opcode::Position;
+use roce_wire::{bth, ExtRepr, Frame, FrameError, FrameRepr, Opcode, Psn};
+
+/// Ethernet, IPv4 (no options) and UDP headers: where the BTH starts in what we send.
+pub const BTH_AT: usize = 14 + 20 + 8;
+pub const IP_AT: usize = 14;
+const UDP_AT: usize = 14 + 20;
+/// Largest frame we read back (path MTU 4096 and every header, twice over).
+const MAX_FRAME: usize = 2 * 4096;
+
+/// A host on the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Station {
+    /// Its MAC.
+    pub mac: [u8; 6],
+    /// Its IPv4 address.
+    pub ip: Ipv4Addr,
+}
+
+/// One packet to send: the fields of a well-formed frame, then the damage done to its bytes.
+#[derive(Debug, Clone)]
+pub struct Packet {
+    /// BTH fields.
+    pub bth: bth::Repr,
+    /// Extension headers (must match `bth.opcode` before `damage` applies).
+    pub ext: ExtRepr,
+    /// Payload, without pad.
+    pub payload: Vec<u8>,
+    /// Changes made to the emitted bytes, in order; the ICRC is computed after them unless
+    /// one of them is [`Damage::Icrc`].
+    pub damage: Vec<Damage>,
+}
+
+/// A change to a frame's bytes that [`Packet`]'s fields cannot express.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// The BTH opcode byte, whatever it means.
+    Opcode(u8),
+    /// The pad count bits, whatever payload there is.
+    PadCount(u8),
+    /// The transport version bits.
+    Tver(u8),
+    /// Keep only this many bytes from the start of the BTH (then the ICRC).
+    Truncate(usize),
+    /// XOR into the ICRC, after it is computed.
+    Icrc(u32),
+}
+
+impl Packet {
+    /// A packet of `opcode` to `dest_qpn` at `psn` with the default P_Key and no payload.
+    pub fn new(opcode: Opcode, dest_qpn: u32, psn: Psn) -> Packet {
+        Packet {
+            bth: bth::Repr {
+                opcode,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: 0xFFFF,
+                fecn: false,
+                becn: false,
+                dest_qpn,
+                ack_req: opcode.info().position.ends_message() && opcode.info().is_request,
+                psn,
+            },
+            ext: ExtRepr::default(),
+            payload: Vec::new(),
+            damage: Vec::new(),
+        }
+    }
+
+    /// The same packet with `damage` done to its bytes.
+    pub fn damaged(mut self, damage: Damage) -> Packet {
+        self.damage.push(damage);
+        self
+    }
+
+    /// The Ethernet frame from `from` to `to`.
+    pub fn emit(&self, from: Station, to: Station, udp_src_port: u16) -> io::Result<Vec<u8>> {
+        let frame = FrameRepr {
+            ethernet: EthernetRepr {
+                dst: to.mac,
+                src: from.mac,
+                vlan: None,
+            },
+            ip: IpRepr::V4(Ipv4Repr {
+                src: from.ip,
+                dst: to.ip,
+                dscp: 0,
+                ecn: 0,
+                identification: 0,
+                dont_fragment: true,
+                ttl: 64,
+            }),
+            udp_src_port,
+            udp_checksum: false,
+            bth: self.bth,
+            ext: self.ext,
+            payload: &self.payload,
+        };
+        let mut bytes = vec![0u8; frame.buffer_len()];
+        frame
+            .emit(&mut bytes)
+            .map_err(|_| io::Error::other(format!("cannot emit {:?}", self.bth.opcode)))?;
+        let mut icrc_mask = 0;
+        for damage in &self.damage {
+            match *damage {
+                Damage::Opcode(byte) => bytes[BTH_AT] = byte,
+                Damage::PadCount(pad) => {
+                    bytes[BTH_AT + 1] = (bytes[BTH_AT + 1] & !0x30) | ((pad & 3) << 4)
+                }
+                Damage::Tver(tver) => {
+                    bytes[BTH_AT + 1] = (bytes[BTH_AT + 1] & !0x0F) | (tver & 0xF)
+                }
+                Damage::Truncate(keep) => {
+                    let end = (BTH_AT + keep).min(bytes.len() - ICRC_LEN);
+                    bytes.truncate(end);
+                    bytes.extend_from_slice(&[0; ICRC_LEN]);
+                }
+                Damage::Icrc(mask) => icrc_mask ^= mask,
+            }
+        }
+        fix_lengths(&mut bytes);
+        let end = bytes.len() - ICRC_LEN;
+        // A BTH too short to mask gets no ICRC at all: the trailer stays zero.
+        if let Ok(value) = icrc::compute(&bytes[IP_AT..end]) {
+            bytes[end..].copy_from_slice(&icrc::to_bytes(value ^ icrc_mask));
+        }
+        Ok(bytes)
+    }
+}
+
+/// Rewrites the IPv4 total length, its checksum and the UDP length for the frame's size.
+pub fn fix_lengths(bytes: &mut [u8]) {
+    let ip_len = (bytes.len() - IP_AT) as u16;
+    bytes[IP_AT + 2..IP_AT + 4].copy_from_slice(&ip_len.to_be_bytes());
+    let udp_len = (bytes.len() - UDP_AT) as u16;
+    bytes[UDP_AT + 4..UDP_AT + 6].copy_from_slice(&udp_len.to_be_bytes());
+    bytes[IP_AT + 10..IP_AT + 12].fill(0);
+    let sum = bytes[IP_AT..UDP_AT]
+        .chunks(2)
+        .map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]])))
+        .sum::<u32>();
+    let folded = (sum & 0xFFFF) + (sum >> 16);
+    let checksum = !(((folded & 0xFFFF) + (folded >> 16)) as u16);
+    bytes[IP_AT + 10..IP_AT + 12].copy_from_slice(&checksum.to_be_bytes());
+}
+
+/// One frame the target sent us, decoded as far as it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// An ACK, NAK or RNR NAK (`RC_ACKNOWLEDGE`), or an atomic acknowledgement.
+    Ack {
+        /// Its PSN.
+        psn: Psn,
+        /// Its syndrome.
+        syndrome: Syndrome,
+        /// Its MSN.
+        msn: u32,
+        /// The original value, for `RC_ATOMIC_ACKNOWLEDGE`.
+        original: Option<u64>,
+    },
+    /// An RDMA READ response packet.
+    ReadResponse {
+        /// Its PSN.
+        psn: Psn,
+        /// First, middle, last or only.
+        position: Position,
+        /// Payload bytes.
+        len: usize,
+    },
+    /// Any other opcode (a request of the target's own).
+    Other {
+        /// Its opcode.
+        opcode: Opcode,
+        /// Its PSN.
+        psn: Psn,
+    },
+    /// A frame whose ICRC is wrong.
+    BadIcrc,
+    /// A frame that is not a well-formed RoCEv2 packet.
+    Malformed,
+}
+
+impl Answer {
+    /// Decodes `bytes` if it is RoCEv2 traffic to `qpn` (`None` for anyone else's).
+    pub fn decode(bytes: &[u8], qpn: u32) -> Option<Answer> {
+        let frame = match Frame::new_checked(bytes) {
+            Ok(frame) => frame,
+            Err(FrameError::NotRoce) => return None,
+            Err(_) => return Some(Answer::Malformed),
+        };
+        if frame.bth().dest_qpn() != qpn {
+            return None;
+        }
+        let Ok(repr) = FrameRepr::parse(&frame) else {
+            return Some(if frame.check_icrc().is_err() {
+                Answer::BadIcrc
+            } else {
+                Answer::Malformed
+            });
+        };
+        let psn = repr.bth.psn;
+        let opcode = repr.bth.opcode;
+        Some(match (repr.ext.aeth, opcode) {
+            (Some(aeth), Opcode::RcAcknowledge | Opcode::RcAtomicAcknowledge) => Answer::Ack {
+                psn,
+                syndrome: aeth.syndrome,
+                msn: aeth.msn,
+                original: repr.ext.atomic_ack_eth.map(|ack| ack.original),
+            },
+            _ if is_read_response(opcode) => Answer::ReadResponse {
+                psn,
+                position: opcode.info().position,
+                len: repr.payload.len(),
+            },
+            _ => Answer::Other { opcode, psn },
+        })
+    }
+
+    /// The PSN it carries, if any.
+    pub fn psn(&self) -> Option<Psn> {
+        match self {
+            Answer::Ack { psn, .. }
+            | Answer::ReadResponse { psn, .. }
+            | Answer::Other { psn, .. } => Some(*psn),
+            Answer::BadIcrc | Answer::Malformed => None,
+        }
+    }
+}
+
+fn is_read_response(opcode: Opcode) -> bool {
+    matches!(
+        opcode,
+        Opcode::RcRdmaReadResponseFirst
+            | Opcode::RcRdmaReadResponseMiddle
+            | Opcode::RcRdmaReadResponseLast
+            | Opcode::RcRdmaReadResponseOnly
+    )
+}
+
+/// How an answer reads in a result line, its PSN relative to `base`: `ACK@0`, `NAK_SEQ@0`,
+/// `RNR@1`, `READ_ONLY@0:64`, `ATOMIC_ACK@0`.
+pub struct Shown<'a> {
+    /// The answer.
+    pub answer: &'a Answer,
+    /// The PSN its offset is counted from.
+    pub base: Psn,
+}
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = |psn: Psn| psn.distance(self.base);
+        match self.answer {
+            Answer::Ack {
+                psn,
+                syndrome,
+                original,
+                ..
+            } => {
+                let name = match syndrome {
+                    Syndrome::Ack(_) if original.is_some() => "ATOMIC_ACK",
+                    Syndrome::Ack(_) => "ACK",
+                    Syndrome::RnrNak(_) => "RNR",
+                    Syndrome::Nak(NakCode::PsnSequenceError) => "NAK_SEQ",
+                    Syndrome::Nak(NakCode::InvalidRequest) => "NAK_INV",
+                    Syndrome::Nak(NakCode::RemoteAccessError) => "NAK_ACCESS",
+                    Syndrome::Nak(NakCode::RemoteOperationalError) => "NAK_OPERR",
+                    Syndrome::Nak(NakCode::InvalidRdRequest) => "NAK_RD",
+                };
+                write!(f, "{name}@{}", at(*psn))
+            }
+            Answer::ReadResponse { psn, position, len } => {
+                let name = match position {
+                    Position::First => "READ_FIRST",
+                    Position::Middle => "READ_MIDDLE",
+                    Position::Last => "READ_LAST",
+                    Position::Only => "READ_ONLY",
+                };
+                write!(f, "{name}@{}:{len}", at(*psn))
+            }
+            Answer::Other { opcode, psn } => write!(f, "{}@{}", opcode.name(), at(*psn)),
+            Answer::BadIcrc => f.write_str("BAD_ICRC"),
+            Answer::Malformed => f.write_str("MALFORMED"),
+        }
+    }
+}
+
+/// A backend with who we are and who the target is.
+pub struct Link {
+    backend: Box<dyn Backend>,
+    /// Us.
+    pub ours: Station,
+    /// The target (its MAC once known).
+    pub theirs: Station,
+    /// How long to wait for an answer that may not come.
+    pub wait: Duration,
+    rx: Vec<u8>,
+}
+
+impl Link {
+    /// Talks through `backend` as `ours` to `theirs`.
+    pub fn new(backend: Box<dyn Backend>, ours: Station, theirs: Station, wait: Duration) -> Link {
+        Link {
+            backend,
+            ours,
+            theirs,
+            wait,
+            rx: vec![0; MAX_FRAME],
+        }
+    }
+
+    /// The frame `packet` makes from our QP `src_qpn` (which picks the UDP source port, as
+    /// rxe does).
+    pub fn emit(&self, packet: &Packet, src_qpn: u32) -> io::Result<Vec<u8>> {
+        let port = 0xC000 | (src_qpn & 0x3FFF) as u16;
+        packet.emit(self.ours, self.theirs, port)
+    }
+
+    /// Emits and sends `packet` from our QP `src_qpn`.
+    pub fn send(&mut self, packet: &Packet, src_qpn: u32) -> io::Result<()> {
+        let bytes = self.emit(packet, src_qpn)?;
+        self.send_bytes(&bytes)
+    }
+
+    /// Sends a frame as it is.
+    pub fn send_bytes(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.backend.send(bytes)
+    }
+
+    /// Drops whatever is waiting (answers to an earlier step that came too late).
+    pub fn drain(&mut self) -> io::Result<()> {
+        while self.backend.recv(&mut self.rx)?.is_some() {}
+        Ok(())
+    }
+
+    /// Collects the answers to our QP `qpn`: waits until `wanted` have come (then a little
+    /// longer, for any extra), or [`wait`](Self::wait) has passed.
+    pub fn observe(&mut self, qpn: u32, wanted: usize) -> io::Result<Vec<Answer>> {
+        let started = Instant::now();
+        let mut deadline = started + self.wait;
+        let mut answers = Vec::new();
+        loop {
+            while let Some(len) = self.backend.recv(&mut self.rx)? {
+                if let Some(answer) = Answer::decode(&self.rx[..len], qpn) {
+                    answers.push(answer);
+                    if answers.len() == wanted && wanted > 0 {
+                        // Extras (a second NAK, a duplicate response) come right after.
+                        deadline = deadline.min(Instant::now() + self.wait / 5);
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(answers);
+            }
+            self.backend
+                .wait(Some((deadline - now).min(Duration::from_millis(5))))?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn station(last: u8) -> Station {
+        Station {
+            mac: [2, 0, 0, 0, 0, last],
+            ip: Ipv4Addr::new(10, 0, 0, last),
+        }
+    }
+
+    #[test]
+    fn damage_keeps_the_frame_consistent_unless_asked_not_to() {
+        let mut packet = Packet::new(Opcode::RcSendOnly, 0x11, Psn::new(5));
+        packet.payload = vec![7; 64];
+        let good = packet.emit(station(1), station(2), 0xC011).unwrap();
+        let frame = Frame::new_checked(&good[..]).unwrap();
+        assert!(frame.check_icrc().is_ok());
+
+        let cut = packet
+            .clone()
+            .damaged(Damage::Truncate(12 + 10))
+            .emit(station(1), station(2), 0xC011)
+            .unwrap();
+        assert_eq!(cut.len(), BTH_AT + 12 + 10 + ICRC_LEN);
+        let frame = Frame::new_checked(&cut[..]).unwrap();
+        assert!(
+            frame.check_icrc().is_ok(),
+            "lengths and ICRC follow the cut"
+        );
+        assert_eq!(frame.payload().len(), 10);
+
+        let bad = packet
+            .damaged(Damage::Icrc(1))
+            .emit(station(1), station(2), 0xC011)
+            .unwrap();
+        let frame = Frame::new_checked(&bad[..]).unwrap();
+        assert!(frame.check_icrc().is_err());
+        assert_eq!(
+            Answer::decode(&bad, 0x11),
+            Some(Answer::BadIcrc),
+            "a bad ICRC is reported as such"
+        );
+        assert_eq!(Answer::decode(&bad, 0x12), None, "someone else's frame");
+    }
+}

@@ -1,0 +1,363 @@
+//! `roce conform [flags] HOST`: named IBTA scenarios against another RoCE stack, each with the
+//! answer the specification requires, reported as PASS, DEVIATES (the target answered
+//! otherwise) or BROKE (the target stopped working).
+//!
+//! The target runs perftest servers in a loop (`while :; do ib_write_bw -p 18515 ...; done`,
+//! likewise `ib_read_bw`, `ib_atomic_bw` and `ib_send_bw -s 64 -n 5`); we play perftest's
+//! client on each, which gives us a fresh QP (number, expected PSN, rkey, address) per
+//! scenario. Our own frames leave through AF_XDP on the interface the TCP connection uses,
+//! so anything in them can be wrong on purpose, and the target's answers come back the same
+//! way. After each scenario a fresh connection must still do the normal operation of its
+//! service, and `--check CMD` must succeed: otherwise the scenario BROKE the target.
+
+use std::io::{self, Write};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use roce_provider::afxdp::AfXdpBackend;
+use roce_provider::backend::Backend;
+use roce_provider::capture::PcapRecorder;
+use roce_verbs::{devices, XdpMode};
+use roce_wire::Opcode;
+
+pub mod conn;
+pub mod fuzz;
+pub mod link;
+#[cfg(test)]
+mod memory;
+pub mod scenarios;
+pub mod target;
+
+use conn::Conn;
+use link::{Link, Station};
+use scenarios::{baseline, Scenario, RECEIVES_AT_MOST, SCENARIOS};
+use target::{Local, Perftest, Ports, Service, Target};
+
+/// Arguments of `roce conform`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The target (its perftest servers' address).
+    pub host: Ipv4Addr,
+    /// The interface towards the target (default: the one whose address the connection
+    /// to it leaves from).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    #[command(flatten)]
+    pub ports: PortArgs,
+    /// Only the scenarios of these services (comma-separated; default all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub service: Vec<Service>,
+    /// Only the scenarios with these names (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Not the scenarios with these names (one that broke the target, to run the rest).
+    #[arg(long, value_delimiter = ',')]
+    pub skip: Vec<String>,
+    /// The send server's message size (its `-s`).
+    #[arg(long, default_value_t = 64)]
+    pub send_size: usize,
+    /// Milliseconds to wait for an answer that may not come.
+    #[arg(long, default_value_t = 200)]
+    pub wait: u64,
+    /// Seconds a server may take to come back before the target counts as broken.
+    #[arg(long, default_value_t = 15)]
+    pub patience: u64,
+    /// A command (run by `sh -c`) whose failure after a scenario means the target broke.
+    #[arg(long, value_name = "CMD")]
+    pub check: Option<String>,
+    /// Write every frame sent and received to this pcap file.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
+}
+
+/// The ports of the target's perftest servers.
+#[derive(clap::Args, Clone, Copy)]
+pub struct PortArgs {
+    /// `ib_write_bw`'s port.
+    #[arg(long, default_value_t = 18515)]
+    pub write_port: u16,
+    /// `ib_read_bw`'s port.
+    #[arg(long, default_value_t = 18516)]
+    pub read_port: u16,
+    /// `ib_atomic_bw`'s port.
+    #[arg(long, default_value_t = 18517)]
+    pub atomic_port: u16,
+    /// `ib_send_bw`'s port.
+    #[arg(long, default_value_t = 18518)]
+    pub send_port: u16,
+}
+
+impl PortArgs {
+    /// As the target module wants them.
+    pub fn ports(&self) -> Ports {
+        Ports {
+            write: self.write_port,
+            read: self.read_port,
+            atomic: self.atomic_port,
+            send: self.send_port,
+        }
+    }
+}
+
+/// A scenario's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The target answered as the specification requires.
+    Pass,
+    /// It answered otherwise, and still works.
+    Deviates,
+    /// It stopped working.
+    Broke,
+}
+
+/// The counts of the last line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Scenarios run.
+    pub scenarios: usize,
+    /// Passed.
+    pub pass: usize,
+    /// Deviated.
+    pub deviate: usize,
+    /// Broke the target.
+    pub broke: usize,
+}
+
+/// What a suite needs besides the target and the link.
+pub struct Options {
+    /// The send server's message size.
+    pub send_size: usize,
+    /// `--check`.
+    pub check: Option<String>,
+}
+
+/// Runs `roce conform`.
+pub fn run(args: &Args) -> ExitCode {
+    match conform(args) {
+        Ok(summary) if summary.broke == 0 => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("roce conform: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn conform(args: &Args) -> io::Result<Summary> {
+    let chosen: Vec<&Scenario> = SCENARIOS
+        .iter()
+        .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
+        .filter(|s| args.only.is_empty() || args.only.iter().any(|name| name == s.name))
+        .filter(|s| !args.skip.iter().any(|name| name == s.name))
+        .collect();
+    if chosen.is_empty() {
+        return Err(io::Error::other("no scenario selected"));
+    }
+    let mut target = Perftest {
+        host: args.host,
+        ports: args.ports.ports(),
+        patience: Duration::from_secs(args.patience),
+    };
+    let mut link = open_link(
+        &target,
+        chosen[0].service,
+        args.device.as_deref(),
+        args.pcap.as_deref(),
+        Duration::from_millis(args.wait),
+    )?;
+    let options = Options {
+        send_size: args.send_size,
+        check: args.check.clone(),
+    };
+    run_suite(&mut target, &mut link, &chosen, &options, &mut io::stdout())
+}
+
+/// Opens AF_XDP on the interface towards the target, and learns both stations (a TCP
+/// connection to `service`'s server says which address we leave from, and fills the ARP
+/// entry of the target's MAC; the server sees a client that hung up and starts again).
+pub fn open_link(
+    target: &Perftest,
+    service: Service,
+    device: Option<&str>,
+    pcap: Option<&std::path::Path>,
+    wait: Duration,
+) -> io::Result<Link> {
+    let ours = target.local_address(service)?;
+    let device = devices()?
+        .into_iter()
+        .find(|d| match device {
+            Some(name) => d.name == name,
+            None => d.ipv4() == Some(ours),
+        })
+        .ok_or_else(|| io::Error::other(format!("no interface with address {ours}")))?;
+    let their_mac = neighbour_mac(target.host, &device.name)?;
+    let afxdp = AfXdpBackend::open(&device.name, XdpMode::Native)
+        .or_else(|_| AfXdpBackend::open(&device.name, XdpMode::Generic))?;
+    let backend: Box<dyn Backend> = match pcap {
+        Some(path) => Box::new(PcapRecorder::create(afxdp, path).map_err(io::Error::other)?),
+        None => Box::new(afxdp),
+    };
+    Ok(Link::new(
+        backend,
+        Station {
+            mac: device.mac,
+            ip: ours,
+        },
+        Station {
+            mac: their_mac,
+            ip: target.host,
+        },
+        wait,
+    ))
+}
+
+/// The target's MAC from the kernel's ARP table (the TCP connection has just filled it).
+fn neighbour_mac(ip: Ipv4Addr, interface: &str) -> io::Result<[u8; 6]> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/arp")?;
+    let wanted = ip.to_string();
+    table
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            let columns: Vec<&str> = line.split_whitespace().collect();
+            match columns[..] {
+                [address, _, _, mac, _, dev] if address == wanted && dev == interface => {
+                    roce_verbs::device::parse_mac(mac).ok()
+                }
+                _ => None,
+            }
+        })
+        .ok_or_else(|| io::Error::other(format!("no ARP entry for {ip} on {interface}")))
+}
+
+/// A fresh identity for our side of a connection.
+fn fresh_local(ip: Ipv4Addr) -> Local {
+    let mut random = [0u8; 8];
+    // Without entropy the numbers are merely predictable, which no scenario depends on.
+    let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
+    let word = u64::from_le_bytes(random);
+    Local {
+        // Away from QPs 0 and 1, and from the low numbers stacks hand out first.
+        qpn: 0x10_0000 | (word as u32 & 0xF_FFFF),
+        psn: roce_wire::Psn::new((word >> 32) as u32),
+        gid: ip.to_ipv6_mapped().octets(),
+    }
+}
+
+/// Runs `scenario` on a fresh connection; returns its observation, or an error saying why
+/// no connection could be made (the caller decides whether that means BROKE).
+pub fn conduct(
+    target: &mut dyn Target,
+    link: &mut Link,
+    scenario: &Scenario,
+    options: &Options,
+) -> io::Result<Result<String, String>> {
+    let local = fresh_local(link.ours.ip);
+    let session = match target.connect(scenario.service, &local) {
+        Ok(session) => session,
+        Err(error) => return Ok(Err(format!("connect:{error}"))),
+    };
+    let mut conn = Conn::new(link, session.remote(), local, options.send_size);
+    let observed = (scenario.run)(&mut conn)?;
+    if scenario.service == Service::Send {
+        use_up_receives(&mut conn)?;
+    }
+    // A server whose QP the scenario broke may have exited already: nothing to close.
+    let _ = session.close();
+    Ok(Ok(observed))
+}
+
+/// A send server finishes when its receives are used: SEND until it stops ACKing.
+pub fn use_up_receives(conn: &mut Conn) -> io::Result<()> {
+    for _ in 0..RECEIVES_AT_MOST {
+        let at = conn.next;
+        let answer = conn.step(&[conn.send(Opcode::RcSendOnly, at, conn.send_size)], 1)?;
+        if answer != format!("ACK@{at}") {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `scenarios` in order, one result line each and the summary line on `out`; stops
+/// after the first BROKE (what follows would only measure a dead target).
+pub fn run_suite(
+    target: &mut dyn Target,
+    link: &mut Link,
+    scenarios: &[&Scenario],
+    options: &Options,
+    out: &mut dyn Write,
+) -> io::Result<Summary> {
+    let mut summary = Summary::default();
+    for scenario in scenarios {
+        let (observed, mut verdict) = match conduct(target, link, scenario, options)? {
+            Ok(observed) if scenario.expected.contains(&observed.as_str()) => {
+                (observed, Verdict::Pass)
+            }
+            Ok(observed) => (observed, Verdict::Deviates),
+            Err(why) => (why, Verdict::Broke),
+        };
+        let mut broken_by = Vec::new();
+        if verdict != Verdict::Broke {
+            let probe = baseline(scenario.service);
+            match conduct(target, link, probe, options)? {
+                Ok(seen) if probe.expected.contains(&seen.as_str()) => {}
+                Ok(seen) => broken_by.push(format!("{}:{seen}", probe.name)),
+                Err(why) => broken_by.push(format!("{}:{why}", probe.name)),
+            }
+            if let Some(check) = &options.check {
+                let status = Command::new("sh").args(["-c", check]).status()?;
+                if !status.success() {
+                    broken_by.push(format!("check:{status}"));
+                }
+            }
+            if !broken_by.is_empty() {
+                verdict = Verdict::Broke;
+            }
+        }
+        summary.scenarios += 1;
+        let word = match verdict {
+            Verdict::Pass => {
+                summary.pass += 1;
+                "PASS"
+            }
+            Verdict::Deviates => {
+                summary.deviate += 1;
+                "DEVIATES"
+            }
+            Verdict::Broke => {
+                summary.broke += 1;
+                "BROKE"
+            }
+        };
+        let why = if broken_by.is_empty() {
+            String::new()
+        } else {
+            format!(" after={}", one_word(&broken_by.join(";")))
+        };
+        writeln!(
+            out,
+            "{} expected={} observed={} {word}{why}",
+            scenario.name,
+            scenario.expected.join("|"),
+            one_word(&observed),
+        )?;
+        out.flush()?;
+        if verdict == Verdict::Broke {
+            break;
+        }
+    }
+    writeln!(
+        out,
+        "scenarios={} pass={} deviate={} broke={}",
+        summary.scenarios, summary.pass, summary.deviate, summary.broke
+    )?;
+    Ok(summary)
+}
+
+/// `text` with its whitespace made underscores, so that a result line splits on spaces.
+fn one_word(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join("_")
+}

@@ -1,0 +1,223 @@
+//! Reaching a target QP: perftest's client role against the servers the target runs in a
+//! loop (one per verb, each on its own port), which tells us a fresh QP's number, expected
+//! PSN, rkey and address for every connection.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use roce_wire::Psn;
+
+use crate::perf::exchange::KeyMsg;
+
+/// Which of the target's perftest servers a scenario talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Service {
+    /// `ib_write_bw`.
+    Write,
+    /// `ib_read_bw`.
+    Read,
+    /// `ib_atomic_bw`.
+    Atomic,
+    /// `ib_send_bw`.
+    Send,
+}
+
+/// Our side of a connection, as announced to the target.
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    /// The QPN the target's answers go to.
+    pub qpn: u32,
+    /// The PSN our requests start from (the target expects it first).
+    pub psn: Psn,
+    /// Our GID (IPv4-mapped).
+    pub gid: [u8; 16],
+}
+
+/// The target's QP of one connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Remote {
+    /// Its QPN.
+    pub qpn: u32,
+    /// The PSN its own requests would start from.
+    pub psn: Psn,
+    /// The key of its exposed buffer.
+    pub rkey: u32,
+    /// The address of its exposed buffer.
+    pub vaddr: u64,
+    /// The path MTU in bytes.
+    pub mtu: usize,
+}
+
+/// A live connection: its QP, and how to end it so that the target's server finishes.
+pub trait Session {
+    /// The target's QP.
+    fn remote(&self) -> Remote;
+    /// Ends the connection as a client that completed its run would.
+    fn close(self: Box<Self>) -> io::Result<()>;
+}
+
+/// Something that hands out fresh target QPs.
+pub trait Target {
+    /// A new connection to the server of `service`, announcing `local`.
+    fn connect(&mut self, service: Service, local: &Local) -> io::Result<Box<dyn Session>>;
+}
+
+/// The TCP ports of the target's servers, by service.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    /// `ib_write_bw`'s.
+    pub write: u16,
+    /// `ib_read_bw`'s.
+    pub read: u16,
+    /// `ib_atomic_bw`'s.
+    pub atomic: u16,
+    /// `ib_send_bw`'s.
+    pub send: u16,
+}
+
+/// perftest servers on `host`.
+pub struct Perftest {
+    /// The target's address.
+    pub host: Ipv4Addr,
+    /// Its servers' ports.
+    pub ports: Ports,
+    /// How long a server may take to (re)start listening before we give up.
+    pub patience: Duration,
+}
+
+/// The path MTU we ask for (`ibv_mtu` 1 = 256 bytes, the smallest, so both sides keep it):
+/// multi-packet messages stay small.
+const PATH_MTU_ENUM: u8 = 1;
+const PATH_MTU: usize = 256;
+/// Bound on each read and write of the exchange.
+const EXCHANGE_STALL: Duration = Duration::from_secs(10);
+
+impl Perftest {
+    /// The local address the connection to `service` would leave from, found by connecting.
+    pub fn local_address(&self, service: Service) -> io::Result<Ipv4Addr> {
+        let stream = self.dial(service)?;
+        match stream.local_addr()? {
+            SocketAddr::V4(address) => Ok(*address.ip()),
+            SocketAddr::V6(_) => Err(io::Error::other("IPv4 only")),
+        }
+    }
+
+    fn port(&self, service: Service) -> u16 {
+        match service {
+            Service::Write => self.ports.write,
+            Service::Read => self.ports.read,
+            Service::Atomic => self.ports.atomic,
+            Service::Send => self.ports.send,
+        }
+    }
+
+    /// Connects, retrying while the server restarts (the target runs it in a loop).
+    fn dial(&self, service: Service) -> io::Result<TcpStream> {
+        let deadline = Instant::now() + self.patience;
+        loop {
+            match TcpStream::connect((self.host, self.port(service))) {
+                Ok(stream) => {
+                    stream.set_read_timeout(Some(EXCHANGE_STALL))?;
+                    stream.set_write_timeout(Some(EXCHANGE_STALL))?;
+                    stream.set_nodelay(true)?;
+                    return Ok(stream);
+                }
+                Err(error) if Instant::now() > deadline => return Err(error),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+impl Target for Perftest {
+    fn connect(&mut self, service: Service, local: &Local) -> io::Result<Box<dyn Session>> {
+        let mut session = PerftestSession {
+            stream: self.dial(service)?,
+            service,
+            mine: KeyMsg {
+                lid: 0,
+                out_reads: 1,
+                qpn: local.qpn,
+                psn: local.psn.value(),
+                rkey: 0,
+                vaddr: 0,
+                gid: local.gid,
+                srqn: 0,
+            },
+            remote: Remote {
+                qpn: 0,
+                psn: Psn::new(0),
+                rkey: 0,
+                vaddr: 0,
+                mtu: PATH_MTU,
+            },
+        };
+        session.preamble()?;
+        // Before the run: write, read and atomic make three handshakes, send four.
+        let theirs = session.handshake()?;
+        let barriers = if service == Service::Send { 3 } else { 2 };
+        for _ in 0..barriers {
+            session.handshake()?;
+        }
+        session.remote = Remote {
+            qpn: theirs.qpn & 0xFF_FFFF,
+            psn: Psn::new(theirs.psn),
+            rkey: theirs.rkey,
+            vaddr: theirs.vaddr,
+            mtu: PATH_MTU,
+        };
+        Ok(Box::new(session))
+    }
+}
+
+struct PerftestSession {
+    stream: TcpStream,
+    service: Service,
+    mine: KeyMsg,
+    remote: Remote,
+}
+
+impl PerftestSession {
+    /// perftest's `ctx_xchg_data` as the client: write ours, read theirs.
+    fn exchange(&mut self, mine: &[u8]) -> io::Result<Vec<u8>> {
+        self.stream.write_all(mine)?;
+        let mut theirs = vec![0u8; mine.len()];
+        self.stream.read_exact(&mut theirs)?;
+        Ok(theirs)
+    }
+
+    /// Version (perftest 4.5's), page size, cache line, MTU.
+    fn preamble(&mut self) -> io::Result<()> {
+        let mut version = [0u8; 16];
+        version[..4].copy_from_slice(b"6.06");
+        self.exchange(&version)?;
+        self.exchange(&4096u32.to_be_bytes())?;
+        self.exchange(&64u32.to_be_bytes())?;
+        self.exchange(&[b'0' + PATH_MTU_ENUM, 0])?;
+        Ok(())
+    }
+
+    fn handshake(&mut self) -> io::Result<KeyMsg> {
+        let mine = self.mine.to_wire();
+        KeyMsg::from_wire(&self.exchange(&mine)?)
+    }
+}
+
+impl Session for PerftestSession {
+    fn remote(&self) -> Remote {
+        self.remote
+    }
+
+    fn close(mut self: Box<Self>) -> io::Result<()> {
+        if self.service != Service::Send {
+            // The run's end barrier, then the client's five results (zeros: we ran nothing).
+            self.handshake()?;
+            for _ in 0..5 {
+                self.exchange(&[0u8; 8])?;
+            }
+        }
+        self.handshake()?;
+        self.stream.write_all(b"done\0")
+    }
+}
