@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dump;
+mod exec;
 mod perf;
 mod pingpong;
 mod rdma;
@@ -30,6 +31,8 @@ enum Command {
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
     Sim(sim::Args),
+    /// Run an unmodified rdma-core program (ibv_rc_pingpong, ib_write_bw, ...) over our libibverbs.
+    Exec(exec::Args),
 }
 
 fn main() -> ExitCode {
@@ -39,5 +42,6 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Exec(args) => exec::run(&args),
     }
 }
