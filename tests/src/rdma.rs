@@ -84,7 +84,7 @@ impl Side {
             .reg_mr(self.pd, iova, contents.len(), AccessFlags::all())
             .expect("region");
         if let Some(mr) = mrs.get_mut(key) {
-            mr.bytes_mut().copy_from_slice(contents);
+            mr.write(0, contents).expect("the region has room");
         }
         key
     }
@@ -227,10 +227,13 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
         (9, WcStatus::Success, 4096)
     );
     let mrs_b = b.endpoint().mrs();
-    assert_eq!(mrs_b.get(target).map(|mr| mr.bytes()), Some(&data[..]));
-    assert_eq!(mrs_b.get(inbox).map(|mr| mr.bytes()), Some(&data[..4096]));
+    assert_eq!(mrs_b.get(target).and_then(|mr| mr.bytes()), Some(&data[..]));
     assert_eq!(
-        a.endpoint().mrs().get(back).map(|mr| mr.bytes()),
+        mrs_b.get(inbox).and_then(|mr| mr.bytes()),
+        Some(&data[..4096])
+    );
+    assert_eq!(
+        a.endpoint().mrs().get(back).and_then(|mr| mr.bytes()),
         Some(&data[..])
     );
     (a, b)

@@ -322,6 +322,7 @@ fn region(sim: &mut Sim, node: usize, key: u32) -> &mut [u8] {
         .get_mut(key)
         .expect("the run registered this region")
         .bytes_mut()
+        .expect("the run's regions own their bytes")
 }
 
 impl Lane {

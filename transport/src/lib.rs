@@ -2,7 +2,9 @@
 //! clock reads, and randomness only from a seed the caller gives.
 //!
 //! An [`Endpoint`] is one device: its memory regions ([`mr`]), completion queues ([`cq`]) and
-//! queue pairs. It is driven, quinn-proto style, by `handle_packet(now, ..)`,
+//! queue pairs. A region covers bytes it owns or the caller's own memory ([`CallerMemory`]);
+//! the one small module that touches the caller's memory through raw pointers is the crate's
+//! only `unsafe` code, with its invariants written at its top. It is driven, quinn-proto style, by `handle_packet(now, ..)`,
 //! `handle_timeout(now)` and posted work requests, and gives back `poll_transmit` (packets,
 //! before Ethernet/IP/UDP) and `poll_timeout` (its next deadline); completions land in CQs.
 //!
@@ -55,8 +57,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)]
+mod caller_memory;
 pub mod cq;
 pub mod endpoint;
+pub mod limits;
 pub mod mr;
 pub mod qp;
 pub mod qp_state;
@@ -66,4 +71,5 @@ mod timer;
 pub mod wr;
 
 pub use endpoint::{CqId, Endpoint, Transmit};
-pub use mr::AccessFlags;
+pub use limits::{DeviceLimits, LIMITS};
+pub use mr::{AccessFlags, CallerMemory};

@@ -268,7 +268,7 @@ impl Sim {
             .reg_mr(pd, iova, contents.len(), AccessFlags::all())
             .expect("valid region");
         if let Some(mr) = mrs.get_mut(key) {
-            mr.bytes_mut().copy_from_slice(contents);
+            mr.write(0, contents).expect("the region has room");
         }
         key
     }
@@ -279,7 +279,7 @@ impl Sim {
             .endpoint
             .mrs()
             .get(key)
-            .map(|mr| mr.bytes().to_vec())
+            .and_then(|mr| mr.to_vec().ok())
             .unwrap_or_default()
     }
 

@@ -721,7 +721,7 @@ fn duplicate_write_not_executed_twice() {
     assert!(sim.run_until(STEPS, |sim| sim.stats.filtered == 1));
     assert_eq!(sim.mr_bytes(B, target), pattern(200, 19), "executed once");
     let mr = sim.nodes[B].endpoint.mrs().get_mut(target).unwrap();
-    mr.bytes_mut().fill(0xEE);
+    mr.bytes_mut().unwrap().fill(0xEE);
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]
@@ -750,7 +750,7 @@ fn duplicate_read_re_executed() {
     assert!(sim.run_until(STEPS, |sim| sim.stats.filtered == 1));
     let now = pattern(200, 21);
     let mr = sim.nodes[B].endpoint.mrs().get_mut(source).unwrap();
-    mr.bytes_mut().copy_from_slice(&now);
+    mr.write(0, &now).unwrap();
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]

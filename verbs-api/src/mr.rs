@@ -1,15 +1,24 @@
 //! Protection domains and memory regions.
 //!
-//! A region owns its bytes: they live in the transport's region table, where the peer's
-//! WRITEs, READs and atomics reach them, and the program reads and writes them through
-//! [`Mr`]'s methods. So no buffer can be freed or moved while a peer may still write it,
-//! and none of this needs `unsafe`.
+//! A region covers either bytes it owns or the caller's own memory:
+//! - [`Pd::reg_mr`] (zeroed bytes) and [`Pd::reg_mr_buffer`] (a buffer it takes, handed back
+//!   by [`Mr::dereg`]) own their bytes: they live in the transport's region table, where the
+//!   peer's WRITEs, READs and atomics reach them, and the program reads and writes them
+//!   through [`Mr`]'s methods. No buffer can be freed or moved while a peer may still write
+//!   it, and none of this needs `unsafe`.
+//! - [`Pd::reg_mr_raw`] and [`Pd::reg_mr_iova`] register memory the caller keeps, by address
+//!   and length, as `ibv_reg_mr` and `ibv_reg_mr_iova2` do: the peer reaches it directly and
+//!   the program uses it through its own pointers (what a C program, or zero-copy use,
+//!   needs). They are `unsafe`: the caller keeps the memory mapped until the region is
+//!   deregistered, and orders its own accesses against transfers through completions, as
+//!   with a DMA-capable HCA. Remote atomics on it are real atomic instructions, so they are
+//!   atomic with respect to the program's own atomics on the same word.
 
 use std::sync::Arc;
 
-use roce_transport::mr::PdId;
+use roce_transport::mr::{MrError, PdId};
 use roce_transport::wr::Sge;
-use roce_transport::AccessFlags;
+use roce_transport::{AccessFlags, CallerMemory};
 
 use crate::context::Shared;
 use crate::Error;
@@ -63,17 +72,84 @@ impl Pd {
                 .endpoint()
                 .mrs()
                 .reg_mr(self.inner.id, iova, len, access)?;
-        Ok(Mr {
+        Ok(self.region(key, iova, len))
+    }
+
+    /// Registers `buffer`, which the region owns (and [`Mr::dereg`] hands back), at its own
+    /// address, as `ibv_reg_mr` would. On error the buffer is dropped.
+    pub fn reg_mr_buffer(
+        &self,
+        buffer: impl Into<Box<[u8]>>,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        let buffer = buffer.into();
+        let (iova, len) = (buffer.as_ptr() as u64, buffer.len());
+        let key = self.inner.shared.lock()?.endpoint().mrs().reg_mr_owned(
+            self.inner.id,
+            iova,
+            buffer,
+            access,
+        )?;
+        Ok(self.region(key, iova, len))
+    }
+
+    /// Registers the caller's `len` bytes at `addr` (`ibv_reg_mr`): work requests and peers
+    /// address them at `addr`.
+    ///
+    /// # Safety
+    /// The memory stays mapped (and writable, if `access` has `LOCAL_WRITE`) until the region
+    /// is deregistered, and the program does not touch bytes while a transfer it asked for
+    /// moves them (atomics on aligned 8-byte words excepted).
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr_raw(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        // SAFETY: the same contract as ours.
+        unsafe { self.reg_mr_iova(addr, len, addr as u64, access) }
+    }
+
+    /// Registers the caller's `len` bytes at `addr`, which work requests and peers address
+    /// from `iova` (`ibv_reg_mr_iova2`).
+    ///
+    /// # Safety
+    /// As [`reg_mr_raw`](Self::reg_mr_raw).
+    #[allow(unsafe_code)]
+    pub unsafe fn reg_mr_iova(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        let writable = access.contains(AccessFlags::LOCAL_WRITE);
+        // SAFETY: our caller keeps the memory mapped, and writable when the region may be
+        // written, until the region is deregistered (our contract), which is what
+        // `CallerMemory::new` asks.
+        let memory = unsafe { CallerMemory::new(addr, len, writable) }?;
+        let key = self.inner.shared.lock()?.endpoint().mrs().reg_mr_caller(
+            self.inner.id,
+            iova,
+            memory,
+            access,
+        )?;
+        Ok(self.region(key, iova, len))
+    }
+
+    fn region(&self, key: u32, iova: u64, len: usize) -> Mr {
+        Mr {
             pd: Arc::clone(&self.inner),
             key,
             iova,
             len,
-        })
+        }
     }
 }
 
-/// A registered memory region that owns its bytes (`ibv_mr`). Deregistered on drop; its
-/// key is never issued again.
+/// A registered memory region (`ibv_mr`), over bytes it owns or over the caller's memory.
+/// Deregistered on drop (or by [`dereg`](Self::dereg)); its key is never issued again.
 pub struct Mr {
     pd: Arc<PdInner>,
     key: u32,
@@ -118,48 +194,62 @@ impl Mr {
         }
     }
 
-    /// Runs `f` on the bytes. The device is locked meanwhile: keep `f` short and do not
-    /// call verbs from it (that would deadlock).
+    /// Runs `f` on the bytes of a region that owns them. The device is locked meanwhile:
+    /// keep `f` short and do not call verbs from it (that would deadlock). A region over the
+    /// caller's memory is [`Error::Unsupported`] here: the caller has its own pointer.
     pub fn with_bytes<T>(&self, f: impl FnOnce(&[u8]) -> T) -> Result<T, Error> {
         let mut core = self.pd.shared.lock()?;
         let mr = core.endpoint().mrs().get(self.key).ok_or(Error::Gone)?;
-        Ok(f(mr.bytes()))
+        Ok(f(mr.bytes().ok_or(Error::Unsupported(CALLER_MEMORY))?))
     }
 
     /// Runs `f` on the bytes, mutably; the same rules as [`with_bytes`](Self::with_bytes).
     pub fn with_bytes_mut<T>(&self, f: impl FnOnce(&mut [u8]) -> T) -> Result<T, Error> {
         let mut core = self.pd.shared.lock()?;
         let mr = core.endpoint().mrs().get_mut(self.key).ok_or(Error::Gone)?;
-        Ok(f(mr.bytes_mut()))
+        Ok(f(mr
+            .bytes_mut()
+            .ok_or(Error::Unsupported(CALLER_MEMORY))?))
     }
 
     /// Copies `data` in at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
-        self.with_bytes_mut(|bytes| {
-            let end = offset
-                .checked_add(data.len())
-                .filter(|&end| end <= bytes.len());
-            let end = end.ok_or(Error::OutOfBounds)?;
-            bytes[offset..end].copy_from_slice(data);
-            Ok(())
-        })?
+        let mut core = self.pd.shared.lock()?;
+        let mr = core.endpoint().mrs().get_mut(self.key).ok_or(Error::Gone)?;
+        mr.write(offset, data).map_err(region_error)
     }
 
     /// Copies `out.len()` bytes out from `offset`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), Error> {
-        self.with_bytes(|bytes| {
-            let end = offset
-                .checked_add(out.len())
-                .filter(|&end| end <= bytes.len());
-            let end = end.ok_or(Error::OutOfBounds)?;
-            out.copy_from_slice(&bytes[offset..end]);
-            Ok(())
-        })?
+        let mut core = self.pd.shared.lock()?;
+        let mr = core.endpoint().mrs().get(self.key).ok_or(Error::Gone)?;
+        mr.read(offset, out).map_err(region_error)
     }
 
     /// A copy of every byte.
     pub fn to_vec(&self) -> Result<Vec<u8>, Error> {
-        self.with_bytes(<[u8]>::to_vec)
+        let mut core = self.pd.shared.lock()?;
+        let mr = core.endpoint().mrs().get(self.key).ok_or(Error::Gone)?;
+        mr.to_vec().map_err(region_error)
+    }
+
+    /// Deregisters now (`ibv_dereg_mr`) and hands back the bytes of a region that owned them
+    /// (`None` over the caller's memory, which the device no longer touches once this
+    /// returns).
+    pub fn dereg(self) -> Result<Option<Box<[u8]>>, Error> {
+        // Dropping `self` afterwards finds the key gone, which it ignores.
+        let mut core = self.pd.shared.lock()?;
+        Ok(core.endpoint().mrs().dereg_mr(self.key)?)
+    }
+}
+
+const CALLER_MEMORY: &str = "the bytes of a region over the caller's memory (use its pointer)";
+
+/// A region's copy error as the verbs layer reports it.
+fn region_error(error: MrError) -> Error {
+    match error {
+        MrError::OutOfBounds => Error::OutOfBounds,
+        other => Error::Mr(other),
     }
 }
 

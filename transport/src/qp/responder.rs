@@ -10,7 +10,7 @@ use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use super::{Ctx, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
-use crate::mr::{Location, MrError};
+use crate::mr::{AtomicOp, Location, MrError};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
 use crate::wr::RecvWr;
@@ -491,9 +491,8 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         let write = AccessFlags::REMOTE_WRITE;
         qp_permits(qp, write)?;
         ctx.mrs
-            .checked_bytes_mut(qp.pd, rkey, address, u64::from(len), write)
-            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?
-            .copy_from_slice(frame.payload);
+            .write(qp.pd, rkey, address, frame.payload, write)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
     }
     if !ends {
         qp.resp.in_message = Some(InMessage::Write {
@@ -570,15 +569,14 @@ fn read_responses(
         };
         let offset = k as usize * mtu;
         let chunk = (len as usize - offset).min(mtu);
-        let payload = if chunk == 0 {
-            Vec::new()
-        } else {
-            let at = crate::mr::Location {
-                key: location.key,
-                offset: location.offset + offset,
-            };
-            ctx.mrs.slice(at, chunk).to_vec()
+        let at = crate::mr::Location {
+            key: location.key,
+            offset: location.offset + offset,
         };
+        let mut payload = Vec::with_capacity(chunk);
+        ctx.mrs
+            .append(at, chunk, &mut payload)
+            .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
         let mut ext = ExtRepr::default();
         if opcode != Opcode::RcRdmaReadResponseMiddle {
             ext.aeth = Some(aeth::Repr {
@@ -600,22 +598,20 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
         .atomic_eth
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     qp_permits(qp, AccessFlags::REMOTE_ATOMIC)?;
-    let location = ctx
+    let operation = match frame.bth.opcode {
+        Opcode::RcCompareSwap => AtomicOp::CompareSwap {
+            compare: op.compare,
+            swap: op.swap_add,
+        },
+        _ => AtomicOp::FetchAdd(op.swap_add),
+    };
+    let original = ctx
         .mrs
-        .check_atomic(qp.pd, op.rkey, op.virtual_address)
+        .atomic(qp.pd, op.rkey, op.virtual_address, operation)
         .map_err(|error| match error {
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
         })?;
-    // Memory holds the value in host byte order, as an HCA's atomic unit sees it.
-    let target = ctx.mrs.slice_mut(location, 8);
-    let original = u64::from_ne_bytes(target.try_into().unwrap_or([0; 8]));
-    let new = match frame.bth.opcode {
-        Opcode::RcCompareSwap if original == op.compare => op.swap_add,
-        Opcode::RcCompareSwap => original,
-        _ => original.wrapping_add(op.swap_add),
-    };
-    target.copy_from_slice(&new.to_ne_bytes());
     let kind = ResourceKind::Atomic { original };
     remember(
         qp,

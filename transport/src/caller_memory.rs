@@ -1,0 +1,248 @@
+//! Memory the caller owns, registered by address and length (`ibv_reg_mr`): the only
+//! `unsafe` code of this crate.
+//!
+//! Invariants, which whoever registers the memory promises ([`CallerMemory::new`]):
+//! - The `len` bytes from `base` stay mapped and readable, and writable if the memory was
+//!   registered writable, until the `CallerMemory` is dropped (its region deregistered).
+//! - Concurrent CPU access to the same bytes is the caller's business, as with a DMA-capable
+//!   HCA: a program that touches bytes while a transfer moves them has a race it must avoid
+//!   (it orders its accesses through completions). The 8-byte atomics are the exception:
+//!   they are real atomic instructions, so they are atomic with respect to each other and
+//!   to the CPU's own atomics on the same word.
+//!
+//! What this module guarantees in return: it never creates a Rust reference into the memory
+//! (only raw-pointer copies and atomics, so the caller's own references and pointers stay
+//! valid), never touches a byte outside `base..base + len`, and never writes memory that
+//! was not registered writable.
+
+use core::fmt;
+use core::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::mr::{AtomicOp, MrError};
+
+/// `len` bytes of the caller's memory from `base`.
+pub struct CallerMemory {
+    base: *mut u8,
+    len: usize,
+    writable: bool,
+}
+
+// SAFETY: `new`'s contract keeps the memory valid from any thread until drop, and every
+// access below is a raw-pointer copy or an atomic, so moving the handle to another thread
+// (the engine's) creates no aliasing the compiler relies on.
+unsafe impl Send for CallerMemory {}
+
+impl fmt::Debug for CallerMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallerMemory")
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+impl CallerMemory {
+    /// The caller's `len` bytes at `base`, which the transport may write if `writable`.
+    /// Refuses a null `base` and a range that wraps around the address space.
+    ///
+    /// # Safety
+    /// Until the returned value is dropped, the `len` bytes from `base` stay mapped and
+    /// readable, and writable too if `writable`; the caller avoids racing non-atomic accesses
+    /// with the transfers it asks for (see the module's invariants).
+    pub unsafe fn new(base: *mut u8, len: usize, writable: bool) -> Result<Self, MrError> {
+        if base.is_null() {
+            return Err(MrError::NullAddress);
+        }
+        if (base as usize).checked_add(len).is_none() {
+            return Err(MrError::AddressOverflow);
+        }
+        Ok(CallerMemory {
+            base,
+            len,
+            writable,
+        })
+    }
+
+    /// Bytes covered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it covers no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the transport may write it.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The address of the first byte.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// The address of byte `offset`, if `offset..offset + len` lies inside.
+    fn at(&self, offset: usize, len: usize) -> Result<*mut u8, MrError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.base.wrapping_add(offset)),
+            _ => Err(MrError::OutOfBounds),
+        }
+    }
+
+    fn writable_at(&self, offset: usize, len: usize) -> Result<*mut u8, MrError> {
+        if !self.writable {
+            return Err(MrError::AccessDenied);
+        }
+        self.at(offset, len)
+    }
+
+    /// Copies `out.len()` bytes from `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MrError> {
+        let source = self.at(offset, out.len())?;
+        // SAFETY: `source..source + out.len()` lies inside the memory (`at`), readable by
+        // `new`'s contract; `out` is a buffer of ours, not the caller's memory, so the two
+        // do not overlap.
+        unsafe { ptr::copy_nonoverlapping(source, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Appends `len` bytes from `offset` to `out`.
+    pub fn append(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<(), MrError> {
+        let source = self.at(offset, len)?;
+        out.try_reserve(len).map_err(|_| MrError::OutOfMemory)?;
+        let filled = out.len();
+        // SAFETY: the source lies inside the memory (`at`) and is readable by `new`'s
+        // contract; `try_reserve` made room for `len` more bytes after `filled`, in a buffer
+        // of ours that the caller's memory cannot overlap. The bytes are initialised by the
+        // copy before `set_len` exposes them.
+        unsafe {
+            ptr::copy_nonoverlapping(source, out.as_mut_ptr().add(filled), len);
+            out.set_len(filled + len);
+        }
+        Ok(())
+    }
+
+    /// Copies `data` in at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MrError> {
+        let target = self.writable_at(offset, data.len())?;
+        // SAFETY: the target lies inside the memory (`writable_at`), which `new`'s contract
+        // keeps writable since it was registered writable; `data` is ours, so no overlap.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), target, data.len()) };
+        Ok(())
+    }
+
+    /// Performs `op` on the 8-byte word at `offset` with one atomic instruction and returns
+    /// the word's value before it. The word's address must be 8-byte aligned.
+    pub fn atomic(&self, offset: usize, op: AtomicOp) -> Result<u64, MrError> {
+        let target = self.writable_at(offset, 8)?;
+        if !(target as usize).is_multiple_of(align_of::<AtomicU64>()) {
+            return Err(MrError::Misaligned);
+        }
+        // SAFETY: the 8 bytes lie inside the memory (`writable_at`) and stay mapped and
+        // writable until drop (`new`'s contract); the address is aligned for `AtomicU64`
+        // (checked above); the reference lives only for this call. Non-atomic CPU accesses
+        // racing with it are excluded by the same contract.
+        let word = unsafe { AtomicU64::from_ptr(target.cast::<u64>()) };
+        Ok(match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(original) | Err(original) => original,
+                }
+            }
+            AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A heap buffer handed out only as a raw pointer, as C memory is.
+    struct Raw {
+        base: *mut u64,
+        words: usize,
+    }
+
+    impl Raw {
+        fn new(words: usize) -> Raw {
+            let boxed = vec![0u64; words].into_boxed_slice();
+            Raw {
+                base: Box::into_raw(boxed).cast::<u64>(),
+                words,
+            }
+        }
+
+        fn memory(&self, writable: bool) -> CallerMemory {
+            // SAFETY: the buffer outlives every `CallerMemory` of these tests (dropped
+            // before `Raw`), and nothing else touches it meanwhile.
+            unsafe { CallerMemory::new(self.base.cast(), self.words * 8, writable) }.unwrap()
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            // SAFETY: `base` came from `Box::into_raw` of a slice of `words` words.
+            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.base, self.words)) });
+        }
+    }
+
+    #[test]
+    fn copies_stay_inside_and_respect_writability() {
+        let raw = Raw::new(2);
+        let memory = raw.memory(true);
+        memory.write(3, &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 5];
+        memory.read(2, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2, 3, 0]);
+        let mut appended = vec![9];
+        memory.append(4, 2, &mut appended).unwrap();
+        assert_eq!(appended, [9, 2, 3]);
+        assert_eq!(memory.write(14, &[0; 3]), Err(MrError::OutOfBounds));
+        assert_eq!(memory.read(usize::MAX, &mut out), Err(MrError::OutOfBounds));
+        assert_eq!(
+            memory.append(16, 1, &mut appended),
+            Err(MrError::OutOfBounds)
+        );
+        let read_only = raw.memory(false);
+        assert_eq!(read_only.write(0, &[1]), Err(MrError::AccessDenied));
+        assert_eq!(
+            read_only.atomic(0, AtomicOp::FetchAdd(1)),
+            Err(MrError::AccessDenied)
+        );
+    }
+
+    #[test]
+    fn atomics_return_the_original_and_need_alignment() {
+        let raw = Raw::new(2);
+        let memory = raw.memory(true);
+        assert_eq!(memory.atomic(8, AtomicOp::FetchAdd(5)), Ok(0));
+        assert_eq!(memory.atomic(8, AtomicOp::FetchAdd(2)), Ok(5));
+        let swap = |compare, swap| AtomicOp::CompareSwap { compare, swap };
+        assert_eq!(memory.atomic(8, swap(1, 100)), Ok(7));
+        assert_eq!(memory.atomic(8, swap(7, 100)), Ok(7));
+        assert_eq!(memory.atomic(8, AtomicOp::FetchAdd(0)), Ok(100));
+        assert_eq!(
+            memory.atomic(4, AtomicOp::FetchAdd(1)),
+            Err(MrError::Misaligned)
+        );
+        assert_eq!(
+            memory.atomic(12, AtomicOp::FetchAdd(1)),
+            Err(MrError::OutOfBounds)
+        );
+    }
+
+    #[test]
+    fn null_and_wrapping_ranges_are_refused() {
+        // SAFETY: refused before anything could be touched.
+        let null = unsafe { CallerMemory::new(ptr::null_mut(), 8, true) };
+        assert_eq!(null.unwrap_err(), MrError::NullAddress);
+        // SAFETY: as above.
+        let wrapping = unsafe { CallerMemory::new(usize::MAX as *mut u8, 2, true) };
+        assert_eq!(wrapping.unwrap_err(), MrError::AddressOverflow);
+    }
+}

@@ -1,0 +1,52 @@
+//! The device's limits, in one place: what `ibv_query_device` reports and what creating,
+//! modifying and posting enforce, where rdma-core's providers (rxe's `rxe_qp_chk_cap`,
+//! `rxe_qp_chk_attr`, `rxe_cq_chk_attr` and its user-space post path) enforce them.
+
+/// Limits of one device (the fields of `struct ibv_device_attr` this stack enforces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// Most QPs (QP numbers are never reused, so also most QPs ever created).
+    pub max_qp: u32,
+    /// Most work requests per send or receive queue (`max_send_wr`, `max_recv_wr`).
+    pub max_qp_wr: u32,
+    /// Most scatter/gather elements per work request, send or receive.
+    pub max_sge: u32,
+    /// Most entries per CQ.
+    pub max_cqe: u32,
+    /// Largest memory region, in bytes.
+    pub max_mr_size: u64,
+    /// Most READs and atomics a QP has outstanding as responder (`max_dest_rd_atomic`).
+    pub max_qp_rd_atom: u8,
+    /// Most READs and atomics a QP has outstanding as requester (`max_rd_atomic`).
+    pub max_qp_init_rd_atom: u8,
+    /// Most bytes of inline data per send (`max_inline_data`; a QP cap, not a device
+    /// attribute in verbs).
+    pub max_inline_data: u32,
+    /// Entries in the P_Key table: only the default partition, so `pkey_index` must be 0.
+    pub max_pkeys: u16,
+}
+
+/// The limits of every roce-xdp device.
+pub const LIMITS: DeviceLimits = DeviceLimits {
+    max_qp: 0xFF_FFFF - 0x11,
+    max_qp_wr: 1 << 16,
+    max_sge: 32,
+    max_cqe: 1 << 20,
+    max_mr_size: 1 << 40,
+    max_qp_rd_atom: 128,
+    max_qp_init_rd_atom: 128,
+    max_inline_data: 512,
+    max_pkeys: 1,
+};
+
+/// The Linux errno values rdma-core returns for refused verbs calls.
+pub mod errno {
+    /// `EFAULT`.
+    pub const EFAULT: i32 = 14;
+    /// `EBUSY`.
+    pub const EBUSY: i32 = 16;
+    /// `ENOMEM`.
+    pub const ENOMEM: i32 = 12;
+    /// `EINVAL`.
+    pub const EINVAL: i32 = 22;
+}
