@@ -299,3 +299,34 @@ fn ibv_rc_pingpong_talks_to_itself_between_namespaces() {
         check_pingpong(&format!("{name} server"), &server, iters, size);
     }
 }
+
+/// perftest `test` with `flags` on both sides, server in `b`; both must print their
+/// result row for `size` bytes and `iters` iterations.
+fn perftest_pair(a: &Netns, b: &Netns, test: &str, flags: &[&str], size: &str, iters: &str) {
+    let mut server_args = vec![test, "-x", "1", "-F", "-s", size, "-n", iters];
+    server_args.extend_from_slice(flags);
+    let mut server_b = server_args.clone();
+    server_b.extend_from_slice(&["-d", "eb"]);
+    let server = exec_in(b, &server_b).spawn().unwrap();
+    wait_for_listener(b, 18515);
+    let mut client_args = server_args.clone();
+    client_args.extend_from_slice(&["-d", "ea", "10.83.0.2"]);
+    let client = exec_in(a, &client_args).output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    for (side, output) in [("client", &client), ("server", &server)] {
+        let all = text(output);
+        assert!(output.status.success(), "{test} {side}: {all}");
+        assert!(common::has_row(&all, size, iters), "{test} {side}: {all}");
+    }
+}
+
+#[test]
+fn perftest_runs_on_both_sides_between_namespaces() {
+    let test = "perftest_runs_on_both_sides_between_namespaces";
+    if !root_and(test, &["ib_write_bw", "ib_send_lat"]) {
+        return;
+    }
+    let (a, b) = two_namespaces(9000);
+    perftest_pair(&a, &b, "ib_write_bw", &[], "65536", "2000");
+    perftest_pair(&a, &b, "ib_send_lat", &[], "64", "2000");
+}

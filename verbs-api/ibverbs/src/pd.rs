@@ -1,9 +1,10 @@
-//! Protection domains and memory regions.
+//! Protection domains and memory regions over the caller's memory.
 
-use core::ffi::c_int;
+use core::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use roce_cabi::set_errno;
+use roce_cabi::{set_errno, EOPNOTSUPP};
+use roce_verbs::AccessFlags;
 
 use crate::abi::*;
 use crate::context::Context;
@@ -65,4 +66,104 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: it was leaked from a Box in `alloc_pd`, and the caller gives it up.
     drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
     0
+}
+
+/// Our `ibv_mr`: a region over the caller's memory.
+#[repr(C)]
+struct Mr {
+    raw: ibv_mr,
+    mr: roce_verbs::Mr,
+}
+
+/// `IBV_ACCESS_ON_DEMAND`: paging on fault, which needs a kernel driver.
+const ACCESS_ON_DEMAND: u32 = 1 << 6;
+
+/// `ibv_reg_mr`: the caller's `length` bytes at `addr`, which peers address at `addr`.
+pub(crate) unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's promise of `ibv_reg_mr`, passed on.
+    unsafe { reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
+}
+
+/// `ibv_reg_mr_iova` (1.7; the same as `ibv_reg_mr_iova2` with signed flags).
+pub(crate) unsafe extern "C" fn reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's promise of `ibv_reg_mr`, passed on.
+    unsafe { reg_mr_iova2(pd, addr, length, iova, access as u32) }
+}
+
+/// `ibv_reg_mr_iova2`: the caller's `length` bytes at `addr`, which peers address from
+/// `iova`. Access bits we do not enforce (relaxed ordering and the rest of the optional
+/// range, hugetlb, ...) are accepted and ignored, as rdma-core does; on-demand paging is
+/// `EOPNOTSUPP`.
+pub(crate) unsafe extern "C" fn reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    // SAFETY: the caller passes a PD of ours.
+    let Some(ours) = (unsafe { Pd::from_raw(pd) }) else {
+        set_errno(EINVAL);
+        return core::ptr::null_mut();
+    };
+    if access & ACCESS_ON_DEMAND != 0 {
+        crate::log_failure("ibv_reg_mr", &"on-demand paging");
+        set_errno(EOPNOTSUPP);
+        return core::ptr::null_mut();
+    }
+    let flags = AccessFlags::from_bits_truncate(access);
+    // SAFETY: `ibv_reg_mr`'s contract: the memory stays mapped until `ibv_dereg_mr`, and the
+    // program orders its own accesses against the transfers through completions.
+    let made = unsafe { ours.pd.reg_mr_iova(addr.cast(), length, iova, flags) };
+    match made {
+        Ok(mr) => {
+            ours.users.fetch_add(1, Ordering::AcqRel);
+            let raw = ibv_mr {
+                context: ours.raw.context,
+                pd,
+                addr,
+                length,
+                handle: 0,
+                lkey: mr.lkey(),
+                rkey: mr.rkey(),
+            };
+            Box::into_raw(Box::new(Mr { raw, mr })).cast()
+        }
+        Err(error) => {
+            crate::log_failure("ibv_reg_mr", &error);
+            set_errno(crate::errno_of(&error));
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_dereg_mr`: from now on its keys are unknown to every peer and work request.
+pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    if mr.is_null() {
+        return EINVAL;
+    }
+    // SAFETY: the caller passes a region of ours and gives it up.
+    let ours = unsafe { Box::from_raw(mr.cast::<Mr>()) };
+    // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
+    if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
+        pd.users.fetch_sub(1, Ordering::AcqRel);
+    }
+    match ours.mr.dereg() {
+        Ok(_) => 0,
+        Err(error) => {
+            crate::log_failure("ibv_dereg_mr", &error);
+            crate::errno_of(&error)
+        }
+    }
 }
