@@ -277,10 +277,11 @@ fn ibv_rc_pingpong_talks_to_itself_between_namespaces() {
         return;
     }
     let (a, b) = two_namespaces(9000);
-    let runs: [(&str, &[&str], u32); 3] = [
+    let runs: [(&str, &[&str], u32); 4] = [
         ("4 KiB", &["-s", "4096"], 4096),
         ("64 KiB, MTU 4096", &["-s", "65536", "-m", "4096"], 65536),
         ("events", &["-e", "-s", "4096"], 4096),
+        ("ibv_wr_* builders", &["-N", "-s", "4096", "-c"], 4096),
     ];
     for (name, flags, size) in runs {
         let iters = 100;

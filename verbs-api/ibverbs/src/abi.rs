@@ -78,7 +78,7 @@ pub struct verbs_context {
     pub _priv: usize,
     pub query_device_ex: usize,
     pub _ops_224_to_264: [usize; 5],
-    pub create_qp_ex: usize,
+    pub create_qp_ex: Option<CreateQpEx>,
     pub _ops_272_to_312: [usize; 5],
     pub sz: usize,
     pub context: ibv_context,
@@ -216,6 +216,77 @@ pub struct ibv_qp {
     pub cond: pthread_cond_t,
     pub events_completed: u32,
 }
+
+pub type WrStart = unsafe extern "C" fn(*mut ibv_qp_ex);
+pub type WrComplete = unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int;
+/// For the builders we do not support: they take more arguments, which the callee may
+/// ignore in the C calling convention.
+pub type WrUnsupported = unsafe extern "C" fn(*mut ibv_qp_ex);
+
+/// `struct ibv_qp_ex`: an `ibv_qp` and the work request builders (`ibv_wr_*`), which
+/// applications call through these pointers after writing `wr_id` and `wr_flags`.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: u32,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    pub wr_bind_mw: Option<WrUnsupported>,
+    pub wr_local_inv: Option<WrUnsupported>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_send: Option<WrStart>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_tso: Option<WrUnsupported>,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: Option<WrUnsupported>,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
+    pub wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_sge)>,
+    pub wr_start: Option<WrStart>,
+    pub wr_complete: Option<WrComplete>,
+    pub wr_abort: Option<WrStart>,
+    pub wr_atomic_write: Option<WrUnsupported>,
+}
+
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut c_void,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf`.
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
+pub type CreateQpEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UC: u32 = 3;
@@ -598,6 +669,65 @@ mod layout_tests {
         size!(ibv_qp);
         at!(ibv_qp, context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num);
         at!(ibv_qp, state, qp_type, mutex, cond, events_completed);
+        size!(ibv_qp_ex);
+        at!(
+            ibv_qp_ex,
+            qp_base,
+            comp_mask,
+            wr_id,
+            wr_flags,
+            wr_atomic_cmp_swp
+        );
+        at!(
+            ibv_qp_ex,
+            wr_atomic_fetch_add,
+            wr_bind_mw,
+            wr_local_inv,
+            wr_rdma_read
+        );
+        at!(
+            ibv_qp_ex,
+            wr_rdma_write,
+            wr_rdma_write_imm,
+            wr_send,
+            wr_send_imm,
+            wr_send_inv
+        );
+        at!(
+            ibv_qp_ex,
+            wr_send_tso,
+            wr_set_ud_addr,
+            wr_set_xrc_srqn,
+            wr_set_inline_data
+        );
+        at!(
+            ibv_qp_ex,
+            wr_set_inline_data_list,
+            wr_set_sge,
+            wr_set_sge_list,
+            wr_start
+        );
+        at!(ibv_qp_ex, wr_complete, wr_abort, wr_atomic_write);
+        size!(ibv_data_buf);
+        at!(ibv_data_buf, addr, length);
+        size!(ibv_qp_init_attr_ex);
+        at!(
+            ibv_qp_init_attr_ex,
+            cap,
+            qp_type,
+            sq_sig_all,
+            comp_mask,
+            pd,
+            xrcd
+        );
+        at!(
+            ibv_qp_init_attr_ex,
+            create_flags,
+            max_tso_header,
+            rwq_ind_tbl,
+            rx_hash_conf
+        );
+        at!(ibv_qp_init_attr_ex, source_qpn, send_ops_flags);
         size!(ibv_ah);
         at!(ibv_ah, context, pd, handle);
         size!(ibv_sge);

@@ -148,7 +148,7 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
             _priv: 0,
             query_device_ex: 0,
             _ops_224_to_264: [0; 5],
-            create_qp_ex: 0,
+            create_qp_ex: Some(qp::create_qp_ex),
             _ops_272_to_312: [0; 5],
             sz: size_of::<verbs_context>(),
             context: ibv_context {

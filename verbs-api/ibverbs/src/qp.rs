@@ -1,7 +1,7 @@
 //! Queue pairs (create, modify with rdma-core's attribute masks, query, destroy, posting
 //! through the ops table) and address handles.
 
-use core::ffi::c_int;
+use core::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
@@ -21,24 +21,29 @@ const EINVAL: c_int = 22;
 /// Most inline bytes a send may carry (what `max_inline_data` may ask for).
 const MAX_INLINE_DATA: u32 = 1024;
 
-/// Our `ibv_qp`.
+/// Our `ibv_qp` (inside an `ibv_qp_ex`, whose builders work when the QP was created with
+/// send ops flags).
 #[repr(C)]
 pub(crate) struct Qp {
-    raw: ibv_qp,
+    raw: ibv_qp_ex,
     qp: roce_verbs::Qp,
     cap: ibv_qp_cap,
     sq_sig_all: c_int,
     /// The attributes given so far, as `ibv_query_qp` reports them.
     attr: Mutex<ibv_qp_attr>,
+    /// Whether `ibv_qp_to_qp_ex` hands out the builders.
+    extended: bool,
+    /// Work requests built since `ibv_wr_start`.
+    batch: Mutex<Batch>,
 }
 
 impl Qp {
-    /// The QP behind an `ibv_qp` we handed out.
+    /// The QP behind an `ibv_qp` (or `ibv_qp_ex`) we handed out.
     ///
     /// # Safety
     /// `qp` is NULL or came from [`create_qp`] and is not destroyed.
     unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-        // SAFETY: `raw` is the first field of our `#[repr(C)]` Qp.
+        // SAFETY: `raw.qp_base` is the first field of our `#[repr(C)]` Qp.
         unsafe { qp.cast::<Qp>().as_ref() }
     }
 }
@@ -49,44 +54,138 @@ fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T
     core::ptr::null_mut()
 }
 
+/// What both `ibv_create_qp` and `ibv_create_qp_ex` give.
+struct Creation<'a> {
+    pd: *mut ibv_pd,
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut c_void,
+    /// Updated to what was given.
+    cap: &'a mut ibv_qp_cap,
+    qp_type: u32,
+    sq_sig_all: c_int,
+    extended: bool,
+}
+
 /// `ibv_create_qp`: RC, UC or UD, in RESET; `init_attr.cap` is updated to what was given.
 pub(crate) unsafe extern "C" fn create_qp(
     pd: *mut ibv_pd,
     init_attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
-    // SAFETY: the caller passes a PD of ours and a writable init struct.
-    let (Some(ours), Some(init)) = (unsafe { Pd::from_raw(pd) }, unsafe { init_attr.as_mut() })
-    else {
-        return fail_null("ibv_create_qp", EINVAL, &"NULL PD or attributes");
+    // SAFETY: the caller passes a writable init struct.
+    let Some(init) = (unsafe { init_attr.as_mut() }) else {
+        return fail_null("ibv_create_qp", EINVAL, &"NULL attributes");
     };
-    if !init.srq.is_null() {
-        return fail_null("ibv_create_qp", EOPNOTSUPP, &"shared receive queues");
+    // SAFETY: the caller passes a PD and CQs of ours.
+    unsafe {
+        create(Creation {
+            pd,
+            qp_context: init.qp_context,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            cap: &mut init.cap,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+            extended: false,
+        })
     }
-    let qp_type = match init.qp_type {
+}
+
+/// `verbs_context.create_qp_ex` (the inline `ibv_create_qp_ex`): a PD, and optionally the
+/// work request builders (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`); nothing else (XRC, RSS, TSO,
+/// creation flags) is supported.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    // SAFETY: the caller passes a writable init struct.
+    let Some(init) = (unsafe { attr.as_mut() }) else {
+        return fail_null("ibv_create_qp_ex", EINVAL, &"NULL attributes");
+    };
+    if init.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+        return fail_null("ibv_create_qp_ex", EINVAL, &"no PD");
+    }
+    if init.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        return fail_null(
+            "ibv_create_qp_ex",
+            EOPNOTSUPP,
+            &"XRC, RSS, TSO or creation flags",
+        );
+    }
+    // SAFETY: the caller passes a PD of ours.
+    let same_context = unsafe { Pd::from_raw(init.pd) }.is_some_and(|pd| pd.raw.context == context);
+    if !same_context {
+        return fail_null("ibv_create_qp_ex", EINVAL, &"a PD of another context");
+    }
+    // SAFETY: the caller passes a PD and CQs of ours.
+    unsafe {
+        create(Creation {
+            pd: init.pd,
+            qp_context: init.qp_context,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            cap: &mut init.cap,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+            extended: init.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0,
+        })
+    }
+}
+
+/// `ibv_qp_to_qp_ex`: the builders, for a QP created with send ops flags; else NULL.
+pub(crate) unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: the caller passes a QP of ours.
+    match unsafe { Qp::from_raw(qp) } {
+        Some(ours) if ours.extended => qp.cast(),
+        _ => fail_null(
+            "ibv_qp_to_qp_ex",
+            EOPNOTSUPP,
+            &"QP created without send ops flags",
+        ),
+    }
+}
+
+/// Creates a QP.
+///
+/// # Safety
+/// `c.pd` is a PD of ours; the CQs are NULL or ours.
+unsafe fn create(c: Creation) -> *mut ibv_qp {
+    const CALL: &str = "ibv_create_qp";
+    // SAFETY: per this function's contract.
+    let Some(ours) = (unsafe { Pd::from_raw(c.pd) }) else {
+        return fail_null(CALL, EINVAL, &"NULL PD");
+    };
+    if !c.srq.is_null() {
+        return fail_null(CALL, EOPNOTSUPP, &"shared receive queues");
+    }
+    let qp_type = match c.qp_type {
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
-        other => return fail_null("ibv_create_qp", EOPNOTSUPP, &format!("QP type {other}")),
+        other => return fail_null(CALL, EOPNOTSUPP, &format!("QP type {other}")),
     };
-    // SAFETY: the caller passes CQs of ours.
-    let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_raw(init.send_cq) }, unsafe {
-        Cq::from_raw(init.recv_cq)
+    // SAFETY: per this function's contract.
+    let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_raw(c.send_cq) }, unsafe {
+        Cq::from_raw(c.recv_cq)
     }) else {
-        return fail_null("ibv_create_qp", EINVAL, &"NULL CQ");
+        return fail_null(CALL, EINVAL, &"NULL CQ");
     };
     // SAFETY: a PD's context outlives it.
     let Some(context) = (unsafe { Context::from_raw(ours.raw.context) }) else {
-        return fail_null("ibv_create_qp", EINVAL, &"PD without a context");
+        return fail_null(CALL, EINVAL, &"PD without a context");
     };
     let limits = context.device().query();
-    let cap = init.cap;
+    let cap = *c.cap;
     if cap.max_send_wr > limits.max_qp_wr
         || cap.max_recv_wr > limits.max_qp_wr
         || cap.max_send_sge > limits.max_sge
         || cap.max_recv_sge > limits.max_sge
         || cap.max_inline_data > MAX_INLINE_DATA
     {
-        return fail_null("ibv_create_qp", EINVAL, &"capabilities beyond the device's");
+        return fail_null(CALL, EINVAL, &"capabilities beyond the device's");
     }
     let caps = QpCaps {
         max_send_wr: cap.max_send_wr,
@@ -100,36 +199,39 @@ pub(crate) unsafe extern "C" fn create_qp(
         send_cq: &send_cq.cq,
         recv_cq: &recv_cq.cq,
         caps,
-        sq_sig_all: init.sq_sig_all != 0,
+        sq_sig_all: c.sq_sig_all != 0,
     };
     let qp = match ours.pd.create_qp(&attr) {
         Ok(qp) => qp,
-        Err(error) => return fail_null("ibv_create_qp", crate::errno_of(&error), &error),
+        Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
     let qp_num = qp.qp_num();
+    let qp_base = ibv_qp {
+        context: ours.raw.context,
+        qp_context: c.qp_context,
+        pd: c.pd,
+        send_cq: c.send_cq,
+        recv_cq: c.recv_cq,
+        srq: core::ptr::null_mut(),
+        handle: 0,
+        qp_num,
+        state: 0,
+        qp_type: c.qp_type,
+        mutex: [0; 5],
+        cond: [0; 6],
+        events_completed: 0,
+    };
     let ptr = Box::into_raw(Box::new(Qp {
-        raw: ibv_qp {
-            context: ours.raw.context,
-            qp_context: init.qp_context,
-            pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: core::ptr::null_mut(),
-            handle: 0,
-            qp_num,
-            state: 0,
-            qp_type: init.qp_type,
-            mutex: [0; 5],
-            cond: [0; 6],
-            events_completed: 0,
-        },
+        raw: builders(qp_base),
         qp,
         cap,
-        sq_sig_all: init.sq_sig_all,
+        sq_sig_all: c.sq_sig_all,
         attr: Mutex::new(ibv_qp_attr {
             cap,
             ..ibv_qp_attr::default()
         }),
+        extended: c.extended,
+        batch: Mutex::new(Batch::default()),
     }));
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -148,17 +250,17 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     };
     // SAFETY: a QP's context, PD and CQs outlive it (they cannot go while it uses them).
     unsafe {
-        if let Some(context) = Context::from_raw(ours.raw.context) {
+        if let Some(context) = Context::from_raw(ours.raw.qp_base.context) {
             if let Ok(mut qps) = context.qps.lock() {
-                qps.remove(&ours.raw.qp_num);
+                qps.remove(&ours.raw.qp_base.qp_num);
             }
         }
-        for cq in [ours.raw.send_cq, ours.raw.recv_cq] {
+        for cq in [ours.raw.qp_base.send_cq, ours.raw.qp_base.recv_cq] {
             if let Some(cq) = Cq::from_raw(cq) {
                 cq.users.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        if let Some(pd) = Pd::from_raw(ours.raw.pd) {
+        if let Some(pd) = Pd::from_raw(ours.raw.qp_base.pd) {
             pd.users.fetch_sub(1, Ordering::AcqRel);
         }
         drop(Box::from_raw(qp.cast::<Qp>()));
@@ -421,12 +523,12 @@ pub(crate) unsafe extern "C" fn query_qp(
         ..*known
     };
     *init = ibv_qp_init_attr {
-        qp_context: ours.raw.qp_context,
-        send_cq: ours.raw.send_cq,
-        recv_cq: ours.raw.recv_cq,
+        qp_context: ours.raw.qp_base.qp_context,
+        send_cq: ours.raw.qp_base.send_cq,
+        recv_cq: ours.raw.qp_base.recv_cq,
         srq: core::ptr::null_mut(),
         cap: ours.cap,
-        qp_type: ours.raw.qp_type,
+        qp_type: ours.raw.qp_base.qp_type,
         sq_sig_all: ours.sq_sig_all,
     };
     0
@@ -803,5 +905,284 @@ pub(crate) unsafe extern "C" fn create_ah_from_wc(
             return core::ptr::null_mut();
         }
         create_ah(pd, &mut attr)
+    }
+}
+
+/// The work requests built between `ibv_wr_start` and `ibv_wr_complete`, and the first
+/// error among them (reported by `ibv_wr_complete`, which then posts nothing).
+#[derive(Default)]
+struct Batch {
+    wrs: Vec<SendWr>,
+    error: Option<c_int>,
+}
+
+/// An `ibv_qp_ex` around `qp_base` with our builders.
+fn builders(qp_base: ibv_qp) -> ibv_qp_ex {
+    ibv_qp_ex {
+        qp_base,
+        comp_mask: 0,
+        wr_id: 0,
+        wr_flags: 0,
+        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
+        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
+        wr_bind_mw: Some(wr_unsupported),
+        wr_local_inv: Some(wr_unsupported),
+        wr_rdma_read: Some(wr_rdma_read),
+        wr_rdma_write: Some(wr_rdma_write),
+        wr_rdma_write_imm: Some(wr_rdma_write_imm),
+        wr_send: Some(wr_send),
+        wr_send_imm: Some(wr_send_imm),
+        wr_send_inv: Some(wr_send_inv),
+        wr_send_tso: Some(wr_unsupported),
+        wr_set_ud_addr: Some(wr_set_ud_addr),
+        wr_set_xrc_srqn: Some(wr_unsupported),
+        wr_set_inline_data: Some(wr_set_inline_data),
+        wr_set_inline_data_list: Some(wr_set_inline_data_list),
+        wr_set_sge: Some(wr_set_sge),
+        wr_set_sge_list: Some(wr_set_sge_list),
+        wr_start: Some(wr_start),
+        wr_complete: Some(wr_complete),
+        wr_abort: Some(wr_abort),
+        wr_atomic_write: Some(wr_unsupported),
+    }
+}
+
+/// Runs `f` on the QP's batch.
+///
+/// # Safety
+/// `qp` is an `ibv_qp_ex` of ours.
+unsafe fn with_batch<T>(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut Batch) -> T) -> Option<T> {
+    // SAFETY: per this function's contract.
+    let ours = unsafe { Qp::from_raw(qp.cast()) }?;
+    let mut batch = ours.batch.lock().ok()?;
+    Some(f(ours, &mut batch))
+}
+
+/// Starts a new work request with `op`, taking `wr_id` and `wr_flags` from the QP as the
+/// application wrote them.
+///
+/// # Safety
+/// `qp` is an `ibv_qp_ex` of ours.
+unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
+    // SAFETY: per this function's contract.
+    unsafe {
+        with_batch(qp, |ours, batch| {
+            batch.wrs.push(SendWr {
+                wr_id: ours.raw.wr_id,
+                op,
+                flags: SendFlags::from_bits_truncate(ours.raw.wr_flags),
+                ..SendWr::default()
+            });
+        });
+    }
+}
+
+/// Changes the work request being built; an error if none is.
+///
+/// # Safety
+/// `qp` is an `ibv_qp_ex` of ours.
+unsafe fn amend(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWr) -> Result<(), c_int>) {
+    // SAFETY: per this function's contract.
+    unsafe {
+        with_batch(qp, |_, batch| {
+            let result = batch.wrs.last_mut().ok_or(EINVAL).and_then(f);
+            if let Err(errno) = result {
+                batch.error.get_or_insert(errno);
+            }
+        });
+    }
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { with_batch(qp, |_, batch| *batch = Batch::default()) };
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { with_batch(qp, |_, batch| *batch = Batch::default()) };
+}
+
+/// Posts the batch: 0, or the errno of the first builder error or of the post.
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    let done = unsafe {
+        with_batch(qp, |ours, batch| {
+            let batch = std::mem::take(batch);
+            if let Some(errno) = batch.error {
+                return errno;
+            }
+            match ours.qp.post_send(batch.wrs) {
+                Ok(()) => 0,
+                Err(failure) => {
+                    crate::log_failure("ibv_wr_complete", &failure);
+                    crate::errno_of(&failure.error)
+                }
+            }
+        })
+    };
+    done.unwrap_or(EINVAL)
+}
+
+/// Memory windows, local invalidation, TSO, XRC and atomic writes: the batch fails.
+unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        with_batch(qp, |_, batch| {
+            batch.error.get_or_insert(EOPNOTSUPP);
+        });
+    }
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::Send) };
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::SendWithImm(u32::from_be(imm))) };
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::SendWithInv(rkey)) };
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::RdmaWrite { remote_addr, rkey }) };
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    let imm = u32::from_be(imm);
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        begin(
+            qp,
+            SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+        )
+    };
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::RdmaRead { remote_addr, rkey }) };
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let op = SendOp::CompareSwap {
+        remote_addr,
+        rkey,
+        compare,
+        swap,
+    };
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, op) };
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        begin(
+            qp,
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            },
+        )
+    };
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        amend(qp, |wr| {
+            wr.sg_list = [Sge { addr, length, lkey }].into();
+            Ok(())
+        });
+    }
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg: *const ibv_sge) {
+    let count = c_int::try_from(num_sge).unwrap_or(-1);
+    // SAFETY: the application passes its `ibv_qp_ex` and `num_sge` elements.
+    unsafe {
+        amend(qp, |wr| {
+            wr.sg_list = sg_list(sg, count)?;
+            Ok(())
+        });
+    }
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    let buffer = ibv_data_buf { addr, length };
+    // SAFETY: the application passes its `ibv_qp_ex` and one buffer.
+    unsafe { wr_set_inline_data_list(qp, 1, &buffer) };
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buffers: *const ibv_data_buf,
+) {
+    // SAFETY: the application passes its `ibv_qp_ex` and `num_buf` buffers, each of
+    // `length` readable bytes, copied before this returns.
+    unsafe {
+        amend(qp, |wr| {
+            if num_buf > 0 && buffers.is_null() {
+                return Err(EINVAL);
+            }
+            let buffers = if num_buf == 0 {
+                &[][..]
+            } else {
+                core::slice::from_raw_parts(buffers, num_buf)
+            };
+            let sges: SgList = buffers
+                .iter()
+                .map(|buffer| Sge {
+                    addr: buffer.addr as u64,
+                    length: u32::try_from(buffer.length).unwrap_or(u32::MAX),
+                    lkey: 0,
+                })
+                .collect();
+            wr.inline_data.clear();
+            inline_bytes(&sges, &mut wr.inline_data)?;
+            wr.flags |= SendFlags::INLINE;
+            wr.sg_list.clear();
+            Ok(())
+        });
+    }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    // SAFETY: the application passes its `ibv_qp_ex` and an address handle of ours.
+    unsafe {
+        amend(qp, |wr| {
+            let ah = ah.cast::<Ah>().as_ref().ok_or(EINVAL)?;
+            wr.ud = Some(ah.handle.dest(remote_qpn, remote_qkey));
+            Ok(())
+        });
     }
 }
