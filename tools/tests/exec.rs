@@ -260,7 +260,9 @@ fn a_second_process_cannot_open_a_held_device() {
         .unwrap();
     wait_for_listener(&a, 18515);
     let second = exec_in(&a, &["ibv_devinfo", "-d", "ea"]).output().unwrap();
-    let _ = holder.kill();
+    // SIGTERM to `timeout`, which passes it on (SIGKILL would orphan the program, and the
+    // program would keep the test's inherited file descriptors, locks included).
+    let _ = Command::new("kill").arg(holder.id().to_string()).status();
     let _ = holder.wait();
     let said = text(&second);
     assert!(!second.status.success(), "{said}");

@@ -7,6 +7,9 @@ use std::sync::Mutex;
 
 use roce_cabi::set_errno;
 use roce_verbs::{CompChannel, Error, WcOpcode, WorkCompletion};
+use std::time::Duration;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{fcntl_setfl, OFlags};
 
 use crate::abi::*;
@@ -23,6 +26,10 @@ pub(crate) struct Channel {
     channel: CompChannel,
     /// CQs that signal it: while any is left, it cannot go.
     users: AtomicUsize,
+    /// Held by the thread in `ibv_get_cq_event`, so that once the fd polls readable the
+    /// event is still there when taken (`roce-verbs` reads the counter when its queue
+    /// empties, which would block on a blocking fd with nothing to read).
+    waiting: Mutex<()>,
 }
 
 /// `ibv_create_comp_channel`: its fd is an eventfd, readable while events wait, blocking
@@ -52,6 +59,7 @@ pub(crate) unsafe extern "C" fn create_comp_channel(
             },
             channel,
             users: AtomicUsize::new(0),
+            waiting: Mutex::new(()),
         }))
         .cast(),
         Err(error) => fail_null("ibv_create_comp_channel", &error),
@@ -280,8 +288,14 @@ pub(crate) unsafe extern "C" fn get_cq_event(
         set_errno(EINVAL);
         return -1;
     };
-    let timeout = is_nonblocking(ours.channel.as_fd()).then_some(std::time::Duration::ZERO);
-    let id = match ours.channel.get_cq_event(timeout) {
+    let Ok(_one_waiter) = ours.waiting.lock() else {
+        set_errno(EINVAL);
+        return -1;
+    };
+    if !is_nonblocking(ours.channel.as_fd()) {
+        wait_readable(&ours.channel);
+    }
+    let id = match ours.channel.get_cq_event(Some(Duration::ZERO)) {
         Ok(id) => id,
         Err(Error::TimedOut) => {
             set_errno(EAGAIN);
@@ -314,6 +328,17 @@ pub(crate) unsafe extern "C" fn get_cq_event(
         *cq_context = (*found).raw.cq_context;
     }
     0
+}
+
+/// Blocks until the channel's fd polls readable (an event waits).
+fn wait_readable(channel: &CompChannel) {
+    let slice = Timespec::try_from(Duration::from_millis(100)).ok();
+    loop {
+        let mut fds = [PollFd::new(channel, PollFlags::IN)];
+        if poll(&mut fds, slice.as_ref()).is_ok() && fds[0].revents().contains(PollFlags::IN) {
+            return;
+        }
+    }
 }
 
 /// `ibv_ack_cq_events`.
