@@ -333,3 +333,27 @@ fn perftest_runs_on_both_sides_between_namespaces() {
     perftest_pair(&a, &b, "ib_write_bw", &[], "65536", "2000");
     perftest_pair(&a, &b, "ib_send_lat", &[], "64", "2000");
 }
+
+#[test]
+fn ibv_uc_and_ud_pingpong_talk_to_themselves_between_namespaces() {
+    let test = "ibv_uc_and_ud_pingpong_talk_to_themselves_between_namespaces";
+    if !root_and(test, &["ibv_uc_pingpong", "ibv_ud_pingpong"]) {
+        return;
+    }
+    let (a, b) = two_namespaces(1500);
+    let iters = 100;
+    let n = iters.to_string();
+    for (program, size) in [("ibv_uc_pingpong", 4096), ("ibv_ud_pingpong", 1024)] {
+        let s = size.to_string();
+        let common = [program, "-g", "1", "-n", &n, "-s", &s];
+        let server = exec_in(&b, &[&common[..], &["-d", "eb"]].concat())
+            .spawn()
+            .unwrap();
+        wait_for_listener(&b, 18515);
+        let client_args = [&common[..], &["-d", "ea", "10.83.0.2"]].concat();
+        let client = exec_in(&a, &client_args).output().unwrap();
+        let server = server.wait_with_output().unwrap();
+        check_pingpong(&format!("{program} client"), &client, iters, size);
+        check_pingpong(&format!("{program} server"), &server, iters, size);
+    }
+}

@@ -582,11 +582,12 @@ unsafe fn inline_bytes(sges: &SgList, into: &mut Vec<u8>) -> Result<(), c_int> {
     Ok(())
 }
 
-/// One `ibv_send_wr` as a [`SendWr`].
+/// One `ibv_send_wr` as a [`SendWr`]; `ud` says whether the QP is UD (only then does the
+/// `wr` union hold an address handle).
 ///
 /// # Safety
 /// `wr` is a valid work request of the caller's.
-unsafe fn send_wr(wr: &ibv_send_wr) -> Result<SendWr, c_int> {
+unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
     // SAFETY: the union member read is the one `opcode` selects.
     let (rdma, atomic, ud) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.wr.ud) };
     let imm = u32::from_be(wr.imm_data);
@@ -629,9 +630,13 @@ unsafe fn send_wr(wr: &ibv_send_wr) -> Result<SendWr, c_int> {
         unsafe { inline_bytes(&sg, &mut inline_data) }?;
         sg.clear();
     }
-    // SAFETY: a UD request's address handle is one of ours, or NULL.
-    let ud = unsafe { ud.ah.cast::<Ah>().as_ref() }
-        .map(|ah| ah.handle.dest(ud.remote_qpn, ud.remote_qkey));
+    let ud = if ud_qp {
+        // SAFETY: a UD request's address handle is one of ours.
+        let ah = unsafe { ud.ah.cast::<Ah>().as_ref() }.ok_or(EINVAL)?;
+        Some(ah.handle.dest(ud.remote_qpn, ud.remote_qkey))
+    } else {
+        None
+    };
     Ok(SendWr {
         wr_id: wr.wr_id,
         op,
@@ -643,22 +648,22 @@ unsafe fn send_wr(wr: &ibv_send_wr) -> Result<SendWr, c_int> {
 }
 
 /// Walks a caller's list of work requests, converting each until one does not convert.
-struct Walk<W, T> {
+struct Walk<W, F> {
     next: *mut W,
-    convert: unsafe fn(&W) -> Result<T, c_int>,
+    /// Converts one request; called only on valid requests of the caller's list.
+    convert: F,
     next_of: fn(&W) -> *mut W,
     /// The request that did not convert, and why.
     refused: Option<(*mut W, c_int)>,
 }
 
-impl<W, T> Iterator for Walk<W, T> {
+impl<W, T, F: FnMut(&W) -> Result<T, c_int>> Iterator for Walk<W, F> {
     type Item = T;
 
     fn next(&mut self) -> Option<T> {
         // SAFETY: the caller of `ibv_post_*` passes a NULL-terminated list of valid requests.
         let wr = unsafe { self.next.as_ref() }?;
-        // SAFETY: as above.
-        match unsafe { (self.convert)(wr) } {
+        match (self.convert)(wr) {
             Ok(item) => {
                 self.next = (self.next_of)(wr);
                 Some(item)
@@ -687,12 +692,12 @@ unsafe fn nth<W>(mut wr: *mut W, index: usize, next_of: fn(&W) -> *mut W) -> *mu
 ///
 /// # Safety
 /// `wr` is a NULL-terminated list of valid requests; `bad_wr` is writable.
-unsafe fn post_list<W, T>(
+unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
     wr: *mut W,
     bad_wr: *mut *mut W,
-    convert: unsafe fn(&W) -> Result<T, c_int>,
+    convert: F,
     next_of: fn(&W) -> *mut W,
-    post: impl FnOnce(&mut Walk<W, T>) -> Result<(), roce_verbs::PostFailure>,
+    post: impl FnOnce(&mut Walk<W, F>) -> Result<(), roce_verbs::PostFailure>,
 ) -> c_int {
     let mut walk = Walk {
         next: wr,
@@ -728,12 +733,15 @@ pub(crate) unsafe extern "C" fn post_send(
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
+    let ud_qp = ours.raw.qp_base.qp_type == IBV_QPT_UD;
+    // SAFETY: the walk passes only requests of the caller's list, which are valid.
+    let convert = |wr: &ibv_send_wr| unsafe { send_wr(wr, ud_qp) };
     // SAFETY: the caller passes a valid list and `bad_wr`.
     unsafe {
         post_list(
             wr,
             bad_wr,
-            send_wr,
+            convert,
             |wr| wr.next,
             |walk| ours.qp.post_send(walk),
         )
@@ -762,12 +770,14 @@ pub(crate) unsafe extern "C" fn post_recv(
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
+    // SAFETY: the walk passes only requests of the caller's list, which are valid.
+    let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
     // SAFETY: the caller passes a valid list and `bad_wr`.
     unsafe {
         post_list(
             wr,
             bad_wr,
-            recv_wr,
+            convert,
             |wr| wr.next,
             |walk| ours.qp.post_recv(walk),
         )
