@@ -31,6 +31,12 @@ pub struct Args {
     /// (sets ROCE_BACKEND).
     #[arg(long, value_name = "KIND")]
     backend: Option<String>,
+    /// What drives each device's engine: events (a thread that sleeps until work or a
+    /// frame), busy (a thread that spins), caller (no thread: polling a CQ or waiting for
+    /// a CQ event drives it; lowest latency, for programs that always do one of those)
+    /// (sets ROCE_PROGRESS).
+    #[arg(long, value_name = "KIND")]
+    progress: Option<String>,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -103,6 +109,9 @@ fn exec(args: &Args) -> Result<std::convert::Infallible, String> {
     }
     if let Some(backend) = &args.backend {
         command.env("ROCE_BACKEND", backend);
+    }
+    if let Some(progress) = &args.progress {
+        command.env("ROCE_PROGRESS", progress);
     }
     // Only returns on failure; the program's exit status becomes ours.
     let error = command.exec();

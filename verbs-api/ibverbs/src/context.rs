@@ -59,6 +59,14 @@ impl Context {
         &self.device
     }
 
+    /// Whether the caller's own calls drive the engine (`ROCE_PROGRESS=caller`).
+    pub(crate) fn caller_drives(&self) -> bool {
+        matches!(
+            open_options().map(|options| options.progress),
+            Ok(Progress::Caller)
+        )
+    }
+
     /// The `roce-verbs` context, started on first use (one engine per opened device).
     pub(crate) fn verbs(&self) -> Result<&roce_verbs::Context, roce_verbs::Error> {
         if let Some(engine) = self.engine.get() {
@@ -95,7 +103,14 @@ fn open_options() -> Result<OpenOptions, String> {
     let progress = match std::env::var("ROCE_PROGRESS").as_deref() {
         Err(_) | Ok("events") => Progress::Events,
         Ok("busy") => Progress::BusyPoll,
-        Ok(other) => return Err(format!("ROCE_PROGRESS={other}: expected events or busy")),
+        // No thread: polling a CQ and waiting for a CQ event drive the engine. Only for
+        // programs that always do one of those (not for those that spin on memory).
+        Ok("caller") => Progress::Caller,
+        Ok(other) => {
+            return Err(format!(
+                "ROCE_PROGRESS={other}: expected events, busy or caller"
+            ))
+        }
     };
     Ok(OpenOptions {
         backend,

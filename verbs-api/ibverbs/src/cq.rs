@@ -30,6 +30,8 @@ pub(crate) struct Channel {
     /// event is still there when taken (`roce-verbs` reads the counter when its queue
     /// empties, which would block on a blocking fd with nothing to read).
     waiting: Mutex<()>,
+    /// No engine thread: waiting must drive the engine (and always blocks).
+    caller_drives: bool,
 }
 
 /// `ibv_create_comp_channel`: its fd is an eventfd, readable while events wait, blocking
@@ -42,12 +44,16 @@ pub(crate) unsafe extern "C" fn create_comp_channel(
         set_errno(EINVAL);
         return core::ptr::null_mut();
     };
+    let caller_drives = ours.caller_drives();
     let made = ours
         .verbs()
         .and_then(roce_verbs::Context::create_comp_channel)
         .and_then(|channel| {
             // Blocking as rdma-core's is: the caller's O_NONBLOCK is what tells the two apart.
-            fcntl_setfl(channel.as_fd(), OFlags::empty()).map_err(std::io::Error::from)?;
+            // Without an engine thread, waiting drives the engine, which needs it non-blocking.
+            if !caller_drives {
+                fcntl_setfl(channel.as_fd(), OFlags::empty()).map_err(std::io::Error::from)?;
+            }
             Ok(channel)
         });
     match made {
@@ -60,6 +66,7 @@ pub(crate) unsafe extern "C" fn create_comp_channel(
             channel,
             users: AtomicUsize::new(0),
             waiting: Mutex::new(()),
+            caller_drives,
         }))
         .cast(),
         Err(error) => fail_null("ibv_create_comp_channel", &error),
@@ -292,10 +299,15 @@ pub(crate) unsafe extern "C" fn get_cq_event(
         set_errno(EINVAL);
         return -1;
     };
-    if !is_nonblocking(ours.channel.as_fd()) {
-        wait_readable(&ours.channel);
-    }
-    let id = match ours.channel.get_cq_event(Some(Duration::ZERO)) {
+    let timeout = if ours.caller_drives {
+        None
+    } else {
+        if !is_nonblocking(ours.channel.as_fd()) {
+            wait_readable(&ours.channel);
+        }
+        Some(Duration::ZERO)
+    };
+    let id = match ours.channel.get_cq_event(timeout) {
         Ok(id) => id,
         Err(Error::TimedOut) => {
             set_errno(EAGAIN);
