@@ -360,3 +360,50 @@ fn ibv_uc_and_ud_pingpong_talk_to_themselves_between_namespaces() {
         check_pingpong(&format!("{program} server"), &server, iters, size);
     }
 }
+
+#[test]
+fn the_str_helpers_say_what_rdma_core_says() {
+    let test = "the_str_helpers_say_what_rdma_core_says";
+    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    if !have(headers && gcc, test, "gcc and libibverbs-dev") {
+        return;
+    }
+    build_libraries();
+    let dir = std::env::temp_dir().join(format!("roce-exec-str-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("strs.c");
+    std::fs::write(
+        &source,
+        r#"#include <stdio.h>
+#include <infiniband/verbs.h>
+int main(void) {
+    for (int i = 0; i < 30; i++) printf("wc %d %s\n", i, ibv_wc_status_str(i));
+    for (int i = 0; i < 25; i++) printf("event %d %s\n", i, ibv_event_type_str(i));
+    for (int i = -1; i < 10; i++) printf("node %d %s\n", i, ibv_node_type_str(i));
+    for (int i = 0; i < 8; i++) printf("port %d %s\n", i, ibv_port_state_str(i));
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let binary = dir.join("strs");
+    let compiled = Command::new("gcc")
+        .arg(&source)
+        .arg("-o")
+        .arg(&binary)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{}", text(&compiled));
+    // Debian's libibverbs, then ours in its place.
+    let theirs = Command::new(&binary).output().unwrap();
+    let ours = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["exec", "--"])
+        .arg(&binary)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(theirs.status.success() && ours.status.success());
+    assert_eq!(text(&ours), text(&theirs));
+}

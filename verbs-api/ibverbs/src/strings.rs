@@ -94,12 +94,12 @@ pub(crate) extern "C" fn node_type_str(node_type: i32) -> *const c_char {
 pub(crate) extern "C" fn port_state_str(state: u32) -> *const c_char {
     pick(
         &[
-            c"PORT_NOP",
-            c"PORT_DOWN",
-            c"PORT_INIT",
-            c"PORT_ARMED",
-            c"PORT_ACTIVE",
-            c"PORT_ACTIVE_DEFER",
+            c"no state change (NOP)",
+            c"down",
+            c"init",
+            c"armed",
+            c"active",
+            c"active defer",
         ],
         state,
     )
