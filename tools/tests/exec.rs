@@ -407,3 +407,37 @@ int main(void) {
     assert!(theirs.status.success() && ours.status.success());
     assert_eq!(text(&ours), text(&theirs));
 }
+
+#[test]
+fn error_paths_answer_as_rdma_core_defines_them() {
+    let test = "error_paths_answer_as_rdma_core_defines_them";
+    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    if !have(is_root(), test, "root") || !have(headers && gcc, test, "gcc and libibverbs-dev") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("roce-exec-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let binary = dir.join("error_paths");
+    let compiled = Command::new("gcc")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/c/error_paths.c"
+        ))
+        .arg("-o")
+        .arg(&binary)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{}", text(&compiled));
+    let (a, _b) = two_namespaces(1500);
+    let run = exec_in(&a, &[binary.to_str().unwrap(), "ea"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        run.status.success() && text(&run).contains("ok"),
+        "{}",
+        text(&run)
+    );
+}
