@@ -91,7 +91,7 @@ int main(int argc, char **argv)
 	/* More scatter elements than max_recv_sge: EINVAL. */
 	struct ibv_sge two[2] = { sge, sge };
 	struct ibv_recv_wr wide = { .wr_id = 9, .sg_list = two, .num_sge = 2 };
-	bad_recv = NULL;
+	struct ibv_recv_wr *bad_recv = NULL;
 	CHECK(ibv_post_recv(qp, &wide, &bad_recv) == EINVAL && bad_recv == &wide);
 
 	/* Receives beyond max_recv_wr: ENOMEM, the first refused one named. */
@@ -100,7 +100,7 @@ int main(int argc, char **argv)
 		rwr[i] = (struct ibv_recv_wr){ .wr_id = i, .sg_list = &sge, .num_sge = 1,
 					       .next = i < 2 ? &rwr[i + 1] : NULL };
 	}
-	struct ibv_recv_wr *bad_recv = NULL;
+	bad_recv = NULL;
 	CHECK(ibv_post_recv(qp, &rwr[0], &bad_recv) == ENOMEM && bad_recv == &rwr[2]);
 	/* What this device does not do fails cleanly. */
 	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4 };
