@@ -303,38 +303,96 @@ fn ibv_rc_pingpong_talks_to_itself_between_namespaces() {
     }
 }
 
-/// perftest `test` with `flags` on both sides, server in `b`, with `ROCE_PROGRESS` set to
-/// `progress`; both must print their result row for `size` bytes and `iters` iterations.
-fn perftest_pair(a: &Netns, b: &Netns, test: &str, progress: &str, size: &str, iters: &str) {
-    let args = [test, "-x", "1", "-F", "-s", size, "-n", iters];
+/// One perftest run on both sides: the server in `b`, `ROCE_PROGRESS=progress`; both must
+/// print their result row `row` (bytes, iterations).
+struct Perftest<'a> {
+    args: &'a [&'a str],
+    progress: &'a str,
+    row: (&'a str, &'a str),
+}
+
+fn perftest_pair(a: &Netns, b: &Netns, run: &Perftest) {
+    let args = [&["-x", "1", "-F"][..], run.args].concat();
     let server = exec_in(b, &[&args[..], &["-d", "eb"]].concat())
-        .env("ROCE_PROGRESS", progress)
+        .env("ROCE_PROGRESS", run.progress)
         .spawn()
         .unwrap();
     wait_for_listener(b, 18515);
     let client = exec_in(a, &[&args[..], &["-d", "ea", "10.83.0.2"]].concat())
-        .env("ROCE_PROGRESS", progress)
+        .env("ROCE_PROGRESS", run.progress)
         .output()
         .unwrap();
     let server = server.wait_with_output().unwrap();
+    let (size, iters) = run.row;
     for (side, output) in [("client", &client), ("server", &server)] {
         let all = text(output);
-        assert!(output.status.success(), "{test} {side}: {all}");
-        assert!(common::has_row(&all, size, iters), "{test} {side}: {all}");
+        assert!(output.status.success(), "{:?} {side}: {all}", run.args);
+        assert!(
+            common::has_row(&all, size, iters),
+            "{:?} {side}: {all}",
+            run.args
+        );
     }
 }
 
 #[test]
 fn perftest_runs_on_both_sides_between_namespaces() {
     let test = "perftest_runs_on_both_sides_between_namespaces";
-    if !root_and(test, &["ib_write_bw", "ib_send_lat"]) {
+    let programs = [
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_atomic_bw",
+        "ib_send_lat",
+        "ib_write_lat",
+        "ib_read_lat",
+    ];
+    if !root_and(test, &programs) {
         return;
     }
     let (a, b) = two_namespaces(9000);
-    perftest_pair(&a, &b, "ib_write_bw", "events", "65536", "2000");
-    perftest_pair(&a, &b, "ib_send_lat", "events", "64", "2000");
-    // Both sides poll their CQ throughout, so they can drive the engine themselves.
-    perftest_pair(&a, &b, "ib_send_lat", "caller", "64", "2000");
+    let run = |args, row| Perftest {
+        args,
+        progress: "events",
+        row,
+    };
+    let runs = [
+        run(
+            &["ib_write_bw", "-s", "65536", "-n", "2000"],
+            ("65536", "2000"),
+        ),
+        run(&["ib_read_bw", "-n", "1000", "-o", "4"], ("65536", "1000")),
+        run(&["ib_send_bw", "-n", "1000"], ("65536", "1000")),
+        run(&["ib_atomic_bw", "-n", "1000"], ("8", "1000")),
+        run(
+            &["ib_atomic_bw", "-n", "1000", "-A", "CMP_AND_SWAP"],
+            ("8", "1000"),
+        ),
+        run(&["ib_send_lat", "-s", "64", "-n", "1000"], ("64", "1000")),
+        run(&["ib_write_lat", "-n", "1000"], ("2", "1000")),
+        run(&["ib_read_lat", "-n", "1000"], ("2", "1000")),
+        // Every size from 2 B to 8 MiB.
+        run(&["ib_write_bw", "-a", "-n", "20"], ("8388608", "20")),
+        run(&["ib_write_bw", "-q", "4", "-n", "500"], ("65536", "2000")),
+        run(
+            &["ib_write_bw", "-c", "UC", "-n", "1000"],
+            ("65536", "1000"),
+        ),
+        run(&["ib_send_bw", "-c", "UD", "-n", "1000"], ("4096", "1000")),
+        run(
+            &["ib_send_bw", "-I", "64", "-s", "64", "-n", "1000"],
+            ("64", "1000"),
+        ),
+        // Both sides poll their CQ throughout, so they can drive the engine themselves.
+        Perftest {
+            args: &["ib_send_lat", "-s", "64", "-n", "1000"],
+            progress: "caller",
+            row: ("64", "1000"),
+        },
+    ];
+    for perftest in &runs {
+        perftest_pair(&a, &b, perftest);
+    }
 }
 
 #[test]
