@@ -311,13 +311,38 @@ struct Perftest<'a> {
     row: (&'a str, &'a str),
 }
 
+/// Waits until `server` listens on perftest's port; if it exits first, fails with what it
+/// said.
+fn listening_or_explain(ns: &Netns, server: &mut std::process::Child, args: &[&str]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let listening = ns.run(&["ss", "-Hltn", "sport = :18515"]).unwrap();
+        if !listening.stdout.is_empty() {
+            return;
+        }
+        if server.try_wait().unwrap().is_some() {
+            let mut said = String::new();
+            if let Some(mut out) = server.stdout.take() {
+                let _ = std::io::Read::read_to_string(&mut out, &mut said);
+            }
+            if let Some(mut err) = server.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut said);
+            }
+            panic!("{args:?} server exited before listening: {said}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = Command::new("kill").arg(server.id().to_string()).status();
+    panic!("{args:?} server never listened");
+}
+
 fn perftest_pair(a: &Netns, b: &Netns, run: &Perftest) {
     let args = [&["-x", "1", "-F"][..], run.args].concat();
-    let server = exec_in(b, &[&args[..], &["-d", "eb"]].concat())
+    let mut server = exec_in(b, &[&args[..], &["-d", "eb"]].concat())
         .env("ROCE_PROGRESS", run.progress)
         .spawn()
         .unwrap();
-    wait_for_listener(b, 18515);
+    listening_or_explain(b, &mut server, run.args);
     let client = exec_in(a, &[&args[..], &["-d", "ea", "10.83.0.2"]].concat())
         .env("ROCE_PROGRESS", run.progress)
         .output()
