@@ -337,7 +337,8 @@ fn listening_or_explain(ns: &Netns, server: &mut std::process::Child, args: &[&s
 }
 
 fn perftest_pair(a: &Netns, b: &Netns, run: &Perftest) {
-    let args = [&["-x", "1", "-F"][..], run.args].concat();
+    let (program, flags) = run.args.split_first().expect("a program");
+    let args = [&[*program, "-x", "1", "-F"][..], flags].concat();
     let mut server = exec_in(b, &[&args[..], &["-d", "eb"]].concat())
         .env("ROCE_PROGRESS", run.progress)
         .spawn()
