@@ -353,8 +353,10 @@ fn perftest_pair(a: &Netns, b: &Netns, run: &Perftest) {
     for (side, output) in [("client", &client), ("server", &server)] {
         let all = text(output);
         assert!(output.status.success(), "{:?} {side}: {all}", run.args);
+        // perftest's READ latency server has nothing to report.
+        let reports = side == "client" || run.args[0] != "ib_read_lat";
         assert!(
-            common::has_row(&all, size, iters),
+            !reports || common::has_row(&all, size, iters),
             "{:?} {side}: {all}",
             run.args
         );
