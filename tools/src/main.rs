@@ -8,6 +8,7 @@ mod args;
 mod conform;
 mod demo;
 mod dump;
+mod exec;
 mod perf;
 mod pingpong;
 mod progress;
@@ -42,6 +43,8 @@ enum Command {
     Dump(dump::Args),
     /// Move data between two simulated endpoints over a lossy link and verify every byte.
     Sim(sim::Args),
+    /// Run an unmodified rdma-core program (ibv_rc_pingpong, ib_write_bw, ...) over our libibverbs.
+    Exec(exec::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,5 +57,6 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Exec(args) => exec::run(&args),
     }
 }

@@ -1,0 +1,119 @@
+//! `roce exec`: runs an unmodified program linked against rdma-core over our libraries
+//! (`libibverbs.so.1` and the `libmlx5.so.1`/`libefa.so.1` stubs), by putting them first on
+//! the library path. Nothing is installed system-wide.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The libraries a program finds under their SONAMEs: (SONAME, what cargo builds).
+const LIBRARIES: [(&str, &str); 3] = [
+    ("libibverbs.so.1", "libibverbs.so"),
+    ("libmlx5.so.1", "libmlx5.so"),
+    ("libefa.so.1", "libefa.so"),
+];
+
+#[derive(clap::Args)]
+#[command(trailing_var_arg = true)]
+pub struct Args {
+    /// Where the built libraries are (default: next to this executable, as `cargo build`
+    /// leaves them).
+    #[arg(long, value_name = "DIR")]
+    lib_dir: Option<PathBuf>,
+    /// Write every frame sent and received to this pcap file (sets ROCE_PCAP).
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+    /// Say on stderr why verbs calls fail (sets ROCE_LOG).
+    #[arg(long)]
+    log: bool,
+    /// How frames move: auto (AF_XDP native, generic, else UDP sockets), native, generic, udp
+    /// (sets ROCE_BACKEND).
+    #[arg(long, value_name = "KIND")]
+    backend: Option<String>,
+    /// What drives each device's engine: events (a thread that sleeps until work or a
+    /// frame), busy (a thread that spins), caller (no thread: polling a CQ or waiting for
+    /// a CQ event drives it; lowest latency, for programs that always do one of those)
+    /// (sets ROCE_PROGRESS).
+    #[arg(long, value_name = "KIND")]
+    progress: Option<String>,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM [ARGS]"
+    )]
+    command: Vec<OsString>,
+}
+
+pub fn run(args: &Args) -> ExitCode {
+    match exec(args) {
+        Ok(never) => match never {},
+        Err(why) => {
+            eprintln!("roce exec: {why}");
+            ExitCode::from(127)
+        }
+    }
+}
+
+/// A directory holding the libraries under their SONAMEs (links to cargo's outputs in
+/// `built`), made once next to them.
+fn soname_dir(built: &Path) -> Result<PathBuf, String> {
+    let dir = built.join("roce-exec");
+    std::fs::create_dir_all(&dir).map_err(|error| format!("{}: {error}", dir.display()))?;
+    for (soname, file) in LIBRARIES {
+        let target = built.join(file);
+        if !target.exists() {
+            return Err(format!(
+                "{} not found; build the libraries first: cargo build --release -p roce-ibverbs -p roce-mlx5 -p roce-efa",
+                target.display()
+            ));
+        }
+        let link = dir.join(soname);
+        if std::fs::read_link(&link).ok().as_deref() != Some(target.as_path()) {
+            // Another `roce exec` may be making the same link: whoever wins, it is right.
+            let _ = std::fs::remove_file(&link);
+            match std::os::unix::fs::symlink(&target, &link) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(format!("{}: {error}", link.display())),
+            }
+        }
+    }
+    Ok(dir)
+}
+
+fn exec(args: &Args) -> Result<std::convert::Infallible, String> {
+    let built = match &args.lib_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::current_exe()
+            .map_err(|error| format!("where am I: {error}"))?
+            .parent()
+            .map(Path::to_path_buf)
+            .ok_or("this executable has no directory")?,
+    };
+    let dir = soname_dir(&built)?;
+    let mut path = OsString::from(&dir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|old| !old.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let (program, rest) = args.command.split_first().ok_or("no program given")?;
+    let mut command = Command::new(program);
+    command.args(rest).env("LD_LIBRARY_PATH", path);
+    if let Some(pcap) = &args.pcap {
+        command.env("ROCE_PCAP", pcap);
+    }
+    if args.log {
+        command.env("ROCE_LOG", "1");
+    }
+    if let Some(backend) = &args.backend {
+        command.env("ROCE_BACKEND", backend);
+    }
+    if let Some(progress) = &args.progress {
+        command.env("ROCE_PROGRESS", progress);
+    }
+    // Only returns on failure; the program's exit status becomes ours.
+    let error = command.exec();
+    Err(format!("{}: {error}", program.to_string_lossy()))
+}

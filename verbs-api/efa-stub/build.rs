@@ -1,0 +1,3 @@
+fn main() {
+    roce_cabi::link_cdylib("libefa.map", "libefa.so.1");
+}

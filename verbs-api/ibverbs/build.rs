@@ -1,0 +1,3 @@
+fn main() {
+    roce_cabi::link_cdylib("libibverbs.map", "libibverbs.so.1");
+}

@@ -1,0 +1,913 @@
+//! The C structures of rdma-core 44's `<infiniband/verbs.h>` (x86_64) that callers share with
+//! the library, field for field. `layout_tests` compiles a C program against the installed
+//! headers and compares every offset and size with these.
+//!
+//! Slots the library never fills are kept as opaque words so that the named ones sit where
+//! C code looks for them.
+
+#![allow(non_camel_case_types)]
+
+use core::ffi::{c_char, c_int, c_void};
+
+/// `pthread_mutex_t` (zeroed is `PTHREAD_MUTEX_INITIALIZER` in glibc).
+pub type pthread_mutex_t = [u64; 5];
+/// `pthread_cond_t` (zeroed is `PTHREAD_COND_INITIALIZER` in glibc).
+pub type pthread_cond_t = [u64; 6];
+
+pub const IBV_NODE_CA: c_int = 1;
+pub const IBV_TRANSPORT_IB: c_int = 0;
+
+#[repr(C)]
+pub struct ibv_device {
+    pub _ops: [usize; 2],
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; 64],
+    pub dev_name: [c_char; 64],
+    pub dev_path: [c_char; 256],
+    pub ibdev_path: [c_char; 256],
+}
+
+pub type PollCq = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyCq = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+pub type PostSend =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecv =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type PostSrqRecv =
+    unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+
+/// `struct ibv_context_ops`: what the inline `ibv_post_send`, `ibv_poll_cq`, ... call.
+#[repr(C)]
+pub struct ibv_context_ops {
+    pub _compat_0_to_56: [usize; 7],
+    pub alloc_mw: usize,
+    pub bind_mw: usize,
+    pub dealloc_mw: usize,
+    pub _compat_create_cq: usize,
+    pub poll_cq: Option<PollCq>,
+    pub req_notify_cq: Option<ReqNotifyCq>,
+    pub _compat_104_to_160: [usize; 7],
+    pub post_srq_recv: Option<PostSrqRecv>,
+    pub _compat_168_to_200: [usize; 4],
+    pub post_send: Option<PostSend>,
+    pub post_recv: Option<PostRecv>,
+    pub _compat_216_to_256: [usize; 5],
+}
+
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct verbs_context`: the extended ops, at fixed negative offsets from the
+/// `ibv_context` that ends it. A NULL op makes the inline wrappers fall back to an exported
+/// function or fail with `EOPNOTSUPP`.
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPort>,
+    pub _ops_8_to_200: [usize; 24],
+    pub create_cq_ex: usize,
+    pub _priv: usize,
+    pub query_device_ex: usize,
+    pub _ops_224_to_264: [usize; 5],
+    pub create_qp_ex: Option<CreateQpEx>,
+    pub _ops_272_to_312: [usize; 5],
+    pub sz: usize,
+    pub context: ibv_context,
+}
+
+/// What `verbs_get_ctx` requires in `ibv_context.abi_compat` (`__VERBS_ABI_IS_EXTENDED`).
+pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_port_attr {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// The size of `struct _compat_ibv_port_attr`: `ibv_port_attr` before `port_cap_flags2`,
+/// what the exported `ibv_query_port` writes (old binaries pass a buffer this long).
+pub const COMPAT_PORT_ATTR_LEN: usize = 48;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: u32,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+#[repr(C)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut c_void,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: u32,
+    pub qp_type: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+pub type WrStart = unsafe extern "C" fn(*mut ibv_qp_ex);
+pub type WrComplete = unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int;
+/// For the builders we do not support: they take more arguments, which the callee may
+/// ignore in the C calling convention.
+pub type WrUnsupported = unsafe extern "C" fn(*mut ibv_qp_ex);
+
+/// `struct ibv_qp_ex`: an `ibv_qp` and the work request builders (`ibv_wr_*`), which
+/// applications call through these pointers after writing `wr_id` and `wr_flags`.
+#[repr(C)]
+pub struct ibv_qp_ex {
+    pub qp_base: ibv_qp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: u32,
+    pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
+    pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
+    pub wr_bind_mw: Option<WrUnsupported>,
+    pub wr_local_inv: Option<WrUnsupported>,
+    pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
+    pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_send: Option<WrStart>,
+    pub wr_send_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
+    pub wr_send_tso: Option<WrUnsupported>,
+    pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
+    pub wr_set_xrc_srqn: Option<WrUnsupported>,
+    pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
+    pub wr_set_inline_data_list:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
+    pub wr_set_sge: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
+    pub wr_set_sge_list: Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_sge)>,
+    pub wr_start: Option<WrStart>,
+    pub wr_complete: Option<WrComplete>,
+    pub wr_abort: Option<WrStart>,
+    pub wr_atomic_write: Option<WrUnsupported>,
+}
+
+#[repr(C)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut c_void,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    /// `struct ibv_rx_hash_conf`.
+    pub rx_hash_conf: [u64; 3],
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
+pub type CreateQpEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+pub const IBV_QPT_RC: u32 = 2;
+pub const IBV_QPT_UC: u32 = 3;
+pub const IBV_QPT_UD: u32 = 4;
+
+#[repr(C)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_rdma_wr {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_atomic_wr {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ud_wr {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// The `wr` union of `ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_rdma_wr,
+    pub atomic: ibv_atomic_wr,
+    pub ud: ibv_ud_wr,
+}
+
+#[repr(C)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: u32,
+    pub send_flags: u32,
+    /// `imm_data` (big-endian) or `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    /// The `bind_mw` / `tso` union.
+    pub _bind_mw_or_tso: [u64; 6],
+}
+
+pub const IBV_WR_RDMA_WRITE: u32 = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: u32 = 1;
+pub const IBV_WR_SEND: u32 = 2;
+pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
+pub const IBV_WR_RDMA_READ: u32 = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+pub const IBV_WR_SEND_WITH_INV: u32 = 9;
+
+#[repr(C)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (big-endian) or `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+pub const IBV_WC_GRH: u32 = 1;
+pub const IBV_WC_WITH_IMM: u32 = 2;
+pub const IBV_WC_WITH_INV: u32 = 4;
+
+/// Aligned to 8 as C aligns it: `union ibv_gid` has a 64-bit member.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_int,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `enum ibv_qp_attr_mask`.
+pub mod qp_mask {
+    pub const STATE: i32 = 1;
+    pub const CUR_STATE: i32 = 1 << 1;
+    pub const ACCESS_FLAGS: i32 = 1 << 3;
+    pub const PKEY_INDEX: i32 = 1 << 4;
+    pub const PORT: i32 = 1 << 5;
+    pub const QKEY: i32 = 1 << 6;
+    pub const AV: i32 = 1 << 7;
+    pub const PATH_MTU: i32 = 1 << 8;
+    pub const TIMEOUT: i32 = 1 << 9;
+    pub const RETRY_CNT: i32 = 1 << 10;
+    pub const RNR_RETRY: i32 = 1 << 11;
+    pub const RQ_PSN: i32 = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: i32 = 1 << 13;
+    pub const MIN_RNR_TIMER: i32 = 1 << 15;
+    pub const SQ_PSN: i32 = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
+    pub const DEST_QPN: i32 = 1 << 20;
+}
+
+#[repr(C)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut c_void,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+}
+
+/// Aligned to 8 as C aligns it: `union ibv_gid` has a 64-bit member.
+#[repr(C, align(8))]
+pub struct ibv_gid_entry {
+    pub gid: [u8; 16],
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type`.
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+/// `IBV_GID_TYPE_SYSFS_ROCE_V2` of `enum ibv_gid_type_sysfs`.
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
+
+#[repr(C)]
+pub struct ibv_async_event {
+    /// The `element` union: a CQ, QP, SRQ or WQ pointer, or the port number.
+    pub element: usize,
+    pub event_type: u32,
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    /// One row per C expression: `sizeof(struct X)` or `offsetof(struct X, field)`, with
+    /// our value.
+    fn rows() -> Vec<(String, usize)> {
+        let mut rows = Vec::new();
+        macro_rules! size {
+            ($t:ident) => {
+                rows.push((
+                    format!("sizeof(struct {})", stringify!($t)),
+                    size_of::<$t>(),
+                ));
+            };
+        }
+        macro_rules! at {
+            ($t:ident, $($field:ident).+ = $value:expr) => {
+                rows.push((
+                    format!("offsetof(struct {}, {})", stringify!($t), stringify!($($field).+)),
+                    $value,
+                ));
+            };
+            ($t:ident, $($field:ident),+) => {
+                $(at!($t, $field = offset_of!($t, $field));)+
+            };
+        }
+        size!(ibv_device);
+        at!(
+            ibv_device,
+            node_type,
+            transport_type,
+            name,
+            dev_name,
+            dev_path,
+            ibdev_path
+        );
+        size!(ibv_context_ops);
+        at!(
+            ibv_context_ops,
+            alloc_mw,
+            bind_mw,
+            dealloc_mw,
+            poll_cq,
+            req_notify_cq
+        );
+        at!(ibv_context_ops, post_srq_recv, post_send, post_recv);
+        size!(ibv_context);
+        at!(
+            ibv_context,
+            ops,
+            cmd_fd,
+            async_fd,
+            num_comp_vectors,
+            mutex,
+            abi_compat
+        );
+        size!(verbs_context);
+        at!(
+            verbs_context,
+            query_port,
+            create_cq_ex,
+            query_device_ex,
+            create_qp_ex,
+            sz
+        );
+        at!(verbs_context, context);
+        size!(ibv_port_attr);
+        at!(
+            ibv_port_attr,
+            state,
+            max_mtu,
+            active_mtu,
+            gid_tbl_len,
+            port_cap_flags
+        );
+        at!(
+            ibv_port_attr,
+            max_msg_sz,
+            pkey_tbl_len,
+            lid,
+            sm_lid,
+            lmc,
+            max_vl_num
+        );
+        at!(
+            ibv_port_attr,
+            active_width,
+            active_speed,
+            phys_state,
+            link_layer,
+            flags
+        );
+        at!(ibv_port_attr, port_cap_flags2);
+        size!(ibv_device_attr);
+        at!(
+            ibv_device_attr,
+            node_guid,
+            sys_image_guid,
+            max_mr_size,
+            page_size_cap
+        );
+        at!(
+            ibv_device_attr,
+            vendor_id,
+            vendor_part_id,
+            hw_ver,
+            max_qp,
+            max_qp_wr
+        );
+        at!(
+            ibv_device_attr,
+            device_cap_flags,
+            max_sge,
+            max_sge_rd,
+            max_cq,
+            max_cqe
+        );
+        at!(
+            ibv_device_attr,
+            max_mr,
+            max_pd,
+            max_qp_rd_atom,
+            max_res_rd_atom
+        );
+        at!(
+            ibv_device_attr,
+            max_qp_init_rd_atom,
+            atomic_cap,
+            max_mw,
+            max_ah,
+            max_srq
+        );
+        at!(
+            ibv_device_attr,
+            max_srq_wr,
+            max_srq_sge,
+            max_pkeys,
+            local_ca_ack_delay
+        );
+        at!(ibv_device_attr, phys_port_cnt);
+        size!(ibv_pd);
+        at!(ibv_pd, context, handle);
+        size!(ibv_mr);
+        at!(ibv_mr, context, pd, addr, length, handle, lkey, rkey);
+        size!(ibv_comp_channel);
+        at!(ibv_comp_channel, context, fd, refcnt);
+        size!(ibv_cq);
+        at!(ibv_cq, context, channel, cq_context, handle, cqe, mutex, cond);
+        at!(ibv_cq, comp_events_completed, async_events_completed);
+        size!(ibv_qp);
+        at!(ibv_qp, context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num);
+        at!(ibv_qp, state, qp_type, mutex, cond, events_completed);
+        size!(ibv_qp_ex);
+        at!(
+            ibv_qp_ex,
+            qp_base,
+            comp_mask,
+            wr_id,
+            wr_flags,
+            wr_atomic_cmp_swp
+        );
+        at!(
+            ibv_qp_ex,
+            wr_atomic_fetch_add,
+            wr_bind_mw,
+            wr_local_inv,
+            wr_rdma_read
+        );
+        at!(
+            ibv_qp_ex,
+            wr_rdma_write,
+            wr_rdma_write_imm,
+            wr_send,
+            wr_send_imm,
+            wr_send_inv
+        );
+        at!(
+            ibv_qp_ex,
+            wr_send_tso,
+            wr_set_ud_addr,
+            wr_set_xrc_srqn,
+            wr_set_inline_data
+        );
+        at!(
+            ibv_qp_ex,
+            wr_set_inline_data_list,
+            wr_set_sge,
+            wr_set_sge_list,
+            wr_start
+        );
+        at!(ibv_qp_ex, wr_complete, wr_abort, wr_atomic_write);
+        size!(ibv_data_buf);
+        at!(ibv_data_buf, addr, length);
+        size!(ibv_qp_init_attr_ex);
+        at!(
+            ibv_qp_init_attr_ex,
+            cap,
+            qp_type,
+            sq_sig_all,
+            comp_mask,
+            pd,
+            xrcd
+        );
+        at!(
+            ibv_qp_init_attr_ex,
+            create_flags,
+            max_tso_header,
+            rwq_ind_tbl,
+            rx_hash_conf
+        );
+        at!(ibv_qp_init_attr_ex, source_qpn, send_ops_flags);
+        size!(ibv_ah);
+        at!(ibv_ah, context, pd, handle);
+        size!(ibv_sge);
+        at!(ibv_sge, addr, length, lkey);
+        size!(ibv_send_wr);
+        at!(
+            ibv_send_wr,
+            wr_id,
+            next,
+            sg_list,
+            num_sge,
+            opcode,
+            send_flags,
+            imm_data,
+            wr
+        );
+        let wr = offset_of!(ibv_send_wr, wr);
+        at!(
+            ibv_send_wr,
+            wr.rdma.remote_addr = wr + offset_of!(ibv_rdma_wr, remote_addr)
+        );
+        at!(
+            ibv_send_wr,
+            wr.rdma.rkey = wr + offset_of!(ibv_rdma_wr, rkey)
+        );
+        at!(
+            ibv_send_wr,
+            wr.atomic.compare_add = wr + offset_of!(ibv_atomic_wr, compare_add)
+        );
+        at!(
+            ibv_send_wr,
+            wr.atomic.swap = wr + offset_of!(ibv_atomic_wr, swap)
+        );
+        at!(
+            ibv_send_wr,
+            wr.atomic.rkey = wr + offset_of!(ibv_atomic_wr, rkey)
+        );
+        at!(ibv_send_wr, wr.ud.ah = wr + offset_of!(ibv_ud_wr, ah));
+        at!(
+            ibv_send_wr,
+            wr.ud.remote_qpn = wr + offset_of!(ibv_ud_wr, remote_qpn)
+        );
+        at!(
+            ibv_send_wr,
+            wr.ud.remote_qkey = wr + offset_of!(ibv_ud_wr, remote_qkey)
+        );
+        at!(
+            ibv_send_wr,
+            qp_type.xrc.remote_srqn = offset_of!(ibv_send_wr, remote_srqn)
+        );
+        at!(
+            ibv_send_wr,
+            bind_mw = offset_of!(ibv_send_wr, _bind_mw_or_tso)
+        );
+        size!(ibv_recv_wr);
+        at!(ibv_recv_wr, wr_id, next, sg_list, num_sge);
+        size!(ibv_wc);
+        at!(ibv_wc, wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp);
+        at!(ibv_wc, wc_flags, pkey_index, slid, sl, dlid_path_bits);
+        size!(ibv_global_route);
+        at!(
+            ibv_global_route,
+            dgid,
+            flow_label,
+            sgid_index,
+            hop_limit,
+            traffic_class
+        );
+        size!(ibv_ah_attr);
+        at!(
+            ibv_ah_attr,
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num
+        );
+        size!(ibv_qp_cap);
+        at!(
+            ibv_qp_cap,
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge
+        );
+        at!(ibv_qp_cap, max_inline_data);
+        size!(ibv_qp_attr);
+        at!(
+            ibv_qp_attr,
+            qp_state,
+            cur_qp_state,
+            path_mtu,
+            path_mig_state,
+            qkey,
+            rq_psn
+        );
+        at!(
+            ibv_qp_attr,
+            sq_psn,
+            dest_qp_num,
+            qp_access_flags,
+            cap,
+            ah_attr,
+            alt_ah_attr
+        );
+        at!(
+            ibv_qp_attr,
+            pkey_index,
+            alt_pkey_index,
+            en_sqd_async_notify,
+            sq_draining
+        );
+        at!(
+            ibv_qp_attr,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            port_num
+        );
+        at!(
+            ibv_qp_attr,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            alt_port_num,
+            alt_timeout
+        );
+        at!(ibv_qp_attr, rate_limit);
+        size!(ibv_qp_init_attr);
+        at!(
+            ibv_qp_init_attr,
+            qp_context,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all
+        );
+        size!(ibv_gid_entry);
+        at!(
+            ibv_gid_entry,
+            gid,
+            gid_index,
+            port_num,
+            gid_type,
+            ndev_ifindex
+        );
+        size!(ibv_async_event);
+        at!(ibv_async_event, element, event_type);
+        rows
+    }
+
+    /// Compiles a program printing each row's C value against Debian's libibverbs-dev
+    /// headers and compares. Needs gcc and /usr/include/infiniband/verbs.h.
+    #[test]
+    fn layouts_match_the_installed_verbs_h() {
+        let rows = rows();
+        let Some(c_values) = crate::test_support::c_values(
+            "#include <stddef.h>\n#include <infiniband/verbs.h>\n",
+            &rows
+                .iter()
+                .map(|(expr, _)| expr.as_str())
+                .collect::<Vec<_>>(),
+        ) else {
+            return;
+        };
+        let mismatches: Vec<String> = rows
+            .iter()
+            .zip(&c_values)
+            .filter(|((_, ours), theirs)| ours != *theirs)
+            .map(|((expr, ours), theirs)| format!("{expr}: ours {ours}, C {theirs}"))
+            .collect();
+        assert!(mismatches.is_empty(), "{mismatches:#?}");
+        assert_eq!(
+            offset_of!(verbs_context, context),
+            320,
+            "checked against C above; verbs_get_ctx relies on it"
+        );
+    }
+}

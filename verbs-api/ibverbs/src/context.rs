@@ -1,0 +1,646 @@
+//! An opened device (`ibv_open_device`): one `roce-verbs` context, so one engine, per call;
+//! the device, port and GID queries; async events.
+
+use core::ffi::{c_int, c_void};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use roce_cabi::set_errno;
+use roce_verbs::{AsyncEvent, BackendChoice, OpenOptions, PortState, Progress, XdpMode};
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
+
+use crate::abi::*;
+use crate::device::DeviceSlot;
+use crate::{cq, qp};
+
+const EINVAL: c_int = 22;
+const EAGAIN: c_int = 11;
+const EBUSY: c_int = 16;
+
+/// Our `verbs_context` (whose last field is the `ibv_context` callers hold) and what
+/// stands behind it.
+#[repr(C)]
+pub(crate) struct Context {
+    pub(crate) raw: verbs_context,
+    device: roce_verbs::Device,
+    /// Started by the first call that needs it, so programs that only query
+    /// (`ibv_devinfo`) never touch the interface.
+    engine: OnceLock<roce_verbs::Context>,
+    starting: Mutex<()>,
+    /// Each CQ of this context by id, as `ibv_get_cq_event` must name it (a `cq::Cq`).
+    pub(crate) cqs: Mutex<HashMap<roce_verbs::CqId, usize>>,
+    /// Each QP by number, as async events name it (a `qp::Qp`).
+    pub(crate) qps: Mutex<HashMap<u32, usize>>,
+    async_fd: OwnedFd,
+    _holder: Arc<DeviceLock>,
+}
+
+impl Context {
+    /// The context behind an `ibv_context` we handed out.
+    ///
+    /// # Safety
+    /// `context` is NULL or came from [`open_device`] and is not closed.
+    pub(crate) unsafe fn from_raw<'a>(context: *mut ibv_context) -> Option<&'a Context> {
+        if context.is_null() {
+            return None;
+        }
+        let at = core::mem::offset_of!(verbs_context, context);
+        // SAFETY: `context` is the `context` field of the `verbs_context` that starts our
+        // `#[repr(C)]` Context.
+        unsafe { context.byte_sub(at).cast::<Context>().as_ref() }
+    }
+
+    pub(crate) fn device(&self) -> &roce_verbs::Device {
+        &self.device
+    }
+
+    /// Whether the caller's own calls drive the engine (`ROCE_PROGRESS=caller`).
+    pub(crate) fn caller_drives(&self) -> bool {
+        matches!(
+            open_options().map(|options| options.progress),
+            Ok(Progress::Caller)
+        )
+    }
+
+    /// The `roce-verbs` context, started on first use (one engine per opened device).
+    pub(crate) fn verbs(&self) -> Result<&roce_verbs::Context, roce_verbs::Error> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        let _one_at_a_time = self
+            .starting
+            .lock()
+            .map_err(|_| roce_verbs::Error::Poisoned)?;
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        let options = open_options().map_err(|why| {
+            roce_verbs::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, why))
+        })?;
+        let engine = roce_verbs::Context::open(&self.device, options)?;
+        Ok(self.engine.get_or_init(|| engine))
+    }
+}
+
+/// The options of a context, from the environment `roce exec` passes on.
+fn open_options() -> Result<OpenOptions, String> {
+    let backend = match std::env::var("ROCE_BACKEND").as_deref() {
+        Err(_) | Ok("auto") => BackendChoice::Auto,
+        Ok("native") => BackendChoice::AfXdp(XdpMode::Native),
+        Ok("generic") => BackendChoice::AfXdp(XdpMode::Generic),
+        Ok("udp") => BackendChoice::Udp,
+        Ok(other) => {
+            return Err(format!(
+                "ROCE_BACKEND={other}: expected auto, native, generic or udp"
+            ))
+        }
+    };
+    let progress = match std::env::var("ROCE_PROGRESS").as_deref() {
+        Err(_) | Ok("events") => Progress::Events,
+        Ok("busy") => Progress::BusyPoll,
+        // No thread: polling a CQ and waiting for a CQ event drive the engine. Only for
+        // programs that always do one of those (not for those that spin on memory).
+        Ok("caller") => Progress::Caller,
+        Ok(other) => {
+            return Err(format!(
+                "ROCE_PROGRESS={other}: expected events, busy or caller"
+            ))
+        }
+    };
+    Ok(OpenOptions {
+        backend,
+        progress,
+        pcap: std::env::var_os("ROCE_PCAP").map(Into::into),
+        ..OpenOptions::default()
+    })
+}
+
+/// `ibv_open_device`.
+pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
+    // SAFETY: the caller passes a device from the list.
+    let Some(slot) = (unsafe { DeviceSlot::from_raw(device) }) else {
+        set_errno(EINVAL);
+        return core::ptr::null_mut();
+    };
+    match open(slot, device) {
+        Ok(context) => context,
+        Err((errno, why)) => {
+            crate::log_failure("ibv_open_device", &why);
+            set_errno(errno);
+            core::ptr::null_mut()
+        }
+    }
+}
+
+fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, (c_int, String)> {
+    let info = slot
+        .refresh()
+        .map_err(|error| (error.raw_os_error().unwrap_or(19), error.to_string()))?;
+    let holder = DeviceLock::acquire(&info.name).map_err(|why| {
+        // Always said: the caller would otherwise see only EBUSY.
+        eprintln!("libibverbs (roce-xdp): {why}");
+        (EBUSY, why)
+    })?;
+    // Bad settings fail here, not at the first object.
+    open_options().map_err(|why| (EINVAL, why))?;
+    let async_fd = eventfd(0, EventfdFlags::CLOEXEC)
+        .map_err(|error| (error.raw_os_error(), error.to_string()))?;
+    let mut ops: ibv_context_ops = zeroed_ops();
+    ops.poll_cq = Some(cq::poll_cq);
+    ops.req_notify_cq = Some(cq::req_notify_cq);
+    ops.post_send = Some(qp::post_send);
+    ops.post_recv = Some(qp::post_recv);
+    let context = Box::new(Context {
+        raw: verbs_context {
+            query_port: Some(query_port_ex),
+            _ops_8_to_200: [0; 24],
+            create_cq_ex: 0,
+            _priv: 0,
+            query_device_ex: 0,
+            _ops_224_to_264: [0; 5],
+            create_qp_ex: Some(qp::create_qp_ex),
+            _ops_272_to_312: [0; 5],
+            sz: size_of::<verbs_context>(),
+            context: ibv_context {
+                device,
+                ops,
+                cmd_fd: -1,
+                async_fd: async_fd.as_raw_fd(),
+                num_comp_vectors: 1,
+                mutex: [0; 5],
+                abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
+            },
+        },
+        device: info,
+        engine: OnceLock::new(),
+        starting: Mutex::new(()),
+        cqs: Mutex::new(HashMap::new()),
+        qps: Mutex::new(HashMap::new()),
+        async_fd,
+        _holder: holder,
+    });
+    Ok(core::ptr::from_mut(&mut Box::leak(context).raw.context))
+}
+
+fn zeroed_ops() -> ibv_context_ops {
+    ibv_context_ops {
+        _compat_0_to_56: [0; 7],
+        alloc_mw: 0,
+        bind_mw: 0,
+        dealloc_mw: 0,
+        _compat_create_cq: 0,
+        poll_cq: None,
+        req_notify_cq: None,
+        _compat_104_to_160: [0; 7],
+        post_srq_recv: None,
+        _compat_168_to_200: [0; 4],
+        post_send: None,
+        post_recv: None,
+        _compat_216_to_256: [0; 5],
+    }
+}
+
+/// `ibv_close_device`: stops the engine. Objects not destroyed first stay allocated.
+pub(crate) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
+    // SAFETY: the caller passes an open context and never uses it again.
+    let Some(ours) = (unsafe { Context::from_raw(context) }) else {
+        return EINVAL;
+    };
+    let ours = core::ptr::from_ref(ours).cast_mut();
+    // SAFETY: it was leaked from a Box in `open`, and the caller gives it up.
+    drop(unsafe { Box::from_raw(ours) });
+    0
+}
+
+/// One process per device: AF_XDP takes the interface's queues, so a second process
+/// could only fight over them. The lock is an `flock` on a file named after the network
+/// namespace and interface, holding the holder's pid; it goes with the process.
+pub(crate) struct DeviceLock {
+    _file: File,
+    key: String,
+}
+
+static HELD: Mutex<Vec<std::sync::Weak<DeviceLock>>> = Mutex::new(Vec::new());
+
+impl DeviceLock {
+    fn acquire(interface: &str) -> Result<Arc<DeviceLock>, String> {
+        let netns = rustix::fs::stat("/proc/thread-self/ns/net")
+            .map(|stat| stat.st_ino)
+            .unwrap_or(0);
+        let key = format!("roce-xdp-{netns}-{interface}.lock");
+        let mut held = HELD.lock().map_err(|_| "poisoned".to_owned())?;
+        held.retain(|lock| lock.strong_count() > 0);
+        // This process holds it already: another context of the same process.
+        if let Some(lock) = held
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|lock| lock.key == key)
+        {
+            return Ok(lock);
+        }
+        let path = std::env::temp_dir().join(&key);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|error| format!("{}: {error}", path.display()))?;
+        if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = pid.trim();
+            let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            return Err(format!(
+                "device {interface} is in use by process {pid} ({}); one process per device",
+                name.trim()
+            ));
+        }
+        let written = file
+            .set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| write!(file, "{}", std::process::id()));
+        written.map_err(|error| format!("{}: {error}", path.display()))?;
+        let lock = Arc::new(DeviceLock { _file: file, key });
+        held.push(Arc::downgrade(&lock));
+        Ok(lock)
+    }
+}
+
+/// The device attributes rdma-core reports, true for this transport and shaped as rxe's
+/// (vendor 0xFFFFFF, part 0: perftest then takes the plain verbs paths).
+pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
+    let limits = device.query();
+    let clamp = |value: u64| value.min(i32::MAX as u64) as c_int;
+    let rd_atom = c_int::from(limits.max_qp_rd_atom);
+    ibv_device_attr {
+        fw_ver: [0; 64],
+        node_guid: limits.node_guid.to_be(),
+        sys_image_guid: limits.node_guid.to_be(),
+        max_mr_size: limits.max_mr_size,
+        page_size_cap: 0xFFFF_F000,
+        vendor_id: 0xFF_FFFF,
+        vendor_part_id: 0,
+        hw_ver: 0,
+        max_qp: clamp(limits.max_qp.into()),
+        max_qp_wr: clamp(limits.max_qp_wr.into()),
+        // IBV_DEVICE_RC_RNR_NAK_GEN: our responder sends RNR NAKs.
+        device_cap_flags: 1 << 12,
+        max_sge: clamp(limits.max_sge.into()),
+        max_sge_rd: clamp(limits.max_sge.into()),
+        max_cq: 1 << 16,
+        max_cqe: clamp(limits.max_cqe.into()),
+        max_mr: 1 << 18,
+        max_pd: 1 << 16,
+        max_qp_rd_atom: rd_atom,
+        max_ee_rd_atom: 0,
+        max_res_rd_atom: rd_atom.saturating_mul(1 << 10),
+        max_qp_init_rd_atom: rd_atom,
+        max_ee_init_rd_atom: 0,
+        // IBV_ATOMIC_HCA: atomics are atomic among this device's users.
+        atomic_cap: 1,
+        max_ee: 0,
+        max_rdd: 0,
+        max_mw: 0,
+        max_raw_ipv6_qp: 0,
+        max_raw_ethy_qp: 0,
+        max_mcast_grp: 0,
+        max_mcast_qp_attach: 0,
+        max_total_mcast_qp_attach: 0,
+        max_ah: 1 << 16,
+        max_fmr: 0,
+        max_map_per_fmr: 0,
+        max_srq: 0,
+        max_srq_wr: 0,
+        max_srq_sge: 0,
+        max_pkeys: 1,
+        local_ca_ack_delay: 15,
+        phys_port_cnt: 1,
+    }
+}
+
+/// `struct ibv_port_attr` of the one port.
+pub(crate) fn port_attr(device: &roce_verbs::Device) -> ibv_port_attr {
+    let port = device.query_port();
+    let active = port.state == PortState::Active;
+    ibv_port_attr {
+        // IBV_PORT_ACTIVE / IBV_PORT_DOWN.
+        state: if active { 4 } else { 1 },
+        max_mtu: port.max_mtu as u32,
+        active_mtu: port.active_mtu as u32,
+        gid_tbl_len: port.gid_tbl_len as c_int,
+        port_cap_flags: 0,
+        // The transport's largest message.
+        max_msg_sz: 1 << 31,
+        pkey_tbl_len: 1,
+        // IB_WIDTH_1X, IB_SPEED_SDR: what rxe reports when the link speed is unknown.
+        active_width: 1,
+        active_speed: 1,
+        max_vl_num: 1,
+        // LinkUp / Disabled.
+        phys_state: if active { 5 } else { 3 },
+        // IBV_LINK_LAYER_ETHERNET.
+        link_layer: 2,
+        ..ibv_port_attr::default()
+    }
+}
+
+/// `ibv_query_device`.
+pub(crate) unsafe extern "C" fn query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    // SAFETY: the caller passes an open context and a writable attribute struct.
+    let (Some(ours), Some(attr)) = (unsafe { Context::from_raw(context) }, unsafe {
+        attr.as_mut()
+    }) else {
+        return EINVAL;
+    };
+    *attr = device_attr(ours.device());
+    0
+}
+
+/// Writes the port's attributes, at most `len` bytes of them, as both the old 48-byte and
+/// the current layout are in use.
+///
+/// # Safety
+/// `context` is open and `attr` has room for `len` bytes.
+unsafe fn write_port_attr(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    let Some(ours) = (unsafe { Context::from_raw(context) }) else {
+        return EINVAL;
+    };
+    if port != 1 || attr.is_null() {
+        return EINVAL;
+    }
+    let full = port_attr(ours.device());
+    let len = len.min(size_of::<ibv_port_attr>());
+    // SAFETY: `full` is a whole struct; `attr` has room for `len` bytes.
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            core::ptr::from_ref(&full).cast::<u8>(),
+            attr.cast::<u8>(),
+            len,
+        );
+    }
+    0
+}
+
+/// The exported `ibv_query_port`: the 48-byte `_compat_ibv_port_attr` (old binaries pass
+/// no more).
+pub(crate) unsafe extern "C" fn query_port_compat(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: the caller passes an open context and at least the compat struct.
+    unsafe { write_port_attr(context, port, attr, COMPAT_PORT_ATTR_LEN) }
+}
+
+/// `verbs_context.query_port`, what the inline `ibv_query_port` calls with its size.
+unsafe extern "C" fn query_port_ex(
+    context: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    // SAFETY: the inline wrapper passes its own struct and its size.
+    unsafe { write_port_attr(context, port, attr, len) }
+}
+
+/// The GID at `index` of port `port`, or `EINVAL`.
+///
+/// # Safety
+/// `context` is NULL or open.
+unsafe fn gid(context: *mut ibv_context, port: u32, index: u32) -> Result<[u8; 16], c_int> {
+    // SAFETY: per this function's contract.
+    let ours = unsafe { Context::from_raw(context) }.ok_or(EINVAL)?;
+    if port != 1 {
+        return Err(EINVAL);
+    }
+    ours.device().gid(index as usize).ok_or(EINVAL)
+}
+
+/// `ibv_query_gid`: 0, or -1 and errno.
+pub(crate) unsafe extern "C" fn query_gid(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    out: *mut [u8; 16],
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    match unsafe { gid(context, port.into(), index as u32) } {
+        Ok(gid) if !out.is_null() => {
+            // SAFETY: the caller passes a writable `union ibv_gid`.
+            unsafe { *out = gid };
+            0
+        }
+        Ok(_) => {
+            set_errno(EINVAL);
+            -1
+        }
+        Err(errno) => {
+            set_errno(errno);
+            -1
+        }
+    }
+}
+
+/// The `ibv_gid_entry` of GID `index`; every GID of ours is RoCEv2, as on rxe.
+fn gid_entry(ours: &Context, index: u32, gid: [u8; 16]) -> ibv_gid_entry {
+    ibv_gid_entry {
+        gid,
+        gid_index: index,
+        port_num: 1,
+        gid_type: IBV_GID_TYPE_ROCE_V2,
+        ndev_ifindex: ours.device().ifindex,
+    }
+}
+
+/// `_ibv_query_gid_ex` (what the inline `ibv_query_gid_ex` calls): 0 or an errno.
+pub(crate) unsafe extern "C" fn query_gid_ex(
+    context: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    if flags != 0 || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
+        return EINVAL;
+    }
+    // SAFETY: the caller passes an open context.
+    let gid = match unsafe { gid(context, port, index) } {
+        Ok(gid) => gid,
+        Err(errno) => return errno,
+    };
+    // SAFETY: checked above that it is open.
+    let ours = unsafe { Context::from_raw(context) }.expect("checked by gid()");
+    // SAFETY: the caller passes room for `entry_size` bytes, at least one entry.
+    unsafe { entry.write(gid_entry(ours, index, gid)) };
+    0
+}
+
+/// `_ibv_query_gid_table`: the number of entries written, or a negative errno.
+pub(crate) unsafe extern "C" fn query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    // SAFETY: the caller passes an open context.
+    let Some(ours) = (unsafe { Context::from_raw(context) }) else {
+        return -(EINVAL as isize);
+    };
+    if flags != 0 || entries.is_null() || entry_size < size_of::<ibv_gid_entry>() {
+        return -(EINVAL as isize);
+    }
+    let gids = &ours.device().gids;
+    if gids.len() > max_entries {
+        return -(EINVAL as isize);
+    }
+    for (index, gid) in gids.iter().enumerate() {
+        // SAFETY: the caller passes `max_entries` entries of `entry_size` bytes.
+        unsafe {
+            entries
+                .byte_add(index * entry_size)
+                .write(gid_entry(ours, index as u32, *gid));
+        }
+    }
+    gids.len() as isize
+}
+
+/// `ibv_query_gid_type`: RoCEv2 for every GID.
+pub(crate) unsafe extern "C" fn query_gid_type(
+    context: *mut ibv_context,
+    port: u8,
+    index: u32,
+    gid_type: *mut u32,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if let Err(errno) = unsafe { gid(context, port.into(), index) } {
+        set_errno(errno);
+        return -1;
+    }
+    if gid_type.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller passes a writable enum.
+    unsafe { *gid_type = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+    0
+}
+
+/// The one P_Key, the default full-membership one.
+const DEFAULT_PKEY: u16 = 0xFFFF;
+
+/// `ibv_query_pkey`.
+pub(crate) unsafe extern "C" fn query_pkey(
+    context: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let open = unsafe { Context::from_raw(context) }.is_some();
+    if !open || port != 1 || index != 0 || pkey.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller passes a writable `__be16`.
+    unsafe { *pkey = DEFAULT_PKEY.to_be() };
+    0
+}
+
+/// `ibv_get_pkey_index`.
+pub(crate) extern "C" fn get_pkey_index(_: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    if port == 1 && u16::from_be(pkey) == DEFAULT_PKEY {
+        0
+    } else {
+        set_errno(EINVAL);
+        -1
+    }
+}
+
+/// `IBV_EVENT_QP_FATAL` of `enum ibv_event_type`.
+const IBV_EVENT_QP_FATAL: u32 = 1;
+
+/// `ibv_get_async_event`: waits for one, or with `async_fd` non-blocking fails with
+/// `EAGAIN` when none waits.
+pub(crate) unsafe extern "C" fn get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    // SAFETY: the caller passes an open context.
+    let Some(ours) = (unsafe { Context::from_raw(context) }) else {
+        set_errno(EINVAL);
+        return -1;
+    };
+    let nonblocking = is_nonblocking(&ours.async_fd);
+    loop {
+        match ours.verbs().and_then(roce_verbs::Context::get_async_event) {
+            Ok(Some(AsyncEvent::CqOverflow { qpn })) => {
+                let qp = ours
+                    .qps
+                    .lock()
+                    .ok()
+                    .and_then(|qps| qps.get(&qpn).copied())
+                    .unwrap_or(0);
+                if event.is_null() {
+                    set_errno(EINVAL);
+                    return -1;
+                }
+                // SAFETY: the caller passes a writable event.
+                unsafe {
+                    event.write(ibv_async_event {
+                        element: qp,
+                        event_type: IBV_EVENT_QP_FATAL,
+                    })
+                };
+                return 0;
+            }
+            Ok(None) if nonblocking => {
+                set_errno(EAGAIN);
+                return -1;
+            }
+            Ok(None) => {
+                let slice = Timespec::try_from(Duration::from_millis(10)).ok();
+                let mut fds = [PollFd::new(&ours.async_fd, PollFlags::IN)];
+                let _ = poll(&mut fds, slice.as_ref());
+            }
+            Err(error) => {
+                set_errno(crate::errno_of(&error));
+                return -1;
+            }
+        }
+    }
+}
+
+/// `ibv_ack_async_event`: nothing is held for an event.
+pub(crate) extern "C" fn ack_async_event(_: *mut ibv_async_event) {}
+
+/// `ibv_fork_init`: no device DMA, so a forked child cannot break a registration.
+pub(crate) extern "C" fn fork_init() -> c_int {
+    0
+}
+
+/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED`, for the same reason.
+pub(crate) extern "C" fn is_fork_initialized() -> c_int {
+    2
+}
+
+/// Whether `fd` was made non-blocking by its owner.
+pub(crate) fn is_nonblocking(fd: impl AsFd) -> bool {
+    fcntl_getfl(fd).is_ok_and(|flags| flags.contains(OFlags::NONBLOCK))
+}

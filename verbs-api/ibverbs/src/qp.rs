@@ -1,0 +1,1198 @@
+//! Queue pairs (create, modify with rdma-core's attribute masks, query, destroy, posting
+//! through the ops table) and address handles.
+
+use core::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use roce_cabi::{set_errno, EOPNOTSUPP};
+use roce_verbs::{
+    AccessFlags, AddressHandle, AddressVector, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType,
+    RecvWr, RnrTimer, SendFlags, SendOp, SendWr, SgList, Sge,
+};
+
+use crate::abi::*;
+use crate::context::Context;
+use crate::cq::Cq;
+use crate::pd::Pd;
+
+const EINVAL: c_int = 22;
+
+/// Most inline bytes a send may carry (what `max_inline_data` may ask for).
+const MAX_INLINE_DATA: u32 = 1024;
+
+/// Our `ibv_qp` (inside an `ibv_qp_ex`, whose builders work when the QP was created with
+/// send ops flags).
+#[repr(C)]
+pub(crate) struct Qp {
+    raw: ibv_qp_ex,
+    qp: roce_verbs::Qp,
+    cap: ibv_qp_cap,
+    sq_sig_all: c_int,
+    /// The attributes given so far, as `ibv_query_qp` reports them.
+    attr: Mutex<ibv_qp_attr>,
+    /// Whether `ibv_qp_to_qp_ex` hands out the builders.
+    extended: bool,
+    /// Work requests built since `ibv_wr_start`.
+    batch: Mutex<Batch>,
+}
+
+impl Qp {
+    /// The QP behind an `ibv_qp` (or `ibv_qp_ex`) we handed out.
+    ///
+    /// # Safety
+    /// `qp` is NULL or came from [`create_qp`] and is not destroyed.
+    unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+        // SAFETY: `raw.qp_base` is the first field of our `#[repr(C)]` Qp.
+        unsafe { qp.cast::<Qp>().as_ref() }
+    }
+}
+
+fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T {
+    crate::log_failure(call, why);
+    set_errno(errno);
+    core::ptr::null_mut()
+}
+
+/// What both `ibv_create_qp` and `ibv_create_qp_ex` give.
+struct Creation<'a> {
+    pd: *mut ibv_pd,
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut c_void,
+    /// Updated to what was given.
+    cap: &'a mut ibv_qp_cap,
+    qp_type: u32,
+    sq_sig_all: c_int,
+    extended: bool,
+}
+
+/// `ibv_create_qp`: RC, UC or UD, in RESET; `init_attr.cap` is updated to what was given.
+pub(crate) unsafe extern "C" fn create_qp(
+    pd: *mut ibv_pd,
+    init_attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    // SAFETY: the caller passes a writable init struct.
+    let Some(init) = (unsafe { init_attr.as_mut() }) else {
+        return fail_null("ibv_create_qp", EINVAL, &"NULL attributes");
+    };
+    // SAFETY: the caller passes a PD and CQs of ours.
+    unsafe {
+        create(Creation {
+            pd,
+            qp_context: init.qp_context,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            cap: &mut init.cap,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+            extended: false,
+        })
+    }
+}
+
+/// `verbs_context.create_qp_ex` (the inline `ibv_create_qp_ex`): a PD, and optionally the
+/// work request builders (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`); nothing else (XRC, RSS, TSO,
+/// creation flags) is supported.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    // SAFETY: the caller passes a writable init struct.
+    let Some(init) = (unsafe { attr.as_mut() }) else {
+        return fail_null("ibv_create_qp_ex", EINVAL, &"NULL attributes");
+    };
+    if init.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+        return fail_null("ibv_create_qp_ex", EINVAL, &"no PD");
+    }
+    if init.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        return fail_null(
+            "ibv_create_qp_ex",
+            EOPNOTSUPP,
+            &"XRC, RSS, TSO or creation flags",
+        );
+    }
+    // SAFETY: the caller passes a PD of ours.
+    let same_context = unsafe { Pd::from_raw(init.pd) }.is_some_and(|pd| pd.raw.context == context);
+    if !same_context {
+        return fail_null("ibv_create_qp_ex", EINVAL, &"a PD of another context");
+    }
+    // SAFETY: the caller passes a PD and CQs of ours.
+    unsafe {
+        create(Creation {
+            pd: init.pd,
+            qp_context: init.qp_context,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            cap: &mut init.cap,
+            qp_type: init.qp_type,
+            sq_sig_all: init.sq_sig_all,
+            extended: init.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0,
+        })
+    }
+}
+
+/// `ibv_qp_to_qp_ex`: the builders, for a QP created with send ops flags; else NULL.
+pub(crate) unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: the caller passes a QP of ours.
+    match unsafe { Qp::from_raw(qp) } {
+        Some(ours) if ours.extended => qp.cast(),
+        _ => fail_null(
+            "ibv_qp_to_qp_ex",
+            EOPNOTSUPP,
+            &"QP created without send ops flags",
+        ),
+    }
+}
+
+/// Creates a QP.
+///
+/// # Safety
+/// `c.pd` is a PD of ours; the CQs are NULL or ours.
+unsafe fn create(c: Creation) -> *mut ibv_qp {
+    const CALL: &str = "ibv_create_qp";
+    // SAFETY: per this function's contract.
+    let Some(ours) = (unsafe { Pd::from_raw(c.pd) }) else {
+        return fail_null(CALL, EINVAL, &"NULL PD");
+    };
+    if !c.srq.is_null() {
+        return fail_null(CALL, EOPNOTSUPP, &"shared receive queues");
+    }
+    let qp_type = match c.qp_type {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        other => return fail_null(CALL, EOPNOTSUPP, &format!("QP type {other}")),
+    };
+    // SAFETY: per this function's contract.
+    let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_raw(c.send_cq) }, unsafe {
+        Cq::from_raw(c.recv_cq)
+    }) else {
+        return fail_null(CALL, EINVAL, &"NULL CQ");
+    };
+    // SAFETY: a PD's context outlives it.
+    let Some(context) = (unsafe { Context::from_raw(ours.raw.context) }) else {
+        return fail_null(CALL, EINVAL, &"PD without a context");
+    };
+    let limits = context.device().query();
+    let cap = *c.cap;
+    if cap.max_send_wr > limits.max_qp_wr
+        || cap.max_recv_wr > limits.max_qp_wr
+        || cap.max_send_sge > limits.max_sge
+        || cap.max_recv_sge > limits.max_sge
+        || cap.max_inline_data > MAX_INLINE_DATA
+    {
+        return fail_null(CALL, EINVAL, &"capabilities beyond the device's");
+    }
+    let caps = QpCaps {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    };
+    let attr = roce_verbs::QpInitAttr {
+        qp_type,
+        send_cq: &send_cq.cq,
+        recv_cq: &recv_cq.cq,
+        caps,
+        sq_sig_all: c.sq_sig_all != 0,
+    };
+    let qp = match ours.pd.create_qp(&attr) {
+        Ok(qp) => qp,
+        Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
+    };
+    let qp_num = qp.qp_num();
+    let qp_base = ibv_qp {
+        context: ours.raw.context,
+        qp_context: c.qp_context,
+        pd: c.pd,
+        send_cq: c.send_cq,
+        recv_cq: c.recv_cq,
+        srq: core::ptr::null_mut(),
+        handle: 0,
+        qp_num,
+        state: 0,
+        qp_type: c.qp_type,
+        mutex: [0; 5],
+        cond: [0; 6],
+        events_completed: 0,
+    };
+    let ptr = Box::into_raw(Box::new(Qp {
+        raw: builders(qp_base),
+        qp,
+        cap,
+        sq_sig_all: c.sq_sig_all,
+        attr: Mutex::new(ibv_qp_attr {
+            cap,
+            ..ibv_qp_attr::default()
+        }),
+        extended: c.extended,
+        batch: Mutex::new(Batch::default()),
+    }));
+    ours.users.fetch_add(1, Ordering::AcqRel);
+    send_cq.users.fetch_add(1, Ordering::AcqRel);
+    recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    if let Ok(mut qps) = context.qps.lock() {
+        qps.insert(qp_num, ptr as usize);
+    }
+    ptr.cast()
+}
+
+/// `ibv_destroy_qp`.
+pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: the caller passes a QP of ours.
+    let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
+        return EINVAL;
+    };
+    // SAFETY: a QP's context, PD and CQs outlive it (they cannot go while it uses them).
+    unsafe {
+        if let Some(context) = Context::from_raw(ours.raw.qp_base.context) {
+            if let Ok(mut qps) = context.qps.lock() {
+                qps.remove(&ours.raw.qp_base.qp_num);
+            }
+        }
+        for cq in [ours.raw.qp_base.send_cq, ours.raw.qp_base.recv_cq] {
+            if let Some(cq) = Cq::from_raw(cq) {
+                cq.users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        if let Some(pd) = Pd::from_raw(ours.raw.qp_base.pd) {
+            pd.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        drop(Box::from_raw(qp.cast::<Qp>()));
+    }
+    0
+}
+
+fn qp_state(value: u32) -> Option<QpState> {
+    Some(match value {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn state_value(state: QpState) -> u32 {
+    match state {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err => 6,
+    }
+}
+
+fn path_mtu(value: u32) -> Option<PathMtu> {
+    Some(match value {
+        1 => PathMtu::Mtu256,
+        2 => PathMtu::Mtu512,
+        3 => PathMtu::Mtu1024,
+        4 => PathMtu::Mtu2048,
+        5 => PathMtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+/// The address vector of an `ibv_ah_attr`; RoCE needs the GRH (`is_global`). The DLID is
+/// ignored (UCX puts a UDP source port there) and the flow label cut to its 20 bits.
+fn address_vector(attr: &ibv_ah_attr) -> Result<AddressVector, &'static str> {
+    if attr.is_global == 0 {
+        return Err("RoCE address without a GRH (is_global = 0)");
+    }
+    if attr.port_num > 1 {
+        return Err("port other than 1");
+    }
+    Ok(AddressVector {
+        dgid: attr.grh.dgid,
+        sgid_index: attr.grh.sgid_index,
+        hop_limit: attr.grh.hop_limit,
+        traffic_class: attr.grh.traffic_class,
+        flow_label: attr.grh.flow_label & 0xF_FFFF,
+    })
+}
+
+/// rdma-core's attribute mask as [`QpAttr`]'s `Some` fields; the attributes this transport
+/// has no use for (alternate path, SQD notification, caps, rate limit) are `EINVAL`.
+fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
+    use crate::abi::qp_mask::*;
+    let known = STATE
+        | CUR_STATE
+        | ACCESS_FLAGS
+        | PKEY_INDEX
+        | PORT
+        | QKEY
+        | AV
+        | PATH_MTU
+        | TIMEOUT
+        | RETRY_CNT
+        | RNR_RETRY
+        | RQ_PSN
+        | MAX_QP_RD_ATOMIC
+        | MIN_RNR_TIMER
+        | SQ_PSN
+        | MAX_DEST_RD_ATOMIC
+        | DEST_QPN;
+    if mask & !known != 0 {
+        return Err("attributes this device does not take");
+    }
+    let has = |bit: c_int| mask & bit != 0;
+    let mut out = QpAttr::default();
+    if has(STATE) {
+        out.state = Some(qp_state(attr.qp_state).ok_or("qp_state")?);
+    }
+    if has(CUR_STATE) {
+        out.cur_state = Some(qp_state(attr.cur_qp_state).ok_or("cur_qp_state")?);
+    }
+    if has(ACCESS_FLAGS) {
+        // Bits beyond the four we enforce (relaxed ordering, ...) are accepted and ignored.
+        out.access_flags = Some(AccessFlags::from_bits_truncate(attr.qp_access_flags as u32));
+    }
+    if has(PKEY_INDEX) {
+        if attr.pkey_index != 0 {
+            return Err("pkey_index (the table has one entry)");
+        }
+        out.pkey_index = Some(attr.pkey_index);
+    }
+    if has(PORT) {
+        out.port_num = Some(attr.port_num);
+    }
+    if has(QKEY) {
+        out.qkey = Some(attr.qkey);
+    }
+    if has(AV) {
+        out.av = Some(address_vector(&attr.ah_attr)?);
+    }
+    if has(PATH_MTU) {
+        out.path_mtu = Some(path_mtu(attr.path_mtu).ok_or("path_mtu")?);
+    }
+    if has(TIMEOUT) {
+        out.timeout = Some(attr.timeout);
+    }
+    if has(RETRY_CNT) {
+        out.retry_cnt = Some(attr.retry_cnt);
+    }
+    if has(RNR_RETRY) {
+        out.rnr_retry = Some(attr.rnr_retry);
+    }
+    if has(RQ_PSN) {
+        out.rq_psn = Some(Psn::new(attr.rq_psn & 0xFF_FFFF));
+    }
+    if has(MAX_QP_RD_ATOMIC) {
+        out.max_rd_atomic = Some(attr.max_rd_atomic);
+    }
+    if has(MIN_RNR_TIMER) {
+        if attr.min_rnr_timer > 31 {
+            return Err("min_rnr_timer");
+        }
+        out.min_rnr_timer = Some(RnrTimer::new(attr.min_rnr_timer));
+    }
+    if has(SQ_PSN) {
+        out.sq_psn = Some(Psn::new(attr.sq_psn & 0xFF_FFFF));
+    }
+    if has(MAX_DEST_RD_ATOMIC) {
+        out.max_dest_rd_atomic = Some(attr.max_dest_rd_atomic);
+    }
+    if has(DEST_QPN) {
+        out.dest_qp_num = Some(attr.dest_qp_num);
+    }
+    Ok(out)
+}
+
+/// Copies the attributes `mask` names from `from` into `into` (what `ibv_query_qp` will
+/// report).
+fn remember(into: &mut ibv_qp_attr, from: &ibv_qp_attr, mask: c_int) {
+    use crate::abi::qp_mask::*;
+    let has = |bit: c_int| mask & bit != 0;
+    if has(ACCESS_FLAGS) {
+        into.qp_access_flags = from.qp_access_flags;
+    }
+    if has(PKEY_INDEX) {
+        into.pkey_index = from.pkey_index;
+    }
+    if has(PORT) {
+        into.port_num = from.port_num;
+    }
+    if has(QKEY) {
+        into.qkey = from.qkey;
+    }
+    if has(AV) {
+        into.ah_attr = from.ah_attr;
+    }
+    if has(PATH_MTU) {
+        into.path_mtu = from.path_mtu;
+    }
+    if has(TIMEOUT) {
+        into.timeout = from.timeout;
+    }
+    if has(RETRY_CNT) {
+        into.retry_cnt = from.retry_cnt;
+    }
+    if has(RNR_RETRY) {
+        into.rnr_retry = from.rnr_retry;
+    }
+    if has(RQ_PSN) {
+        into.rq_psn = from.rq_psn;
+    }
+    if has(MAX_QP_RD_ATOMIC) {
+        into.max_rd_atomic = from.max_rd_atomic;
+    }
+    if has(MIN_RNR_TIMER) {
+        into.min_rnr_timer = from.min_rnr_timer;
+    }
+    if has(SQ_PSN) {
+        into.sq_psn = from.sq_psn;
+    }
+    if has(MAX_DEST_RD_ATOMIC) {
+        into.max_dest_rd_atomic = from.max_dest_rd_atomic;
+    }
+    if has(DEST_QPN) {
+        into.dest_qp_num = from.dest_qp_num;
+    }
+}
+
+/// `ibv_modify_qp`: 0 or an errno (`EINVAL` for a transition or mask rdma-core refuses).
+pub(crate) unsafe extern "C" fn modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours and its attributes.
+    let (Some(ours), Some(attr)) = (unsafe { Qp::from_raw(qp) }, unsafe { attr.as_ref() }) else {
+        return EINVAL;
+    };
+    let wanted = match qp_attr(attr, mask) {
+        Ok(wanted) => wanted,
+        Err(why) => {
+            crate::log_failure("ibv_modify_qp", &why);
+            return EINVAL;
+        }
+    };
+    if let Err(error) = ours.qp.modify(&wanted) {
+        crate::log_failure("ibv_modify_qp", &error);
+        return crate::errno_of(&error);
+    }
+    if let Ok(mut known) = ours.attr.lock() {
+        remember(&mut known, attr, mask);
+    }
+    if let Some(state) = wanted.state {
+        // SAFETY: `state` is the one field of `ibv_qp` callers read that changes; rdma-core
+        // writes it the same way after a successful modify.
+        unsafe { (*qp).state = state_value(state) };
+    }
+    0
+}
+
+/// `ibv_query_qp`: the attributes given so far, the current state, and the creation
+/// attributes.
+pub(crate) unsafe extern "C" fn query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours and writable structs.
+    let (Some(ours), Some(attr), Some(init)) = (
+        unsafe { Qp::from_raw(qp) },
+        unsafe { attr.as_mut() },
+        unsafe { init_attr.as_mut() },
+    ) else {
+        return EINVAL;
+    };
+    let state = match ours.qp.state() {
+        Ok(state) => state_value(state),
+        Err(error) => return crate::errno_of(&error),
+    };
+    let Ok(known) = ours.attr.lock() else {
+        return EINVAL;
+    };
+    *attr = ibv_qp_attr {
+        qp_state: state,
+        cur_qp_state: state,
+        cap: ours.cap,
+        ..*known
+    };
+    *init = ibv_qp_init_attr {
+        qp_context: ours.raw.qp_base.qp_context,
+        send_cq: ours.raw.qp_base.send_cq,
+        recv_cq: ours.raw.qp_base.recv_cq,
+        srq: core::ptr::null_mut(),
+        cap: ours.cap,
+        qp_type: ours.raw.qp_base.qp_type,
+        sq_sig_all: ours.sq_sig_all,
+    };
+    0
+}
+
+/// The scatter/gather list of a work request.
+///
+/// # Safety
+/// `sg_list` points to `num_sge` elements when `num_sge` > 0.
+unsafe fn sg_list(sg_list: *const ibv_sge, num_sge: c_int) -> Result<SgList, c_int> {
+    let count = usize::try_from(num_sge).map_err(|_| EINVAL)?;
+    if count == 0 {
+        return Ok(SgList::new());
+    }
+    if sg_list.is_null() {
+        return Err(EINVAL);
+    }
+    // SAFETY: per this function's contract.
+    let sges = unsafe { core::slice::from_raw_parts(sg_list, count) };
+    Ok(sges
+        .iter()
+        .map(|sge| Sge {
+            addr: sge.addr,
+            length: sge.length,
+            lkey: sge.lkey,
+        })
+        .collect())
+}
+
+/// The bytes an inline send carries, copied now from the caller's buffers (which need not
+/// be registered).
+///
+/// # Safety
+/// Each element's `addr` points to `length` readable bytes.
+unsafe fn inline_bytes(sges: &SgList, into: &mut Vec<u8>) -> Result<(), c_int> {
+    let total = roce_transport::wr::sg_len(sges).ok_or(EINVAL)?;
+    if total > MAX_INLINE_DATA {
+        return Err(EINVAL);
+    }
+    for sge in sges {
+        if sge.length == 0 {
+            continue;
+        }
+        // SAFETY: per this function's contract (the caller's buffer, read before
+        // `ibv_post_send` returns, as the inline flag promises the caller).
+        let bytes = unsafe {
+            core::slice::from_raw_parts(sge.addr as usize as *const u8, sge.length as usize)
+        };
+        into.extend_from_slice(bytes);
+    }
+    Ok(())
+}
+
+/// One `ibv_send_wr` as a [`SendWr`]; `ud` says whether the QP is UD (only then does the
+/// `wr` union hold an address handle).
+///
+/// # Safety
+/// `wr` is a valid work request of the caller's.
+unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
+    // SAFETY: the union member read is the one `opcode` selects.
+    let (rdma, atomic, ud) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.wr.ud) };
+    let imm = u32::from_be(wr.imm_data);
+    let op = match wr.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(imm),
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv(wr.imm_data),
+        IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm,
+        },
+        IBV_WR_RDMA_READ => SendOp::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            add: atomic.compare_add,
+        },
+        _ => return Err(EINVAL),
+    };
+    let flags = SendFlags::from_bits_truncate(wr.send_flags);
+    // SAFETY: the caller's list of `num_sge` elements.
+    let mut sg = unsafe { sg_list(wr.sg_list, wr.num_sge) }?;
+    let mut inline_data = Vec::new();
+    if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
+        // SAFETY: the caller's buffers, as the elements describe them.
+        unsafe { inline_bytes(&sg, &mut inline_data) }?;
+        sg.clear();
+    }
+    let ud = if ud_qp {
+        // SAFETY: a UD request's address handle is one of ours.
+        let ah = unsafe { ud.ah.cast::<Ah>().as_ref() }.ok_or(EINVAL)?;
+        Some(ah.handle.dest(ud.remote_qpn, ud.remote_qkey))
+    } else {
+        None
+    };
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        sg_list: sg,
+        inline_data,
+        flags,
+        ud,
+    })
+}
+
+/// Walks a caller's list of work requests, converting each until one does not convert.
+struct Walk<W, F> {
+    next: *mut W,
+    /// Converts one request; called only on valid requests of the caller's list.
+    convert: F,
+    next_of: fn(&W) -> *mut W,
+    /// The request that did not convert, and why.
+    refused: Option<(*mut W, c_int)>,
+}
+
+impl<W, T, F: FnMut(&W) -> Result<T, c_int>> Iterator for Walk<W, F> {
+    type Item = T;
+
+    fn next(&mut self) -> Option<T> {
+        // SAFETY: the caller of `ibv_post_*` passes a NULL-terminated list of valid requests.
+        let wr = unsafe { self.next.as_ref() }?;
+        match (self.convert)(wr) {
+            Ok(item) => {
+                self.next = (self.next_of)(wr);
+                Some(item)
+            }
+            Err(errno) => {
+                self.refused = Some((self.next, errno));
+                None
+            }
+        }
+    }
+}
+
+/// The `index`th request of a list.
+///
+/// # Safety
+/// The list has more than `index` valid requests.
+unsafe fn nth<W>(mut wr: *mut W, index: usize, next_of: fn(&W) -> *mut W) -> *mut W {
+    for _ in 0..index {
+        // SAFETY: per this function's contract.
+        wr = next_of(unsafe { &*wr });
+    }
+    wr
+}
+
+/// Posts a list through `post`, setting `bad_wr` to the first request not posted.
+///
+/// # Safety
+/// `wr` is a NULL-terminated list of valid requests; `bad_wr` is writable.
+unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    convert: F,
+    next_of: fn(&W) -> *mut W,
+    post: impl FnOnce(&mut Walk<W, F>) -> Result<(), roce_verbs::PostFailure>,
+) -> c_int {
+    let mut walk = Walk {
+        next: wr,
+        convert,
+        next_of,
+        refused: None,
+    };
+    let (bad, errno) = match post(&mut walk) {
+        // SAFETY: the failure's index is of a request the walk went through.
+        Err(failure) => (unsafe { nth(wr, failure.index, next_of) }, {
+            crate::log_failure("ibv_post_*", &failure);
+            crate::errno_of(&failure.error)
+        }),
+        Ok(()) => match walk.refused {
+            Some(refused) => refused,
+            None => return 0,
+        },
+    };
+    if !bad_wr.is_null() {
+        // SAFETY: per this function's contract.
+        unsafe { *bad_wr = bad };
+    }
+    errno
+}
+
+/// `ops.post_send`.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours.
+    let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
+        return EINVAL;
+    };
+    let ud_qp = ours.raw.qp_base.qp_type == IBV_QPT_UD;
+    // SAFETY: the walk passes only requests of the caller's list, which are valid.
+    let convert = |wr: &ibv_send_wr| unsafe { send_wr(wr, ud_qp) };
+    // SAFETY: the caller passes a valid list and `bad_wr`.
+    unsafe {
+        post_list(
+            wr,
+            bad_wr,
+            convert,
+            |wr| wr.next,
+            |walk| ours.qp.post_send(walk),
+        )
+    }
+}
+
+/// One `ibv_recv_wr` as a [`RecvWr`].
+///
+/// # Safety
+/// `wr` is a valid work request of the caller's.
+unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+    Ok(RecvWr {
+        wr_id: wr.wr_id,
+        // SAFETY: the caller's list of `num_sge` elements.
+        sg_list: unsafe { sg_list(wr.sg_list, wr.num_sge) }?,
+    })
+}
+
+/// `ops.post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours.
+    let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
+        return EINVAL;
+    };
+    // SAFETY: the walk passes only requests of the caller's list, which are valid.
+    let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
+    // SAFETY: the caller passes a valid list and `bad_wr`.
+    unsafe {
+        post_list(
+            wr,
+            bad_wr,
+            convert,
+            |wr| wr.next,
+            |walk| ours.qp.post_recv(walk),
+        )
+    }
+}
+
+/// Our `ibv_ah`.
+#[repr(C)]
+struct Ah {
+    raw: ibv_ah,
+    handle: AddressHandle,
+}
+
+/// `ibv_create_ah` (resolving the neighbour's MAC first, which may take an ARP round).
+pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    // SAFETY: the caller passes a PD of ours and the attributes.
+    let (Some(ours), Some(attr)) = (unsafe { Pd::from_raw(pd) }, unsafe { attr.as_ref() }) else {
+        return fail_null("ibv_create_ah", EINVAL, &"NULL PD or attributes");
+    };
+    let av = match address_vector(attr) {
+        Ok(av) => av,
+        Err(why) => return fail_null("ibv_create_ah", EINVAL, &why),
+    };
+    match ours.pd.create_ah(av) {
+        Ok(handle) => {
+            ours.users.fetch_add(1, Ordering::AcqRel);
+            Box::into_raw(Box::new(Ah {
+                raw: ibv_ah {
+                    context: ours.raw.context,
+                    pd,
+                    handle: 0,
+                },
+                handle,
+            }))
+            .cast()
+        }
+        Err(error) => fail_null("ibv_create_ah", crate::errno_of(&error), &error),
+    }
+}
+
+/// `ibv_destroy_ah`.
+pub(crate) unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
+    // SAFETY: the caller passes an address handle of ours.
+    let Some(ours) = (unsafe { ah.cast::<Ah>().as_ref() }) else {
+        return EINVAL;
+    };
+    // SAFETY: its PD outlives it (it cannot be freed while we use it).
+    if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
+        pd.users.fetch_sub(1, Ordering::AcqRel);
+    }
+    // SAFETY: leaked from a Box in `create_ah`; the caller gives it up.
+    drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
+    0
+}
+
+/// `ibv_init_ah_from_wc`: the address of the sender of a UD receive, from the GRH area at
+/// the start of its buffer (for IPv4, the IPv4 header sits in its last 20 bytes, as rxe
+/// writes it).
+pub(crate) unsafe extern "C" fn init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut [u8; 40],
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    // SAFETY: the caller passes an open context, the completion, its receive buffer's
+    // first 40 bytes, and a writable attribute struct.
+    let (Some(context), Some(wc), Some(grh), Some(out)) = (
+        unsafe { Context::from_raw(context) },
+        unsafe { wc.as_ref() },
+        unsafe { grh.as_ref() },
+        unsafe { ah_attr.as_mut() },
+    ) else {
+        set_errno(EINVAL);
+        return -1;
+    };
+    if wc.wc_flags & IBV_WC_GRH == 0 {
+        set_errno(EINVAL);
+        return -1;
+    }
+    let (sgid, dgid, hop_limit, traffic_class) = if grh[20] >> 4 == 4 {
+        let ip =
+            |at: usize| std::net::Ipv4Addr::new(grh[at], grh[at + 1], grh[at + 2], grh[at + 3]);
+        (
+            ip(32).to_ipv6_mapped().octets(),
+            ip(36).to_ipv6_mapped().octets(),
+            grh[28],
+            grh[21],
+        )
+    } else {
+        let mut sgid = [0u8; 16];
+        let mut dgid = [0u8; 16];
+        sgid.copy_from_slice(&grh[8..24]);
+        dgid.copy_from_slice(&grh[24..40]);
+        (sgid, dgid, grh[7], (grh[0] << 4) | (grh[1] >> 4))
+    };
+    // The reply leaves from the GID the request came to.
+    let Some(sgid_index) = context.device().gids.iter().position(|gid| *gid == dgid) else {
+        set_errno(EINVAL);
+        return -1;
+    };
+    *out = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: sgid,
+            flow_label: 0,
+            sgid_index: sgid_index as u8,
+            hop_limit,
+            traffic_class,
+        },
+        dlid: wc.slid,
+        sl: wc.sl,
+        src_path_bits: wc.dlid_path_bits,
+        static_rate: 0,
+        is_global: 1,
+        port_num,
+    };
+    0
+}
+
+/// `ibv_create_ah_from_wc`.
+pub(crate) unsafe extern "C" fn create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut [u8; 40],
+    port_num: u8,
+) -> *mut ibv_ah {
+    let mut attr = ibv_ah_attr::default();
+    // SAFETY: the caller passes a PD of ours, a completion and its receive buffer.
+    unsafe {
+        let context = match Pd::from_raw(pd) {
+            Some(pd) => pd.raw.context,
+            None => return fail_null("ibv_create_ah_from_wc", EINVAL, &"NULL PD"),
+        };
+        if init_ah_from_wc(context, port_num, wc, grh, &mut attr) != 0 {
+            return core::ptr::null_mut();
+        }
+        create_ah(pd, &mut attr)
+    }
+}
+
+/// The work requests built between `ibv_wr_start` and `ibv_wr_complete`, and the first
+/// error among them (reported by `ibv_wr_complete`, which then posts nothing).
+#[derive(Default)]
+struct Batch {
+    wrs: Vec<SendWr>,
+    error: Option<c_int>,
+}
+
+/// An `ibv_qp_ex` around `qp_base` with our builders.
+fn builders(qp_base: ibv_qp) -> ibv_qp_ex {
+    ibv_qp_ex {
+        qp_base,
+        comp_mask: 0,
+        wr_id: 0,
+        wr_flags: 0,
+        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
+        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
+        wr_bind_mw: Some(wr_unsupported),
+        wr_local_inv: Some(wr_unsupported),
+        wr_rdma_read: Some(wr_rdma_read),
+        wr_rdma_write: Some(wr_rdma_write),
+        wr_rdma_write_imm: Some(wr_rdma_write_imm),
+        wr_send: Some(wr_send),
+        wr_send_imm: Some(wr_send_imm),
+        wr_send_inv: Some(wr_send_inv),
+        wr_send_tso: Some(wr_unsupported),
+        wr_set_ud_addr: Some(wr_set_ud_addr),
+        wr_set_xrc_srqn: Some(wr_unsupported),
+        wr_set_inline_data: Some(wr_set_inline_data),
+        wr_set_inline_data_list: Some(wr_set_inline_data_list),
+        wr_set_sge: Some(wr_set_sge),
+        wr_set_sge_list: Some(wr_set_sge_list),
+        wr_start: Some(wr_start),
+        wr_complete: Some(wr_complete),
+        wr_abort: Some(wr_abort),
+        wr_atomic_write: Some(wr_unsupported),
+    }
+}
+
+/// Runs `f` on the QP's batch.
+///
+/// # Safety
+/// `qp` is an `ibv_qp_ex` of ours.
+unsafe fn with_batch<T>(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut Batch) -> T) -> Option<T> {
+    // SAFETY: per this function's contract.
+    let ours = unsafe { Qp::from_raw(qp.cast()) }?;
+    let mut batch = ours.batch.lock().ok()?;
+    Some(f(ours, &mut batch))
+}
+
+/// Starts a new work request with `op`, taking `wr_id` and `wr_flags` from the QP as the
+/// application wrote them.
+///
+/// # Safety
+/// `qp` is an `ibv_qp_ex` of ours.
+unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
+    // SAFETY: per this function's contract.
+    unsafe {
+        with_batch(qp, |ours, batch| {
+            batch.wrs.push(SendWr {
+                wr_id: ours.raw.wr_id,
+                op,
+                flags: SendFlags::from_bits_truncate(ours.raw.wr_flags),
+                ..SendWr::default()
+            });
+        });
+    }
+}
+
+/// Changes the work request being built; an error if none is.
+///
+/// # Safety
+/// `qp` is an `ibv_qp_ex` of ours.
+unsafe fn amend(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWr) -> Result<(), c_int>) {
+    // SAFETY: per this function's contract.
+    unsafe {
+        with_batch(qp, |_, batch| {
+            let result = batch.wrs.last_mut().ok_or(EINVAL).and_then(f);
+            if let Err(errno) = result {
+                batch.error.get_or_insert(errno);
+            }
+        });
+    }
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { with_batch(qp, |_, batch| *batch = Batch::default()) };
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { with_batch(qp, |_, batch| *batch = Batch::default()) };
+}
+
+/// Posts the batch: 0, or the errno of the first builder error or of the post.
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    let done = unsafe {
+        with_batch(qp, |ours, batch| {
+            let batch = std::mem::take(batch);
+            if let Some(errno) = batch.error {
+                return errno;
+            }
+            match ours.qp.post_send(batch.wrs) {
+                Ok(()) => 0,
+                Err(failure) => {
+                    crate::log_failure("ibv_wr_complete", &failure);
+                    crate::errno_of(&failure.error)
+                }
+            }
+        })
+    };
+    done.unwrap_or(EINVAL)
+}
+
+/// Memory windows, local invalidation, TSO, XRC and atomic writes: the batch fails.
+unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        with_batch(qp, |_, batch| {
+            batch.error.get_or_insert(EOPNOTSUPP);
+        });
+    }
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::Send) };
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::SendWithImm(u32::from_be(imm))) };
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::SendWithInv(rkey)) };
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::RdmaWrite { remote_addr, rkey }) };
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    let imm = u32::from_be(imm);
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        begin(
+            qp,
+            SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+        )
+    };
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::RdmaRead { remote_addr, rkey }) };
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let op = SendOp::CompareSwap {
+        remote_addr,
+        rkey,
+        compare,
+        swap,
+    };
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, op) };
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        begin(
+            qp,
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            },
+        )
+    };
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        amend(qp, |wr| {
+            wr.sg_list = [Sge { addr, length, lkey }].into();
+            Ok(())
+        });
+    }
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg: *const ibv_sge) {
+    let count = c_int::try_from(num_sge).unwrap_or(-1);
+    // SAFETY: the application passes its `ibv_qp_ex` and `num_sge` elements.
+    unsafe {
+        amend(qp, |wr| {
+            wr.sg_list = sg_list(sg, count)?;
+            Ok(())
+        });
+    }
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    let buffer = ibv_data_buf { addr, length };
+    // SAFETY: the application passes its `ibv_qp_ex` and one buffer.
+    unsafe { wr_set_inline_data_list(qp, 1, &buffer) };
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buffers: *const ibv_data_buf,
+) {
+    // SAFETY: the application passes its `ibv_qp_ex` and `num_buf` buffers, each of
+    // `length` readable bytes, copied before this returns.
+    unsafe {
+        amend(qp, |wr| {
+            if num_buf > 0 && buffers.is_null() {
+                return Err(EINVAL);
+            }
+            let buffers = if num_buf == 0 {
+                &[][..]
+            } else {
+                core::slice::from_raw_parts(buffers, num_buf)
+            };
+            let sges: SgList = buffers
+                .iter()
+                .map(|buffer| Sge {
+                    addr: buffer.addr as u64,
+                    length: u32::try_from(buffer.length).unwrap_or(u32::MAX),
+                    lkey: 0,
+                })
+                .collect();
+            wr.inline_data.clear();
+            inline_bytes(&sges, &mut wr.inline_data)?;
+            wr.flags |= SendFlags::INLINE;
+            wr.sg_list.clear();
+            Ok(())
+        });
+    }
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    // SAFETY: the application passes its `ibv_qp_ex` and an address handle of ours.
+    unsafe {
+        amend(qp, |wr| {
+            let ah = ah.cast::<Ah>().as_ref().ok_or(EINVAL)?;
+            wr.ud = Some(ah.handle.dest(remote_qpn, remote_qkey));
+            Ok(())
+        });
+    }
+}
