@@ -573,8 +573,23 @@ pub(crate) extern "C" fn get_pkey_index(_: *mut ibv_context, port: u8, pkey: u16
     }
 }
 
-/// `IBV_EVENT_QP_FATAL` of `enum ibv_event_type`.
+/// `enum ibv_event_type` values for the events a QP raises.
 const IBV_EVENT_QP_FATAL: u32 = 1;
+const IBV_EVENT_QP_REQ_ERR: u32 = 2;
+const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+
+/// The `ibv_event_type` and QP number of a QP's event. A CQ overflow is reported on the QP
+/// whose completion was lost (`QP_FATAL`): the transport knows the QP, not the `ibv_cq`.
+fn event_of(event: &AsyncEvent) -> Option<(u32, u32)> {
+    Some(match *event {
+        AsyncEvent::QpFatal { qpn, .. } | AsyncEvent::CqOverflow { qpn } => {
+            (IBV_EVENT_QP_FATAL, qpn)
+        }
+        AsyncEvent::QpRequestError { qpn } => (IBV_EVENT_QP_REQ_ERR, qpn),
+        AsyncEvent::QpAccessError { qpn } => (IBV_EVENT_QP_ACCESS_ERR, qpn),
+        _ => return None,
+    })
+}
 
 /// `ibv_get_async_event`: waits for one, or with `async_fd` non-blocking fails with
 /// `EAGAIN` when none waits.
@@ -587,25 +602,31 @@ pub(crate) unsafe extern "C" fn get_async_event(
         set_errno(EINVAL);
         return -1;
     };
+    if event.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
     let nonblocking = is_nonblocking(&ours.async_fd);
     loop {
-        match ours.verbs().and_then(roce_verbs::Context::get_async_event) {
-            Ok(Some(AsyncEvent::CqOverflow { qpn })) => {
+        match ours
+            .verbs()
+            .and_then(roce_verbs::Context::try_get_async_event)
+        {
+            Ok(Some(happened)) => {
+                let Some((event_type, qpn)) = event_of(&happened) else {
+                    continue;
+                };
                 let qp = ours
                     .qps
                     .lock()
                     .ok()
                     .and_then(|qps| qps.get(&qpn).copied())
                     .unwrap_or(0);
-                if event.is_null() {
-                    set_errno(EINVAL);
-                    return -1;
-                }
-                // SAFETY: the caller passes a writable event.
+                // SAFETY: the caller passes a writable event (checked not null above).
                 unsafe {
                     event.write(ibv_async_event {
                         element: qp,
-                        event_type: IBV_EVENT_QP_FATAL,
+                        event_type,
                     })
                 };
                 return 0;
