@@ -18,6 +18,7 @@ use crate::mad;
 use crate::{Error, Result};
 
 pub mod cma;
+mod comm_ids;
 pub mod drep;
 pub mod dreq;
 pub mod mra;
