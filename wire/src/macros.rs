@@ -40,3 +40,66 @@ macro_rules! fixed_header_packet {
         }
     };
 }
+
+/// Declares a CM message's accessors for the two communication IDs that open it (big-endian
+/// `u32`s at `field::LOCAL_COMM_ID` and `field::REMOTE_COMM_ID` of the invoking module).
+macro_rules! comm_id_accessors {
+    () => {
+        comm_id_accessors!(
+            "The sender's communication ID.",
+            "The receiver's communication ID."
+        );
+    };
+    ($local_doc:literal, $remote_doc:literal) => {
+        impl<T: AsRef<[u8]>> Packet<T> {
+            #[doc = $local_doc]
+            pub fn local_comm_id(&self) -> u32 {
+                $crate::read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
+            }
+
+            #[doc = $remote_doc]
+            pub fn remote_comm_id(&self) -> u32 {
+                $crate::read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
+            }
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+            /// Sets the local communication ID.
+            pub fn set_local_comm_id(&mut self, value: u32) {
+                self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
+            }
+
+            /// Sets the remote communication ID.
+            pub fn set_remote_comm_id(&mut self, value: u32) {
+                self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
+            }
+        }
+    };
+}
+
+/// Declares a CM message's accessors for the private data that ends it (`field::PRIVATE_DATA`,
+/// `PRIVATE_DATA_LEN` bytes, of the invoking module).
+macro_rules! private_data_accessors {
+    () => {
+        impl<T: AsRef<[u8]>> Packet<T> {
+            /// Private data.
+            pub fn private_data(&self) -> &[u8] {
+                &self.buffer.as_ref()[field::PRIVATE_DATA]
+            }
+
+            /// Private data, copied out at its full wire length for a `Repr`.
+            fn private_data_array(&self) -> [u8; PRIVATE_DATA_LEN] {
+                let mut private_data = [0; PRIVATE_DATA_LEN];
+                private_data.copy_from_slice(self.private_data());
+                private_data
+            }
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+            /// Private data, to fill.
+            pub fn private_data_mut(&mut self) -> &mut [u8] {
+                &mut self.buffer.as_mut()[field::PRIVATE_DATA]
+            }
+        }
+    };
+}

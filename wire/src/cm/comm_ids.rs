@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use crate::{read_u32, Result};
+use crate::Result;
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 224;
@@ -21,39 +21,12 @@ fixed_header_packet! {
     /// A read/write view of a DREP or an RTU (the bytes after the MAD header).
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
-    /// The sender's communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
+comm_id_accessors!();
+private_data_accessors!();
 
-    /// The receiver's communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
+impl<T: AsRef<[u8]>> Packet<T> {}
 
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
-}
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {}
 
 /// A parsed DREP or RTU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,12 +42,10 @@ pub struct Repr {
 impl Repr {
     /// Parses a DREP or an RTU (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

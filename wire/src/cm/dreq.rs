@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::{read_u24, read_u32, write_u24, Result};
+use crate::{read_u24, write_u24, Result};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 220;
@@ -22,49 +22,22 @@ fixed_header_packet! {
     /// A read/write view of a DREQ (the bytes after the MAD header).
 }
 
+comm_id_accessors!();
+private_data_accessors!();
+
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// The sender's communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// The receiver's QPN (24 bits), which the receiver checks.
     pub fn remote_qpn(&self) -> u32 {
         read_u24(&self.buffer.as_ref()[field::REMOTE_QPN])
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the remote QPN (low 24 bits), clearing the reserved byte after it.
     pub fn set_remote_qpn(&mut self, value: u32) {
         let buffer = self.buffer.as_mut();
         write_u24(&mut buffer[field::REMOTE_QPN], value & 0xFF_FFFF);
         buffer[field::RESERVED] = 0;
-    }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
     }
 }
 
@@ -84,13 +57,11 @@ pub struct Repr {
 impl Repr {
     /// Parses a DREQ (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
             remote_qpn: packet.remote_qpn(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

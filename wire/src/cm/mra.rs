@@ -3,7 +3,7 @@
 use core::fmt;
 
 use super::{bits, set_bits, MessageKind};
-use crate::{read_u32, Result};
+use crate::Result;
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 222;
@@ -25,17 +25,10 @@ fixed_header_packet! {
     /// A read/write view of an MRA (the bytes after the MAD header).
 }
 
+comm_id_accessors!();
+private_data_accessors!();
+
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// The sender's communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// The raw 2-bit code of the message this MRA acknowledges.
     pub fn message_mraed(&self) -> u8 {
         bits(self.buffer.as_ref()[field::MESSAGE_MRAED], 6, 2)
@@ -45,24 +38,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn service_timeout(&self) -> u8 {
         bits(self.buffer.as_ref()[field::SERVICE_TIMEOUT], 3, 5)
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the message MRAed, clearing the reserved bits of its byte.
     pub fn set_message_mraed(&mut self, value: MessageKind) {
         let byte = &mut self.buffer.as_mut()[field::MESSAGE_MRAED];
@@ -75,11 +53,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let byte = &mut self.buffer.as_mut()[field::SERVICE_TIMEOUT];
         *byte = 0;
         set_bits(byte, 3, 5, value);
-    }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
     }
 }
 
@@ -101,14 +74,12 @@ pub struct Repr {
 impl Repr {
     /// Parses an MRA; the reserved message code 3 is an error.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
             message_mraed: MessageKind::from_bits(packet.message_mraed())?,
             service_timeout: packet.service_timeout(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

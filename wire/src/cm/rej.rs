@@ -3,7 +3,7 @@
 use core::fmt;
 
 use super::{bits, read_u16, set_bits, MessageKind};
-use crate::{read_u32, Error, Result};
+use crate::{Error, Result};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 148;
@@ -28,6 +28,12 @@ fixed_header_packet! {
     crate::mad::DATA_LEN;
     /// A read/write view of a REJ (the bytes after the MAD header).
 }
+
+comm_id_accessors!(
+    "The sender's communication ID (0 when it has none, e.g. no listener).",
+    "The receiver's communication ID."
+);
+private_data_accessors!();
 
 /// Why a connection was refused (`enum ib_cm_rej_reason`); unknown codes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,16 +67,6 @@ impl RejectReason {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// The sender's communication ID (0 when it has none, e.g. no listener).
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// The raw 2-bit code of the message rejected.
     pub fn message_rejected(&self) -> u8 {
         bits(self.buffer.as_ref()[field::MESSAGE_REJECTED], 6, 2)
@@ -90,24 +86,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn ari(&self) -> &[u8] {
         &self.buffer.as_ref()[field::ARI]
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the message rejected, clearing the reserved bits of its byte.
     pub fn set_message_rejected(&mut self, value: MessageKind) {
         let byte = &mut self.buffer.as_mut()[field::MESSAGE_REJECTED];
@@ -130,11 +111,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// ARI, to fill.
     pub fn ari_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[field::ARI]
-    }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
     }
 }
 
@@ -166,8 +142,6 @@ impl Repr {
         }
         let mut ari = [0; ARI_LEN];
         ari.copy_from_slice(packet.ari());
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
@@ -175,7 +149,7 @@ impl Repr {
             reason: packet.reason(),
             ari_length,
             ari,
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

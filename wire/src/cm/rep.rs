@@ -31,19 +31,15 @@ fixed_header_packet! {
     /// A read/write view of a REP (the bytes after the MAD header).
 }
 
+comm_id_accessors!(
+    "The sender's communication ID.",
+    "The receiver's communication ID (from its REQ)."
+);
+private_data_accessors!();
+
 impl<T: AsRef<[u8]>> Packet<T> {
     fn byte(&self, index: usize) -> u8 {
         self.buffer.as_ref()[index]
-    }
-
-    /// The sender's communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID (from its REQ).
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
     }
 
     /// The sender's Q_Key.
@@ -100,11 +96,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn local_ca_guid(&self) -> u64 {
         read_u64(&self.buffer.as_ref()[field::LOCAL_CA_GUID])
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
@@ -115,16 +106,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Zeroes every byte, reserved ones included.
     pub fn clear(&mut self) {
         self.buffer.as_mut()[..HEADER_LEN].fill(0);
-    }
-
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
     }
 
     /// Sets the local Q_Key.
@@ -187,11 +168,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_local_ca_guid(&mut self, value: u64) {
         self.buffer.as_mut()[field::LOCAL_CA_GUID].copy_from_slice(&value.to_be_bytes());
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed REP.
@@ -230,8 +206,6 @@ pub struct Repr {
 impl Repr {
     /// Parses a REP (every bit pattern is valid; reserved bits are ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
@@ -246,7 +220,7 @@ impl Repr {
             rnr_retry_count: packet.rnr_retry_count(),
             srq: packet.srq(),
             local_ca_guid: packet.local_ca_guid(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

@@ -40,6 +40,8 @@ fixed_header_packet! {
     /// A read/write view of a REQ (the bytes after the MAD header).
 }
 
+private_data_accessors!();
+
 /// The transport service type of the requested connection (2 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ServiceType {
@@ -178,11 +180,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn alternate_path(&self) -> path::Packet<&[u8]> {
         path::Packet::new_unchecked(&self.buffer.as_ref()[field::ALTERNATE_PATH])
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
@@ -313,11 +310,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn alternate_path_mut(&mut self) -> path::Packet<&mut [u8]> {
         path::Packet::new_unchecked(&mut self.buffer.as_mut()[field::ALTERNATE_PATH])
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed REQ.
@@ -374,8 +366,6 @@ pub struct Repr {
 impl Repr {
     /// Parses a REQ (every bit pattern is valid; reserved bits are ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             vendor_id: packet.vendor_id(),
@@ -399,7 +389,7 @@ impl Repr {
             extended_transport_type: packet.extended_transport_type(),
             primary_path: path::Repr::parse(&packet.primary_path())?,
             alternate_path: path::Repr::parse(&packet.alternate_path())?,
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

@@ -30,6 +30,8 @@ fixed_header_packet! {
     /// A read/write view of a SIDR_REP (the bytes after the MAD header).
 }
 
+private_data_accessors!();
+
 /// The outcome of a SIDR_REQ (`enum ib_cm_sidr_status`); unknown codes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SidrStatus(pub u8);
@@ -84,11 +86,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn info(&self) -> &[u8] {
         &self.buffer.as_ref()[field::INFO]
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
@@ -130,11 +127,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn info_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[field::INFO]
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed SIDR_REP.
@@ -167,8 +159,6 @@ impl Repr {
         }
         let mut info = [0; INFO_LEN];
         info.copy_from_slice(packet.info());
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             request_id: packet.request_id(),
             status: packet.status(),
@@ -177,7 +167,7 @@ impl Repr {
             service_id: packet.service_id(),
             qkey: packet.qkey(),
             info,
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 

@@ -23,6 +23,8 @@ fixed_header_packet! {
     /// A read/write view of a SIDR_REQ (the bytes after the MAD header).
 }
 
+private_data_accessors!();
+
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The sender's ID for this request; the reply carries it back.
     pub fn request_id(&self) -> u32 {
@@ -37,11 +39,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// The service to resolve.
     pub fn service_id(&self) -> ServiceId {
         ServiceId(read_u64(&self.buffer.as_ref()[field::SERVICE_ID]))
-    }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
     }
 }
 
@@ -62,11 +59,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_service_id(&mut self, value: ServiceId) {
         self.buffer.as_mut()[field::SERVICE_ID].copy_from_slice(&value.0.to_be_bytes());
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed SIDR_REQ.
@@ -85,13 +77,11 @@ pub struct Repr {
 impl Repr {
     /// Parses a SIDR_REQ (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             request_id: packet.request_id(),
             pkey: packet.pkey(),
             service_id: packet.service_id(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
     }
 
