@@ -100,6 +100,35 @@ macro_rules! private_data_accessors {
             pub fn private_data_mut(&mut self) -> &mut [u8] {
                 &mut self.buffer.as_mut()[field::PRIVATE_DATA]
             }
+
+            /// Writes a `Repr`'s private data.
+            fn set_private_data(&mut self, value: &[u8; PRIVATE_DATA_LEN]) {
+                self.private_data_mut().copy_from_slice(value);
+            }
+        }
+    };
+}
+
+/// Declares the byte helpers of a CM message whose fields share bytes (bit fields set with
+/// `cm::set_bits`), and `clear`, which zeroes the reserved bits those setters
+/// leave alone.
+macro_rules! shared_byte_accessors {
+    () => {
+        impl<T: AsRef<[u8]>> Packet<T> {
+            fn byte(&self, index: usize) -> u8 {
+                self.buffer.as_ref()[index]
+            }
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+            fn byte_mut(&mut self, index: usize) -> &mut u8 {
+                &mut self.buffer.as_mut()[index]
+            }
+
+            /// Zeroes every byte, reserved ones included; the setters then fill the fields.
+            pub fn clear(&mut self) {
+                self.buffer.as_mut()[..HEADER_LEN].fill(0);
+            }
         }
     };
 }

@@ -58,9 +58,7 @@ impl Repr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_local_comm_id(self.local_comm_id);
         packet.set_remote_comm_id(self.remote_comm_id);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

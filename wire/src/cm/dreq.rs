@@ -75,9 +75,7 @@ impl Repr {
         packet.set_local_comm_id(self.local_comm_id);
         packet.set_remote_comm_id(self.remote_comm_id);
         packet.set_remote_qpn(self.remote_qpn);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

@@ -94,9 +94,7 @@ impl Repr {
         packet.set_remote_comm_id(self.remote_comm_id);
         packet.set_message_mraed(self.message_mraed);
         packet.set_service_timeout(self.service_timeout);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

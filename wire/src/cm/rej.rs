@@ -166,9 +166,7 @@ impl Repr {
         packet.set_ari_length(self.ari_length);
         packet.set_reason(self.reason);
         packet.ari_mut().copy_from_slice(&self.ari);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

@@ -36,12 +36,9 @@ comm_id_accessors!(
     "The receiver's communication ID (from its REQ)."
 );
 private_data_accessors!();
+shared_byte_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    fn byte(&self, index: usize) -> u8 {
-        self.buffer.as_ref()[index]
-    }
-
     /// The sender's Q_Key.
     pub fn local_qkey(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::LOCAL_QKEY])
@@ -99,15 +96,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn byte_mut(&mut self, index: usize) -> &mut u8 {
-        &mut self.buffer.as_mut()[index]
-    }
-
-    /// Zeroes every byte, reserved ones included.
-    pub fn clear(&mut self) {
-        self.buffer.as_mut()[..HEADER_LEN].fill(0);
-    }
-
     /// Sets the local Q_Key.
     pub fn set_local_qkey(&mut self, value: u32) {
         self.buffer.as_mut()[field::LOCAL_QKEY].copy_from_slice(&value.to_be_bytes());
@@ -245,9 +233,7 @@ impl Repr {
         packet.set_rnr_retry_count(self.rnr_retry_count);
         packet.set_srq(self.srq);
         packet.set_local_ca_guid(self.local_ca_guid);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

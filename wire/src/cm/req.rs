@@ -41,6 +41,7 @@ fixed_header_packet! {
 }
 
 private_data_accessors!();
+shared_byte_accessors!();
 
 /// The transport service type of the requested connection (2 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,10 +68,6 @@ impl ServiceType {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    fn byte(&self, index: usize) -> u8 {
-        self.buffer.as_ref()[index]
-    }
-
     /// The sender's communication ID for this connection.
     pub fn local_comm_id(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
@@ -183,15 +180,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn byte_mut(&mut self, index: usize) -> &mut u8 {
-        &mut self.buffer.as_mut()[index]
-    }
-
-    /// Zeroes every byte, reserved ones included; the setters then fill the fields.
-    pub fn clear(&mut self) {
-        self.buffer.as_mut()[..HEADER_LEN].fill(0);
-    }
-
     /// Sets the local communication ID.
     pub fn set_local_comm_id(&mut self, value: u32) {
         self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
@@ -423,9 +411,7 @@ impl Repr {
         packet.set_extended_transport_type(self.extended_transport_type);
         self.primary_path.emit(&mut packet.primary_path_mut());
         self.alternate_path.emit(&mut packet.alternate_path_mut());
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

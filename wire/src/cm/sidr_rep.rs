@@ -185,9 +185,7 @@ impl Repr {
         packet.set_service_id(self.service_id);
         packet.set_qkey(self.qkey);
         packet.info_mut().copy_from_slice(&self.info);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 

@@ -95,9 +95,7 @@ impl Repr {
         packet.set_request_id(self.request_id);
         packet.set_pkey(self.pkey);
         packet.set_service_id(self.service_id);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
