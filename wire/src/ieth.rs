@@ -84,16 +84,5 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 4];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 }

@@ -132,3 +132,26 @@ macro_rules! shared_byte_accessors {
         }
     };
 }
+
+/// Declares a header's `parse` and `emit` tests: `$bytes` parses to `$repr`, and `$repr`
+/// emits exactly `$bytes` over a buffer pre-filled with 0xA5, so a byte `emit` skips shows.
+#[cfg(test)]
+macro_rules! parse_emit_tests {
+    ($bytes:expr, $repr:expr) => {
+        #[test]
+        fn parse() {
+            let bytes = $bytes;
+            assert_eq!(
+                Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+                Ok($repr)
+            );
+        }
+
+        #[test]
+        fn emit() {
+            let mut bytes = [0xA5; HEADER_LEN];
+            $repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+            assert_eq!(bytes, $bytes);
+        }
+    };
+}

@@ -322,19 +322,5 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(REPR)
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), REPR);
 }
