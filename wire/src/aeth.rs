@@ -196,6 +196,8 @@ pub struct Repr {
     pub msn: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses an AETH; reserved syndromes are errors.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -203,11 +205,6 @@ impl Repr {
             syndrome: Syndrome::from_byte(packet.syndrome())?,
             msn: packet.msn(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.

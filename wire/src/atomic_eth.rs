@@ -75,6 +75,8 @@ pub struct Repr {
     pub compare: u64,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the header (every bit pattern is valid here; alignment is the responder's check).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -84,11 +86,6 @@ impl Repr {
             swap_add: packet.swap_add(),
             compare: packet.compare(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.

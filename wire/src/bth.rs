@@ -164,6 +164,8 @@ pub struct Repr {
     pub psn: Psn,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a BTH, rejecting unknown opcodes and transport versions other than 0.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -183,11 +185,6 @@ impl Repr {
             ack_req: packet.ack_req(),
             psn: packet.psn(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header; reserved bits are written as zero.

@@ -52,6 +52,8 @@ pub struct Repr {
     pub src_qpn: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a DETH (every bit pattern is valid; the reserved byte is ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -59,11 +61,6 @@ impl Repr {
             qkey: packet.qkey(),
             src_qpn: packet.src_qpn(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.

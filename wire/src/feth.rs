@@ -52,6 +52,8 @@ pub struct Repr {
     pub placement_type: u8,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the header; reserved bits are ignored.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -59,11 +61,6 @@ impl Repr {
             selectivity_level: packet.selectivity_level(),
             placement_type: packet.placement_type(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.

@@ -36,17 +36,14 @@ pub struct Repr {
     pub rkey: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the header (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
         Ok(Repr {
             rkey: packet.rkey(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.

@@ -73,6 +73,12 @@ macro_rules! comm_id_accessors {
             pub fn set_remote_comm_id(&mut self, value: u32) {
                 self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
             }
+
+            /// Sets both communication IDs, as a `Repr` writes them.
+            fn set_comm_ids(&mut self, local: u32, remote: u32) {
+                self.set_local_comm_id(local);
+                self.set_remote_comm_id(remote);
+            }
         }
     };
 }
@@ -152,6 +158,19 @@ macro_rules! parse_emit_tests {
             let mut bytes = [0xA5; HEADER_LEN];
             $repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
             assert_eq!(bytes, $bytes);
+        }
+    };
+}
+
+/// Declares `buffer_len` for the `Repr` of a fixed-length header: it always writes
+/// `HEADER_LEN` bytes.
+macro_rules! fixed_len_repr {
+    () => {
+        impl Repr {
+            /// Bytes [`emit`](Self::emit) writes.
+            pub const fn buffer_len(&self) -> usize {
+                HEADER_LEN
+            }
         }
     };
 }

@@ -62,6 +62,8 @@ pub struct Repr {
     pub dma_length: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a RETH (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -70,11 +72,6 @@ impl Repr {
             rkey: packet.rkey(),
             dma_length: packet.dma_length(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.

@@ -3,6 +3,7 @@
 
 use core::fmt;
 
+use super::CommIds;
 use crate::Result;
 
 /// Bytes of private data.
@@ -39,6 +40,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a DREP or an RTU (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -49,26 +52,16 @@ impl Repr {
         })
     }
 
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
     /// Writes the DREP or RTU.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_private_data(&self.private_data);
     }
 }
 
 impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "local_id={:#010x} remote_id={:#010x}",
-            self.local_comm_id, self.remote_comm_id
-        )
+        write!(f, "{}", CommIds(self.local_comm_id, self.remote_comm_id))
     }
 }
 

@@ -2,6 +2,7 @@
 
 use core::fmt;
 
+use super::CommIds;
 use crate::{read_u24, write_u24, Result};
 
 /// Bytes of private data.
@@ -54,6 +55,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a DREQ (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -65,15 +68,9 @@ impl Repr {
         })
     }
 
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
     /// Writes the DREQ.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_remote_qpn(self.remote_qpn);
         packet.set_private_data(&self.private_data);
     }
@@ -83,8 +80,9 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} remote_qpn={:#08x}",
-            self.local_comm_id, self.remote_comm_id, self.remote_qpn
+            "{} remote_qpn={:#08x}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
+            self.remote_qpn
         )
     }
 }

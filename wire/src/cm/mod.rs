@@ -103,6 +103,15 @@ pub fn private_data<const N: usize>(data: &[u8]) -> Result<[u8; N]> {
     Ok(field)
 }
 
+/// The two communication IDs that open most messages, as every `Display` prints them.
+struct CommIds(u32, u32);
+
+impl fmt::Display for CommIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "local_id={:#010x} remote_id={:#010x}", self.0, self.1)
+    }
+}
+
 /// `width` bits of `byte` starting `shift` bits from the least significant end.
 const fn bits(byte: u8, shift: u32, width: u32) -> u8 {
     (byte >> shift) & ((1 << width) - 1)

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{bits, set_bits, MessageKind};
+use super::{bits, set_bits, CommIds, MessageKind};
 use crate::Result;
 
 /// Bytes of private data.
@@ -71,6 +71,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses an MRA; the reserved message code 3 is an error.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -83,15 +85,9 @@ impl Repr {
         })
     }
 
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
     /// Writes the MRA.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_message_mraed(self.message_mraed);
         packet.set_service_timeout(self.service_timeout);
         packet.set_private_data(&self.private_data);
@@ -102,8 +98,10 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} mraed={:?} service_timeout={}",
-            self.local_comm_id, self.remote_comm_id, self.message_mraed, self.service_timeout
+            "{} mraed={:?} service_timeout={}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
+            self.message_mraed,
+            self.service_timeout
         )
     }
 }

@@ -170,6 +170,8 @@ pub struct Repr {
     pub local_ack_timeout: u8,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a path (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -186,11 +188,6 @@ impl Repr {
             subnet_local: packet.subnet_local(),
             local_ack_timeout: packet.local_ack_timeout(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the path.

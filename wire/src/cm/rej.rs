@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{bits, read_u16, set_bits, MessageKind};
+use super::{bits, read_u16, set_bits, CommIds, MessageKind};
 use crate::{Error, Result};
 
 /// Bytes of private data.
@@ -133,6 +133,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a REJ; a reserved message code or an ARI length over 72 is an error.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -153,15 +155,9 @@ impl Repr {
         })
     }
 
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
     /// Writes the REJ.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_message_rejected(self.message_rejected);
         packet.set_ari_length(self.ari_length);
         packet.set_reason(self.reason);
@@ -174,8 +170,10 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} rejected={:?} reason={}",
-            self.local_comm_id, self.remote_comm_id, self.message_rejected, self.reason.0
+            "{} rejected={:?} reason={}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
+            self.message_rejected,
+            self.reason.0
         )
     }
 }

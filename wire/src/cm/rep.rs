@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{bits, set_bits};
+use super::{bits, set_bits, CommIds};
 use crate::{read_u24, read_u32, read_u64, write_u24, Psn, Result};
 
 /// Bytes of private data (`IB_CM_REP_PRIVATE_DATA_SIZE`).
@@ -191,6 +191,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a REP (every bit pattern is valid; reserved bits are ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -212,16 +214,10 @@ impl Repr {
         })
     }
 
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-
     /// Writes the REP, zeroing the reserved bits.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.clear();
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_local_qkey(self.local_qkey);
         packet.set_local_qpn(self.local_qpn);
         packet.set_starting_psn(self.starting_psn);
@@ -241,9 +237,8 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} qpn={:#08x} psn={:#08x} rres={} idepth={} ack_delay={} rnr_retry={}",
-            self.local_comm_id,
-            self.remote_comm_id,
+            "{} qpn={:#08x} psn={:#08x} rres={} idepth={} ack_delay={} rnr_retry={}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
             self.local_qpn,
             self.starting_psn.value(),
             self.responder_resources,

@@ -351,6 +351,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a REQ (every bit pattern is valid; reserved bits are ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -379,11 +381,6 @@ impl Repr {
             alternate_path: path::Repr::parse(&packet.alternate_path())?,
             private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the REQ, zeroing the reserved bits.

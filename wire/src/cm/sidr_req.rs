@@ -74,6 +74,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a SIDR_REQ (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -83,11 +85,6 @@ impl Repr {
             service_id: packet.service_id(),
             private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the SIDR_REQ.
