@@ -174,3 +174,16 @@ macro_rules! fixed_len_repr {
         }
     };
 }
+
+/// Declares the `Packet` view of a CM message (`$what`, e.g. "a REQ"): the 232 bytes after the
+/// MAD header, ending in private data.
+macro_rules! cm_message_packet {
+    ($what:literal) => {
+        fixed_header_packet! {
+            $crate::mad::DATA_LEN;
+            #[doc = concat!("A read/write view of ", $what, " (the bytes after the MAD header).")]
+        }
+
+        private_data_accessors!();
+    };
+}

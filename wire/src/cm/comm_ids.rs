@@ -17,13 +17,9 @@ mod field {
     pub const PRIVATE_DATA: Field = 8..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a DREP or an RTU (the bytes after the MAD header).
-}
+cm_message_packet!("a DREP or an RTU");
 
 comm_id_accessors!();
-private_data_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {}
 

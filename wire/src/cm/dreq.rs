@@ -18,13 +18,9 @@ mod field {
     pub const PRIVATE_DATA: Field = 12..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a DREQ (the bytes after the MAD header).
-}
+cm_message_packet!("a DREQ");
 
 comm_id_accessors!();
-private_data_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The receiver's QPN (24 bits), which the receiver checks.

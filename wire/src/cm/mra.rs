@@ -20,13 +20,9 @@ mod field {
     pub const PRIVATE_DATA: Field = 10..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of an MRA (the bytes after the MAD header).
-}
+cm_message_packet!("an MRA");
 
 comm_id_accessors!();
-private_data_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The raw 2-bit code of the message this MRA acknowledges.

@@ -24,16 +24,12 @@ mod field {
     pub const PRIVATE_DATA: Field = 84..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a REJ (the bytes after the MAD header).
-}
+cm_message_packet!("a REJ");
 
 comm_id_accessors!(
     "The sender's communication ID (0 when it has none, e.g. no listener).",
     "The receiver's communication ID."
 );
-private_data_accessors!();
 
 /// Why a connection was refused (`enum ib_cm_rej_reason`); unknown codes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -26,16 +26,12 @@ mod field {
     pub const PRIVATE_DATA: Field = 36..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a REP (the bytes after the MAD header).
-}
+cm_message_packet!("a REP");
 
 comm_id_accessors!(
     "The sender's communication ID.",
     "The receiver's communication ID (from its REQ)."
 );
-private_data_accessors!();
 shared_byte_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {

@@ -35,12 +35,8 @@ mod field {
     pub const PRIVATE_DATA: Field = 140..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a REQ (the bytes after the MAD header).
-}
+cm_message_packet!("a REQ");
 
-private_data_accessors!();
 shared_byte_accessors!();
 
 /// The transport service type of the requested connection (2 bits).

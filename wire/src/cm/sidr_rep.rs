@@ -25,12 +25,7 @@ mod field {
     pub const PRIVATE_DATA: Field = 96..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a SIDR_REP (the bytes after the MAD header).
-}
-
-private_data_accessors!();
+cm_message_packet!("a SIDR_REP");
 
 /// The outcome of a SIDR_REQ (`enum ib_cm_sidr_status`); unknown codes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -18,12 +18,7 @@ mod field {
     pub const PRIVATE_DATA: Field = 16..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a SIDR_REQ (the bytes after the MAD header).
-}
-
-private_data_accessors!();
+cm_message_packet!("a SIDR_REQ");
 
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The sender's ID for this request; the reply carries it back.
