@@ -187,3 +187,35 @@ macro_rules! cm_message_packet {
         private_data_accessors!();
     };
 }
+
+/// Declares the accessors of the remote virtual address and R_Key that open a RETH and an
+/// AtomicETH (`field::VIRTUAL_ADDRESS` and `field::RKEY` of the invoking module);
+/// `$address_doc` says what the address points at.
+macro_rules! remote_address_accessors {
+    ($address_doc:literal) => {
+        impl<T: AsRef<[u8]>> Packet<T> {
+            #[doc = $address_doc]
+            pub fn virtual_address(&self) -> u64 {
+                $crate::read_u64(&self.buffer.as_ref()[field::VIRTUAL_ADDRESS])
+            }
+
+            /// Remote key authorising the access.
+            pub fn rkey(&self) -> u32 {
+                $crate::read_u32(&self.buffer.as_ref()[field::RKEY])
+            }
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+            /// Sets the remote virtual address.
+            pub fn set_virtual_address(&mut self, address: u64) {
+                self.buffer.as_mut()[field::VIRTUAL_ADDRESS]
+                    .copy_from_slice(&address.to_be_bytes());
+            }
+
+            /// Sets the remote key.
+            pub fn set_rkey(&mut self, rkey: u32) {
+                self.buffer.as_mut()[field::RKEY].copy_from_slice(&rkey.to_be_bytes());
+            }
+        }
+    };
+}
