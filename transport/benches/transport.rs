@@ -4,7 +4,7 @@
 //!   Each iteration posts [`BATCH`] work requests on one side (and as many receives on the
 //!   other, for SEND) — the same request each time, by reference, as a program that reposts
 //!   one does — then hands every packet one endpoint's `poll_transmit_into` writes (into
-//!   one reused `Transmit`, as a provider does) to the other's `handle_packet` as the [`FrameRepr`] a receiver would parse (fixed Ethernet and
+//!   one reused `Transmit`, as a provider does) to the other's `handle_packet` as the [`FrameRepr`](roce_wire::FrameRepr) a receiver would parse (fixed Ethernet and
 //!   IPv4 fields), until every request has completed. The throughput is request packets:
 //!   64 B SEND, 64 B WRITE and 4 KiB WRITE (MTU 4096), one packet per request. What is timed
 //!   is requester, responder and completer together (with posting, ACKs and completions), on
@@ -17,7 +17,6 @@
 //! Run with `cargo bench -p roce-transport --bench transport`.
 
 use std::hint::black_box;
-use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -26,8 +25,11 @@ use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 use roce_transport::{Endpoint, Transmit};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
-use roce_wire::FrameRepr;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::received_frame;
 
 /// Work requests posted per iteration: twice the requester's window of unacknowledged
 /// PSNs, so the window fills and drains.
@@ -222,35 +224,10 @@ fn pump(
 ) -> u64 {
     let mut moved = 0;
     while from.poll_transmit_into(now, transmit) {
-        to.handle_packet(now, &frame(transmit, hosts));
+        to.handle_packet(now, &received_frame(transmit, hosts));
         moved += 1;
     }
     moved
-}
-
-/// The frame a receiver would have parsed for `transmit`.
-fn frame(transmit: &Transmit, [src, dst]: [u8; 2]) -> FrameRepr<'_> {
-    FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [0x02, 0, 0, 0, 0, dst],
-            src: [0x02, 0, 0, 0, 0, src],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: Ipv4Addr::new(10, 0, 0, src),
-            dst: Ipv4Addr::new(10, 0, 0, dst),
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
-        udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
-        udp_checksum: false,
-        bth: transmit.packet.bth,
-        ext: transmit.packet.ext,
-        payload: &transmit.packet.payload,
-    }
 }
 
 fn endpoints(c: &mut Criterion) {

@@ -6,7 +6,6 @@
 //! One test in its own binary, because it counts every allocation of the process.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -15,9 +14,11 @@ use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
 use roce_transport::wr::{SendFlags, SendOp, SendWr, Sge};
 use roce_transport::{AccessFlags, Endpoint, Transmit};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::opcode::Operation;
-use roce_wire::FrameRepr;
+
+mod common;
+
+use common::received_frame;
 
 /// Counts the bytes the process has allocated and not freed, and their high-water mark.
 struct Counting;
@@ -82,32 +83,6 @@ const BEFORE_DUPLICATES: usize = 1_000;
 /// What the transport may allocate beyond what it held when the duplicates began.
 const HEAP_BUDGET: usize = 4 << 20;
 
-/// The frame a receiver would have parsed for `transmit` from host `src` to host `dst`
-/// (10.0.0.x, as the simulator numbers its nodes).
-fn frame(transmit: &Transmit, [src, dst]: [u8; 2]) -> FrameRepr<'_> {
-    FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [0x02, 0, 0, 0, 0, dst],
-            src: [0x02, 0, 0, 0, 0, src],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: Ipv4Addr::new(10, 0, 0, src),
-            dst: Ipv4Addr::new(10, 0, 0, dst),
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
-        udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
-        udp_checksum: false,
-        bth: transmit.packet.bth,
-        ext: transmit.packet.ext,
-        payload: &transmit.packet.payload,
-    }
-}
-
 /// A region of `LEN` bytes on `node`; `fill` writes each 4 KiB page's contents.
 fn region(sim: &mut Sim, node: usize, iova: u64, fill: bool) -> u32 {
     let pd = sim.nodes[node].pd;
@@ -132,7 +107,7 @@ fn step(from: &mut Endpoint, to: &mut Endpoint, transmit: &mut Transmit, hosts: 
     let now = Instant::now();
     let sent = from.poll_transmit_into(now, transmit);
     if sent {
-        to.handle_packet(now, &frame(transmit, hosts));
+        to.handle_packet(now, &received_frame(transmit, hosts));
     }
     sent
 }
@@ -180,7 +155,7 @@ fn duplicate_reads_of_a_gigabyte_leave_the_heap_flat_and_the_read_intact() {
     PEAK.store(base, Ordering::Relaxed);
     let now = Instant::now();
     for sent in 0..DUPLICATES {
-        eb.handle_packet(now, &frame(&request, [1, 2]));
+        eb.handle_packet(now, &received_frame(&request, [1, 2]));
         // The flood arrives while the responder is sending.
         assert!(step(eb, ea, &mut transmit, [2, 1]), "a response");
         let backlog = eb.responder_backlog(qb).expect("QP exists");

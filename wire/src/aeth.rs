@@ -196,6 +196,8 @@ pub struct Repr {
     pub msn: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses an AETH; reserved syndromes are errors.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -203,11 +205,6 @@ impl Repr {
             syndrome: Syndrome::from_byte(packet.syndrome())?,
             msn: packet.msn(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.
@@ -264,18 +261,7 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 4];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 
     #[test]
     fn every_syndrome_byte_decodes_or_is_reserved() {

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::{read_u32, read_u64, Result};
+use crate::{read_u64, Result};
 
 mod field {
     use crate::Field;
@@ -18,17 +18,9 @@ fixed_header_packet! {
     /// A read/write view of an AtomicETH.
 }
 
+remote_address_accessors!("Remote address of the 8-byte target.");
+
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Remote address of the 8-byte target.
-    pub fn virtual_address(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::VIRTUAL_ADDRESS])
-    }
-
-    /// Remote key authorising the access.
-    pub fn rkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::RKEY])
-    }
-
     /// The value to swap in (COMPARE_SWAP) or to add (FETCH_ADD).
     pub fn swap_add(&self) -> u64 {
         read_u64(&self.buffer.as_ref()[field::SWAP_ADD])
@@ -41,16 +33,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the remote address.
-    pub fn set_virtual_address(&mut self, address: u64) {
-        self.buffer.as_mut()[field::VIRTUAL_ADDRESS].copy_from_slice(&address.to_be_bytes());
-    }
-
-    /// Sets the remote key.
-    pub fn set_rkey(&mut self, rkey: u32) {
-        self.buffer.as_mut()[field::RKEY].copy_from_slice(&rkey.to_be_bytes());
-    }
-
     /// Sets the swap or add operand.
     pub fn set_swap_add(&mut self, value: u64) {
         self.buffer.as_mut()[field::SWAP_ADD].copy_from_slice(&value.to_be_bytes());
@@ -75,6 +57,8 @@ pub struct Repr {
     pub compare: u64,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the header (every bit pattern is valid here; alignment is the responder's check).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -84,11 +68,6 @@ impl Repr {
             swap_add: packet.swap_add(),
             compare: packet.compare(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.
@@ -147,16 +126,5 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 28];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 }

@@ -164,6 +164,8 @@ pub struct Repr {
     pub psn: Psn,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a BTH, rejecting unknown opcodes and transport versions other than 0.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -183,11 +185,6 @@ impl Repr {
             ack_req: packet.ack_req(),
             psn: packet.psn(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header; reserved bits are written as zero.
@@ -280,18 +277,7 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 12];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 
     #[test]
     fn every_flag_round_trips() {

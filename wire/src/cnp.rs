@@ -23,15 +23,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Repr;
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the body; its reserved bytes are ignored.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(_packet: &Packet<&T>) -> Result<Repr> {
         Ok(Repr)
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes sixteen zero bytes.

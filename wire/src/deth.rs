@@ -52,6 +52,8 @@ pub struct Repr {
     pub src_qpn: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a DETH (every bit pattern is valid; the reserved byte is ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -59,11 +61,6 @@ impl Repr {
             qkey: packet.qkey(),
             src_qpn: packet.src_qpn(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.
@@ -111,16 +108,5 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 8];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 }

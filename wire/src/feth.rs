@@ -52,6 +52,8 @@ pub struct Repr {
     pub placement_type: u8,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the header; reserved bits are ignored.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -59,11 +61,6 @@ impl Repr {
             selectivity_level: packet.selectivity_level(),
             placement_type: packet.placement_type(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.
@@ -108,16 +105,5 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 4];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 }

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::{read_u32, read_u64, Result};
+use crate::{read_u32, Result};
 
 mod field {
     use crate::Field;
@@ -17,17 +17,9 @@ fixed_header_packet! {
     /// A read/write view of a RETH.
 }
 
+remote_address_accessors!("Remote virtual address of the first byte.");
+
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Remote virtual address of the first byte.
-    pub fn virtual_address(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::VIRTUAL_ADDRESS])
-    }
-
-    /// Remote key authorising the access.
-    pub fn rkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::RKEY])
-    }
-
     /// Length of the whole operation in bytes.
     pub fn dma_length(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::DMA_LENGTH])
@@ -35,16 +27,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the remote virtual address.
-    pub fn set_virtual_address(&mut self, address: u64) {
-        self.buffer.as_mut()[field::VIRTUAL_ADDRESS].copy_from_slice(&address.to_be_bytes());
-    }
-
-    /// Sets the remote key.
-    pub fn set_rkey(&mut self, rkey: u32) {
-        self.buffer.as_mut()[field::RKEY].copy_from_slice(&rkey.to_be_bytes());
-    }
-
     /// Sets the DMA length.
     pub fn set_dma_length(&mut self, length: u32) {
         self.buffer.as_mut()[field::DMA_LENGTH].copy_from_slice(&length.to_be_bytes());
@@ -62,6 +44,8 @@ pub struct Repr {
     pub dma_length: u32,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a RETH (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -70,11 +54,6 @@ impl Repr {
             rkey: packet.rkey(),
             dma_length: packet.dma_length(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.
@@ -129,18 +108,7 @@ mod tests {
         assert_eq!(bytes, HEADER_BYTES);
     }
 
-    #[test]
-    fn parse() {
-        let packet = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(Repr::parse(&packet), Ok(REPR));
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; 16];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, HEADER_BYTES);
-    }
+    parse_emit_tests!(HEADER_BYTES, REPR);
 
     #[test]
     fn short_buffer_is_rejected() {

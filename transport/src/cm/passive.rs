@@ -10,7 +10,7 @@ use roce_wire::mad;
 
 use super::attrs::{self, Negotiated, QpAttrs};
 use super::connection::{ConnState, Connection, RemoteKey};
-use super::{AcceptParams, Cm, CmError, CmEvent, ConnId, ConnectRequest, Gid};
+use super::{AcceptParams, Cm, CmError, CmEvent, ConnId, ConnectRequest, Gid, Listener};
 use crate::qp_state::AddressVector;
 
 /// Service timeout an MRA announces for a REQ the application has not answered yet
@@ -208,32 +208,18 @@ impl Cm {
             );
             return;
         }
-        if listener.pending >= listener.backlog {
-            self.stats.dropped_full += 1;
-            return;
-        }
-        let Ok(id) = self.alloc_id() else {
-            self.stats.dropped_full += 1;
-            return;
-        };
-        if let Some(listener) = self.listeners.get_mut(&request.service_id) {
-            listener.pending += 1;
-        }
         let mut c = Connection::new(
             ConnState::ReqReceived,
             local_gid,
             remote_gid,
             request.service_id,
         );
-        c.remote_key = Some(key);
-        c.remote_comm_id = request.local_comm_id;
         c.remote_qpn = request.local_qpn;
-        c.transaction_id = tid;
         c.req = Some(request);
-        c.pending_on_listener = true;
         c.ack_timeout = request.primary_path.local_ack_timeout;
-        self.conns.insert(id, c);
-        self.remotes.insert(key, id);
+        let Some(id) = self.admit(listener, c, key, request.local_comm_id, tid) else {
+            return;
+        };
         self.events.push_back(CmEvent::ConnectRequest {
             conn: ConnId(id),
             request: ConnectRequest {
@@ -243,6 +229,37 @@ impl Cm {
                 req: request,
             },
         });
+    }
+
+    /// Admits a request for a listener's application as `c`, counted against the listener's
+    /// backlog and found again by `key` when the peer resends. Drops it, counted, when the
+    /// backlog or the connection table is full.
+    pub(super) fn admit(
+        &mut self,
+        listener: Listener,
+        mut c: Connection,
+        key: RemoteKey,
+        remote_comm_id: u32,
+        tid: u64,
+    ) -> Option<u32> {
+        if listener.pending >= listener.backlog {
+            self.stats.dropped_full += 1;
+            return None;
+        }
+        let Ok(id) = self.alloc_id() else {
+            self.stats.dropped_full += 1;
+            return None;
+        };
+        if let Some(listener) = self.listeners.get_mut(&c.service_id) {
+            listener.pending += 1;
+        }
+        c.remote_key = Some(key);
+        c.remote_comm_id = remote_comm_id;
+        c.transaction_id = tid;
+        c.pending_on_listener = true;
+        self.conns.insert(id, c);
+        self.remotes.insert(key, id);
+        Some(id)
     }
 
     pub(super) fn on_duplicate_req(

@@ -131,29 +131,15 @@ impl Cm {
             self.send(local_gid, remote_gid, mad);
             return;
         };
-        if listener.pending >= listener.backlog {
-            self.stats.dropped_full += 1;
-            return;
-        }
-        let Ok(id) = self.alloc_id() else {
-            self.stats.dropped_full += 1;
-            return;
-        };
-        if let Some(listener) = self.listeners.get_mut(&m.service_id) {
-            listener.pending += 1;
-        }
-        let mut c = Connection::new(
+        let c = Connection::new(
             ConnState::SidrReqReceived,
             local_gid,
             remote_gid,
             m.service_id,
         );
-        c.remote_key = Some(key);
-        c.remote_comm_id = m.request_id;
-        c.transaction_id = tid;
-        c.pending_on_listener = true;
-        self.conns.insert(id, c);
-        self.remotes.insert(key, id);
+        let Some(id) = self.admit(listener, c, key, m.request_id, tid) else {
+            return;
+        };
         self.events.push_back(CmEvent::SidrRequest {
             conn: ConnId(id),
             service_id: m.service_id,

@@ -5,12 +5,14 @@
 #![allow(dead_code)]
 
 use std::cell::RefCell;
+use std::net::Ipv4Addr;
 use std::rc::Rc;
 
 use roce_transport::cq::{WcStatus, WorkCompletion};
 use roce_transport::qp_state::QpState;
 use roce_transport::sim::Sim;
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+use roce_transport::Transmit;
 use roce_wire::aeth::Syndrome;
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
@@ -140,6 +142,32 @@ pub fn count(log: &Log, from: usize, opcode: Opcode) -> usize {
         .iter()
         .filter(|s| s.from == from && s.opcode == opcode)
         .count()
+}
+
+/// The frame a receiver would have parsed for `transmit` from host `src` to host `dst`
+/// (10.0.0.x, as the simulator numbers its nodes).
+pub fn received_frame(transmit: &Transmit, [src, dst]: [u8; 2]) -> FrameRepr<'_> {
+    FrameRepr {
+        ethernet: EthernetRepr {
+            dst: [0x02, 0, 0, 0, 0, dst],
+            src: [0x02, 0, 0, 0, 0, src],
+            vlan: None,
+        },
+        ip: IpRepr::V4(Ipv4Repr {
+            src: Ipv4Addr::new(10, 0, 0, src),
+            dst: Ipv4Addr::new(10, 0, 0, dst),
+            dscp: 0,
+            ecn: 0,
+            identification: 0,
+            dont_fragment: true,
+            ttl: 64,
+        }),
+        udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
+        udp_checksum: false,
+        bth: transmit.packet.bth,
+        ext: transmit.packet.ext,
+        payload: &transmit.packet.payload,
+    }
 }
 
 /// A frame from `from` to `to` that no QP sent, for `Endpoint::handle_packet`.

@@ -123,6 +123,8 @@ fn v4_of_field(field: [u8; 16]) -> Ipv4Addr {
     Ipv4Addr::new(field[12], field[13], field[14], field[15])
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses the header; another version or an IP version other than 4 or 6 is an error.
     /// For IPv4 the 12 bytes in front of each address are ignored, as the kernel does.
@@ -145,11 +147,6 @@ impl Repr {
             src_port: packet.port(),
             addresses,
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the header.
@@ -221,21 +218,7 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(REPR)
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), REPR);
 
     #[test]
     fn ipv6_round_trip() {

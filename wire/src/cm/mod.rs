@@ -18,6 +18,7 @@ use crate::mad;
 use crate::{Error, Result};
 
 pub mod cma;
+mod comm_ids;
 pub mod drep;
 pub mod dreq;
 pub mod mra;
@@ -100,6 +101,15 @@ pub fn private_data<const N: usize>(data: &[u8]) -> Result<[u8; N]> {
         .ok_or(Error)?
         .copy_from_slice(data);
     Ok(field)
+}
+
+/// The two communication IDs that open most messages, as every `Display` prints them.
+struct CommIds(u32, u32);
+
+impl fmt::Display for CommIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "local_id={:#010x} remote_id={:#010x}", self.0, self.1)
+    }
 }
 
 /// `width` bits of `byte` starting `shift` bits from the least significant end.

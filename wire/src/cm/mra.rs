@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::{bits, set_bits, MessageKind};
-use crate::{read_u32, Result};
+use super::{bits, set_bits, CommIds, MessageKind};
+use crate::Result;
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 222;
@@ -20,22 +20,11 @@ mod field {
     pub const PRIVATE_DATA: Field = 10..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of an MRA (the bytes after the MAD header).
-}
+cm_message_packet!("an MRA");
+
+comm_id_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// The sender's communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// The raw 2-bit code of the message this MRA acknowledges.
     pub fn message_mraed(&self) -> u8 {
         bits(self.buffer.as_ref()[field::MESSAGE_MRAED], 6, 2)
@@ -45,24 +34,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn service_timeout(&self) -> u8 {
         bits(self.buffer.as_ref()[field::SERVICE_TIMEOUT], 3, 5)
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the message MRAed, clearing the reserved bits of its byte.
     pub fn set_message_mraed(&mut self, value: MessageKind) {
         let byte = &mut self.buffer.as_mut()[field::MESSAGE_MRAED];
@@ -75,11 +49,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let byte = &mut self.buffer.as_mut()[field::SERVICE_TIMEOUT];
         *byte = 0;
         set_bits(byte, 3, 5, value);
-    }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
     }
 }
 
@@ -98,34 +67,26 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses an MRA; the reserved message code 3 is an error.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
             message_mraed: MessageKind::from_bits(packet.message_mraed())?,
             service_timeout: packet.service_timeout(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the MRA.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_message_mraed(self.message_mraed);
         packet.set_service_timeout(self.service_timeout);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
@@ -133,8 +94,10 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} mraed={:?} service_timeout={}",
-            self.local_comm_id, self.remote_comm_id, self.message_mraed, self.service_timeout
+            "{} mraed={:?} service_timeout={}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
+            self.message_mraed,
+            self.service_timeout
         )
     }
 }
@@ -190,21 +153,7 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr())
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        repr().emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), repr());
 
     #[test]
     fn reserved_message_code_is_refused() {

@@ -170,6 +170,8 @@ pub struct Repr {
     pub local_ack_timeout: u8,
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a path (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -186,11 +188,6 @@ impl Repr {
             subnet_local: packet.subnet_local(),
             local_ack_timeout: packet.local_ack_timeout(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the path.
@@ -282,21 +279,7 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(REPR)
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), REPR);
 
     #[test]
     fn bit_fields_do_not_overlap() {

@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::{bits, read_u16, set_bits, MessageKind};
-use crate::{read_u32, Error, Result};
+use super::{bits, read_u16, set_bits, CommIds, MessageKind};
+use crate::{Error, Result};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 148;
@@ -24,10 +24,12 @@ mod field {
     pub const PRIVATE_DATA: Field = 84..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a REJ (the bytes after the MAD header).
-}
+cm_message_packet!("a REJ");
+
+comm_id_accessors!(
+    "The sender's communication ID (0 when it has none, e.g. no listener).",
+    "The receiver's communication ID."
+);
 
 /// Why a connection was refused (`enum ib_cm_rej_reason`); unknown codes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,16 +63,6 @@ impl RejectReason {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// The sender's communication ID (0 when it has none, e.g. no listener).
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// The raw 2-bit code of the message rejected.
     pub fn message_rejected(&self) -> u8 {
         bits(self.buffer.as_ref()[field::MESSAGE_REJECTED], 6, 2)
@@ -90,24 +82,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn ari(&self) -> &[u8] {
         &self.buffer.as_ref()[field::ARI]
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the message rejected, clearing the reserved bits of its byte.
     pub fn set_message_rejected(&mut self, value: MessageKind) {
         let byte = &mut self.buffer.as_mut()[field::MESSAGE_REJECTED];
@@ -131,11 +108,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn ari_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[field::ARI]
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed REJ.
@@ -157,6 +129,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a REJ; a reserved message code or an ARI length over 72 is an error.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -166,8 +140,6 @@ impl Repr {
         }
         let mut ari = [0; ARI_LEN];
         ari.copy_from_slice(packet.ari());
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
@@ -175,26 +147,18 @@ impl Repr {
             reason: packet.reason(),
             ari_length,
             ari,
-            private_data,
+            private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the REJ.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_message_rejected(self.message_rejected);
         packet.set_ari_length(self.ari_length);
         packet.set_reason(self.reason);
         packet.ari_mut().copy_from_slice(&self.ari);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
@@ -202,8 +166,10 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} rejected={:?} reason={}",
-            self.local_comm_id, self.remote_comm_id, self.message_rejected, self.reason.0
+            "{} rejected={:?} reason={}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
+            self.message_rejected,
+            self.reason.0
         )
     }
 }
@@ -272,21 +238,7 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr())
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        repr().emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), repr());
 
     #[test]
     fn overlong_ari_is_refused() {

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{bits, set_bits};
+use super::{bits, set_bits, CommIds};
 use crate::{read_u24, read_u32, read_u64, write_u24, Psn, Result};
 
 /// Bytes of private data (`IB_CM_REP_PRIVATE_DATA_SIZE`).
@@ -26,26 +26,15 @@ mod field {
     pub const PRIVATE_DATA: Field = 36..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a REP (the bytes after the MAD header).
-}
+cm_message_packet!("a REP");
+
+comm_id_accessors!(
+    "The sender's communication ID.",
+    "The receiver's communication ID (from its REQ)."
+);
+shared_byte_accessors!();
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    fn byte(&self, index: usize) -> u8 {
-        self.buffer.as_ref()[index]
-    }
-
-    /// The sender's communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// The receiver's communication ID (from its REQ).
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// The sender's Q_Key.
     pub fn local_qkey(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::LOCAL_QKEY])
@@ -100,33 +89,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn local_ca_guid(&self) -> u64 {
         read_u64(&self.buffer.as_ref()[field::LOCAL_CA_GUID])
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn byte_mut(&mut self, index: usize) -> &mut u8 {
-        &mut self.buffer.as_mut()[index]
-    }
-
-    /// Zeroes every byte, reserved ones included.
-    pub fn clear(&mut self) {
-        self.buffer.as_mut()[..HEADER_LEN].fill(0);
-    }
-
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the remote communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REMOTE_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the local Q_Key.
     pub fn set_local_qkey(&mut self, value: u32) {
         self.buffer.as_mut()[field::LOCAL_QKEY].copy_from_slice(&value.to_be_bytes());
@@ -187,11 +152,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_local_ca_guid(&mut self, value: u64) {
         self.buffer.as_mut()[field::LOCAL_CA_GUID].copy_from_slice(&value.to_be_bytes());
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed REP.
@@ -227,11 +187,11 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a REP (every bit pattern is valid; reserved bits are ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             remote_comm_id: packet.remote_comm_id(),
@@ -246,20 +206,14 @@ impl Repr {
             rnr_retry_count: packet.rnr_retry_count(),
             srq: packet.srq(),
             local_ca_guid: packet.local_ca_guid(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the REP, zeroing the reserved bits.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.clear();
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_remote_comm_id(self.remote_comm_id);
+        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
         packet.set_local_qkey(self.local_qkey);
         packet.set_local_qpn(self.local_qpn);
         packet.set_starting_psn(self.starting_psn);
@@ -271,9 +225,7 @@ impl Repr {
         packet.set_rnr_retry_count(self.rnr_retry_count);
         packet.set_srq(self.srq);
         packet.set_local_ca_guid(self.local_ca_guid);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
@@ -281,9 +233,8 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "local_id={:#010x} remote_id={:#010x} qpn={:#08x} psn={:#08x} rres={} idepth={} ack_delay={} rnr_retry={}",
-            self.local_comm_id,
-            self.remote_comm_id,
+            "{} qpn={:#08x} psn={:#08x} rres={} idepth={} ack_delay={} rnr_retry={}",
+            CommIds(self.local_comm_id, self.remote_comm_id),
             self.local_qpn,
             self.starting_psn.value(),
             self.responder_resources,
@@ -362,19 +313,5 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(REPR)
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        REPR.emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), REPR);
 }

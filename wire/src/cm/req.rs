@@ -35,10 +35,9 @@ mod field {
     pub const PRIVATE_DATA: Field = 140..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a REQ (the bytes after the MAD header).
-}
+cm_message_packet!("a REQ");
+
+shared_byte_accessors!();
 
 /// The transport service type of the requested connection (2 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,10 +64,6 @@ impl ServiceType {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    fn byte(&self, index: usize) -> u8 {
-        self.buffer.as_ref()[index]
-    }
-
     /// The sender's communication ID for this connection.
     pub fn local_comm_id(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
@@ -178,23 +173,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn alternate_path(&self) -> path::Packet<&[u8]> {
         path::Packet::new_unchecked(&self.buffer.as_ref()[field::ALTERNATE_PATH])
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn byte_mut(&mut self, index: usize) -> &mut u8 {
-        &mut self.buffer.as_mut()[index]
-    }
-
-    /// Zeroes every byte, reserved ones included; the setters then fill the fields.
-    pub fn clear(&mut self) {
-        self.buffer.as_mut()[..HEADER_LEN].fill(0);
-    }
-
     /// Sets the local communication ID.
     pub fn set_local_comm_id(&mut self, value: u32) {
         self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
@@ -313,11 +294,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn alternate_path_mut(&mut self) -> path::Packet<&mut [u8]> {
         path::Packet::new_unchecked(&mut self.buffer.as_mut()[field::ALTERNATE_PATH])
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed REQ.
@@ -371,11 +347,11 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a REQ (every bit pattern is valid; reserved bits are ignored).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             local_comm_id: packet.local_comm_id(),
             vendor_id: packet.vendor_id(),
@@ -399,13 +375,8 @@ impl Repr {
             extended_transport_type: packet.extended_transport_type(),
             primary_path: path::Repr::parse(&packet.primary_path())?,
             alternate_path: path::Repr::parse(&packet.alternate_path())?,
-            private_data,
+            private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the REQ, zeroing the reserved bits.
@@ -433,9 +404,7 @@ impl Repr {
         packet.set_extended_transport_type(self.extended_transport_type);
         self.primary_path.emit(&mut packet.primary_path_mut());
         self.alternate_path.emit(&mut packet.alternate_path_mut());
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
@@ -569,19 +538,5 @@ mod tests {
         assert_eq!(bytes, reference);
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr())
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        repr().emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), repr());
 }

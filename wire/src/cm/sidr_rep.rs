@@ -25,10 +25,7 @@ mod field {
     pub const PRIVATE_DATA: Field = 96..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a SIDR_REP (the bytes after the MAD header).
-}
+cm_message_packet!("a SIDR_REP");
 
 /// The outcome of a SIDR_REQ (`enum ib_cm_sidr_status`); unknown codes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,11 +81,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn info(&self) -> &[u8] {
         &self.buffer.as_ref()[field::INFO]
     }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
@@ -130,11 +122,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn info_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[field::INFO]
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed SIDR_REP.
@@ -158,6 +145,8 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a SIDR_REP; an information length over 72 is an error.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
@@ -167,8 +156,6 @@ impl Repr {
         }
         let mut info = [0; INFO_LEN];
         info.copy_from_slice(packet.info());
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             request_id: packet.request_id(),
             status: packet.status(),
@@ -177,13 +164,8 @@ impl Repr {
             service_id: packet.service_id(),
             qkey: packet.qkey(),
             info,
-            private_data,
+            private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the SIDR_REP.
@@ -195,9 +177,7 @@ impl Repr {
         packet.set_service_id(self.service_id);
         packet.set_qkey(self.qkey);
         packet.info_mut().copy_from_slice(&self.info);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
@@ -274,21 +254,7 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr())
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        repr().emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), repr());
 
     #[test]
     fn overlong_info_is_refused() {

@@ -18,10 +18,7 @@ mod field {
     pub const PRIVATE_DATA: Field = 16..232;
 }
 
-fixed_header_packet! {
-    crate::mad::DATA_LEN;
-    /// A read/write view of a SIDR_REQ (the bytes after the MAD header).
-}
+cm_message_packet!("a SIDR_REQ");
 
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The sender's ID for this request; the reply carries it back.
@@ -37,11 +34,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// The service to resolve.
     pub fn service_id(&self) -> ServiceId {
         ServiceId(read_u64(&self.buffer.as_ref()[field::SERVICE_ID]))
-    }
-
-    /// Private data.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
     }
 }
 
@@ -62,11 +54,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_service_id(&mut self, value: ServiceId) {
         self.buffer.as_mut()[field::SERVICE_ID].copy_from_slice(&value.0.to_be_bytes());
     }
-
-    /// Private data, to fill.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed SIDR_REQ.
@@ -82,22 +69,17 @@ pub struct Repr {
     pub private_data: [u8; PRIVATE_DATA_LEN],
 }
 
+fixed_len_repr!();
+
 impl Repr {
     /// Parses a SIDR_REQ (every bit pattern is valid).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let mut private_data = [0; PRIVATE_DATA_LEN];
-        private_data.copy_from_slice(packet.private_data());
         Ok(Repr {
             request_id: packet.request_id(),
             pkey: packet.pkey(),
             service_id: packet.service_id(),
-            private_data,
+            private_data: packet.private_data_array(),
         })
-    }
-
-    /// Bytes [`emit`](Self::emit) writes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
     }
 
     /// Writes the SIDR_REQ.
@@ -105,9 +87,7 @@ impl Repr {
         packet.set_request_id(self.request_id);
         packet.set_pkey(self.pkey);
         packet.set_service_id(self.service_id);
-        packet
-            .private_data_mut()
-            .copy_from_slice(&self.private_data);
+        packet.set_private_data(&self.private_data);
     }
 }
 
@@ -171,19 +151,5 @@ mod tests {
         assert_eq!(bytes, header_bytes());
     }
 
-    #[test]
-    fn parse() {
-        let bytes = header_bytes();
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr())
-        );
-    }
-
-    #[test]
-    fn emit() {
-        let mut bytes = [0xA5; HEADER_LEN];
-        repr().emit(&mut Packet::new_unchecked(&mut bytes[..]));
-        assert_eq!(bytes, header_bytes());
-    }
+    parse_emit_tests!(header_bytes(), repr());
 }
