@@ -19,7 +19,7 @@ use core::fmt;
 use core::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::mr::{AtomicOp, MrError};
+use crate::access::{AtomicOp, MrError};
 
 /// `len` bytes of the caller's memory from `base`.
 pub struct CallerMemory {

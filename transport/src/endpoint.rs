@@ -14,6 +14,7 @@ use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::FrameRepr;
 
 use crate::cq::{Cq, WcStatus};
+use crate::errno;
 use crate::limits::LIMITS;
 use crate::mr::MrTable;
 use crate::qp::{
@@ -60,6 +61,35 @@ pub enum CreateCqError {
     /// A depth of 0 or beyond `max_cqe`.
     #[error("a CQ of {0} entries (1 to max_cqe)")]
     InvalidDepth(usize),
+}
+
+impl CreateQpError {
+    /// The errno `ibv_create_qp` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CreateQpError::UnknownCq | CreateQpError::InvalidCap(_) => errno::EINVAL,
+            CreateQpError::NoQpn => errno::ENOMEM,
+        }
+    }
+}
+
+impl CreateCqError {
+    /// The errno `ibv_create_cq` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            CreateCqError::InvalidDepth(_) => errno::EINVAL,
+        }
+    }
+}
+
+impl DestroyCqError {
+    /// The errno `ibv_destroy_cq` fails with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            DestroyCqError::UnknownCq => errno::EINVAL,
+            DestroyCqError::InUse => errno::EBUSY,
+        }
+    }
 }
 
 /// Something that happened outside any work request (`ibv_get_async_event`).
@@ -301,7 +331,9 @@ impl Endpoint {
 
     /// Creates a CQ with `depth` slots (1 to `max_cqe`).
     pub fn create_cq(&mut self, depth: usize) -> Result<CqId, CreateCqError> {
-        LIMITS.check_cq_depth(depth)?;
+        if !LIMITS.allows_cq_depth(depth) {
+            return Err(CreateCqError::InvalidDepth(depth));
+        }
         self.cqs.push(Cq::new(depth));
         Ok(CqId(self.cqs.len() - 1))
     }

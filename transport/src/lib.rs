@@ -50,11 +50,13 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod access;
 #[allow(unsafe_code)]
 mod caller_memory;
 pub mod cm;
 pub mod cq;
 pub mod endpoint;
+pub mod errno;
 pub mod limits;
 pub mod mr;
 pub mod qp;

@@ -1,12 +1,9 @@
 //! The device's limits, in one place: what `ibv_query_device` reports and what creating,
 //! modifying and posting enforce, where rdma-core's providers (rxe's `rxe_qp_chk_cap`,
-//! `rxe_qp_chk_attr`, `rxe_cq_chk_attr` and its user-space post path) enforce them; and the
-//! errno rdma-core returns for each refusal.
+//! `rxe_qp_chk_attr`, `rxe_cq_chk_attr` and its user-space post path) enforce them. Each
+//! refusal's errno is a method of its error type (values in [`errno`](crate::errno)).
 
-use crate::endpoint::{CreateCqError, CreateQpError, DestroyCqError};
-use crate::mr::MrError;
-use crate::qp::{PostError, QpCaps};
-use crate::qp_state::ModifyQpError;
+use crate::qp::QpCaps;
 
 /// Limits of one device (the fields of `struct ibv_device_attr` this stack enforces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,82 +63,7 @@ impl DeviceLimits {
     }
 
     /// Whether a CQ may have `depth` entries (rxe's `rxe_cq_chk_attr`: 1 to `max_cqe`).
-    pub fn check_cq_depth(&self, depth: usize) -> Result<(), CreateCqError> {
-        if depth == 0 || depth > self.max_cqe as usize {
-            return Err(CreateCqError::InvalidDepth(depth));
-        }
-        Ok(())
-    }
-}
-
-/// The Linux errno values rdma-core returns for refused verbs calls.
-pub mod errno {
-    /// `EFAULT`.
-    pub const EFAULT: i32 = 14;
-    /// `EBUSY`.
-    pub const EBUSY: i32 = 16;
-    /// `ENOMEM`.
-    pub const ENOMEM: i32 = 12;
-    /// `EINVAL`.
-    pub const EINVAL: i32 = 22;
-}
-
-impl CreateQpError {
-    /// The errno `ibv_create_qp` fails with.
-    pub fn errno(&self) -> i32 {
-        match self {
-            CreateQpError::UnknownCq | CreateQpError::InvalidCap(_) => errno::EINVAL,
-            CreateQpError::NoQpn => errno::ENOMEM,
-        }
-    }
-}
-
-impl CreateCqError {
-    /// The errno `ibv_create_cq` fails with.
-    pub fn errno(&self) -> i32 {
-        match self {
-            CreateCqError::InvalidDepth(_) => errno::EINVAL,
-        }
-    }
-}
-
-impl DestroyCqError {
-    /// The errno `ibv_destroy_cq` fails with.
-    pub fn errno(&self) -> i32 {
-        match self {
-            DestroyCqError::UnknownCq => errno::EINVAL,
-            DestroyCqError::InUse => errno::EBUSY,
-        }
-    }
-}
-
-impl ModifyQpError {
-    /// The errno `ibv_modify_qp` fails with: every refusal is `EINVAL`, as in rxe and the
-    /// kernel's `ib_modify_qp_is_ok`.
-    pub fn errno(&self) -> i32 {
-        errno::EINVAL
-    }
-}
-
-impl PostError {
-    /// The errno `ibv_post_send`/`ibv_post_recv` fail with (rdma-core's rxe: a full queue
-    /// is `ENOMEM`, everything else `EINVAL`).
-    pub fn errno(&self) -> i32 {
-        match self {
-            PostError::QueueFull => errno::ENOMEM,
-            _ => errno::EINVAL,
-        }
-    }
-}
-
-impl MrError {
-    /// The errno of a verbs call refused for this reason (`ibv_reg_mr`, `ibv_dealloc_pd`).
-    pub fn errno(&self) -> i32 {
-        match self {
-            MrError::PdBusy => errno::EBUSY,
-            MrError::OutOfMemory => errno::ENOMEM,
-            MrError::NullAddress => errno::EFAULT,
-            _ => errno::EINVAL,
-        }
+    pub fn allows_cq_depth(&self, depth: usize) -> bool {
+        (1..=self.max_cqe as usize).contains(&depth)
     }
 }

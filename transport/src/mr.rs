@@ -13,6 +13,7 @@ use rustc_hash::FxHashMap;
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 
+pub use crate::access::{AtomicOp, MrError};
 pub use crate::caller_memory::CallerMemory;
 use crate::limits::LIMITS;
 use crate::wr::Sge;
@@ -35,48 +36,6 @@ bitflags::bitflags! {
 /// A protection domain's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PdId(u32);
-
-/// Why a registration or an access was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum MrError {
-    /// No such protection domain.
-    #[error("unknown protection domain")]
-    UnknownPd,
-    /// The PD still has memory regions registered.
-    #[error("protection domain still has memory regions")]
-    PdBusy,
-    /// Remote write or atomic access without local write, which verbs forbids.
-    #[error("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE")]
-    InvalidAccess,
-    /// The region would wrap around the address space.
-    #[error("region wraps around the address space")]
-    AddressOverflow,
-    /// No region has this key (or it was deregistered).
-    #[error("unknown key")]
-    UnknownKey,
-    /// The region belongs to another protection domain.
-    #[error("region belongs to another protection domain")]
-    WrongPd,
-    /// The region does not grant the access asked for.
-    #[error("access not granted")]
-    AccessDenied,
-    /// The range is not inside the region.
-    #[error("range outside the region")]
-    OutOfBounds,
-    /// An atomic target that is not 8-byte aligned.
-    #[error("atomic target not 8-byte aligned")]
-    Misaligned,
-    /// The region's bytes could not be allocated.
-    #[error("out of memory for the region")]
-    OutOfMemory,
-    /// A caller's memory at address 0.
-    #[error("null address")]
-    NullAddress,
-    /// Longer than the device's `max_mr_size`.
-    #[error("region larger than max_mr_size")]
-    TooLarge,
-}
 
 /// The bytes behind a region: its own, or the caller's.
 #[derive(Debug)]
@@ -143,31 +102,6 @@ impl Memory {
                 Ok(original)
             }
             Memory::Caller(memory) => memory.atomic(offset, op),
-        }
-    }
-}
-
-/// A remote atomic operation on an 8-byte word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AtomicOp {
-    /// Store `swap` if the word equals `compare`.
-    CompareSwap {
-        /// The value the word must hold.
-        compare: u64,
-        /// The value stored if it does.
-        swap: u64,
-    },
-    /// Add to the word (wrapping).
-    FetchAdd(u64),
-}
-
-impl AtomicOp {
-    /// The word's new value when it held `original`.
-    fn apply(self, original: u64) -> u64 {
-        match self {
-            AtomicOp::CompareSwap { compare, swap } if original == compare => swap,
-            AtomicOp::CompareSwap { .. } => original,
-            AtomicOp::FetchAdd(add) => original.wrapping_add(add),
         }
     }
 }

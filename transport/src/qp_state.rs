@@ -9,6 +9,7 @@ use core::fmt;
 use roce_wire::aeth::RnrTimer;
 use roce_wire::Psn;
 
+use crate::errno;
 use crate::limits::LIMITS;
 use crate::AccessFlags;
 
@@ -163,6 +164,14 @@ pub enum ModifyQpError {
     /// An attribute's value is out of range.
     #[error("{0} out of range")]
     OutOfRange(&'static str),
+}
+
+impl ModifyQpError {
+    /// The errno `ibv_modify_qp` fails with: every refusal is `EINVAL`, as in rxe and the
+    /// kernel's `ib_modify_qp_is_ok`.
+    pub fn errno(&self) -> i32 {
+        errno::EINVAL
+    }
 }
 
 bitflags::bitflags! {

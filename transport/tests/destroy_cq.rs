@@ -3,7 +3,7 @@
 
 use roce_transport::cq::WcStatus;
 use roce_transport::endpoint::{CreateQpError, DestroyCqError};
-use roce_transport::limits::errno::{EBUSY, EINVAL};
+use roce_transport::errno::{EBUSY, EINVAL};
 use roce_transport::qp::{QpCaps, QpInit};
 use roce_transport::qp_state::{PathMtu, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};

@@ -4,7 +4,7 @@
 //! (rxe_qp_chk_attr) and posting (rxe's post path: full queue ENOMEM, the rest EINVAL).
 
 use roce_transport::endpoint::{CreateCqError, CreateQpError};
-use roce_transport::limits::errno::{EINVAL, ENOMEM};
+use roce_transport::errno::{EINVAL, ENOMEM};
 use roce_transport::qp::{PostError, QpCaps, QpInit};
 use roce_transport::qp_state::{
     connect_attrs, ModifyQpError, PathMtu, Peer, QpAttr, QpState, QpType,

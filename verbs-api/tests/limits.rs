@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use roce_provider::memory::memory_pair;
 use roce_transport::endpoint::CreateQpError;
-use roce_transport::limits::errno::EINVAL;
+use roce_transport::errno::EINVAL;
 use roce_transport::LIMITS;
 use roce_verbs::device::link_local_gid;
 use roce_verbs::{

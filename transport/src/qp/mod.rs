@@ -17,6 +17,7 @@ use roce_wire::frame::IpRepr;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cq::{Cq, WcStatus, WorkCompletion};
+use crate::errno;
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{
     check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
@@ -82,6 +83,17 @@ pub enum PostError {
     /// A message longer than 2^31 bytes, or an atomic whose result buffer is not 8 bytes.
     #[error("invalid length")]
     InvalidLength,
+}
+
+impl PostError {
+    /// The errno `ibv_post_send`/`ibv_post_recv` fail with (rdma-core's rxe: a full queue
+    /// is `ENOMEM`, everything else `EINVAL`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            PostError::QueueFull => errno::ENOMEM,
+            _ => errno::EINVAL,
+        }
+    }
 }
 
 /// The attributes a QP has been given through `modify_qp`.

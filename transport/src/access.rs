@@ -1,0 +1,83 @@
+//! What touching a region's bytes can run into, and the atomic operations on them: shared by
+//! the region table (`mr`) and the caller's memory (`caller_memory`), which both import it.
+
+use crate::errno;
+
+/// Why a registration or an access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MrError {
+    /// No such protection domain.
+    #[error("unknown protection domain")]
+    UnknownPd,
+    /// The PD still has memory regions registered.
+    #[error("protection domain still has memory regions")]
+    PdBusy,
+    /// Remote write or atomic access without local write, which verbs forbids.
+    #[error("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE")]
+    InvalidAccess,
+    /// The region would wrap around the address space.
+    #[error("region wraps around the address space")]
+    AddressOverflow,
+    /// No region has this key (or it was deregistered).
+    #[error("unknown key")]
+    UnknownKey,
+    /// The region belongs to another protection domain.
+    #[error("region belongs to another protection domain")]
+    WrongPd,
+    /// The region does not grant the access asked for.
+    #[error("access not granted")]
+    AccessDenied,
+    /// The range is not inside the region.
+    #[error("range outside the region")]
+    OutOfBounds,
+    /// An atomic target that is not 8-byte aligned.
+    #[error("atomic target not 8-byte aligned")]
+    Misaligned,
+    /// The region's bytes could not be allocated.
+    #[error("out of memory for the region")]
+    OutOfMemory,
+    /// A caller's memory at address 0.
+    #[error("null address")]
+    NullAddress,
+    /// Longer than the device's `max_mr_size`.
+    #[error("region larger than max_mr_size")]
+    TooLarge,
+}
+
+/// A remote atomic operation on an 8-byte word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Store `swap` if the word equals `compare`.
+    CompareSwap {
+        /// The value the word must hold.
+        compare: u64,
+        /// The value stored if it does.
+        swap: u64,
+    },
+    /// Add to the word (wrapping).
+    FetchAdd(u64),
+}
+
+impl AtomicOp {
+    /// The word's new value when it held `original`.
+    pub(crate) fn apply(self, original: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } if original == compare => swap,
+            AtomicOp::CompareSwap { .. } => original,
+            AtomicOp::FetchAdd(add) => original.wrapping_add(add),
+        }
+    }
+}
+
+impl MrError {
+    /// The errno of a verbs call refused for this reason (`ibv_reg_mr`, `ibv_dealloc_pd`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            MrError::PdBusy => errno::EBUSY,
+            MrError::OutOfMemory => errno::ENOMEM,
+            MrError::NullAddress => errno::EFAULT,
+            _ => errno::EINVAL,
+        }
+    }
+}
