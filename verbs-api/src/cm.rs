@@ -5,9 +5,9 @@
 //!
 //! ```text
 //! active:  create_event_channel → create_id → resolve_addr (AddrResolved)
-//!          → resolve_route (RouteResolved) → connect(qp) (Established)
-//! passive: create_id → bind_addr → listen (ConnectRequest with a new id) → accept(qp)
-//!          (Established)
+//!          → resolve_route (RouteResolved) → create_qp → connect (Established)
+//! passive: create_id → bind_addr → listen (ConnectRequest with a new id) → create_qp
+//!          → accept (Established)
 //! either:  disconnect (Disconnected on both sides; the QPs go to ERR)
 //! ```
 //!
@@ -36,11 +36,12 @@ use roce_wire::cm::{rej, PortSpace};
 use crate::cm_routes::{apply_qp_attrs, to_error, Notice, Route, What};
 use crate::context::Context;
 use crate::error::Error;
-use crate::qp::Qp;
+use crate::mr::Pd;
+use crate::qp::{Qp, QpInitAttr};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
 use crate::wait;
-use crate::PathMtu;
+use crate::{AccessFlags, PathMtu, QpAttr, QpState, QpType};
 
 /// Private data a connect carries after rdma_cm's header (`RDMA_MAX_PRIVATE_DATA` for a REQ
 /// over IP: 92 − 36).
@@ -489,6 +490,25 @@ impl CmId {
         Ok(())
     }
 
+    /// Creates an RC QP for this id and moves it to INIT (`rdma_create_qp`), so receives
+    /// can be posted before [`connect`](Self::connect) or [`accept`](Self::accept): P_Key
+    /// index 0, port 1, no remote access until the CM exchange settles it.
+    pub fn create_qp(&self, pd: &Pd, attr: &QpInitAttr) -> Result<Qp, Error> {
+        if attr.qp_type != QpType::Rc {
+            return Err(Error::Unsupported("CM ids for other than RC QPs"));
+        }
+        let qp = pd.create_qp(attr)?;
+        self.check_qp(&qp)?;
+        qp.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(AccessFlags::empty()),
+            ..QpAttr::default()
+        })?;
+        Ok(qp)
+    }
+
     /// Connects `qp` (RC, in RESET or INIT) to the resolved peer (`rdma_connect`): sends
     /// the REQ; on the REP the QP goes to RTR and RTS and [`CmEventKind::Established`]
     /// follows, or [`CmEventKind::Rejected`] / [`CmEventKind::Unreachable`].
@@ -656,7 +676,7 @@ impl CmId {
         if !Arc::ptr_eq(qp.shared(), &self.shared) {
             return Err(Error::ForeignObject("QP"));
         }
-        if qp.qp_type() != crate::QpType::Rc {
+        if qp.qp_type() != QpType::Rc {
             return Err(Error::Unsupported("CM ids for other than RC QPs"));
         }
         Ok(())

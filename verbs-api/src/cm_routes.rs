@@ -138,14 +138,15 @@ impl CmRoutes {
     }
 }
 
-/// RESET→INIT (if the QP is still in RESET), INIT→RTR and RTR→RTS with the CM's attributes.
+/// RESET→INIT (or INIT→INIT for a QP `create_qp` left in INIT: the access the peer may
+/// use is known only now), INIT→RTR and RTR→RTS with the CM's attributes.
 pub(crate) fn apply_qp_attrs(
     endpoint: &mut Endpoint,
     now: Instant,
     qpn: u32,
     attrs: &QpAttrs,
 ) -> Result<(), ModifyQpError> {
-    if endpoint.qp_state(qpn) == Some(QpState::Reset) {
+    if matches!(endpoint.qp_state(qpn), Some(QpState::Reset | QpState::Init)) {
         endpoint.modify_qp(now, qpn, &attrs.init)?;
     }
     endpoint.modify_qp(now, qpn, &attrs.rtr)?;
