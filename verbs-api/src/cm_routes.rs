@@ -4,7 +4,7 @@
 //! QP: on the REP it moves the QP to RTR and RTS and sends the RTU; on a disconnect it moves
 //! the QP to ERR.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +12,7 @@ use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId
 use roce_transport::qp_state::{ModifyQpError, QpAttr, QpState};
 use roce_transport::Endpoint;
 
-use crate::queues::EventQueue;
+use crate::queues::{EventQueue, Submission};
 
 /// What a CM id's channel is told: the id (its number) and what happened.
 #[derive(Debug, Clone)]
@@ -69,8 +69,14 @@ impl CmRoutes {
     }
 
     /// Takes every event of the endpoint's CM to its id's channel, acting on the QPs as
-    /// librdmacm does.
-    pub(crate) fn deliver(&mut self, endpoint: &mut Endpoint, now: Instant) {
+    /// librdmacm does. A QP moved is given its new gate (`submissions`) before its event is
+    /// told, so a program that posts as soon as it hears ESTABLISHED is not refused.
+    pub(crate) fn deliver(
+        &mut self,
+        endpoint: &mut Endpoint,
+        submissions: &BTreeMap<u32, Arc<Submission>>,
+        now: Instant,
+    ) {
         while let Some(event) = endpoint.cm().and_then(Cm::poll_event) {
             match event {
                 CmEvent::ConnectRequest { conn, request } => {
@@ -101,7 +107,11 @@ impl CmRoutes {
                         }
                         continue;
                     };
-                    let applied = route.qpn.map(|qpn| apply_qp_attrs(endpoint, now, qpn, &qp));
+                    let applied = route.qpn.map(|qpn| {
+                        let applied = apply_qp_attrs(endpoint, now, qpn, &qp);
+                        refresh_gate(endpoint, submissions, qpn);
+                        applied
+                    });
                     let established = match (applied, endpoint.cm()) {
                         (Some(Ok(())), Some(cm)) => cm.establish(conn).is_ok(),
                         (_, Some(cm)) => {
@@ -118,6 +128,7 @@ impl CmRoutes {
                     if let Some(route) = self.conns.get(&conn) {
                         if let Some(qpn) = route.qpn {
                             let _ = endpoint.modify_qp(now, qpn, &to_error());
+                            refresh_gate(endpoint, submissions, qpn);
                         }
                         route.tell(What::Cm(Box::new(event)));
                     }
@@ -151,6 +162,23 @@ pub(crate) fn apply_qp_attrs(
     }
     endpoint.modify_qp(now, qpn, &attrs.rtr)?;
     endpoint.modify_qp(now, qpn, &attrs.rts)
+}
+
+/// Gives QP `qpn`'s submission queues the QP's current gate.
+pub(crate) fn refresh_gate(
+    endpoint: &Endpoint,
+    submissions: &BTreeMap<u32, Arc<Submission>>,
+    qpn: u32,
+) {
+    let (Some(gate), Some(queues)) = (endpoint.post_gate(qpn), submissions.get(&qpn)) else {
+        return;
+    };
+    if let Ok(mut sends) = queues.sends.lock() {
+        sends.gate = gate;
+    }
+    if let Ok(mut recvs) = queues.recvs.lock() {
+        recvs.gate = gate;
+    }
 }
 
 /// Any state → ERR.

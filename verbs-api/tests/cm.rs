@@ -149,8 +149,29 @@ fn connect(a: &Side, b: &Side, listener: &CmId) -> (CmId, CmId) {
     );
     let passive = request.id;
     passive.accept(&b.qp, &ConnParam::default()).unwrap();
+    b.qp.post_recv([RecvWr {
+        wr_id: 60,
+        sg_list: Default::default(),
+    }])
+    .unwrap();
     expect(&a.channel, &active, 9);
+    // A posts as soon as it hears ESTABLISHED (rping does): its QP is ready by then.
+    a.qp.post_send([SendWr {
+        wr_id: 51,
+        op: SendOp::Send,
+        sg_list: Default::default(),
+        inline_data: Vec::new(),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
     expect(&b.channel, &passive, 9);
+    assert_eq!(
+        a.cq.wait_for(1, STALL).unwrap()[0].status,
+        WcStatus::Success
+    );
+    let received = b.cq.wait_for(1, STALL).unwrap();
+    assert_eq!((received[0].wr_id, received[0].byte_len), (60, 0));
     assert_eq!(a.qp.state().unwrap(), QpState::Rts);
     assert_eq!(b.qp.state().unwrap(), QpState::Rts);
     (active, passive)
@@ -195,7 +216,22 @@ fn send(from: &Side, to: &Side, seed: u8) {
 
 fn connect_exchange_disconnect(a_disconnects: bool) {
     let (ctx_a, ctx_b) = pair();
-    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    let (mut a, b) = (side(&ctx_a), side(&ctx_b));
+    // A's QP as rdma_create_qp makes it: in INIT before the connect.
+    let for_qp = a.channel.create_id().unwrap();
+    a.qp = for_qp
+        .create_qp(
+            &a.pd,
+            &QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &a.cq,
+                recv_cq: &a.cq,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(a.qp.state().unwrap(), QpState::Init);
     let listening = listener(&b);
     let (active, passive) = connect(&a, &b, &listening);
     send(&a, &b, 1);
