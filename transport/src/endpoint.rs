@@ -5,13 +5,19 @@
 //! (and post work whenever), then drain [`poll_transmit`](Endpoint::poll_transmit) until it
 //! returns `None`, then sleep until [`poll_timeout`](Endpoint::poll_timeout) or the next
 //! packet.
+//!
+//! QP 1, the GSI, is the endpoint's own once [`enable_cm`](Endpoint::enable_cm) gave it a
+//! [`Cm`]: CM MADs it receives (UD SEND_ONLY with Q_Key [`mad::GSI_QKEY`]) go to the CM, the
+//! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
 use std::time::Instant;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
-use roce_wire::FrameRepr;
+use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
+
+use crate::cm::{Cm, CmConfig, MadTransmit};
 
 use crate::cq::{Cq, WcStatus};
 use crate::errno;
@@ -20,7 +26,7 @@ use crate::mr::MrTable;
 use crate::qp::{
     Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
 };
-use crate::qp_state::{ModifyQpError, PathMtu, QpAttr, QpState};
+use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState};
 use crate::wr::{RecvWr, SendWr};
 
 /// Identifies a completion queue of an [`Endpoint`].
@@ -140,8 +146,14 @@ pub struct Endpoint {
     /// Our addresses (the GID table): a packet to any other destination is dropped. While
     /// empty (until [`set_gids`](Endpoint::set_gids)) every destination is accepted.
     gids: Vec<[u8; 16]>,
+    /// The communication manager behind QP 1, once enabled.
+    cm: Option<Cm>,
+    /// PSN of the next MAD QP 1 sends (UD: only counts, as rxe's does).
+    gsi_psn: Psn,
     /// Packets for QPs that do not exist.
     pub unknown_qp_drops: u64,
+    /// Packets to QP 1 that are not a CM MAD (wrong opcode, Q_Key, length or class).
+    pub gsi_drops: u64,
     /// Packets whose IP destination is not one of our GIDs (another host, broadcast).
     pub misaddressed_drops: u64,
 }
@@ -196,6 +208,9 @@ impl QpTable {
 
 /// The first QP number handed out; 0 and 1 are the special QPs.
 const FIRST_QPN: u32 = 0x11;
+
+/// Hop limit (IPv4 TTL) of the MADs QP 1 sends, as the kernel's RoCE GSI AHs use.
+const GSI_HOP_LIMIT: u8 = 64;
 
 /// A packet to send, from a local QP. The default is a blank one to pass to
 /// [`Endpoint::poll_transmit_into`].
@@ -293,7 +308,10 @@ impl Endpoint {
             events: Vec::new(),
             port_mtu: PathMtu::Mtu1024,
             gids: Vec::new(),
+            cm: None,
+            gsi_psn: Psn::new(0),
             unknown_qp_drops: 0,
+            gsi_drops: 0,
             misaddressed_drops: 0,
         }
     }
@@ -316,6 +334,18 @@ impl Endpoint {
             IpRepr::V6(v6) => v6.dst.octets(),
         };
         self.gids.contains(&destination)
+    }
+
+    /// Gives QP 1 a communication manager (replacing any earlier one and its connections).
+    pub fn enable_cm(&mut self, config: CmConfig) {
+        self.cm = Some(Cm::new(config));
+    }
+
+    /// The communication manager behind QP 1, once [enabled](Self::enable_cm): listen,
+    /// connect, accept, and take its events. What it sends leaves through
+    /// [`poll_transmit`](Self::poll_transmit).
+    pub fn cm(&mut self) -> Option<&mut Cm> {
+        self.cm.as_mut()
     }
 
     /// Sets the port's active MTU (1024 until set), as the device reports it: UD QPs created
@@ -462,6 +492,10 @@ impl Endpoint {
             self.misaddressed_drops += 1;
             return;
         }
+        if frame.bth.dest_qpn == mad::GSI_QPN {
+            self.handle_gsi(now, frame);
+            return;
+        }
         let handled = self.with_qp(frame.bth.dest_qpn, now, |qp, ctx| {
             qp.handle_packet(ctx, frame)
         });
@@ -470,8 +504,37 @@ impl Endpoint {
         }
     }
 
+    /// A packet to QP 1: a CM MAD goes to the CM, with the GIDs of its IP header.
+    fn handle_gsi(&mut self, now: Instant, frame: &FrameRepr) {
+        let Some(cm) = &mut self.cm else {
+            self.unknown_qp_drops += 1;
+            return;
+        };
+        let is_cm_mad = frame.bth.opcode == Opcode::UdSendOnly
+            && frame.ext.deth.is_some_and(|d| d.qkey == mad::GSI_QKEY)
+            && frame.payload.len() >= mad::MAD_LEN
+            && frame.payload[1] == wire_cm::MGMT_CLASS;
+        if !is_cm_mad {
+            self.gsi_drops += 1;
+            return;
+        }
+        let (local_gid, remote_gid) = match frame.ip {
+            IpRepr::V4(v4) => (
+                v4.dst.to_ipv6_mapped().octets(),
+                v4.src.to_ipv6_mapped().octets(),
+            ),
+            IpRepr::V6(v6) => (v6.dst.octets(), v6.src.octets()),
+        };
+        cm.handle_mad(now, local_gid, remote_gid, &frame.payload[..mad::MAD_LEN]);
+    }
+
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(cm) = &mut self.cm {
+            if cm.poll_timeout().is_some_and(|deadline| deadline <= now) {
+                cm.handle_timeout(now);
+            }
+        }
         let Endpoint {
             qps,
             mrs,
@@ -499,8 +562,13 @@ impl Endpoint {
 
     /// Writes the next packet to send into `out`, taking QPs in turn; `false` when no QP has
     /// anything to send (`out` is then unspecified). `out`'s payload buffer is reused, so a
-    /// caller that keeps one `Transmit` for its sends allocates nothing per packet.
+    /// caller that keeps one `Transmit` for its sends allocates nothing per packet. The CM's
+    /// MADs go first: they are few, and a connection waits on them.
     pub fn poll_transmit_into(&mut self, now: Instant, out: &mut Transmit) -> bool {
+        if let Some(transmit) = self.cm.as_mut().and_then(Cm::poll_transmit) {
+            self.gsi_packet(&transmit, out);
+            return true;
+        }
         // From the cursor to the end, then from the start to the cursor, borrowing the QPs
         // and what they need side by side.
         let start = self.transmit_cursor.min(self.qps.qps.len());
@@ -531,9 +599,57 @@ impl Endpoint {
         found
     }
 
-    /// The earliest timer deadline of any QP.
+    /// A CM MAD as QP 1 sends it: UD SEND_ONLY to the peer's QP 1, P_Key 0xFFFF, DETH with
+    /// the GSI Q_Key, from the GID the CM names (index 0 if it is not in our table).
+    fn gsi_packet(&mut self, transmit: &MadTransmit, out: &mut Transmit) {
+        let psn = self.gsi_psn;
+        self.gsi_psn = psn + 1;
+        let sgid_index = self
+            .gids
+            .iter()
+            .position(|gid| *gid == transmit.local_gid)
+            .unwrap_or(0);
+        out.src_qpn = mad::GSI_QPN;
+        let packet = &mut out.packet;
+        packet.bth = bth::Repr {
+            opcode: Opcode::UdSendOnly,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: mad::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: mad::GSI_QPN,
+            ack_req: false,
+            psn,
+        };
+        packet.ext = ExtRepr {
+            deth: Some(deth::Repr {
+                qkey: mad::GSI_QKEY,
+                src_qpn: mad::GSI_QPN,
+            }),
+            ..ExtRepr::default()
+        };
+        packet.payload.clear();
+        packet.payload.extend_from_slice(&transmit.mad);
+        packet.av = AddressVector {
+            dgid: transmit.remote_gid,
+            sgid_index: u8::try_from(sgid_index).unwrap_or(0),
+            hop_limit: GSI_HOP_LIMIT,
+            traffic_class: 0,
+            flow_label: 0,
+        };
+    }
+
+    /// The earliest timer deadline of any QP or of the CM.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.qps.iter().filter_map(Qp::next_timeout).min()
+        let cm = self.cm.as_ref().and_then(Cm::poll_timeout);
+        self.qps
+            .qps
+            .iter()
+            .filter_map(Qp::next_timeout)
+            .chain(cm)
+            .min()
     }
 
     /// Takes the async events that happened since the last call.

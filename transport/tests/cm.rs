@@ -791,7 +791,9 @@ fn the_kernels_req_gets_a_rep_like_the_kernels() {
 
     // The QP attributes the kernel CM would set on the server's QP.
     assert_eq!(qp.rtr.dest_qp_num, Some(0x1c));
-    assert_eq!(qp.rtr.rq_psn, Some(Psn::new(0x709d4f)));
+    // In the capture the server sends from the REQ's starting PSN (its READ is 0x709d4f)
+    // and receives from its REP's (the client's first SEND is the REP's PSN).
+    assert_eq!(qp.rtr.rq_psn, Some(ours.starting_psn));
     assert_eq!(qp.rtr.path_mtu, Some(PathMtu::Mtu1024));
     assert_eq!(qp.rtr.max_dest_rd_atomic, Some(1));
     let av = qp.rtr.av.unwrap();
@@ -799,7 +801,7 @@ fn the_kernels_req_gets_a_rep_like_the_kernels() {
         (av.dgid, av.hop_limit, av.flow_label),
         (client, 64, 0x580bb)
     );
-    assert_eq!(qp.rts.sq_psn, Some(ours.starting_psn));
+    assert_eq!(qp.rts.sq_psn, Some(Psn::new(0x709d4f)));
     assert_eq!(
         (qp.rts.timeout, qp.rts.retry_cnt, qp.rts.rnr_retry),
         (Some(19), Some(7), Some(7))

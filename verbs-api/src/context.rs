@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::{Engine, EngineStats};
+use roce_transport::cm::CmConfig;
 use roce_transport::endpoint::AsyncEvent;
+use roce_transport::qp_state::PathMtu;
 use roce_transport::Endpoint;
 
 use crate::backend::{self, BackendKind};
@@ -49,7 +51,9 @@ impl Context {
             }
         };
         let mut endpoint = Endpoint::new(seed);
-        endpoint.set_port_mtu(device.query_port().active_mtu);
+        let port_mtu = device.query_port().active_mtu;
+        endpoint.set_port_mtu(port_mtu);
+        endpoint.enable_cm(cm_config(device, seed, port_mtu));
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
         let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.progress)?);
@@ -58,6 +62,10 @@ impl Context {
             progress => Some(engine_thread::spawn(&shared, progress)?),
         };
         Ok(Context { shared, thread })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The device this context drives.
@@ -136,6 +144,31 @@ impl Context {
     /// Runs `f` on the backend, e.g. to flush a pcap recorder.
     pub fn with_backend<T>(&self, f: impl FnOnce(&mut dyn Backend) -> T) -> Result<T, Error> {
         Ok(f(self.shared.lock()?.engine.backend().as_mut()))
+    }
+}
+
+/// The CM's settings for `device`: the kernel's defaults, the CA GUID the EUI-64 of the MAC
+/// (as rxe's node GUID), and a seed of its own drawn from the context's.
+fn cm_config(device: &Device, seed: [u8; 32], port_mtu: PathMtu) -> CmConfig {
+    let mac = device.mac;
+    let guid = [
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ];
+    let mut cm_seed = seed;
+    cm_seed.reverse();
+    cm_seed[0] ^= 0xC3;
+    CmConfig {
+        local_ca_guid: u64::from_be_bytes(guid),
+        seed: cm_seed,
+        max_path_mtu: port_mtu,
+        ..CmConfig::default()
     }
 }
 

@@ -13,6 +13,7 @@ use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 
+use crate::cm_routes::{refresh_gate, CmRoutes};
 use crate::error::Error;
 use crate::iova::IovaSpace;
 use crate::queues::{ChannelEvents, CqQueue, EventQueue, Pending, Submission};
@@ -30,6 +31,8 @@ pub(crate) struct Core {
     async_events: Arc<EventQueue<AsyncEvent>>,
     /// Addresses for regions registered without one.
     iova: IovaSpace,
+    /// Which CM id hears of each connection and listener.
+    pub(crate) cm: CmRoutes,
 }
 
 impl Core {
@@ -44,6 +47,7 @@ impl Core {
             submissions: BTreeMap::new(),
             async_events,
             iova: IovaSpace::default(),
+            cm: CmRoutes::default(),
         }
     }
 
@@ -76,8 +80,11 @@ impl Core {
     }
 
     /// Moves the engine's news to where users wait for it: completions to the CQs' own
-    /// queues, CQ events to their channels, async events to the context.
+    /// queues, CQ events to their channels, async events to the context, CM events to
+    /// their ids' channels.
     pub(crate) fn deliver(&mut self) {
+        let endpoint = self.engine.endpoint();
+        self.cm.deliver(endpoint, &self.submissions, Instant::now());
         let mut moved = Vec::new();
         for (&id, queue) in &self.cqs {
             let cq = self.engine.endpoint().cq(id);
@@ -137,16 +144,8 @@ impl Core {
     /// Brings every QP's gate up to date (after the engine completed work or a QP changed).
     pub(crate) fn refresh_gates(&mut self) {
         let endpoint = self.engine.endpoint();
-        for (&qpn, queues) in &self.submissions {
-            let Some(gate) = endpoint.post_gate(qpn) else {
-                continue;
-            };
-            if let Ok(mut sends) = queues.sends.lock() {
-                sends.gate = gate;
-            }
-            if let Ok(mut recvs) = queues.recvs.lock() {
-                recvs.gate = gate;
-            }
+        for &qpn in self.submissions.keys() {
+            refresh_gate(endpoint, &self.submissions, qpn);
         }
     }
 }

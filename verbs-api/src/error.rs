@@ -3,6 +3,7 @@
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use roce_transport::cm::CmError;
 use roce_transport::endpoint::CreateQpError;
 use roce_transport::mr::MrError;
 use roce_transport::qp::PostError;
@@ -28,6 +29,9 @@ pub enum Error {
     /// A QP could not be created.
     #[error("create QP: {0}")]
     CreateQp(#[from] CreateQpError),
+    /// The connection manager refused a call.
+    #[error("connection manager: {0}")]
+    Cm(#[from] CmError),
     /// The engine failed (its backend broke); the context is unusable.
     #[error("the device's engine stopped: {0}")]
     EngineFailed(String),
@@ -79,6 +83,9 @@ impl Error {
             Error::Post(error) => return error.errno(),
             Error::CreateQp(error) => return error.errno(),
             Error::ModifyQp(error) => return error.errno(),
+            Error::Cm(CmError::AddressInUse) => Errno::ADDRINUSE,
+            Error::Cm(CmError::TooManyConnections) => Errno::NOMEM,
+            Error::Cm(_) => Errno::INVAL,
             Error::ForeignObject(_)
             | Error::OutOfBounds
             | Error::NoGid(_)

@@ -43,16 +43,19 @@
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
-//! (choosing one), `core` (the state behind the lock), `shared` (what every object holds),
+//! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
-//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `qp`, and
-//! `context`, the public front that opens a device and makes the objects.
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `qp`,
+//! `context`, the public front that opens a device and makes the objects, and `cm`, the
+//! connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod ah;
 mod backend;
 mod channel;
+mod cm;
+mod cm_routes;
 mod context;
 mod core;
 mod cq;
@@ -74,6 +77,9 @@ mod wait;
 pub use ah::AddressHandle;
 pub use backend::BackendKind;
 pub use channel::CompChannel;
+pub use cm::{
+    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, MAX_CONNECT_PRIVATE_DATA,
+};
 pub use context::Context;
 pub use cq::Cq;
 pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};

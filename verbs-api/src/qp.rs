@@ -84,7 +84,7 @@ pub struct Qp {
 }
 
 impl Qp {
-    fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.pd.shared
     }
 

@@ -150,8 +150,10 @@ impl Cm {
                     service_type: request.service_type,
                     path_mtu,
                     remote_qpn: m.local_qpn,
-                    rq_psn: m.starting_psn,
-                    sq_psn: request.starting_psn,
+                    // As the kernel's cm_rep_handler: the requester sends from the REP's
+                    // starting PSN and receives from its own REQ's (rping_rdmacm.pcap).
+                    rq_psn: request.starting_psn,
+                    sq_psn: m.starting_psn,
                     // The peer's initiator depth is what our responder must hold, and
                     // the reverse (the kernel's cm_rep_handler).
                     responder_resources: m.initiator_depth,

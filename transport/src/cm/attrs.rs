@@ -27,9 +27,11 @@ pub(crate) struct Negotiated {
     pub service_type: ServiceType,
     pub path_mtu: PathMtu,
     pub remote_qpn: u32,
-    /// The peer's starting PSN: what our responder expects first.
+    /// What our responder expects first. Over the kernel CM, each side's REQ or REP carries
+    /// the PSN it will receive from: the requester's QP receives from the REQ's starting PSN
+    /// and sends from the REP's.
     pub rq_psn: Psn,
-    /// Our starting PSN.
+    /// What our requester sends first.
     pub sq_psn: Psn,
     /// READs and atomics we accept at once as responder.
     pub responder_resources: u8,

@@ -28,7 +28,7 @@ impl Cm {
         private: &[u8],
     ) -> Result<QpAttrs, CmError> {
         let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
-        let sq_psn = self.random_psn();
+        let rq_psn = self.random_psn();
         let config = self.config;
         let c = self
             .conns
@@ -46,7 +46,7 @@ impl Cm {
             remote_comm_id: c.remote_comm_id,
             local_qkey: 0,
             local_qpn: params.qpn & 0xFF_FFFF,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             responder_resources: params.responder_resources,
             initiator_depth: params.initiator_depth,
             target_ack_delay: config.ca_ack_delay,
@@ -61,8 +61,10 @@ impl Cm {
             service_type: request.service_type,
             path_mtu,
             remote_qpn: request.local_qpn,
-            rq_psn: request.starting_psn,
-            sq_psn,
+            // As the kernel CM: the responder sends from the REQ's starting PSN and
+            // receives from its own REP's (rping_rdmacm.pcap).
+            rq_psn,
+            sq_psn: request.starting_psn,
             responder_resources: params.responder_resources,
             initiator_depth: params.initiator_depth,
             retry_count: request.retry_count,

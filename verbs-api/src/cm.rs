@@ -1,0 +1,716 @@
+//! The connection manager as librdmacm offers it (`rdma_cm`): event channels, CM ids,
+//! address and route resolution, listen/connect/accept/reject/disconnect, and events that
+//! mirror `RDMA_CM_EVENT_*`. The IB CM protocol itself runs in the context's endpoint, on
+//! QP 1, and speaks with the Linux kernel's CM.
+//!
+//! ```text
+//! active:  create_event_channel → create_id → resolve_addr (AddrResolved)
+//!          → resolve_route (RouteResolved) → create_qp → connect (Established)
+//! passive: create_id → bind_addr → listen (ConnectRequest with a new id) → create_qp
+//!          → accept (Established)
+//! either:  disconnect (Disconnected on both sides; the QPs go to ERR)
+//! ```
+//!
+//! An event channel belongs to one context (rdma_cm's spans devices; an id takes the device
+//! its address resolves to). Ids are RC (`RDMA_PS_TCP`) only for now. Resolution is
+//! synchronous (it finishes before the call returns) but reported as events, as rdma_cm
+//! does: the source is the device's address of the destination's family and the peer's MAC
+//! comes from the kernel's neighbour table (or the caller's, for a custom backend).
+//! Connecting writes rdma_cm's private-data header ([`roce_wire::cm::cma`]) in front of the
+//! caller's private data; a connect request hands the caller only what follows it.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use roce_transport::cm::{
+    AcceptParams, CmEvent as TransportEvent, ConnId, ConnectParams, ConnectRequest as Request,
+    ServiceId,
+};
+use roce_wire::cm::cma::{self, Addresses};
+use roce_wire::cm::req::{self, ServiceType};
+use roce_wire::cm::{rej, PortSpace};
+
+use crate::cm_routes::{apply_qp_attrs, to_error, Notice, Route, What};
+use crate::context::Context;
+use crate::error::Error;
+use crate::mr::Pd;
+use crate::qp::{Qp, QpInitAttr};
+use crate::queues::EventQueue;
+use crate::shared::Shared;
+use crate::wait;
+use crate::{AccessFlags, PathMtu, QpAttr, QpState, QpType};
+
+/// Private data a connect carries after rdma_cm's header (`RDMA_MAX_PRIVATE_DATA` for a REQ
+/// over IP: 92 − 36).
+pub const MAX_CONNECT_PRIVATE_DATA: usize = req::PRIVATE_DATA_LEN - cma::HEADER_LEN;
+
+/// First port handed out to an id that connects without binding one.
+const EPHEMERAL_PORTS: u16 = 0xC000;
+
+/// An event's status for a call made in the wrong order (as the kernel's `-EINVAL`).
+const EINVAL: i32 = 22;
+
+/// IP hop limit of connections (the kernel's default TTL for RoCE paths).
+const HOP_LIMIT: u8 = 64;
+
+/// An event channel (`rdma_event_channel`): its fd polls readable while events wait.
+pub struct EventChannel {
+    shared: Arc<Shared>,
+    queue: Arc<EventQueue<Notice>>,
+}
+
+/// What `rdma_connect` and `rdma_accept` take (`struct rdma_conn_param`, RC fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnParam {
+    /// Private data for the peer (at most [`MAX_CONNECT_PRIVATE_DATA`] on a connect, 196 on
+    /// an accept).
+    pub private_data: Vec<u8>,
+    /// READs and atomics our QP accepts at once.
+    pub responder_resources: u8,
+    /// READs and atomics our QP issues at once.
+    pub initiator_depth: u8,
+    /// Transport retries (connect only; at most 7).
+    pub retry_count: u8,
+    /// RNR retries (at most 7, which is infinite).
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParam {
+    /// rping's: one READ each way, 7 retries of each kind.
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+/// A connect request as the listener sees it (`RDMA_CM_EVENT_CONNECT_REQUEST`).
+pub struct ConnectRequest {
+    /// The new connection's id: [`accept`](CmId::accept) or [`reject`](CmId::reject) it.
+    pub id: CmId,
+    /// The requester's private data, after rdma_cm's header (56 bytes over IP).
+    pub private_data: Vec<u8>,
+    /// READs and atomics the requester accepts at once.
+    pub responder_resources: u8,
+    /// READs and atomics the requester issues at once.
+    pub initiator_depth: u8,
+    /// The requester's QP number.
+    pub remote_qpn: u32,
+}
+
+impl fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("id", &self.id.handle())
+            .field("remote_qpn", &self.remote_qpn)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What happened (`enum rdma_cm_event_type`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CmEventKind {
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED`.
+    AddrResolved,
+    /// `RDMA_CM_EVENT_ADDR_ERROR`, with the negative errno.
+    AddrError(i32),
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    RouteResolved,
+    /// `RDMA_CM_EVENT_ROUTE_ERROR`, with the negative errno.
+    RouteError(i32),
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST`, on the listening id.
+    ConnectRequest(Box<ConnectRequest>),
+    /// `RDMA_CM_EVENT_CONNECT_ERROR`: the peer's answer could not be applied to the QP.
+    ConnectError,
+    /// `RDMA_CM_EVENT_UNREACHABLE`: the peer never answered.
+    Unreachable,
+    /// `RDMA_CM_EVENT_REJECTED`, with the IB CM reject reason as status (28 for a consumer
+    /// reject, 8 for a port nobody listens on) and the REJ's private data.
+    Rejected {
+        /// The reject reason.
+        reason: u16,
+        /// The REJ's private data.
+        private_data: Vec<u8>,
+    },
+    /// `RDMA_CM_EVENT_ESTABLISHED`.
+    Established,
+    /// `RDMA_CM_EVENT_DISCONNECTED`; the QP is in ERR.
+    Disconnected,
+    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
+    TimewaitExit,
+}
+
+impl CmEventKind {
+    /// The `RDMA_CM_EVENT_*` number (rdma_cma.h).
+    pub fn code(&self) -> u32 {
+        match self {
+            CmEventKind::AddrResolved => 0,
+            CmEventKind::AddrError(_) => 1,
+            CmEventKind::RouteResolved => 2,
+            CmEventKind::RouteError(_) => 3,
+            CmEventKind::ConnectRequest(_) => 4,
+            CmEventKind::ConnectError => 6,
+            CmEventKind::Unreachable => 7,
+            CmEventKind::Rejected { .. } => 8,
+            CmEventKind::Established => 9,
+            CmEventKind::Disconnected => 10,
+            CmEventKind::TimewaitExit => 15,
+        }
+    }
+}
+
+/// An event (`struct rdma_cm_event`): which id it is for ([`CmId::handle`]) and what
+/// happened. Nothing to acknowledge: it is taken once.
+#[derive(Debug)]
+pub struct CmEvent {
+    /// The id's handle (for a connect request, the listener's).
+    pub id: u64,
+    /// What happened.
+    pub kind: CmEventKind,
+}
+
+impl Context {
+    /// Creates an event channel (`rdma_create_event_channel`) for this device's CM ids.
+    pub fn create_event_channel(&self) -> Result<EventChannel, Error> {
+        Ok(EventChannel {
+            shared: Arc::clone(self.shared()),
+            queue: Arc::new(EventQueue::new()?),
+        })
+    }
+}
+
+impl EventChannel {
+    /// Creates an RC id (`rdma_create_id` with `RDMA_PS_TCP`) whose events come here.
+    pub fn create_id(&self) -> Result<CmId, Error> {
+        let number = self.shared.lock()?.cm.new_id();
+        Ok(CmId::new(
+            &self.shared,
+            &self.queue,
+            number,
+            IdState::default(),
+        ))
+    }
+
+    /// Waits for the next event (`rdma_get_cm_event`): `None` waits for ever; a timeout
+    /// gives [`Error::TimedOut`].
+    pub fn get_cm_event(&self, timeout: Option<Duration>) -> Result<CmEvent, Error> {
+        let notice = wait::next_event(&self.shared, &self.queue, timeout)?;
+        Ok(self.event(notice))
+    }
+
+    /// The next event if one waits, without blocking (`rdma_get_cm_event` on an
+    /// `O_NONBLOCK` fd; `None` is its `EAGAIN`).
+    pub fn try_get_cm_event(&self) -> Result<Option<CmEvent>, Error> {
+        if self.shared.caller_drives() {
+            let mut core = self.shared.lock()?;
+            self.shared.drive(&mut core)?;
+        }
+        self.shared.check_running()?;
+        Ok(self.queue.pop().map(|notice| self.event(notice)))
+    }
+
+    fn event(&self, notice: Notice) -> CmEvent {
+        let kind = match notice.what {
+            What::AddrResolved => CmEventKind::AddrResolved,
+            What::AddrError(errno) => CmEventKind::AddrError(errno),
+            What::RouteResolved => CmEventKind::RouteResolved,
+            What::RouteError(errno) => CmEventKind::RouteError(errno),
+            What::ConnectError => CmEventKind::ConnectError,
+            What::Request {
+                new_id,
+                conn,
+                request,
+            } => CmEventKind::ConnectRequest(Box::new(self.request(new_id, conn, &request))),
+            What::Cm(event) => match *event {
+                TransportEvent::Established { .. } => CmEventKind::Established,
+                TransportEvent::Unreachable { .. } => CmEventKind::Unreachable,
+                TransportEvent::Disconnected { .. } => CmEventKind::Disconnected,
+                TransportEvent::TimewaitExit { .. } => CmEventKind::TimewaitExit,
+                TransportEvent::Rejected {
+                    reason,
+                    private_data,
+                    ..
+                } => CmEventKind::Rejected {
+                    reason: reason.0,
+                    private_data: private_data[..rej::PRIVATE_DATA_LEN].to_vec(),
+                },
+                // `cm_routes` sends no other CM event to a channel.
+                _ => CmEventKind::ConnectError,
+            },
+        };
+        CmEvent {
+            id: notice.id,
+            kind,
+        }
+    }
+
+    /// The passive id of a REQ, and what the listener is told of it.
+    fn request(&self, number: u64, conn: ConnId, request: &Request) -> ConnectRequest {
+        let req = &request.req;
+        let header = cma::Packet::new_checked(&req.private_data[..])
+            .and_then(|packet| cma::Repr::parse(&packet))
+            .ok();
+        let port = match request.service_id.port_space() {
+            Some(_) => request.service_id.0 as u16,
+            None => 0,
+        };
+        let (src, dst) = match header.map(|header| (header.src_port, header.addresses)) {
+            Some((src_port, Addresses::V4 { src, dst })) => (
+                Some(SocketAddr::new(IpAddr::V4(src), src_port)),
+                Some(SocketAddr::new(IpAddr::V4(dst), port)),
+            ),
+            Some((src_port, Addresses::V6 { src, dst })) => (
+                Some(SocketAddr::new(IpAddr::V6(src), src_port)),
+                Some(SocketAddr::new(IpAddr::V6(dst), port)),
+            ),
+            None => (None, None),
+        };
+        let state = IdState {
+            // Our side is the destination of the request.
+            src: dst,
+            dst: src,
+            sgid_index: self
+                .shared
+                .device
+                .gids
+                .iter()
+                .position(|gid| *gid == request.local_gid),
+            dgid: Some(request.remote_gid),
+            conn: Some(conn),
+            ..IdState::default()
+        };
+        let skip = if header.is_some() { cma::HEADER_LEN } else { 0 };
+        ConnectRequest {
+            id: CmId::new(&self.shared, &self.queue, number, state),
+            private_data: req.private_data[skip..].to_vec(),
+            responder_resources: req.responder_resources,
+            initiator_depth: req.initiator_depth,
+            remote_qpn: req.local_qpn,
+        }
+    }
+}
+
+impl fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventChannel").finish_non_exhaustive()
+    }
+}
+
+impl AsFd for EventChannel {
+    /// Readable while events wait to be taken.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.queue.as_fd()
+    }
+}
+
+#[derive(Debug, Default)]
+struct IdState {
+    /// Our address and port.
+    src: Option<SocketAddr>,
+    /// The peer's.
+    dst: Option<SocketAddr>,
+    /// Our GID's index in the device's table.
+    sgid_index: Option<usize>,
+    /// The peer's GID, once its address is resolved.
+    dgid: Option<[u8; 16]>,
+    route_resolved: bool,
+    conn: Option<ConnId>,
+    listening: Option<ServiceId>,
+    qpn: Option<u32>,
+}
+
+/// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
+/// Dropping it destroys it (`rdma_destroy_id`): a connection still set up is rejected or
+/// disconnected, a listener stops listening.
+pub struct CmId {
+    shared: Arc<Shared>,
+    queue: Arc<EventQueue<Notice>>,
+    number: u64,
+    state: Mutex<IdState>,
+}
+
+impl CmId {
+    fn new(
+        shared: &Arc<Shared>,
+        queue: &Arc<EventQueue<Notice>>,
+        number: u64,
+        state: IdState,
+    ) -> CmId {
+        CmId {
+            shared: Arc::clone(shared),
+            queue: Arc::clone(queue),
+            number,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// What events for this id carry as [`CmEvent::id`].
+    pub fn handle(&self) -> u64 {
+        self.number
+    }
+
+    /// Our address and port, once bound or resolved.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.state().ok()?.src
+    }
+
+    /// The peer's address and port.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.state().ok()?.dst
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, IdState>, Error> {
+        self.state.lock().map_err(|_| Error::Poisoned)
+    }
+
+    fn tell(&self, what: What) {
+        self.queue.push(Notice {
+            id: self.number,
+            what,
+        });
+    }
+
+    /// The index of our GID for a peer of `ip`'s family: the IPv4-mapped GID of the device's
+    /// first IPv4 address, or its first IPv6 GID of the same scope (link-local or not).
+    fn source_gid(&self, ip: IpAddr) -> Option<usize> {
+        let gids = &self.shared.device.gids;
+        match ip {
+            IpAddr::V4(_) => {
+                let mapped = self.shared.device.ipv4()?.to_ipv6_mapped().octets();
+                gids.iter().position(|gid| *gid == mapped)
+            }
+            IpAddr::V6(ip) => gids.iter().position(|gid| {
+                let gid = Ipv6Addr::from(*gid);
+                gid.to_ipv4_mapped().is_none()
+                    && gid.is_unicast_link_local() == ip.is_unicast_link_local()
+            }),
+        }
+    }
+
+    /// Binds the id to one of the device's addresses and a port (`rdma_bind_addr`); port 0
+    /// takes one when connecting.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), Error> {
+        let index = self
+            .source_gid(addr.ip())
+            .ok_or(Error::InvalidArgument("no GID of this address family"))?;
+        let gid = self.shared.device.gids[index];
+        let unspecified = addr.ip().is_unspecified();
+        let ours = match addr.ip() {
+            IpAddr::V4(ip) => ip.to_ipv6_mapped().octets() == gid,
+            IpAddr::V6(ip) => self.shared.device.gids.contains(&ip.octets()),
+        };
+        if !unspecified && !ours {
+            return Err(Error::InvalidArgument("not an address of this device"));
+        }
+        let mut state = self.state()?;
+        state.src = Some(addr);
+        state.sgid_index = Some(index);
+        Ok(())
+    }
+
+    /// Resolves `dst` (`rdma_resolve_addr`): picks our address and learns the peer's MAC,
+    /// then reports [`CmEventKind::AddrResolved`] or [`CmEventKind::AddrError`].
+    pub fn resolve_addr(&self, dst: SocketAddr) -> Result<(), Error> {
+        let Some(index) = self.source_gid(dst.ip()) else {
+            self.tell(What::AddrError(-EINVAL));
+            return Ok(());
+        };
+        let dgid = match dst.ip() {
+            IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+            IpAddr::V6(ip) => ip.octets(),
+        };
+        let resolved = self
+            .shared
+            .check_path(index as u8, dgid)
+            .and_then(|()| self.shared.resolve(dgid));
+        match resolved {
+            Ok(()) => {
+                let mut state = self.state()?;
+                if state.src.is_none() {
+                    let gid = Ipv6Addr::from(self.shared.device.gids[index]);
+                    let ip = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
+                    state.src = Some(SocketAddr::new(ip, 0));
+                }
+                state.sgid_index = Some(index);
+                state.dst = Some(dst);
+                state.dgid = Some(dgid);
+                drop(state);
+                self.tell(What::AddrResolved);
+            }
+            Err(error) => self.tell(What::AddrError(-error.errno())),
+        }
+        Ok(())
+    }
+
+    /// Resolves the route to the resolved address (`rdma_resolve_route`): on RoCE the path
+    /// is local (no SA), so this reports [`CmEventKind::RouteResolved`] at once, or
+    /// [`CmEventKind::RouteError`] before an address was resolved.
+    pub fn resolve_route(&self) -> Result<(), Error> {
+        let mut state = self.state()?;
+        if state.dgid.is_none() {
+            drop(state);
+            self.tell(What::RouteError(-EINVAL));
+            return Ok(());
+        }
+        state.route_resolved = true;
+        drop(state);
+        self.tell(What::RouteResolved);
+        Ok(())
+    }
+
+    /// Listens on the bound port (`rdma_listen`), holding at most `backlog` requests not
+    /// yet answered.
+    pub fn listen(&self, backlog: usize) -> Result<(), Error> {
+        let mut state = self.state()?;
+        let port = state
+            .src
+            .ok_or(Error::InvalidArgument("listen before bind_addr"))?
+            .port();
+        let service_id = ServiceId::rdma_ip(PortSpace::Tcp, port);
+        let mut core = self.shared.lock()?;
+        core.endpoint()
+            .cm()
+            .ok_or(Error::Gone)?
+            .listen(service_id, backlog)?;
+        let route = Route {
+            id: self.number,
+            queue: Arc::clone(&self.queue),
+            qpn: None,
+        };
+        core.cm.listeners.insert(service_id, route);
+        state.listening = Some(service_id);
+        Ok(())
+    }
+
+    /// Creates an RC QP for this id and moves it to INIT (`rdma_create_qp`), so receives
+    /// can be posted before [`connect`](Self::connect) or [`accept`](Self::accept): P_Key
+    /// index 0, port 1, no remote access until the CM exchange settles it.
+    pub fn create_qp(&self, pd: &Pd, attr: &QpInitAttr) -> Result<Qp, Error> {
+        if attr.qp_type != QpType::Rc {
+            return Err(Error::Unsupported("CM ids for other than RC QPs"));
+        }
+        let qp = pd.create_qp(attr)?;
+        self.check_qp(&qp)?;
+        qp.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(AccessFlags::empty()),
+            ..QpAttr::default()
+        })?;
+        Ok(qp)
+    }
+
+    /// Connects `qp` (RC, in RESET or INIT) to the resolved peer (`rdma_connect`): sends
+    /// the REQ; on the REP the QP goes to RTR and RTS and [`CmEventKind::Established`]
+    /// follows, or [`CmEventKind::Rejected`] / [`CmEventKind::Unreachable`].
+    pub fn connect(&self, qp: &Qp, param: &ConnParam) -> Result<(), Error> {
+        self.check_qp(qp)?;
+        if param.private_data.len() > MAX_CONNECT_PRIVATE_DATA {
+            return Err(Error::InvalidArgument("private data beyond 56 bytes"));
+        }
+        let mut state = self.state()?;
+        let (Some(dst), Some(dgid), Some(index), true) = (
+            state.dst,
+            state.dgid,
+            state.sgid_index,
+            state.route_resolved,
+        ) else {
+            return Err(Error::InvalidArgument("connect before resolve_route"));
+        };
+        if state.conn.is_some() {
+            return Err(Error::InvalidArgument("the id is already connecting"));
+        }
+        let mut src = state
+            .src
+            .ok_or(Error::InvalidArgument("no source address"))?;
+        if src.port() == 0 {
+            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
+            state.src = Some(src);
+        }
+        let addresses = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Addresses::V4 { src, dst },
+            (IpAddr::V6(src), IpAddr::V6(dst)) => Addresses::V6 { src, dst },
+            _ => return Err(Error::InvalidArgument("mixed address families")),
+        };
+        let header = cma::Repr {
+            src_port: src.port(),
+            addresses,
+        };
+        let mut private = vec![0u8; cma::HEADER_LEN + param.private_data.len()];
+        header.emit(&mut cma::Packet::new_unchecked(
+            &mut private[..cma::HEADER_LEN],
+        ));
+        private[cma::HEADER_LEN..].copy_from_slice(&param.private_data);
+        let local_gid = self.shared.device.gids[index];
+        let params = ConnectParams {
+            service_id: ServiceId::rdma_ip(PortSpace::Tcp, dst.port()),
+            local_gid,
+            sgid_index: index as u8,
+            remote_gid: dgid,
+            qpn: qp.qp_num(),
+            service_type: ServiceType::Rc,
+            path_mtu: self
+                .shared
+                .device
+                .query_port()
+                .active_mtu
+                .min(PathMtu::Mtu4096),
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            retry_count: param.retry_count,
+            rnr_retry_count: param.rnr_retry_count,
+            srq: false,
+            flow_control: true,
+            traffic_class: 0,
+            hop_limit: HOP_LIMIT,
+            flow_label: 0,
+        };
+        let mut core = self.shared.lock()?;
+        let conn =
+            core.endpoint()
+                .cm()
+                .ok_or(Error::Gone)?
+                .connect(Instant::now(), &params, &private)?;
+        let route = Route {
+            id: self.number,
+            queue: Arc::clone(&self.queue),
+            qpn: Some(qp.qp_num()),
+        };
+        core.cm.conns.insert(conn, route);
+        state.conn = Some(conn);
+        state.qpn = Some(qp.qp_num());
+        drop(state);
+        self.shared.kick(&mut core)
+    }
+
+    /// Accepts the connect request this id came with (`rdma_accept`): `qp` goes to RTR and
+    /// RTS and the REP leaves; [`CmEventKind::Established`] follows the peer's RTU.
+    pub fn accept(&self, qp: &Qp, param: &ConnParam) -> Result<(), Error> {
+        self.check_qp(qp)?;
+        let mut state = self.state()?;
+        let (Some(conn), Some(dgid), Some(index)) = (state.conn, state.dgid, state.sgid_index)
+        else {
+            return Err(Error::InvalidArgument("accept on an id without a request"));
+        };
+        // The REP and everything after it go to the peer: learn its MAC first (outside the
+        // lock, as it may take a while).
+        self.shared.resolve(dgid)?;
+        let params = AcceptParams {
+            qpn: qp.qp_num(),
+            sgid_index: index as u8,
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            rnr_retry_count: param.rnr_retry_count,
+            srq: false,
+            flow_control: true,
+        };
+        let now = Instant::now();
+        let mut core = self.shared.lock()?;
+        core.submit(now);
+        let endpoint = core.endpoint();
+        let cm = endpoint.cm().ok_or(Error::Gone)?;
+        let attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        let applied = apply_qp_attrs(endpoint, now, qp.qp_num(), &attrs);
+        if let Err(error) = applied {
+            if let Some(cm) = endpoint.cm() {
+                cm.destroy(conn);
+            }
+            core.refresh_gates();
+            return Err(error.into());
+        }
+        core.refresh_gates();
+        if let Some(route) = core.cm.conns.get_mut(&conn) {
+            route.qpn = Some(qp.qp_num());
+        }
+        state.qpn = Some(qp.qp_num());
+        drop(state);
+        self.shared.kick(&mut core)
+    }
+
+    /// Rejects the connect request this id came with (`rdma_reject`; reason 28, consumer
+    /// defined, with up to 148 bytes of private data).
+    pub fn reject(&self, private_data: &[u8]) -> Result<(), Error> {
+        let conn = self
+            .state()?
+            .conn
+            .ok_or(Error::InvalidArgument("reject on an id without a request"))?;
+        let mut core = self.shared.lock()?;
+        core.endpoint()
+            .cm()
+            .ok_or(Error::Gone)?
+            .reject(Instant::now(), conn, private_data)?;
+        self.shared.kick(&mut core)
+    }
+
+    /// Disconnects (`rdma_disconnect`): the QP goes to ERR and the DREQ leaves;
+    /// [`CmEventKind::Disconnected`] follows on both sides.
+    pub fn disconnect(&self) -> Result<(), Error> {
+        let state = self.state()?;
+        let conn = state.conn.ok_or(Error::InvalidArgument(
+            "disconnect on an id without a connection",
+        ))?;
+        let now = Instant::now();
+        let mut core = self.shared.lock()?;
+        if let Some(qpn) = state.qpn {
+            core.submit(now);
+            let _ = core.endpoint().modify_qp(now, qpn, &to_error());
+            core.refresh_gates();
+        }
+        core.endpoint()
+            .cm()
+            .ok_or(Error::Gone)?
+            .disconnect(now, conn, &[])?;
+        self.shared.kick(&mut core)
+    }
+
+    fn check_qp(&self, qp: &Qp) -> Result<(), Error> {
+        if !Arc::ptr_eq(qp.shared(), &self.shared) {
+            return Err(Error::ForeignObject("QP"));
+        }
+        if qp.qp_type() != QpType::Rc {
+            return Err(Error::Unsupported("CM ids for other than RC QPs"));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CmId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CmId")
+            .field("handle", &self.number)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        let Ok(state) = self.state.lock() else {
+            return;
+        };
+        let Ok(mut core) = self.shared.lock() else {
+            return;
+        };
+        if let Some(service_id) = state.listening {
+            core.cm.listeners.remove(&service_id);
+            if let Some(cm) = core.endpoint().cm() {
+                cm.stop_listening(service_id);
+            }
+        }
+        if let Some(conn) = state.conn {
+            core.cm.conns.remove(&conn);
+            if let Some(cm) = core.endpoint().cm() {
+                cm.destroy(conn);
+            }
+        }
+        let _ = self.shared.kick(&mut core);
+    }
+}

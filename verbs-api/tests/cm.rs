@@ -1,0 +1,316 @@
+//! The CM API (rdma_cm) between two of our contexts over the in-memory wire: resolve,
+//! connect, exchange data on the connected RC QPs, disconnect from either side; a port
+//! nobody listens on and a consumer reject give REJECTED.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+use roce_provider::memory::memory_pair;
+use roce_verbs::device::link_local_gid;
+use roce_verbs::{
+    AccessFlags, Addressing, BackendChoice, CmEvent, CmEventKind, CmId, ConnParam, Context, Cq,
+    Device, EventChannel, OpenOptions, Pd, Progress, Qp, QpCaps, QpInitAttr, QpState, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, WcStatus,
+};
+
+const STALL: Duration = Duration::from_secs(20);
+const IP_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const IP_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
+const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
+const PORT: u16 = 7471;
+
+fn device(mac: [u8; 6], ip: Ipv4Addr) -> Device {
+    Device {
+        name: "mem".into(),
+        ifindex: 1,
+        mac,
+        netdev_mtu: 9000,
+        up: true,
+        gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
+    }
+}
+
+/// Two contexts with sleeping engine threads, joined by an in-memory wire.
+fn pair() -> (Context, Context) {
+    let (wire_a, wire_b) = memory_pair();
+    let open = |wire, seed: u8, (mac, ip), (peer_mac, peer_ip)| {
+        let addressing = Addressing {
+            mac,
+            ip,
+            neighbours: HashMap::from([(peer_ip, peer_mac)]),
+        };
+        let options = OpenOptions {
+            backend: BackendChoice::Custom(Box::new(wire), addressing),
+            progress: Progress::Events,
+            seed: Some([seed; 32]),
+            pcap: None,
+        };
+        Context::open(&device(mac, ip), options).expect("open")
+    };
+    (
+        open(wire_a, 1, (MAC_A, IP_A), (MAC_B, IP_B)),
+        open(wire_b, 2, (MAC_B, IP_B), (MAC_A, IP_A)),
+    )
+}
+
+struct Side {
+    channel: EventChannel,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+}
+
+fn side(ctx: &Context) -> Side {
+    let channel = ctx.create_event_channel().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    Side {
+        channel,
+        pd,
+        cq,
+        qp,
+    }
+}
+
+fn next(channel: &EventChannel) -> CmEvent {
+    channel.get_cm_event(Some(STALL)).expect("a CM event")
+}
+
+fn expect(channel: &EventChannel, id: &CmId, code: u32) -> CmEvent {
+    let event = next(channel);
+    assert_eq!(
+        (event.id, event.kind.code()),
+        (id.handle(), code),
+        "{event:?}"
+    );
+    event
+}
+
+/// Whether `fd` polls readable now.
+fn readable(fd: BorrowedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec::try_from(Duration::ZERO).unwrap();
+    rustix::event::poll(&mut fds, Some(&zero)).unwrap() == 1
+}
+
+/// A's id with its address and route resolved towards B's `port`.
+fn resolved(a: &Side, port: u16) -> CmId {
+    let id = a.channel.create_id().unwrap();
+    id.resolve_addr(SocketAddr::new(IP_B.into(), port)).unwrap();
+    assert!(readable(a.channel.as_fd()), "an event waits");
+    expect(&a.channel, &id, 0);
+    assert!(!readable(a.channel.as_fd()), "taken");
+    id.resolve_route().unwrap();
+    expect(&a.channel, &id, 2);
+    assert_eq!(id.local_addr().map(|addr| addr.ip()), Some(IP_A.into()));
+    id
+}
+
+fn listener(b: &Side) -> CmId {
+    let id = b.channel.create_id().unwrap();
+    id.bind_addr(SocketAddr::new(IP_B.into(), PORT)).unwrap();
+    id.listen(4).unwrap();
+    id
+}
+
+/// Connects A to B's listener; returns A's id and B's connection id.
+fn connect(a: &Side, b: &Side, listener: &CmId) -> (CmId, CmId) {
+    let active = resolved(a, PORT);
+    let param = ConnParam {
+        private_data: b"hello from A".to_vec(),
+        ..ConnParam::default()
+    };
+    active.connect(&a.qp, &param).unwrap();
+    let event = expect(&b.channel, listener, 4);
+    let CmEventKind::ConnectRequest(request) = event.kind else {
+        unreachable!("code 4 is a connect request")
+    };
+    assert_eq!(request.private_data.len(), 56);
+    assert_eq!(&request.private_data[..12], b"hello from A");
+    assert_eq!(request.remote_qpn, a.qp.qp_num());
+    assert_eq!(
+        request.id.peer_addr().map(|addr| addr.ip()),
+        Some(IP_A.into())
+    );
+    let passive = request.id;
+    passive.accept(&b.qp, &ConnParam::default()).unwrap();
+    b.qp.post_recv([RecvWr {
+        wr_id: 60,
+        sg_list: Default::default(),
+    }])
+    .unwrap();
+    expect(&a.channel, &active, 9);
+    // A posts as soon as it hears ESTABLISHED (rping does): its QP is ready by then.
+    a.qp.post_send([SendWr {
+        wr_id: 51,
+        op: SendOp::Send,
+        sg_list: Default::default(),
+        inline_data: Vec::new(),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    expect(&b.channel, &passive, 9);
+    assert_eq!(
+        a.cq.wait_for(1, STALL).unwrap()[0].status,
+        WcStatus::Success
+    );
+    let received = b.cq.wait_for(1, STALL).unwrap();
+    assert_eq!((received[0].wr_id, received[0].byte_len), (60, 0));
+    assert_eq!(a.qp.state().unwrap(), QpState::Rts);
+    assert_eq!(b.qp.state().unwrap(), QpState::Rts);
+    (active, passive)
+}
+
+/// A SEND of 5000 bytes from `from` to `to` on their connected QPs.
+fn send(from: &Side, to: &Side, seed: u8) {
+    let data: Vec<u8> = (0..5000u32)
+        .map(|i| (i as u8).wrapping_mul(7) ^ seed)
+        .collect();
+    let src = from
+        .pd
+        .reg_mr(data.len(), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    src.write(0, &data).unwrap();
+    let dst = to.pd.reg_mr(data.len(), AccessFlags::LOCAL_WRITE).unwrap();
+    to.qp
+        .post_recv([RecvWr {
+            wr_id: 2,
+            sg_list: [dst.sge(0, 5000)].into(),
+        }])
+        .unwrap();
+    from.qp
+        .post_send([SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: [src.sge(0, 5000)].into(),
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+    let sent = from.cq.wait_for(1, STALL).unwrap();
+    assert_eq!(sent[0].status, WcStatus::Success);
+    let received = to.cq.wait_for(1, STALL).unwrap();
+    assert_eq!(
+        (received[0].status, received[0].byte_len),
+        (WcStatus::Success, 5000)
+    );
+    assert_eq!(dst.to_vec().unwrap(), data);
+}
+
+fn connect_exchange_disconnect(a_disconnects: bool) {
+    let (ctx_a, ctx_b) = pair();
+    let (mut a, b) = (side(&ctx_a), side(&ctx_b));
+    // A's QP as rdma_create_qp makes it: in INIT before the connect.
+    let for_qp = a.channel.create_id().unwrap();
+    a.qp = for_qp
+        .create_qp(
+            &a.pd,
+            &QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &a.cq,
+                recv_cq: &a.cq,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(a.qp.state().unwrap(), QpState::Init);
+    let listening = listener(&b);
+    let (active, passive) = connect(&a, &b, &listening);
+    send(&a, &b, 1);
+    send(&b, &a, 2);
+    if a_disconnects {
+        active.disconnect().unwrap();
+    } else {
+        passive.disconnect().unwrap();
+    }
+    expect(&a.channel, &active, 10);
+    expect(&b.channel, &passive, 10);
+    assert_eq!(a.qp.state().unwrap(), QpState::Err);
+    assert_eq!(b.qp.state().unwrap(), QpState::Err);
+}
+
+#[test]
+fn connect_exchange_and_disconnect_from_the_active_side() {
+    connect_exchange_disconnect(true);
+}
+
+#[test]
+fn connect_exchange_and_disconnect_from_the_passive_side() {
+    connect_exchange_disconnect(false);
+}
+
+#[test]
+fn a_port_nobody_listens_on_is_rejected() {
+    let (ctx_a, ctx_b) = pair();
+    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    let _listening = listener(&b);
+    let id = resolved(&a, PORT + 1);
+    id.connect(&a.qp, &ConnParam::default()).unwrap();
+    let event = expect(&a.channel, &id, 8);
+    assert!(
+        matches!(event.kind, CmEventKind::Rejected { reason: 8, .. }),
+        "{event:?}"
+    );
+    assert!(b.channel.try_get_cm_event().unwrap().is_none());
+}
+
+#[test]
+fn a_consumer_reject_carries_its_private_data() {
+    let (ctx_a, ctx_b) = pair();
+    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    let listening = listener(&b);
+    let id = resolved(&a, PORT);
+    id.connect(&a.qp, &ConnParam::default()).unwrap();
+    let CmEventKind::ConnectRequest(request) = expect(&b.channel, &listening, 4).kind else {
+        unreachable!("code 4 is a connect request")
+    };
+    request.id.reject(b"busy").unwrap();
+    let event = expect(&a.channel, &id, 8);
+    match event.kind {
+        CmEventKind::Rejected {
+            reason,
+            private_data,
+        } => {
+            assert_eq!(reason, 28);
+            assert_eq!(&private_data[..4], b"busy");
+        }
+        other => panic!("expected a reject, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_unresolvable_peer_is_an_address_error() {
+    let (ctx_a, _ctx_b) = pair();
+    let a = side(&ctx_a);
+    let id = a.channel.create_id().unwrap();
+    // No neighbour entry for this address on the in-memory wire.
+    id.resolve_addr(SocketAddr::new(Ipv4Addr::new(10, 0, 0, 9).into(), PORT))
+        .unwrap();
+    let event = expect(&a.channel, &id, 1);
+    assert!(
+        matches!(event.kind, CmEventKind::AddrError(errno) if errno < 0),
+        "{event:?}"
+    );
+    id.resolve_route().unwrap();
+    expect(&a.channel, &id, 3);
+    let error = id.connect(&a.qp, &ConnParam::default()).unwrap_err();
+    assert_eq!(error.errno(), 22);
+}
