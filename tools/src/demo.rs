@@ -14,6 +14,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use roce_provider::ceiling::{measure_ceiling, CeilingRate, Station};
 use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_verbs::{
     AccessFlags, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions, PathMtu, Pd,
@@ -62,6 +63,16 @@ const PAYLOAD: Pattern = Pattern::new(0x6465_6d6f);
 /// READs in flight (see `bandwidth`).
 const READS_IN_FLIGHT: u64 = 4;
 const PING: usize = 64;
+/// Small WRITEs in flight for the message rate: deeper than [`WINDOW`], since each costs
+/// the responder little.
+const SMALL_IN_FLIGHT: u64 = 64;
+/// 64-byte WRITEs per ping-pong round trip of `--iters`: the rate needs more messages than
+/// the latency to settle.
+const SMALL_PER_ITER: u64 = 20;
+/// The ceiling's measuring period per byte of `--bytes`, within [`CEILING_PERIODS`]: a short
+/// demo (as in CI) gets a short ceiling.
+const CEILING_SECONDS_PER_GIB: f64 = 2.0;
+const CEILING_PERIODS: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
 
 /// The path MTU a veth MTU allows.
 fn path_mtu(veth_mtu: u32) -> PathMtu {
@@ -96,6 +107,8 @@ pub fn run(args: &Args) -> ExitCode {
         return ExitCode::from(2);
     }
     let handler = ctrlc::set_handler(|| {
+        // The pcap first: the namespaces' removal may take a while, a second signal less.
+        crate::signals::flush_captures();
         remove_namespaces();
         eprintln!("roce demo: interrupted; namespaces removed");
         std::process::exit(130);
@@ -139,6 +152,9 @@ fn demo(args: &Args) -> io::Result<bool> {
     let tcp = tcp_baseline(&a, &b, args)?;
     eprintln!("roce demo: RoCEv2 over AF_XDP...");
     let roce = roce_runs(&a, &b, args)?;
+    // After the RoCE runs: their contexts are closed, so the raw sockets get the queues.
+    eprintln!("roce demo: raw AF_XDP ceiling...");
+    let ceiling = raw_ceiling(&a, &b, mode, args)?;
 
     let ratio = |ours: f64, theirs: f64| format!("{:.2}x", ours / theirs);
     println!(
@@ -167,8 +183,37 @@ fn demo(args: &Args) -> io::Result<bool> {
         ratio(roce.read_gbps, tcp.stream_gbps)
     );
     println!(
+        "{:<34} {:>15.3} M msg/s {:>22} {:>8}",
+        "RDMA WRITE 64 B message rate",
+        roce.write64_per_s / 1e6,
+        "-",
+        "-"
+    );
+    println!(
         "{:<34} {:>18.0} op/s {:>22} {:>8}",
         "FETCH_ADD + CMP_SWAP", roce.atomics_per_s, "-", "-"
+    );
+    let (full, small) = (&ceiling.full, &ceiling.small);
+    let payload_gbps = full.frames_per_sec * full.payload as f64 * 8.0 / 1e9;
+    println!(
+        "{:<34} {:>16.2} Gbit/s {:>22} {:>8}",
+        format!("raw AF_XDP, {} B payload frames", full.payload),
+        payload_gbps,
+        "-",
+        "-"
+    );
+    println!(
+        "{:<34} {:>15.3} M msg/s {:>22} {:>8}",
+        format!("raw AF_XDP, {} B payload frames", small.payload),
+        small.frames_per_sec / 1e6,
+        "-",
+        "-"
+    );
+    println!(
+        "ceiling write={:.2} read={:.2} rate64={:.2}",
+        roce.write_gbps / payload_gbps,
+        roce.read_gbps / payload_gbps,
+        roce.write64_per_s / small.frames_per_sec
     );
     println!("verified={} status=ok", roce.verified);
     Ok(true)
@@ -260,6 +305,7 @@ struct RoceFigures {
     half_rtt_us: f64,
     write_gbps: f64,
     read_gbps: f64,
+    write64_per_s: f64,
     atomics_per_s: f64,
     verified: u64,
 }
@@ -423,11 +469,14 @@ fn measure(side: &Side, offer: &Offer, iters: u32, bytes: u64) -> io::Result<Roc
     eprintln!("roce demo: WRITE done");
     let read_gbps = bandwidth(side, Direction::Read, offer.window, bytes, &mut verified)?;
     eprintln!("roce demo: READ done");
+    let write64_per_s = message_rate(side, offer.window, u64::from(iters) * SMALL_PER_ITER)?;
+    eprintln!("roce demo: 64 B WRITE done");
     let atomics_per_s = atomics(side, offer.counter, iters, &mut verified)?;
     Ok(RoceFigures {
         half_rtt_us,
         write_gbps,
         read_gbps,
+        write64_per_s,
         atomics_per_s,
         verified,
     })
@@ -550,6 +599,49 @@ fn bandwidth(
         *verified += moved;
     }
     Ok(moved as f64 * 8.0 / seconds / 1e9)
+}
+
+/// `messages` 64-byte WRITEs into B's window, [`SMALL_IN_FLIGHT`] in flight, each
+/// signaled; returns messages per second. Their bytes are not counted as verified: READ
+/// checked the window's transfer path already, and this measures the per-message cost.
+fn message_rate(side: &Side, (window, rkey): (u64, u32), messages: u64) -> io::Result<f64> {
+    let local = side.pd.reg_mr(PING, AccessFlags::LOCAL_WRITE)?;
+    let started = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    while done < messages {
+        let mut batch = Vec::new();
+        while posted < messages && posted - done + (batch.len() as u64) < SMALL_IN_FLIGHT {
+            let n = posted + batch.len() as u64;
+            let remote_addr = window + SLOTS.offset((n % WINDOW as u64) as usize) as u64;
+            let op = SendOp::RdmaWrite { remote_addr, rkey };
+            batch.push(signaled(n, op, local.sge(0, PING as u32)));
+        }
+        posted += batch.len() as u64;
+        side.qp.post_send(batch)?;
+        done += wait(side, 1)?.len() as u64;
+    }
+    Ok(messages as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The raw AF_XDP ceiling: full-payload frames, then 64-byte-payload frames.
+struct Ceiling {
+    full: CeilingRate,
+    small: CeilingRate,
+}
+
+/// Measures [`Ceiling`] from A to B, as WRITE sends; no context may be open on either side.
+fn raw_ceiling(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Ceiling> {
+    let station = |netns: &Netns| Station {
+        netns: netns.name.clone(),
+        interface: "roce0".to_owned(),
+    };
+    let (sender, receiver) = (station(a), station(b));
+    let seconds = args.bytes as f64 / f64::from(1u32 << 30) * CEILING_SECONDS_PER_GIB;
+    let period = Duration::from_secs_f64(seconds).clamp(CEILING_PERIODS.0, CEILING_PERIODS.1);
+    let full_payload = path_mtu(args.mtu).bytes();
+    let full = measure_ceiling(&sender, &receiver, mode, full_payload, period)?;
+    let small = measure_ceiling(&sender, &receiver, mode, PING, period)?;
+    Ok(Ceiling { full, small })
 }
 
 /// FETCH_ADDs then a CMP_SWAP on B's counter, [`WINDOW`] in flight; every returned value is

@@ -1,6 +1,7 @@
 //! SIGINT and SIGTERM as a request to stop: the waits of a run check it and return an error,
 //! so the run ends through its normal exit path, which flushes its pcap, instead of dying
-//! in the middle of a record. A second signal ends the process at once.
+//! in the middle of a record. Each signal also flushes every open pcap at once (a run stuck
+//! outside its waits still leaves a readable capture), and a second signal ends the process.
 
 use std::io;
 use std::process::ExitCode;
@@ -12,7 +13,9 @@ static STOP: AtomicBool = AtomicBool::new(false);
 /// or connect(2) would not notice the flag, and the default action ends the process.
 pub fn stop_on_signals() -> io::Result<()> {
     ctrlc::set_handler(|| {
-        if STOP.swap(true, Ordering::Relaxed) {
+        let stopping = STOP.swap(true, Ordering::Relaxed);
+        flush_captures();
+        if stopping {
             std::process::exit(130);
         }
     })
@@ -38,4 +41,12 @@ pub fn check() -> io::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Flushes every open pcap, as a signal handler must before the process may end: a failure
+/// is reported, not fatal, since the process is going away either way.
+pub fn flush_captures() {
+    if let Err(error) = roce_provider::capture::flush_all() {
+        eprintln!("roce: cannot flush the pcap: {error}");
+    }
 }

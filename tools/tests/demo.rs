@@ -47,10 +47,37 @@ fn demo_runs_verifies_and_cleans_up() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("last line: {last:?}"));
     assert!(verified >= 4 << 20, "{verified}");
-    assert!(
-        stdout.contains("half round trip") && stdout.contains("RDMA READ"),
-        "{stdout}"
-    );
+    for row in [
+        "half round trip",
+        "RDMA READ",
+        "RDMA WRITE 64 B message rate",
+        "raw AF_XDP, 4096 B payload frames",
+        "raw AF_XDP, 64 B payload frames",
+    ] {
+        assert!(stdout.contains(row), "no row {row:?}: {stdout}");
+    }
+    // Right before the last line: `ceiling write=R1 read=R2 rate64=R3`, each a finite ratio
+    // with two decimals.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let summary = lines[lines.len().saturating_sub(2)];
+    let ratios: Vec<&str> = summary
+        .strip_prefix("ceiling ")
+        .unwrap_or_else(|| panic!("summary line: {summary:?}"))
+        .split(' ')
+        .collect();
+    assert_eq!(ratios.len(), 3, "{summary:?}");
+    for (ratio, key) in ratios.iter().zip(["write", "read", "rate64"]) {
+        let value = ratio
+            .strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{key} in {summary:?}"));
+        let decimals = value.split_once('.').map(|(_, d)| d.len());
+        let parsed: Option<f64> = value.parse().ok();
+        assert!(
+            decimals == Some(2) && parsed.is_some_and(|r| r.is_finite() && r > 0.0),
+            "{key}={value} in {summary:?}"
+        );
+    }
     // Its stderr is a pipe: progress comes as whole lines, never rewritten in place.
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
