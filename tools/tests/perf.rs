@@ -289,7 +289,13 @@ fn a_run_stopped_by_sigterm_leaves_a_whole_capture() {
         .unwrap();
     let client = client.wait_with_output().unwrap();
     let server = server.wait_with_output().unwrap();
-    assert_eq!(client.status.code(), Some(130), "{}", text(&client));
+    assert_eq!(
+        client.status.code(),
+        Some(130),
+        "{:?}: {}",
+        client.status,
+        text(&client)
+    );
     assert!(
         text(&client).contains("stopped by a signal"),
         "{}",
