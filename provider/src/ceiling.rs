@@ -58,7 +58,8 @@ pub struct CeilingRate {
 /// The kernel's `XDP_STATISTICS` of a receiver's sockets, all queues together.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct XdpCounters {
-    /// Frames dropped for reasons other than the two below (e.g. too long for a buffer).
+    /// Frames dropped: no fill-ring buffer for them (as `rx_fill_ring_empty_descs` also
+    /// counts) or too long.
     pub rx_dropped: u64,
     /// Descriptors the kernel found invalid on the RX side.
     pub rx_invalid_descs: u64,
@@ -66,7 +67,7 @@ pub struct XdpCounters {
     pub tx_invalid_descs: u64,
     /// Frames dropped because the RX ring was full.
     pub rx_ring_full: u64,
-    /// Times a frame found the fill ring empty.
+    /// Times the kernel found the fill ring empty for a frame.
     pub rx_fill_ring_empty_descs: u64,
     /// Times the kernel found the TX ring empty when kicked.
     pub tx_ring_empty_descs: u64,
