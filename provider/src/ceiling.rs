@@ -97,7 +97,7 @@ const BATCH: usize = 64;
 pub const WINDOW: u64 = 128;
 /// How long the window may stay full before the sender takes its frames as lost (a veth
 /// may drop a frame where no socket counts it) rather than wait for them to the end.
-const LOSS_TIMEOUT: Duration = Duration::from_millis(100);
+pub const LOSS_TIMEOUT: Duration = Duration::from_millis(100);
 /// How long binding waits for a queue a previous socket just released (EBUSY for ~0.5 s).
 const BIND_PATIENCE: Duration = Duration::from_secs(3);
 /// Time for frames in flight to arrive after the sender stops.
@@ -105,10 +105,10 @@ const DRAIN: Duration = Duration::from_millis(50);
 
 /// Sends frames carrying `payload` bytes of RoCE payload from `sender` to `receiver` for
 /// `period`, as fast as one AF_XDP socket can within [`WINDOW`], and counts what an AF_XDP
-/// socket on `receiver` gets. Both run on threads of their own inside their namespaces, so this may be
-/// called from any thread; neither interface may have another AF_XDP user meanwhile (open
-/// RoCE contexts on them first close). A payload of 4096 needs an MTU of 9000 (two-buffer
-/// frames).
+/// socket on `receiver` gets. Both run on threads of their own inside their namespaces, so
+/// this may be called from any thread; neither interface may have another AF_XDP user
+/// meanwhile (open RoCE contexts on them first close). A payload of 4096 needs an MTU of
+/// 9000 (two-buffer frames).
 pub fn measure_ceiling(
     sender: &Station,
     receiver: &Station,
