@@ -265,6 +265,15 @@ impl AfXdpBackend {
             })
     }
 
+    /// The kernel's counters (`XDP_STATISTICS`) of each socket: frames it dropped for a full
+    /// RX ring or an empty fill ring, descriptors it refused.
+    pub fn kernel_statistics(&self) -> io::Result<Vec<xdpilone::xdp::XdpStatisticsV2>> {
+        self.queues
+            .iter()
+            .map(|queue| queue.device.statistics_v2().map_err(errno))
+            .collect()
+    }
+
     /// The program, e.g. to detach it early.
     pub fn program(&mut self) -> &mut XdpProgram {
         &mut self.program

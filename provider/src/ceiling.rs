@@ -7,10 +7,14 @@
 //! WRITE middle packet for a full payload, an RDMA WRITE only packet (with its RETH) for a
 //! small one. The sender copies the frame into its transmit buffer each time, as the
 //! transport writes each packet; the receiver only counts.
+//!
+//! The sender keeps at most [`WINDOW`] frames beyond what the receiver has counted, as RoCE
+//! keeps at most its PSN window unacknowledged: unpaced, on shared cores it floods a receiver
+//! it competes with, whose ring overflows, and measures the drops rather than the link.
 
 use std::io;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -45,21 +49,66 @@ pub struct CeilingRate {
     pub frames_per_sec: f64,
     /// Frame bytes per second received (Ethernet header to ICRC).
     pub bytes_per_sec: f64,
+    /// Frames the sender wrote off as lost: the window stayed full for [`LOSS_TIMEOUT`].
+    pub written_off: u64,
+    /// The receiving sockets' kernel counters at the end.
+    pub receiver: XdpCounters,
+}
+
+/// The kernel's `XDP_STATISTICS` of a receiver's sockets, all queues together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct XdpCounters {
+    /// Frames dropped: no fill-ring buffer for them (as `rx_fill_ring_empty_descs` also
+    /// counts) or too long.
+    pub rx_dropped: u64,
+    /// Descriptors the kernel found invalid on the RX side.
+    pub rx_invalid_descs: u64,
+    /// Descriptors the kernel found invalid on the TX side.
+    pub tx_invalid_descs: u64,
+    /// Frames dropped because the RX ring was full.
+    pub rx_ring_full: u64,
+    /// Times the kernel found the fill ring empty for a frame.
+    pub rx_fill_ring_empty_descs: u64,
+    /// Times the kernel found the TX ring empty when kicked.
+    pub tx_ring_empty_descs: u64,
+}
+
+impl XdpCounters {
+    fn of(backend: &AfXdpBackend) -> io::Result<XdpCounters> {
+        Ok(backend
+            .kernel_statistics()?
+            .iter()
+            .fold(XdpCounters::default(), |sum, socket| XdpCounters {
+                rx_dropped: sum.rx_dropped + socket.rx_dropped,
+                rx_invalid_descs: sum.rx_invalid_descs + socket.rx_invalid_descs,
+                tx_invalid_descs: sum.tx_invalid_descs + socket.tx_invalid_descs,
+                rx_ring_full: sum.rx_ring_full + socket.rx_ring_full,
+                rx_fill_ring_empty_descs: sum.rx_fill_ring_empty_descs
+                    + socket.rx_fill_ring_empty_descs,
+                tx_ring_empty_descs: sum.tx_ring_empty_descs + socket.tx_ring_empty_descs,
+            }))
+    }
 }
 
 /// Frames sent between kicks.
 const BATCH: usize = 64;
+/// Most frames sent and not yet counted by the receiver: RoCE's window of 128 PSNs, well
+/// inside the receiver's RX ring (1024 descriptors, two per 4 KiB-payload frame).
+pub const WINDOW: u64 = 128;
+/// How long the window may stay full before the sender takes its frames as lost (a veth
+/// may drop a frame where no socket counts it) rather than wait for them to the end.
+pub const LOSS_TIMEOUT: Duration = Duration::from_millis(100);
 /// How long binding waits for a queue a previous socket just released (EBUSY for ~0.5 s).
 const BIND_PATIENCE: Duration = Duration::from_secs(3);
 /// Time for frames in flight to arrive after the sender stops.
 const DRAIN: Duration = Duration::from_millis(50);
 
 /// Sends frames carrying `payload` bytes of RoCE payload from `sender` to `receiver` for
-/// `period`, as fast as one AF_XDP socket can, and counts what an AF_XDP socket on
-/// `receiver` gets. Both run on threads of their own inside their namespaces, so this may be
-/// called from any thread; neither interface may have another AF_XDP user meanwhile (open
-/// RoCE contexts on them first close). A payload of 4096 needs an MTU of 9000 (two-buffer
-/// frames).
+/// `period`, as fast as one AF_XDP socket can within [`WINDOW`], and counts what an AF_XDP
+/// socket on `receiver` gets. Both run on threads of their own inside their namespaces, so
+/// this may be called from any thread; neither interface may have another AF_XDP user
+/// meanwhile (open RoCE contexts on them first close). A payload of 4096 needs an MTU of
+/// 9000 (two-buffer frames).
 pub fn measure_ceiling(
     sender: &Station,
     receiver: &Station,
@@ -71,27 +120,31 @@ pub fn measure_ceiling(
     let sender_mac = netns::mac_in(&sender.netns, &sender.interface)?;
     let frame = roce_frame(sender_mac, receiver_mac, payload)?;
     let stop = Arc::new(AtomicBool::new(false));
+    let counted = Arc::new(AtomicU64::new(0));
     let (ready_tx, ready_rx) = mpsc::channel();
     let counter = {
-        let (station, stop) = (receiver.clone(), stop.clone());
-        thread::spawn(move || count_frames(&station, mode, &ready_tx, &stop))
+        let (station, stop, counted) = (receiver.clone(), stop.clone(), counted.clone());
+        thread::spawn(move || count_frames(&station, mode, &ready_tx, &stop, &counted))
     };
     // The receiver is bound (or failed) before anything is sent.
     let ready = ready_rx.recv().unwrap_or(Ok(()));
     let sent = ready.and_then(|()| {
         let station = sender.clone();
-        let sending = thread::spawn(move || send_frames(&station, mode, &frame, period));
+        let sending = thread::spawn(move || send_frames(&station, mode, &frame, period, &counted));
         sending
             .join()
             .map_err(|_| io::Error::other("the sending thread panicked"))?
     });
     thread::sleep(DRAIN);
     stop.store(true, Ordering::Relaxed);
-    let counted = counter
+    let received = counter
         .join()
         .map_err(|_| io::Error::other("the receiving thread panicked"))?;
-    let elapsed = sent?;
-    let frames = counted?;
+    let Sent {
+        elapsed,
+        written_off,
+    } = sent?;
+    let (frames, receiver) = received?;
     let seconds = elapsed.as_secs_f64();
     Ok(CeilingRate {
         payload,
@@ -99,6 +152,8 @@ pub fn measure_ceiling(
         frames,
         frames_per_sec: frames as f64 / seconds,
         bytes_per_sec: (frames * frame_len(payload)? as u64) as f64 / seconds,
+        written_off,
+        receiver,
     })
 }
 
@@ -119,13 +174,15 @@ fn open(station: &Station, mode: XdpMode) -> io::Result<AfXdpBackend> {
     }
 }
 
-/// Counts frames on `station` until `stop`; says on `ready` when it listens.
+/// Counts frames on `station` into `counted` until `stop`; says on `ready` when it listens.
+/// The frames and the sockets' kernel counters at the end.
 fn count_frames(
     station: &Station,
     mode: XdpMode,
     ready: &mpsc::Sender<io::Result<()>>,
     stop: &AtomicBool,
-) -> io::Result<u64> {
+    counted: &AtomicU64,
+) -> io::Result<(u64, XdpCounters)> {
     let mut backend = match open(station, mode) {
         Ok(backend) => backend,
         Err(error) => {
@@ -136,36 +193,69 @@ fn count_frames(
     let _ = ready.send(Ok(()));
     let mut frames = 0;
     while !stop.load(Ordering::Relaxed) {
-        frames += backend.receive(1024, &mut |_| {})? as u64;
+        let batch = backend.receive(1024, &mut |_| {})? as u64;
+        if batch > 0 {
+            frames += batch;
+            counted.store(frames, Ordering::Release);
+        }
     }
-    Ok(frames)
+    Ok((frames, XdpCounters::of(&backend)?))
 }
 
-/// Sends `frame` from `station` as fast as the socket takes it for `period`; how long it
-/// sent.
+/// What the sender did.
+struct Sent {
+    /// How long it sent.
+    elapsed: Duration,
+    /// Frames it took as lost, see [`LOSS_TIMEOUT`].
+    written_off: u64,
+}
+
+/// Sends `frame` from `station` for `period` as fast as the socket takes it, with at most
+/// [`WINDOW`] frames beyond those the receiver has `counted`.
 fn send_frames(
     station: &Station,
     mode: XdpMode,
     frame: &[u8],
     period: Duration,
-) -> io::Result<Duration> {
+    counted: &AtomicU64,
+) -> io::Result<Sent> {
     let mut backend = open(station, mode)?;
+    let (mut sent, mut written_off) = (0u64, 0u64);
+    let mut full_since = None;
     let started = Instant::now();
     while started.elapsed() < period {
-        for _ in 0..BATCH {
-            let sent = backend.transmit(frame.len(), 0, &mut |buffer| {
+        let in_flight = sent
+            .saturating_sub(written_off)
+            .saturating_sub(counted.load(Ordering::Acquire));
+        let room = WINDOW.saturating_sub(in_flight);
+        if room == 0 {
+            let since = *full_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= LOSS_TIMEOUT {
+                written_off = sent.saturating_sub(counted.load(Ordering::Acquire));
+                full_since = None;
+            }
+            // The receiver may need this core to catch up.
+            thread::yield_now();
+            continue;
+        }
+        full_since = None;
+        for _ in 0..room.min(BATCH as u64) {
+            let transmitted = backend.transmit(frame.len(), 0, &mut |buffer| {
                 buffer.copy_from_slice(frame);
                 frame.len()
             });
-            match sent {
-                Ok(()) => {}
+            match transmitted {
+                Ok(()) => sent += 1,
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) => return Err(error),
             }
         }
         backend.submit()?;
     }
-    Ok(started.elapsed())
+    Ok(Sent {
+        elapsed: started.elapsed(),
+        written_off,
+    })
 }
 
 /// The length of the frame [`roce_frame`] builds.

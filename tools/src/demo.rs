@@ -209,6 +209,19 @@ fn demo(args: &Args) -> io::Result<bool> {
         "-",
         "-"
     );
+    // Drops at the receiver would mean the ceiling measured its own overflow, not the link.
+    for rate in [full, small] {
+        let counters = &rate.receiver;
+        println!(
+            "raw AF_XDP, {} B: receiver rx_ring_full={} rx_dropped={} fill_ring_empty={}, \
+             written off {}",
+            rate.payload,
+            counters.rx_ring_full,
+            counters.rx_dropped,
+            counters.rx_fill_ring_empty_descs,
+            rate.written_off
+        );
+    }
     println!(
         "ceiling write={:.2} read={:.2} rate64={:.2}",
         roce.write_gbps / payload_gbps,
