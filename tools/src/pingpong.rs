@@ -69,9 +69,6 @@ pub struct Args {
     ud: bool,
 }
 
-/// The path MTU of a UD QP (`ready_ud` sets none, so the transport's default holds): a UD
-/// message is one packet of at most this many bytes.
-const UD_PATH_MTU: PathMtu = PathMtu::Mtu1024;
 /// The Q_Key ibv_ud_pingpong uses.
 const UD_QKEY: u32 = 0x1111_1111;
 /// Bytes in front of every UD receive.
@@ -192,20 +189,26 @@ fn exchange(
     }
 }
 
-/// Refuses, before anything waits, what cannot run.
-fn check(args: &Args) -> io::Result<()> {
-    if args.ud && args.size as usize > UD_PATH_MTU.bytes() {
+/// Refuses what cannot run: before the device is opened, a UD message beyond the largest
+/// path MTU; once its port is known (`mtu`), one beyond the port's (a UD message is one
+/// packet, and a UD QP's path MTU is its port's).
+fn check(args: &Args, mtu: Option<PathMtu>) -> io::Result<()> {
+    let (limit, whose) = match mtu {
+        Some(mtu) => (mtu, "the port's path MTU"),
+        None => (PathMtu::Mtu4096, "the largest path MTU"),
+    };
+    if args.ud && args.size as usize > limit.bytes() {
         return Err(io::Error::other(format!(
-            "a UD message is one packet: -s {} is larger than the path MTU ({} bytes)",
+            "a UD message is one packet: -s {} is larger than {whose} ({} bytes)",
             args.size,
-            UD_PATH_MTU.bytes()
+            limit.bytes()
         )));
     }
     Ok(())
 }
 
 fn pingpong(args: &Args) -> io::Result<()> {
-    check(args)?;
+    check(args, None)?;
     // One thread: it drives the engine itself, unless it sleeps on events.
     let progress = if args.events {
         Progress::Events
@@ -213,6 +216,7 @@ fn pingpong(args: &Args) -> io::Result<()> {
         Progress::Caller
     };
     let ctx = open_device("pingpong", &args.device, args.gid_index, progress)?;
+    check(args, Some(ctx.device().query_port().active_mtu))?;
     let pd = ctx.alloc_pd()?;
     let channel = args.events.then(|| ctx.create_comp_channel()).transpose()?;
     let rx_depth = args.rx_depth.max(1);

@@ -71,7 +71,7 @@ fn a_ud_message_larger_than_the_path_mtu_is_refused_in_words() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("-s 9000 is larger than the path MTU (1024 bytes)"),
+        stderr.contains("-s 9000 is larger than the largest path MTU (4096 bytes)"),
         "{stderr}"
     );
 }
