@@ -275,16 +275,17 @@ fn a_run_stopped_by_sigterm_leaves_a_whole_capture() {
     let pcap_arg = pcap.to_str().unwrap();
     let client_args = [&args[..], &["--pcap", pcap_arg, "10.84.0.2"]].concat();
     let client = roce_in(&a, "perf", &client_args).spawn().unwrap();
-    // Stop it once frames are on their way (`timeout`, which `roce_in` runs it under,
-    // hands the signal on).
+    // Stop it once frames are on their way.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::fs::metadata(&pcap).map_or(0, |m| m.len()) < 1 << 20
         && std::time::Instant::now() < deadline
     {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::process::Command::new("kill")
-        .args(["-TERM", &client.id().to_string()])
+    // To roce itself, `timeout`'s child: `timeout` would also signal its whole process
+    // group, and a second signal ends roce at once (exit 130 without the normal path).
+    std::process::Command::new("pkill")
+        .args(["-TERM", "-P", &client.id().to_string()])
         .status()
         .unwrap();
     let client = client.wait_with_output().unwrap();
