@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use roce_provider::netns::{is_root, veth, Netns};
+use roce_provider::netns::{is_root, needs_root, prerequisite, veth, Netns};
 
 use common::text;
 
@@ -89,12 +89,7 @@ fn check_lines(out: &str, documented: &BTreeMap<String, String>) -> Vec<String> 
 
 #[test]
 fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
-    if !is_root() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI runs as root: conform needs namespaces and AF_XDP"
-        );
-        eprintln!("SKIPPED every_scenario_against_our_stack: needs root");
+    if !needs_root("every_scenario_against_our_stack") {
         return;
     }
     let documented = documented(OURS);
@@ -151,12 +146,7 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
 
 #[test]
 fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
-    if !is_root() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI runs as root: fuzz needs namespaces and AF_XDP"
-        );
-        eprintln!("SKIPPED fuzzing_our_stack: needs root");
+    if !needs_root("fuzzing_our_stack") {
         return;
     }
     let a = Netns::create("roce-fuzz-a").unwrap();
@@ -235,14 +225,12 @@ impl Drop for Vm {
 
 #[test]
 fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
-    let Some(script) = rxe_peer().filter(|_| is_root()) else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI has root and ../shared/rxe-peer"
-        );
-        eprintln!("SKIPPED every_scenario_against_rxe: needs root and ../shared/rxe-peer");
+    let script = rxe_peer().filter(|_| is_root());
+    let needs = "root and ../shared/rxe-peer";
+    if !prerequisite("every_scenario_against_rxe", needs, script.is_some()) {
         return;
-    };
+    }
+    let Some(script) = script else { return };
     let vm = Vm(script.clone());
     let built = vm.run(&["build"]);
     assert!(built.status.success(), "{}", text(&built));

@@ -12,23 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use roce_provider::netns::{is_root, veth, Netns};
+use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 
 use common::{text, wait_for_listener};
-
-fn in_ci() -> bool {
-    std::env::var_os("CI").is_some()
-}
-
-/// Whether the prerequisite `what` is there; without it the test is skipped (or, in CI,
-/// fails).
-fn have(present: bool, test: &str, what: &str) -> bool {
-    if !present {
-        assert!(!in_ci(), "{test}: {what} is required in CI");
-        eprintln!("SKIPPED {test}: needs {what}");
-    }
-    present
-}
 
 /// Where cargo put the `roce` binary and, after [`build_libraries`], our libraries.
 fn built_dir() -> PathBuf {
@@ -119,7 +105,7 @@ fn every_versioned_symbol_debian_programs_import_is_exported() {
         "ib_atomic_lat",
     ];
     let present = programs.iter().all(|program| installed(program));
-    if !have(present, test, "ibverbs-utils and perftest") {
+    if !prerequisite(test, "ibverbs-utils and perftest", present) {
         return;
     }
     build_libraries();
@@ -182,11 +168,11 @@ fn two_namespaces(mtu: u32) -> (Netns, Netns) {
 }
 
 fn root_and(test: &str, programs: &[&str]) -> bool {
-    have(is_root(), test, "root")
-        && have(
-            programs.iter().all(|program| installed(program)),
+    needs_root(test)
+        && prerequisite(
             test,
             &programs.join(", "),
+            programs.iter().all(|program| installed(program)),
         )
 }
 
@@ -452,7 +438,7 @@ fn the_str_helpers_say_what_rdma_core_says() {
     let test = "the_str_helpers_say_what_rdma_core_says";
     let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
     let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    if !have(headers && gcc, test, "gcc and libibverbs-dev") {
+    if !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
         return;
     }
     build_libraries();
@@ -499,7 +485,7 @@ fn error_paths_answer_as_rdma_core_defines_them() {
     let test = "error_paths_answer_as_rdma_core_defines_them";
     let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
     let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    if !have(is_root(), test, "root") || !have(headers && gcc, test, "gcc and libibverbs-dev") {
+    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("roce-exec-errors-{}", std::process::id()));
