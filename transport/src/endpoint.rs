@@ -27,6 +27,7 @@ use crate::qp::{
     Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
 };
 use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState};
+use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable};
 use crate::wr::{RecvWr, SendWr};
 
 /// Identifies a completion queue of an [`Endpoint`].
@@ -40,6 +41,9 @@ pub enum CreateQpError {
     /// A CQ id that this endpoint did not create.
     #[error("unknown completion queue")]
     UnknownCq,
+    /// An SRQ id that names no SRQ of this endpoint.
+    #[error("unknown shared receive queue")]
+    UnknownSrq,
     /// Every QP number is taken (`max_qp` QPs were created).
     #[error("no QP numbers left")]
     NoQpn,
@@ -73,7 +77,9 @@ impl CreateQpError {
     /// The errno `ibv_create_qp` fails with.
     pub fn errno(&self) -> i32 {
         match self {
-            CreateQpError::UnknownCq | CreateQpError::InvalidCap(_) => errno::EINVAL,
+            CreateQpError::UnknownCq | CreateQpError::UnknownSrq | CreateQpError::InvalidCap(_) => {
+                errno::EINVAL
+            }
             CreateQpError::NoQpn => errno::ENOMEM,
         }
     }
@@ -128,6 +134,18 @@ pub enum AsyncEvent {
         /// The QP.
         qpn: u32,
     },
+    /// A QP on an SRQ entered ERR and takes no more WQEs from it
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    QpLastWqeReached {
+        /// The QP.
+        qpn: u32,
+    },
+    /// Fewer WQEs than the armed limit remain in the SRQ; the limit is disarmed
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqId,
+    },
 }
 
 /// A device: its memory regions, CQs and QPs.
@@ -135,6 +153,7 @@ pub enum AsyncEvent {
 pub struct Endpoint {
     mrs: MrTable,
     cqs: Vec<Cq>,
+    srqs: SrqTable,
     qps: QpTable,
     next_qpn: u32,
     /// Slot of the QP to look at first in the next `poll_transmit`, so no QP starves the
@@ -302,6 +321,7 @@ impl Endpoint {
         Endpoint {
             mrs: MrTable::new(seed),
             cqs: Vec::new(),
+            srqs: SrqTable::default(),
             qps: QpTable::default(),
             next_qpn: FIRST_QPN,
             transmit_cursor: 0,
@@ -400,8 +420,37 @@ impl Endpoint {
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<u32, CreateQpError> {
+        self.create_qp_on(init, send_cq, recv_cq, None)
+    }
+
+    /// Creates a QP in RESET that takes its receives from `srq` (`ibv_qp_init_attr.srq`):
+    /// its receive caps are not checked, as rxe ignores them, and `post_recv` to it fails.
+    pub fn create_qp_with_srq(
+        &mut self,
+        init: QpInit,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: SrqId,
+    ) -> Result<u32, CreateQpError> {
+        self.create_qp_on(init, send_cq, recv_cq, Some(srq))
+    }
+
+    fn create_qp_on(
+        &mut self,
+        mut init: QpInit,
+        send_cq: CqId,
+        recv_cq: CqId,
+        srq: Option<SrqId>,
+    ) -> Result<u32, CreateQpError> {
         if !self.cq_exists(send_cq) || !self.cq_exists(recv_cq) {
             return Err(CreateQpError::UnknownCq);
+        }
+        if srq.is_some_and(|srq| !self.srqs.exists(srq)) {
+            return Err(CreateQpError::UnknownSrq);
+        }
+        if srq.is_some() {
+            init.caps.max_recv_wr = 0;
+            init.caps.max_recv_sge = 0;
         }
         LIMITS
             .check_qp_caps(&init.caps)
@@ -413,8 +462,37 @@ impl Endpoint {
         self.next_qpn += 1;
         let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
         qp.config.mtu = self.port_mtu.bytes();
+        qp.srq = srq;
         self.qps.insert(qp);
         Ok(qpn)
+    }
+
+    /// Creates a shared receive queue (`ibv_create_srq`); `attr.srq_limit` is ignored.
+    pub fn create_srq(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
+        self.srqs.create(attr)
+    }
+
+    /// `ibv_modify_srq`: resizes it or arms its limit.
+    pub fn modify_srq(&mut self, srq: SrqId, change: &SrqModify) -> Result<(), SrqError> {
+        self.srqs.modify(srq, change)
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr, SrqError> {
+        self.srqs.query(srq)
+    }
+
+    /// Destroys an SRQ no QP uses (`ibv_destroy_srq`); its WQEs are dropped.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), SrqError> {
+        if self.qps.qps.iter().any(|qp| qp.srq == Some(srq)) {
+            return Err(SrqError::InUse);
+        }
+        self.srqs.remove(srq)
+    }
+
+    /// `ibv_post_srq_recv` for one work request, copied into the SRQ.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: &RecvWr) -> Result<(), SrqError> {
+        self.srqs.post(srq, wr)
     }
 
     /// Destroys a QP; packets for it are dropped from now on.
@@ -434,6 +512,7 @@ impl Endpoint {
             now,
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
+            srqs: &mut self.srqs,
         };
         let result = f(qp, &mut ctx);
         report_overflow(qp, &mut self.events);
@@ -539,10 +618,16 @@ impl Endpoint {
             qps,
             mrs,
             cqs,
+            srqs,
             events,
             ..
         } = self;
-        let mut ctx = Ctx { now, mrs, cqs };
+        let mut ctx = Ctx {
+            now,
+            mrs,
+            cqs,
+            srqs,
+        };
         for qp in &mut qps.qps {
             if qp.next_timeout().is_some_and(|deadline| deadline <= now) {
                 qp.handle_timeout(&mut ctx);
@@ -576,11 +661,17 @@ impl Endpoint {
             qps,
             mrs,
             cqs,
+            srqs,
             events,
             transmit_cursor,
             ..
         } = self;
-        let mut ctx = Ctx { now, mrs, cqs };
+        let mut ctx = Ctx {
+            now,
+            mrs,
+            cqs,
+            srqs,
+        };
         let (before, after) = qps.qps.split_at_mut(start);
         let mut slot = start;
         let found = after.iter_mut().chain(before).any(|qp| {
@@ -654,6 +745,9 @@ impl Endpoint {
 
     /// Takes the async events that happened since the last call.
     pub fn take_events(&mut self) -> Vec<AsyncEvent> {
+        let limits = self.srqs.take_limit_events();
+        self.events
+            .extend(limits.map(|srq| AsyncEvent::SrqLimitReached { srq }));
         std::mem::take(&mut self.events)
     }
 }
@@ -672,5 +766,8 @@ fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
             Failure::InvalidRequest => AsyncEvent::QpRequestError { qpn },
             Failure::Access => AsyncEvent::QpAccessError { qpn },
         });
+    }
+    if std::mem::take(&mut qp.last_wqe_reached) {
+        events.push(AsyncEvent::QpLastWqeReached { qpn: qp.qpn });
     }
 }

@@ -63,9 +63,11 @@ pub mod qp;
 pub mod qp_state;
 mod ring;
 pub mod sim;
+pub mod srq;
 mod timer;
 pub mod wr;
 
 pub use endpoint::{CqId, Endpoint, Transmit};
 pub use limits::{DeviceLimits, LIMITS};
 pub use mr::{AccessFlags, CallerMemory};
+pub use srq::SrqId;

@@ -27,6 +27,12 @@ pub struct DeviceLimits {
     pub max_inline_data: u32,
     /// Entries in the P_Key table: only the default partition, so `pkey_index` must be 0.
     pub max_pkeys: u16,
+    /// Most shared receive queues alive at once.
+    pub max_srq: u32,
+    /// Most work requests an SRQ holds (`max_wr` of create and resize).
+    pub max_srq_wr: u32,
+    /// Most scatter elements per SRQ receive.
+    pub max_srq_sge: u32,
 }
 
 /// The limits of every roce-xdp device.
@@ -40,6 +46,9 @@ pub const LIMITS: DeviceLimits = DeviceLimits {
     max_qp_init_rd_atom: 128,
     max_inline_data: 512,
     max_pkeys: 1,
+    max_srq: 1 << 16,
+    max_srq_wr: 1 << 16,
+    max_srq_sge: 32,
 };
 
 impl DeviceLimits {

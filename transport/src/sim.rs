@@ -210,6 +210,20 @@ impl Sim {
         };
         let qa = self.create_qp(a, qp_type, caps);
         let qb = self.create_qp(b, qp_type, caps);
+        self.connect_qps((a, qa), (b, qb), qp_type, mtu, retry)
+    }
+
+    /// Connects QP `a.1` on node `a.0` with QP `b.1` on node `b.0`, both created and in
+    /// RESET, as [`connect`](Self::connect) does (for QPs created some other way, such as
+    /// on an SRQ).
+    pub fn connect_qps(
+        &mut self,
+        (a, qa): (usize, u32),
+        (b, qb): (usize, u32),
+        qp_type: QpType,
+        mtu: PathMtu,
+        retry: RetryConfig,
+    ) -> QpPair {
         let psn_a = Psn::new(self.rng.next_u32());
         let psn_b = Psn::new(self.rng.next_u32());
         self.bring_up(a, qa, qp_type, self.av_of(b), qb, psn_b, psn_a, mtu, retry);

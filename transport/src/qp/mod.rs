@@ -22,6 +22,7 @@ use crate::mr::{MrTable, PdId};
 use crate::qp_state::{
     check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
 };
+use crate::srq::{SrqId, SrqTable};
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendWr, UdDest};
 use crate::AccessFlags;
@@ -76,6 +77,9 @@ pub enum PostError {
     /// Inline data longer than `max_inline_data`.
     #[error("inline data too long")]
     InlineTooLong,
+    /// The QP takes its receives from a shared receive queue (post to the SRQ instead).
+    #[error("QP takes its receives from an SRQ")]
+    UsesSrq,
     /// An operation this QP type cannot do (READ on UC, WRITE on UD, ...), or a UD send
     /// without a destination.
     #[error("operation not supported on this QP type")]
@@ -225,6 +229,8 @@ pub struct PostGate {
     pub sq_len: usize,
     /// Receive work requests queued in the QP.
     pub rq_len: usize,
+    /// The QP takes its receives from a shared receive queue.
+    pub has_srq: bool,
 }
 
 impl PostGate {
@@ -265,6 +271,9 @@ impl PostGate {
 
     /// Whether `wr` may be posted with `queued` more receives already admitted ahead of it.
     pub fn check_recv(&self, wr: &RecvWr, queued: usize) -> Result<(), PostError> {
+        if self.has_srq {
+            return Err(PostError::UsesSrq);
+        }
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState);
         }
@@ -319,6 +328,7 @@ pub(crate) struct Ctx<'a> {
     pub now: Instant,
     pub mrs: &'a mut MrTable,
     pub cqs: &'a mut [Cq],
+    pub srqs: &'a mut SrqTable,
 }
 
 /// One queue pair. The fields the endpoint reads are public; the rest belong to this module
@@ -333,6 +343,11 @@ pub(crate) struct Qp {
     pub cq_overflowed: bool,
     /// Set when the QP went to ERR on its own; the owner reports it as an async event.
     pub failure: Option<Failure>,
+    /// Set when a QP on an SRQ entered ERR: it takes no more WQEs from the SRQ, and the
+    /// owner reports that as an async event (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    pub last_wqe_reached: bool,
+    /// Where its receives come from when not posted to the QP itself.
+    pub srq: Option<SrqId>,
     qp_type: QpType,
     pd: PdId,
     send_cq: usize,
@@ -384,6 +399,8 @@ impl Qp {
             stats: QpStats::default(),
             cq_overflowed: false,
             failure: None,
+            last_wqe_reached: false,
+            srq: None,
         }
     }
 
@@ -533,6 +550,7 @@ impl Qp {
             mtu: self.config.mtu,
             sq_len: self.sq.len(),
             rq_len: self.resp.rq_len(),
+            has_srq: self.srq.is_some(),
         }
     }
 
@@ -644,9 +662,12 @@ impl Qp {
         }
     }
 
-    /// Moves to ERR and flushes every outstanding work request, sends first, in order.
+    /// Moves to ERR and flushes every outstanding work request, sends first, in order. A
+    /// QP on an SRQ flushes only the WQE it took for a message under way; the SRQ's own
+    /// stay for the other QPs.
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
         self.state = QpState::Err;
+        self.last_wqe_reached = self.srq.is_some();
         self.timers = TimerTable::default();
         let sends = self.sq.take_all();
         for wqe in sends.iter() {

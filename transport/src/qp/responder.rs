@@ -101,6 +101,16 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostEr
     Ok(())
 }
 
+/// Whether a receive waits for the message arriving now, at the front of the QP's own
+/// queue: the receive source. A QP on an SRQ takes the SRQ's next WQE into its own queue
+/// when it has none, and holds it there until the message completes.
+fn receive_ready(qp: &mut Qp, ctx: &mut Ctx) -> bool {
+    if let (true, Some(srq)) = (qp.resp.rq.is_empty(), qp.srq) {
+        ctx.srqs.take_into(srq, &mut qp.resp.rq);
+    }
+    !qp.resp.rq.is_empty()
+}
+
 /// The completion of receive `wr` on QP `qpn`, before what the message adds to it.
 pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCompletion {
     WorkCompletion {
@@ -419,6 +429,9 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         }
     };
     // The message's receive: taken off the queue only when the message ends.
+    if !receive_ready(qp, ctx) {
+        return Err(Refusal::NotReady);
+    }
     let Some(wqe) = qp.resp.rq.front() else {
         return Err(Refusal::NotReady);
     };
@@ -487,7 +500,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         start_write(qp, ctx, frame)?;
     }
     // A WRITE with immediate consumes a receive: refuse before touching memory.
-    if has_imm && qp.resp.rq.is_empty() {
+    if has_imm && !receive_ready(qp, ctx) {
         if position.starts_message() {
             qp.resp.in_message = None;
         }
@@ -653,7 +666,7 @@ fn abandon_message(qp: &mut Qp) {
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
 fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let Some(deth) = frame.ext.deth else { return };
-    if deth.qkey != qp.config.qkey || qp.resp.rq.is_empty() {
+    if deth.qkey != qp.config.qkey || !receive_ready(qp, ctx) {
         qp.stats.dropped += 1;
         return;
     }
