@@ -53,6 +53,12 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u8,
     /// Entries in the P_Key table: one, the default P_Key at index 0.
     pub max_pkeys: u16,
+    /// Most shared receive queues.
+    pub max_srq: u32,
+    /// Most work requests per SRQ.
+    pub max_srq_wr: u32,
+    /// Most scatter elements per SRQ receive.
+    pub max_srq_sge: u32,
 }
 
 /// Whether a port can carry traffic (`ibv_port_state`).
@@ -137,6 +143,9 @@ impl Device {
             max_qp_rd_atom: LIMITS.max_qp_rd_atom,
             max_qp_init_rd_atom: LIMITS.max_qp_init_rd_atom,
             max_pkeys: LIMITS.max_pkeys,
+            max_srq: LIMITS.max_srq,
+            max_srq_wr: LIMITS.max_srq_wr,
+            max_srq_sge: LIMITS.max_srq_sge,
         }
     }
 

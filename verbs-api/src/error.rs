@@ -8,6 +8,7 @@ use roce_transport::endpoint::CreateQpError;
 use roce_transport::mr::MrError;
 use roce_transport::qp::PostError;
 use roce_transport::qp_state::ModifyQpError;
+use roce_transport::srq::SrqError;
 use rustix::io::Errno;
 
 /// Why a verbs call failed.
@@ -29,6 +30,9 @@ pub enum Error {
     /// A QP could not be created.
     #[error("create QP: {0}")]
     CreateQp(#[from] CreateQpError),
+    /// A shared receive queue call was refused.
+    #[error("SRQ: {0}")]
+    Srq(#[from] SrqError),
     /// The connection manager refused a call.
     #[error("connection manager: {0}")]
     Cm(#[from] CmError),
@@ -83,6 +87,7 @@ impl Error {
             Error::Post(error) => return error.errno(),
             Error::CreateQp(error) => return error.errno(),
             Error::ModifyQp(error) => return error.errno(),
+            Error::Srq(error) => return error.errno(),
             Error::Cm(CmError::AddressInUse) => Errno::ADDRINUSE,
             Error::Cm(CmError::TooManyConnections) => Errno::NOMEM,
             Error::Cm(_) => Errno::INVAL,

@@ -38,14 +38,17 @@
 //!   IPv4-mapped and IPv6 GIDs carry traffic (IPv4 from the interface's first address; IPv6
 //!   from the GID the address vector's `sgid_index` names); kernel UDP sockets carry IPv4.
 //!
-//! Not yet: shared receive queues, memory windows, a C ABI.
+//! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
+//!   posted once for many QPs, with the limit event among the async events.
+//!
+//! Not yet: memory windows.
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
-//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `qp`,
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
 //! `context`, the public front that opens a device and makes the objects, and `cm`, the
 //! connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
@@ -72,6 +75,7 @@ mod path;
 mod qp;
 mod queues;
 mod shared;
+mod srq;
 mod wait;
 
 pub use ah::AddressHandle;
@@ -88,6 +92,7 @@ pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd};
 pub use options::{BackendChoice, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
+pub use srq::Srq;
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
@@ -95,7 +100,8 @@ pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use roce_transport::endpoint::AsyncEvent;
 pub use roce_transport::qp::{QpCaps, QpStats};
 pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
+pub use roce_transport::srq::{SrqAttr, SrqModify};
 pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
-pub use roce_transport::{AccessFlags, CqId};
+pub use roce_transport::{AccessFlags, CqId, SrqId};
 pub use roce_wire::aeth::RnrTimer;
 pub use roce_wire::Psn;

@@ -18,6 +18,7 @@ use crate::limits;
 use crate::mr::{Pd, PdInner};
 use crate::queues::{Pending, Submission};
 use crate::shared::Shared;
+use crate::srq::{Srq, SrqInner};
 
 /// What `ibv_create_qp` takes.
 pub struct QpInitAttr<'a> {
@@ -36,11 +37,25 @@ pub struct QpInitAttr<'a> {
 impl Pd {
     /// Creates a QP in RESET (`ibv_create_qp`).
     pub fn create_qp(&self, attr: &QpInitAttr) -> Result<Qp, Error> {
+        self.create_qp_on(attr, None)
+    }
+
+    /// Creates a QP in RESET that takes its receives from `srq` (`ibv_qp_init_attr.srq`):
+    /// the receive caps are ignored, [`Qp::post_recv`] fails with `EINVAL`, and the QP
+    /// keeps the SRQ alive.
+    pub fn create_qp_with_srq(&self, attr: &QpInitAttr, srq: &Srq) -> Result<Qp, Error> {
+        self.create_qp_on(attr, Some(srq))
+    }
+
+    fn create_qp_on(&self, attr: &QpInitAttr, srq: Option<&Srq>) -> Result<Qp, Error> {
         let shared = &self.inner.shared;
         for cq in [attr.send_cq, attr.recv_cq] {
             if !Arc::ptr_eq(&cq.inner.shared, shared) {
                 return Err(Error::ForeignObject("CQ"));
             }
+        }
+        if srq.is_some_and(|srq| !Arc::ptr_eq(srq.shared(), shared)) {
+            return Err(Error::ForeignObject("SRQ"));
         }
         let init = QpInit {
             pd: self.inner.id,
@@ -54,13 +69,19 @@ impl Pd {
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
         let mut core = shared.lock()?;
         limits::check_qp_count(core.submissions.len())?;
-        let qpn = core.endpoint().create_qp(init, send_cq.id, recv_cq.id)?;
+        let qpn = match srq {
+            Some(srq) => {
+                (core.endpoint()).create_qp_with_srq(init, send_cq.id, recv_cq.id, srq.id())
+            }
+            None => core.endpoint().create_qp(init, send_cq.id, recv_cq.id),
+        }?;
         let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
         let queues = Arc::new(Submission::new(gate));
         core.submissions.insert(qpn, Arc::clone(&queues));
         Ok(Qp {
             pd: Arc::clone(&self.inner),
             _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
+            _srq: srq.map(|srq| Arc::clone(&srq.inner)),
             qpn,
             qp_type: attr.qp_type,
             first_psn: Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF),
@@ -75,6 +96,8 @@ pub struct Qp {
     pd: Arc<PdInner>,
     /// The send and receive CQs, held so they outlive the QP that completes into them.
     _cqs: [Arc<CqInner>; 2],
+    /// The SRQ it takes its receives from, held so it outlives the QP.
+    _srq: Option<Arc<SrqInner>>,
     qpn: u32,
     qp_type: QpType,
     /// Our first PSN, chosen at random, as rc_pingpong does.
