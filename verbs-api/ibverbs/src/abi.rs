@@ -79,7 +79,9 @@ pub struct verbs_context {
     pub query_device_ex: usize,
     pub _ops_224_to_264: [usize; 5],
     pub create_qp_ex: Option<CreateQpEx>,
-    pub _ops_272_to_312: [usize; 5],
+    pub get_srq_num: usize,
+    pub create_srq_ex: Option<CreateSrqEx>,
+    pub _ops_288_to_312: [usize; 3],
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -515,6 +517,56 @@ pub struct ibv_async_event {
     pub event_type: u32,
 }
 
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    /// `struct ibv_tm_cap`.
+    pub tm_cap: [u32; 2],
+}
+
+pub type CreateSrqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+
+/// `enum ibv_srq_init_attr_mask`.
+pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
+pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+/// `IBV_SRQT_BASIC` of `enum ibv_srq_type` (the others are XRC and tag matching).
+pub const IBV_SRQT_BASIC: u32 = 0;
+/// `enum ibv_srq_attr_mask`.
+pub const IBV_SRQ_MAX_WR: c_int = 1;
+pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
+
 #[cfg(test)]
 mod layout_tests {
     use super::*;
@@ -582,6 +634,7 @@ mod layout_tests {
             create_qp_ex,
             sz
         );
+        at!(verbs_context, get_srq_num, create_srq_ex);
         at!(verbs_context, context);
         size!(ibv_port_attr);
         at!(
@@ -880,6 +933,32 @@ mod layout_tests {
         );
         size!(ibv_async_event);
         at!(ibv_async_event, element, event_type);
+        size!(ibv_srq);
+        at!(
+            ibv_srq,
+            context,
+            srq_context,
+            pd,
+            handle,
+            mutex,
+            cond,
+            events_completed
+        );
+        size!(ibv_srq_attr);
+        at!(ibv_srq_attr, max_wr, max_sge, srq_limit);
+        size!(ibv_srq_init_attr);
+        at!(ibv_srq_init_attr, srq_context, attr);
+        size!(ibv_srq_init_attr_ex);
+        at!(
+            ibv_srq_init_attr_ex,
+            srq_context,
+            attr,
+            comp_mask,
+            srq_type,
+            pd,
+            xrcd
+        );
+        at!(ibv_srq_init_attr_ex, cq, tm_cap);
         rows
     }
 

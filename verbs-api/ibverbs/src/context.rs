@@ -16,7 +16,7 @@ use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
 
 use crate::abi::*;
 use crate::device::DeviceSlot;
-use crate::{cq, qp};
+use crate::{cq, qp, srq};
 
 const EINVAL: c_int = 22;
 const EAGAIN: c_int = 11;
@@ -36,6 +36,8 @@ pub(crate) struct Context {
     pub(crate) cqs: Mutex<HashMap<roce_verbs::CqId, usize>>,
     /// Each QP by number, as async events name it (a `qp::Qp`).
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
+    /// Each SRQ by id, as its limit event names it (a `srq::Srq`).
+    pub(crate) srqs: Mutex<HashMap<roce_verbs::SrqId, usize>>,
     async_fd: OwnedFd,
     _holder: Arc<DeviceLock>,
 }
@@ -155,6 +157,7 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
     ops.req_notify_cq = Some(cq::req_notify_cq);
     ops.post_send = Some(qp::post_send);
     ops.post_recv = Some(qp::post_recv);
+    ops.post_srq_recv = Some(srq::post_srq_recv);
     let context = Box::new(Context {
         raw: verbs_context {
             query_port: Some(query_port_ex),
@@ -164,7 +167,9 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
             query_device_ex: 0,
             _ops_224_to_264: [0; 5],
             create_qp_ex: Some(qp::create_qp_ex),
-            _ops_272_to_312: [0; 5],
+            get_srq_num: 0,
+            create_srq_ex: Some(srq::create_srq_ex),
+            _ops_288_to_312: [0; 3],
             sz: size_of::<verbs_context>(),
             context: ibv_context {
                 device,
@@ -181,6 +186,7 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
         starting: Mutex::new(()),
         cqs: Mutex::new(HashMap::new()),
         qps: Mutex::new(HashMap::new()),
+        srqs: Mutex::new(HashMap::new()),
         async_fd,
         _holder: holder,
     });
@@ -315,9 +321,9 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
         max_ah: 1 << 16,
         max_fmr: 0,
         max_map_per_fmr: 0,
-        max_srq: 0,
-        max_srq_wr: 0,
-        max_srq_sge: 0,
+        max_srq: clamp(limits.max_srq.into()),
+        max_srq_wr: clamp(limits.max_srq_wr.into()),
+        max_srq_sge: clamp(limits.max_srq_sge.into()),
         max_pkeys: 1,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,
@@ -577,6 +583,8 @@ pub(crate) extern "C" fn get_pkey_index(_: *mut ibv_context, port: u8, pkey: u16
 const IBV_EVENT_QP_FATAL: u32 = 1;
 const IBV_EVENT_QP_REQ_ERR: u32 = 2;
 const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
 /// The `ibv_event_type` and QP number of a QP's event. A CQ overflow is reported on the QP
 /// whose completion was lost (`QP_FATAL`): the transport knows the QP, not the `ibv_cq`.
@@ -587,8 +595,26 @@ fn event_of(event: &AsyncEvent) -> Option<(u32, u32)> {
         }
         AsyncEvent::QpRequestError { qpn } => (IBV_EVENT_QP_REQ_ERR, qpn),
         AsyncEvent::QpAccessError { qpn } => (IBV_EVENT_QP_ACCESS_ERR, qpn),
+        AsyncEvent::QpLastWqeReached { qpn } => (IBV_EVENT_QP_LAST_WQE_REACHED, qpn),
         _ => return None,
     })
+}
+
+impl Context {
+    /// The `ibv_event_type` and `element` (our `ibv_qp` or `ibv_srq`) of an async event;
+    /// `None` for events of objects C callers do not see.
+    fn element_of(&self, event: &AsyncEvent) -> Option<(u32, usize)> {
+        if let AsyncEvent::SrqLimitReached { srq } = event {
+            let srqs = self.srqs.lock().ok()?;
+            return Some((IBV_EVENT_SRQ_LIMIT_REACHED, *srqs.get(srq)?));
+        }
+        let (event_type, qpn) = event_of(event)?;
+        let qps = self.qps.lock().ok();
+        Some((
+            event_type,
+            qps.and_then(|qps| qps.get(&qpn).copied()).unwrap_or(0),
+        ))
+    }
 }
 
 /// `ibv_get_async_event`: waits for one, or with `async_fd` non-blocking fails with
@@ -613,19 +639,13 @@ pub(crate) unsafe extern "C" fn get_async_event(
             .and_then(roce_verbs::Context::try_get_async_event)
         {
             Ok(Some(happened)) => {
-                let Some((event_type, qpn)) = event_of(&happened) else {
+                let Some((event_type, element)) = ours.element_of(&happened) else {
                     continue;
                 };
-                let qp = ours
-                    .qps
-                    .lock()
-                    .ok()
-                    .and_then(|qps| qps.get(&qpn).copied())
-                    .unwrap_or(0);
                 // SAFETY: the caller passes a writable event (checked not null above).
                 unsafe {
                     event.write(ibv_async_event {
-                        element: qp,
+                        element,
                         event_type,
                     })
                 };

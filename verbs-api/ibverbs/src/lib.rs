@@ -21,6 +21,7 @@ mod cq;
 mod device;
 mod pd;
 mod qp;
+mod srq;
 mod strings;
 #[cfg(test)]
 mod test_support;
@@ -68,6 +69,10 @@ export!("ibv_modify_qp" @ "IBVERBS_1.1" => qp::modify_qp);
 export!("ibv_query_qp" @ "IBVERBS_1.1" => qp::query_qp);
 export!("ibv_destroy_qp" @ "IBVERBS_1.1" => qp::destroy_qp);
 export!("ibv_qp_to_qp_ex" @ "IBVERBS_1.6" => qp::qp_to_qp_ex);
+export!("ibv_create_srq" @ "IBVERBS_1.1" => srq::create_srq);
+export!("ibv_modify_srq" @ "IBVERBS_1.1" => srq::modify_srq);
+export!("ibv_query_srq" @ "IBVERBS_1.1" => srq::query_srq);
+export!("ibv_destroy_srq" @ "IBVERBS_1.1" => srq::destroy_srq);
 export!("ibv_create_ah" @ "IBVERBS_1.1" => qp::create_ah);
 export!("ibv_destroy_ah" @ "IBVERBS_1.1" => qp::destroy_ah);
 export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => qp::init_ah_from_wc);
@@ -78,10 +83,6 @@ export!("ibv_node_type_str" @ "IBVERBS_1.1" => strings::node_type_str);
 export!("ibv_port_state_str" @ "IBVERBS_1.1" => strings::port_state_str);
 // Not supported by this device; rdma-core fails them the same way for a provider without
 // them.
-export!("ibv_create_srq" @ "IBVERBS_1.1" => unsupported::null);
-export!("ibv_destroy_srq" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_modify_srq" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_query_srq" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_attach_mcast" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_detach_mcast" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_rereg_mr" @ "IBVERBS_1.1" => unsupported::int);
@@ -143,6 +144,7 @@ pub(crate) fn errno_of(error: &roce_verbs::Error) -> i32 {
         Error::Io(error) => error.raw_os_error().unwrap_or(5),
         Error::Mr(_) | Error::ModifyQp(_) | Error::CreateQp(_) => EINVAL,
         Error::Post(error) => post_errno(error),
+        Error::Srq(error) => error.errno(),
         Error::Unsupported(_) => roce_cabi::EOPNOTSUPP,
         Error::TimedOut => 110,
         Error::NoNeighbour(_) | Error::NoNeighbour6(_) => 113,

@@ -15,6 +15,7 @@ use crate::abi::*;
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::pd::Pd;
+use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
 
@@ -48,7 +49,7 @@ impl Qp {
     }
 }
 
-fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T {
+pub(crate) fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T {
     crate::log_failure(call, why);
     set_errno(errno);
     core::ptr::null_mut()
@@ -151,16 +152,15 @@ pub(crate) unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 /// Creates a QP.
 ///
 /// # Safety
-/// `c.pd` is a PD of ours; the CQs are NULL or ours.
+/// `c.pd` is a PD of ours; the CQs and the SRQ are NULL or ours.
 unsafe fn create(c: Creation) -> *mut ibv_qp {
     const CALL: &str = "ibv_create_qp";
     // SAFETY: per this function's contract.
     let Some(ours) = (unsafe { Pd::from_raw(c.pd) }) else {
         return fail_null(CALL, EINVAL, &"NULL PD");
     };
-    if !c.srq.is_null() {
-        return fail_null(CALL, EOPNOTSUPP, &"shared receive queues");
-    }
+    // SAFETY: per this function's contract.
+    let srq = unsafe { Srq::from_raw(c.srq) };
     let qp_type = match c.qp_type {
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
@@ -178,7 +178,13 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         return fail_null(CALL, EINVAL, &"PD without a context");
     };
     let limits = context.device().query();
-    let cap = *c.cap;
+    let mut cap = *c.cap;
+    if srq.is_some() {
+        // A QP on an SRQ has no receive queue: rxe ignores and reports 0 for its caps.
+        cap.max_recv_wr = 0;
+        cap.max_recv_sge = 0;
+        *c.cap = cap;
+    }
     if cap.max_send_wr > limits.max_qp_wr
         || cap.max_recv_wr > limits.max_qp_wr
         || cap.max_send_sge > limits.max_sge
@@ -201,7 +207,11 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         caps,
         sq_sig_all: c.sq_sig_all != 0,
     };
-    let qp = match ours.pd.create_qp(&attr) {
+    let created = match srq {
+        Some(srq) => ours.pd.create_qp_with_srq(&attr, &srq.srq),
+        None => ours.pd.create_qp(&attr),
+    };
+    let qp = match created {
         Ok(qp) => qp,
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
@@ -212,7 +222,7 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         pd: c.pd,
         send_cq: c.send_cq,
         recv_cq: c.recv_cq,
-        srq: core::ptr::null_mut(),
+        srq: c.srq,
         handle: 0,
         qp_num,
         state: 0,
@@ -236,6 +246,9 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(srq) = srq {
+        srq.users.fetch_add(1, Ordering::AcqRel);
+    }
     if let Ok(mut qps) = context.qps.lock() {
         qps.insert(qp_num, ptr as usize);
     }
@@ -262,6 +275,9 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         if let Some(pd) = Pd::from_raw(ours.raw.qp_base.pd) {
             pd.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(srq) = Srq::from_raw(ours.raw.qp_base.srq) {
+            srq.users.fetch_sub(1, Ordering::AcqRel);
         }
         drop(Box::from_raw(qp.cast::<Qp>()));
     }
@@ -648,7 +664,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
 }
 
 /// Walks a caller's list of work requests, converting each until one does not convert.
-struct Walk<W, F> {
+pub(crate) struct Walk<W, F> {
     next: *mut W,
     /// Converts one request; called only on valid requests of the caller's list.
     convert: F,
@@ -692,7 +708,7 @@ unsafe fn nth<W>(mut wr: *mut W, index: usize, next_of: fn(&W) -> *mut W) -> *mu
 ///
 /// # Safety
 /// `wr` is a NULL-terminated list of valid requests; `bad_wr` is writable.
-unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
+pub(crate) unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
     wr: *mut W,
     bad_wr: *mut *mut W,
     convert: F,
@@ -752,7 +768,7 @@ pub(crate) unsafe extern "C" fn post_send(
 ///
 /// # Safety
 /// `wr` is a valid work request of the caller's.
-unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+pub(crate) unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
     Ok(RecvWr {
         wr_id: wr.wr_id,
         // SAFETY: the caller's list of `num_sge` elements.
