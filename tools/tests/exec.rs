@@ -513,3 +513,28 @@ fn error_paths_answer_as_rdma_core_defines_them() {
         text(&run)
     );
 }
+
+#[test]
+fn ibv_srq_pingpong_talks_to_itself_between_namespaces() {
+    let test = "ibv_srq_pingpong_talks_to_itself_between_namespaces";
+    if !root_and(test, &["ibv_srq_pingpong"]) {
+        return;
+    }
+    let (a, b) = two_namespaces(1500);
+    let iters = 100;
+    let n = iters.to_string();
+    // 16 RC QPs on one SRQ (the default), then 4.
+    let runs: [(&str, &[&str]); 2] = [("16 QPs", &[]), ("-q 4", &["-q", "4"])];
+    for (name, flags) in runs {
+        let common = [&["ibv_srq_pingpong", "-g", "1", "-n", &n][..], flags].concat();
+        let server = exec_in(&b, &[&common[..], &["-d", "eb"]].concat())
+            .spawn()
+            .unwrap();
+        wait_for_listener(&b, 18515);
+        let client_args = [&common[..], &["-d", "ea", "10.83.0.2"]].concat();
+        let client = exec_in(&a, &client_args).output().unwrap();
+        let server = server.wait_with_output().unwrap();
+        check_pingpong(&format!("{name} client"), &client, iters, 4096);
+        check_pingpong(&format!("{name} server"), &server, iters, 4096);
+    }
+}
