@@ -180,11 +180,12 @@ impl SrqTable {
     /// `ibv_post_srq_recv` for one work request, copied into the SRQ.
     pub fn post(&mut self, id: SrqId, wr: &RecvWr) -> Result<(), SrqError> {
         let srq = self.get_mut(id)?;
-        if wr.sg_list.len() > srq.max_sge as usize {
-            return Err(SrqError::TooManySge);
-        }
+        // rxe's order: a full queue first.
         if srq.wqes.len() >= srq.max_wr as usize {
             return Err(SrqError::QueueFull);
+        }
+        if wr.sg_list.len() > srq.max_sge as usize {
+            return Err(SrqError::TooManySge);
         }
         srq.wqes.push_slot().clone_from(wr);
         Ok(())

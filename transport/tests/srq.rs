@@ -203,11 +203,6 @@ fn srq_calls_refused_as_rxe_refuses_them() {
     let key = receive_region(&mut sim, 8);
     let endpoint = &mut sim.nodes[B].endpoint;
     let wr = |wr_id| recv_wr(wr_id, sge(DST, SLOT, key));
-    for wr_id in 0..4 {
-        endpoint.post_srq_recv(srq, &wr(wr_id)).unwrap();
-    }
-    let full = endpoint.post_srq_recv(srq, &wr(4)).unwrap_err();
-    assert_eq!((full, full.errno()), (SrqError::QueueFull, ENOMEM));
     let two_sges = RecvWr {
         wr_id: 5,
         sg_list: [sge(DST, 8, key), sge(DST + 8, 8, key)]
@@ -216,6 +211,11 @@ fn srq_calls_refused_as_rxe_refuses_them() {
     };
     let error = endpoint.post_srq_recv(srq, &two_sges).unwrap_err();
     assert_eq!((error, error.errno()), (SrqError::TooManySge, EINVAL));
+    for wr_id in 0..4 {
+        endpoint.post_srq_recv(srq, &wr(wr_id)).unwrap();
+    }
+    let full = endpoint.post_srq_recv(srq, &wr(4)).unwrap_err();
+    assert_eq!((full, full.errno()), (SrqError::QueueFull, ENOMEM));
 
     let modify = |max_wr: Option<u32>, srq_limit: Option<u32>| SrqModify { max_wr, srq_limit };
     let refused = [

@@ -108,10 +108,47 @@ int main(int argc, char **argv)
 	CHECK(!ibv_create_cq_ex(ctx, &cq_ex) && errno == EOPNOTSUPP);
 	errno = 0;
 	CHECK(!ibv_alloc_mw(pd, IBV_MW_TYPE_1) && errno == EOPNOTSUPP);
-	struct ibv_srq_init_attr srq = { .attr = { .max_wr = 4, .max_sge = 1 } };
-	errno = 0;
-	CHECK(!ibv_create_srq(pd, &srq) && errno == EOPNOTSUPP);
 	CHECK(!ibv_qp_to_qp_ex(qp));
+
+	/* Shared receive queues, refused as rxe refuses them. */
+	struct ibv_srq_init_attr srq_init = { .attr = { .max_wr = 0, .max_sge = 1 } };
+	errno = 0;
+	CHECK(!ibv_create_srq(pd, &srq_init) && errno == EINVAL);
+	srq_init.attr.max_wr = 2;
+	struct ibv_srq *srq = ibv_create_srq(pd, &srq_init);
+	CHECK(srq && srq->pd == pd && srq->context == ctx && srq_init.attr.max_wr == 2);
+	bad_recv = NULL;
+	CHECK(ibv_post_srq_recv(srq, &wide, &bad_recv) == EINVAL && bad_recv == &wide);
+	bad_recv = NULL;
+	CHECK(ibv_post_srq_recv(srq, &rwr[0], &bad_recv) == ENOMEM && bad_recv == &rwr[2]);
+	struct ibv_srq_attr srq_attr = { .srq_limit = 3 };
+	CHECK(ibv_modify_srq(srq, &srq_attr, IBV_SRQ_LIMIT) == EINVAL);
+	srq_attr.srq_limit = 1;
+	CHECK(ibv_modify_srq(srq, &srq_attr, IBV_SRQ_LIMIT) == 0);
+	srq_attr.max_wr = 1;
+	CHECK(ibv_modify_srq(srq, &srq_attr, IBV_SRQ_MAX_WR) == EINVAL);
+	memset(&srq_attr, 0, sizeof srq_attr);
+	CHECK(ibv_query_srq(srq, &srq_attr) == 0 && srq_attr.max_wr == 2 && srq_attr.srq_limit == 1);
+	struct ibv_qp_init_attr on_srq = init;
+	on_srq.srq = srq;
+	struct ibv_qp *srq_qp = ibv_create_qp(pd, &on_srq);
+	CHECK(srq_qp && srq_qp->srq == srq && on_srq.cap.max_recv_wr == 0);
+	bad_recv = NULL;
+	CHECK(ibv_post_recv(srq_qp, &rwr[2], &bad_recv) == EINVAL && bad_recv == &rwr[2]);
+	/* An SRQ a QP uses cannot go. */
+	CHECK(ibv_destroy_srq(srq) == EBUSY);
+	CHECK(ibv_destroy_qp(srq_qp) == 0);
+	/* No XRC: XRC SRQs and SRQ numbers are EOPNOTSUPP. */
+	struct ibv_srq_init_attr_ex xrc = {
+		.attr = { .max_wr = 2, .max_sge = 1 },
+		.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ,
+		.srq_type = IBV_SRQT_XRC, .pd = pd, .cq = cq,
+	};
+	errno = 0;
+	CHECK(!ibv_create_srq_ex(ctx, &xrc) && errno == EOPNOTSUPP);
+	uint32_t srq_num;
+	CHECK(ibv_get_srq_num(srq, &srq_num) == EOPNOTSUPP);
+	CHECK(ibv_destroy_srq(srq) == 0);
 
 	CHECK(ibv_destroy_qp(qp) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
