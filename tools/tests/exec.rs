@@ -393,6 +393,11 @@ fn perftest_runs_on_both_sides_between_namespaces() {
             ("65536", "1000"),
         ),
         run(&["ib_send_bw", "-c", "UD", "-n", "1000"], ("4096", "1000")),
+        // Four QPs receiving from one shared receive queue.
+        run(
+            &["ib_send_bw", "--use-srq", "-q", "4", "-n", "500"],
+            ("65536", "2000"),
+        ),
         run(
             &["ib_send_bw", "-I", "64", "-s", "64", "-n", "1000"],
             ("64", "1000"),
