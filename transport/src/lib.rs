@@ -26,6 +26,10 @@
 //!   duplicate only moves the cursor back, so what the responder queues is bounded by its
 //!   resources, never by the bytes a peer asks for.
 //!
+//! A QP may take its receives from a shared receive queue ([`srq`]) instead of its own: it
+//! takes the SRQ's next WQE when a message needs one and holds it until the message
+//! completes, so the responder always reads the front of the QP's own queue.
+//!
 //! A QP that goes to ERR on its own says why: the failing completion carries the precise
 //! status and the endpoint raises the matching async event.
 //!
