@@ -236,6 +236,7 @@ impl<B: Backend> Engine<B> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
             self.stats.tx_unroutable += 1;
+            self.endpoint.transmit_failed();
             return Ok(true);
         };
         let mut emitted = Ok(());
@@ -254,7 +255,10 @@ impl<B: Backend> Engine<B> {
                 self.stats.tx_full += 1;
                 return Ok(false);
             }
-            Err(error) if concerns_one_packet(&error) => self.stats.tx_failed += 1,
+            Err(error) if concerns_one_packet(&error) => {
+                self.stats.tx_failed += 1;
+                self.endpoint.transmit_failed();
+            }
             Err(error) => return Err(error),
         }
         Ok(true)
@@ -470,6 +474,8 @@ mod tests {
             let mut engine = engine_with_a_send(Refusing(errno));
             engine.poll().expect("the engine goes on");
             assert_eq!(engine.stats.tx_failed, 1, "errno {errno}");
+            let counters = engine.endpoint().counters();
+            assert_eq!((counters.sent_pkts, counters.send_err), (0, 1), "as rxe counts it");
         }
     }
 

@@ -46,8 +46,8 @@
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
 //! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `qp`,
-//! `context`, the public front that opens a device and makes the objects, and `cm`, the
-//! connection manager (rdma_cm) over it.
+//! `context`, the public front that opens a device and makes the objects, `counters` (its
+//! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -58,6 +58,7 @@ mod cm;
 mod cm_routes;
 mod context;
 mod core;
+mod counters;
 mod cq;
 pub mod device;
 mod engine_thread;
@@ -75,6 +76,7 @@ mod shared;
 mod wait;
 
 pub use ah::AddressHandle;
+pub use roce_transport::Counters;
 pub use backend::BackendKind;
 pub use channel::CompChannel;
 pub use cm::{

@@ -95,6 +95,7 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
         qp.stats.dropped += 1;
         return None;
     }
+    ctx.counters.rcvd_pkts += 1;
     let psn = frame.bth.psn;
     // Only PSNs sent and not yet acknowledged can be answered; anything else is a
     // duplicate or a ghost.
@@ -108,10 +109,14 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
         (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, psn, true),
         (Operation::Acknowledge, Some(Syndrome::RnrNak(timer))) => {
             qp.stats.naks_received += 1;
+            ctx.counters.rcvd_rnr_err += 1;
             nak_retry(qp, psn, Retry::Rnr(timer))
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
             qp.stats.naks_received += 1;
+            if acknowledges_within_message(qp, psn) {
+                ctx.counters.rcvd_seq_err += 1;
+            }
             nak_retry(qp, psn, Retry::Transport)
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
@@ -156,6 +161,19 @@ pub(crate) fn settle(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr, acked_before: Ps
         }
         _ => qp.timers.stop(Timer::Retransmit),
     }
+}
+
+/// Whether a sequence NAK for `psn` acknowledges packets of the message that holds `psn`
+/// that nothing acknowledged before: what rxe counts in `rcvd_seq_err`.
+fn acknowledges_within_message(qp: &Qp, psn: Psn) -> bool {
+    let mut index = 0;
+    while let Some(wqe) = qp.sq.get(index) {
+        if wqe.contains(psn) {
+            return psn.distance(wqe.first_psn) > 0 && psn.distance(qp.sq.acked_psn() + 1) > 0;
+        }
+        index += 1;
+    }
+    false
 }
 
 /// A sequence or RNR NAK for `psn` acknowledges everything before it, then the requester

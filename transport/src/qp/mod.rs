@@ -16,14 +16,15 @@ use roce_wire::aeth::RnrTimer;
 use roce_wire::frame::IpRepr;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use crate::cq::{Cq, WcStatus, WorkCompletion};
+use crate::counters::Counters;
+use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{
     check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
 };
 use crate::timer::{Timer, TimerTable};
-use crate::wr::{RecvWr, SendWr, UdDest};
+use crate::wr::{RecvWr, SendOp, SendWr, UdDest};
 use crate::AccessFlags;
 
 use completer::{Completer, Outcome, Then};
@@ -319,6 +320,7 @@ pub(crate) struct Ctx<'a> {
     pub now: Instant,
     pub mrs: &'a mut MrTable,
     pub cqs: &'a mut [Cq],
+    pub counters: &'a mut Counters,
 }
 
 /// One queue pair. The fields the endpoint reads are public; the rest belong to this module
@@ -495,10 +497,19 @@ impl Qp {
             Then::Retry { from, wait } => {
                 if let Some(wait) = wait {
                     self.timers.set(Timer::RnrWait, ctx.now + wait);
+                } else {
+                    ctx.counters.completer_retry_err += 1;
                 }
                 self.sq.rewind(from);
             }
-            Then::Fail(status) => self.fail_wqe(ctx, 0, status),
+            Then::Fail(status) => {
+                match status {
+                    WcStatus::RetryExceeded => ctx.counters.retry_exceeded_err += 1,
+                    WcStatus::RnrRetryExceeded => ctx.counters.retry_rnr_exceeded_err += 1,
+                    _ => {}
+                }
+                self.fail_wqe(ctx, 0, status)
+            }
         }
     }
 
@@ -591,6 +602,10 @@ impl Qp {
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
     #[inline(always)]
     fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
+        let received = matches!(completion.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if received && completion.status == WcStatus::Success {
+            ctx.counters.rdma_recvs += 1;
+        }
         if ctx.cqs[cq].push(completion).is_err() {
             self.cq_overflowed = true;
             if self.state != QpState::Err {
@@ -606,6 +621,7 @@ impl Qp {
             return;
         }
         let completion = self.sq.success_of_front(self.qpn, self.sq_sig_all);
+        count_send(ctx.counters, self.sq.front().map(|wqe| &wqe.wr));
         self.sq.pop_front();
         if let Some(completion) = completion {
             self.complete(ctx, self.send_cq, completion);
@@ -625,6 +641,7 @@ impl Qp {
             let status = if flushed < index {
                 WcStatus::WrFlush
             } else {
+                count_send(ctx.counters, Some(&wqe.wr));
                 status
             };
             let completion = send_queue::completion(self.qpn, &wqe.wr, status, 0);
@@ -658,5 +675,18 @@ impl Qp {
             let completion = responder::recv_completion(self.qpn, wr, WcStatus::WrFlush);
             self.complete(ctx, self.recv_cq, completion);
         }
+    }
+}
+
+/// rxe's `rdma_sends`: a SEND work request (of any kind) completing, whatever its status.
+fn count_send(counters: &mut Counters, wr: Option<&SendWr>) {
+    let send = |wr: &SendWr| {
+        matches!(
+            wr.op,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_)
+        )
+    };
+    if wr.is_some_and(send) {
+        counters.rdma_sends += 1;
     }
 }

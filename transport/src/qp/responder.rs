@@ -252,6 +252,9 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         qp.stats.dropped += 1;
         return;
     }
+    if qp.qp_type != QpType::Ud {
+        ctx.counters.rcvd_pkts += 1; // a UD packet counts once its Q_Key matched
+    }
     match qp.qp_type {
         QpType::Rc => rc_request(qp, ctx, frame),
         QpType::Uc => uc_request(qp, ctx, frame),
@@ -265,6 +268,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     if ahead > 0 {
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
+            ctx.counters.out_of_seq_request += 1;
             let epsn = qp.resp.epsn;
             nak(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
@@ -272,6 +276,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         return;
     }
     if ahead < 0 {
+        ctx.counters.duplicate_request += 1;
         return duplicate(qp, ctx, frame);
     }
     qp.resp.nak_sent = false;
@@ -279,6 +284,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         Ok(()) => {}
         Err(Refusal::NotReady) => {
             let timer = qp.config.min_rnr_timer;
+            ctx.counters.send_rnr_err += 1;
             nak(qp, psn, Syndrome::RnrNak(timer));
         }
         Err(Refusal::Fatal(code, receive)) => {
@@ -653,6 +659,9 @@ fn abandon_message(qp: &mut Qp) {
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
 fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let Some(deth) = frame.ext.deth else { return };
+    if deth.qkey == qp.config.qkey {
+        ctx.counters.rcvd_pkts += 1;
+    }
     if deth.qkey != qp.config.qkey || qp.resp.rq.is_empty() {
         qp.stats.dropped += 1;
         return;
