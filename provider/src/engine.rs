@@ -475,7 +475,11 @@ mod tests {
             engine.poll().expect("the engine goes on");
             assert_eq!(engine.stats.tx_failed, 1, "errno {errno}");
             let counters = engine.endpoint().counters();
-            assert_eq!((counters.sent_pkts, counters.send_err), (0, 1), "as rxe counts it");
+            assert_eq!(
+                (counters.sent_pkts, counters.send_err),
+                (0, 1),
+                "as rxe counts it"
+            );
         }
     }
 

@@ -183,7 +183,10 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
         (sends as u64, recvs as u64),
         "{counters:?}"
     );
-    assert!(counters.sent_pkts > 0 && counters.rcvd_pkts > 0, "{counters:?}");
+    assert!(
+        counters.sent_pkts > 0 && counters.rcvd_pkts > 0,
+        "{counters:?}"
+    );
     let per_queue = ctx
         .with_backend(|backend| backend.received_per_queue())
         .unwrap();

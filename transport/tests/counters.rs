@@ -94,8 +94,14 @@ fn loss_counts_sequence_errors_retries_and_duplicates() {
     assert_eq!((a.sent_pkts, b.sent_pkts), (a_sent, b_sent));
     assert_eq!((a.rcvd_pkts, b.rcvd_pkts), (b_delivered, a_delivered));
     assert_eq!(b.out_of_seq_request, 1);
-    assert_eq!(b.duplicate_request, 2, "the two packets resent after the timeout");
-    assert_eq!(a.rcvd_seq_err, 1, "the NAK acknowledged two packets of the SEND");
+    assert_eq!(
+        b.duplicate_request, 2,
+        "the two packets resent after the timeout"
+    );
+    assert_eq!(
+        a.rcvd_seq_err, 1,
+        "the NAK acknowledged two packets of the SEND"
+    );
     assert_eq!(a.completer_retry_err, 2, "one NAK, one timeout");
     assert_eq!((a.rdma_sends, b.rdma_recvs), (1, 1));
     assert_eq!((a.rdma_recvs, b.rdma_sends), (0, 0));
@@ -107,7 +113,10 @@ fn loss_counts_sequence_errors_retries_and_duplicates() {
         "rdma_sends",
     ];
     let mut others = a.iter().filter(|(name, _)| !counted.contains(name));
-    assert!(others.all(|(_, value)| value == 0), "nothing else at A: {a:?}");
+    assert!(
+        others.all(|(_, value)| value == 0),
+        "nothing else at A: {a:?}"
+    );
 }
 
 /// A NAK for the first PSN of a message acknowledges nothing inside it: rxe counts the retry
@@ -166,7 +175,10 @@ fn rnr_naks_are_counted_on_both_sides() {
     let naks = rnr_naks(&log) as u64;
     assert!(naks >= 2);
     assert_eq!((a.rcvd_rnr_err, b.send_rnr_err), (naks, naks));
-    assert_eq!(a.completer_retry_err, 0, "RNR waits are not transport retries");
+    assert_eq!(
+        a.completer_retry_err, 0,
+        "RNR waits are not transport retries"
+    );
     assert_eq!(a.retry_rnr_exceeded_err, 0);
 }
 

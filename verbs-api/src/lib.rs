@@ -76,7 +76,6 @@ mod shared;
 mod wait;
 
 pub use ah::AddressHandle;
-pub use roce_transport::Counters;
 pub use backend::BackendKind;
 pub use channel::CompChannel;
 pub use cm::{
@@ -90,6 +89,7 @@ pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd};
 pub use options::{BackendChoice, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
+pub use roce_transport::Counters;
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;

@@ -602,7 +602,10 @@ impl Qp {
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
     #[inline(always)]
     fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
-        let received = matches!(completion.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        let received = matches!(
+            completion.opcode,
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
+        );
         if received && completion.status == WcStatus::Success {
             ctx.counters.rdma_recvs += 1;
         }

@@ -11,7 +11,8 @@
 //! - **Engine**: one per opened context, on a background thread (`ROCE_PROGRESS=events`,
 //!   the default, sleeps on the socket; `busy` spins); `ROCE_BACKEND=auto|afxdp|udp`
 //!   chooses how frames move; `ROCE_PCAP=FILE` records them; `ROCE_LOG=1` says on stderr
-//!   why calls fail.
+//!   why calls fail; `ROCE_STATS=1` prints each device's rxe-named counters when it is
+//!   closed or the program exits.
 //! - **Errors**: what rdma-core returns; whatever we do not support fails with
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
 
@@ -21,6 +22,7 @@ mod cq;
 mod device;
 mod pd;
 mod qp;
+mod stats;
 mod strings;
 #[cfg(test)]
 mod test_support;
