@@ -235,6 +235,7 @@ impl<B: Backend> Engine<B> {
     fn transmit(&mut self, transmit: &Transmit) -> io::Result<bool> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
+            tracing::debug!(qpn = transmit.src_qpn, dgid = ?transmit.packet.av.dgid, "not sent: no route or neighbour");
             self.stats.tx_unroutable += 1;
             self.endpoint.transmit_failed();
             return Ok(true);
@@ -256,6 +257,7 @@ impl<B: Backend> Engine<B> {
                 return Ok(false);
             }
             Err(error) if concerns_one_packet(&error) => {
+                tracing::debug!(qpn = transmit.src_qpn, %error, "not sent: the link refused it");
                 self.stats.tx_failed += 1;
                 self.endpoint.transmit_failed();
             }
@@ -297,6 +299,7 @@ fn receive(
 ) {
     stats.rx_frames += 1;
     if bytes.get(..6) != Some(&mac[..]) {
+        tracing::trace!(len = bytes.len(), "dropped: not to our MAC");
         stats.rx_not_ours += 1;
         return;
     }
@@ -304,7 +307,10 @@ fn receive(
     match parsed {
         Ok(repr) => endpoint.handle_packet(now, &repr),
         Err(FrameError::NotRoce) => stats.rx_other += 1,
-        Err(_) => stats.rx_rejected += 1,
+        Err(error) => {
+            tracing::debug!(?error, len = bytes.len(), "dropped: RoCEv2 frame rejected");
+            stats.rx_rejected += 1;
+        }
     }
 }
 

@@ -507,6 +507,7 @@ impl Endpoint {
     /// Feeds one received packet (already parsed and ICRC-checked by the caller).
     pub fn handle_packet(&mut self, now: Instant, frame: &FrameRepr) {
         if !self.is_for_us(frame) {
+            tracing::trace!(destination = ?frame.ip, "dropped: not addressed to our GIDs");
             self.misaddressed_drops += 1;
             return;
         }
@@ -518,6 +519,7 @@ impl Endpoint {
             qp.handle_packet(ctx, frame)
         });
         if handled.is_none() {
+            tracing::trace!(qpn = frame.bth.dest_qpn, "dropped: no such QP");
             self.unknown_qp_drops += 1;
         }
     }
@@ -533,6 +535,7 @@ impl Endpoint {
             && frame.payload.len() >= mad::MAD_LEN
             && frame.payload[1] == wire_cm::MGMT_CLASS;
         if !is_cm_mad {
+            tracing::trace!(opcode = ?frame.bth.opcode, "dropped: not a CM MAD on QP 1");
             self.gsi_drops += 1;
             return;
         }

@@ -101,10 +101,14 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
     // duplicate or a ghost.
     let sent_unacked = psn.distance(qp.sq.acked_psn()) > 0 && psn.distance(qp.sq.next_psn()) < 0;
     if !sent_unacked {
+        tracing::trace!(qpn = qp.qpn, %psn, "dropped: response outside the window (duplicate or ghost)");
         qp.stats.dropped += 1;
         return None;
     }
     let syndrome = frame.ext.aeth.map(|aeth| aeth.syndrome);
+    if let Some(nak @ (Syndrome::Nak(_) | Syndrome::RnrNak(_))) = syndrome {
+        tracing::debug!(qpn = qp.qpn, %psn, syndrome = ?nak, "NAK received");
+    }
     Some(match (frame.bth.opcode.info().operation, syndrome) {
         (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, psn, true),
         (Operation::Acknowledge, Some(Syndrome::RnrNak(timer))) => {
@@ -202,6 +206,7 @@ fn nak_retry(qp: &mut Qp, psn: Psn, why: Retry) -> Outcome {
         _ => psn,
     };
     qp.comp.recovering = Some(resume);
+    tracing::debug!(qpn = qp.qpn, nak = %psn, %resume, "retransmitting after a NAK");
     done.then(retry(qp, resume, why))
 }
 
@@ -336,6 +341,7 @@ fn retry_lost(qp: &mut Qp, psn: Psn) -> Then {
         return Then::Nothing;
     }
     qp.comp.recovering = Some(psn);
+    tracing::debug!(qpn = qp.qpn, resume = %psn, "retransmitting: a response was lost (implied NAK)");
     retry(qp, psn, Retry::Transport)
 }
 
@@ -374,6 +380,7 @@ pub(crate) fn ack_timeout(qp: &mut Qp) -> Outcome {
     // This resend is the recovery now: loss signals that arrive before it makes progress
     // describe the same loss and must not cost another retry.
     let resume = qp.sq.acked_psn() + 1;
+    tracing::debug!(qpn = qp.qpn, %resume, "retransmitting: local ACK timeout");
     qp.comp.recovering = Some(resume);
     Outcome::complete(0).then(retry(qp, resume, Retry::Transport))
 }

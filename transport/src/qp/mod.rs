@@ -433,6 +433,9 @@ impl Qp {
         if let Some(psn) = attr.sq_psn {
             self.sq.set_psn(psn);
         }
+        if to != self.state {
+            tracing::debug!(qpn = self.qpn, from = ?self.state, ?to, "QP state (modify_qp)");
+        }
         match to {
             QpState::Err if self.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
@@ -462,6 +465,12 @@ impl Qp {
         // hears only its peer (rxe's check_keys and check_addr).
         let connected = self.qp_type != QpType::Ud;
         if frame.bth.pkey & 0x7FFF != 0x7FFF || (connected && !self.is_from_peer(frame)) {
+            tracing::debug!(
+                qpn = self.qpn,
+                pkey = frame.bth.pkey,
+                source = ?frame.ip,
+                "dropped: foreign P_Key or not from the connected peer"
+            );
             self.stats.dropped += 1;
             return;
         }
@@ -496,6 +505,7 @@ impl Qp {
             Then::Nothing => {}
             Then::Retry { from, wait } => {
                 if let Some(wait) = wait {
+                    tracing::debug!(qpn = self.qpn, ?wait, resume = %from, "RNR wait");
                     self.timers.set(Timer::RnrWait, ctx.now + wait);
                 } else {
                     ctx.counters.completer_retry_err += 1;
@@ -503,6 +513,7 @@ impl Qp {
                 self.sq.rewind(from);
             }
             Then::Fail(status) => {
+                tracing::debug!(qpn = self.qpn, ?status, "send work request failed");
                 match status {
                     WcStatus::RetryExceeded => ctx.counters.retry_exceeded_err += 1,
                     WcStatus::RnrRetryExceeded => ctx.counters.retry_rnr_exceeded_err += 1,
@@ -666,6 +677,7 @@ impl Qp {
 
     /// Moves to ERR and flushes every outstanding work request, sends first, in order.
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
+        tracing::debug!(qpn = self.qpn, from = ?self.state, failure = ?self.failure, "QP to ERR");
         self.state = QpState::Err;
         self.timers = TimerTable::default();
         let sends = self.sq.take_all();

@@ -160,6 +160,7 @@ fn flush_pending_ack(qp: &mut Qp) {
 }
 
 fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+    tracing::debug!(qpn = qp.qpn, %psn, ?syndrome, "NAK sent");
     qp.stats.naks_sent += 1;
     flush_pending_ack(qp);
     qp.resp.resources.queue_ack(psn, syndrome, qp.resp.msn);
@@ -205,6 +206,7 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
                         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
                 });
             if copied.is_err() {
+                tracing::debug!(qpn = qp.qpn, %psn, "NAK sent: READ of memory gone");
                 qp.stats.naks_sent += 1;
                 let nak = Syndrome::Nak(NakCode::RemoteAccessError);
                 out.replace_with(ack_packet(qp, psn, nak, resource.msn));
@@ -663,6 +665,11 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         ctx.counters.rcvd_pkts += 1;
     }
     if deth.qkey != qp.config.qkey || qp.resp.rq.is_empty() {
+        tracing::debug!(
+            qpn = qp.qpn,
+            qkey = deth.qkey,
+            "UD dropped: wrong Q_Key or no receive"
+        );
         qp.stats.dropped += 1;
         return;
     }
