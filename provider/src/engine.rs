@@ -235,7 +235,12 @@ impl<B: Backend> Engine<B> {
     fn transmit(&mut self, transmit: &Transmit) -> io::Result<bool> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
-            tracing::debug!(qpn = transmit.src_qpn, dgid = ?transmit.packet.av.dgid, "not sent: no route or neighbour");
+            let dgid = transmit.packet.av.dgid;
+            tracing::debug!(
+                qpn = transmit.src_qpn,
+                ?dgid,
+                "not sent: no route or neighbour"
+            );
             self.stats.tx_unroutable += 1;
             self.endpoint.transmit_failed();
             return Ok(true);

@@ -101,7 +101,7 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
     // duplicate or a ghost.
     let sent_unacked = psn.distance(qp.sq.acked_psn()) > 0 && psn.distance(qp.sq.next_psn()) < 0;
     if !sent_unacked {
-        tracing::trace!(qpn = qp.qpn, %psn, "dropped: response outside the window (duplicate or ghost)");
+        tracing::trace!(qpn = qp.qpn, %psn, "dropped: response outside the window");
         qp.stats.dropped += 1;
         return None;
     }
@@ -206,8 +206,11 @@ fn nak_retry(qp: &mut Qp, psn: Psn, why: Retry) -> Outcome {
         _ => psn,
     };
     qp.comp.recovering = Some(resume);
-    tracing::debug!(qpn = qp.qpn, nak = %psn, %resume, "retransmitting after a NAK");
-    done.then(retry(qp, resume, why))
+    let then = retry(qp, resume, why);
+    if matches!(then, Then::Retry { .. }) {
+        tracing::debug!(qpn = qp.qpn, nak = %psn, %resume, "retransmitting after a NAK");
+    }
+    done.then(then)
 }
 
 /// Completes every SEND/WRITE acknowledged by an ACK of `psn`. An ACK that covers a READ or
@@ -341,8 +344,11 @@ fn retry_lost(qp: &mut Qp, psn: Psn) -> Then {
         return Then::Nothing;
     }
     qp.comp.recovering = Some(psn);
-    tracing::debug!(qpn = qp.qpn, resume = %psn, "retransmitting: a response was lost (implied NAK)");
-    retry(qp, psn, Retry::Transport)
+    let then = retry(qp, psn, Retry::Transport);
+    if matches!(then, Then::Retry { .. }) {
+        tracing::debug!(qpn = qp.qpn, resume = %psn, "retransmitting: a response was lost");
+    }
+    then
 }
 
 /// Going back to resend from `psn`, charging the matching retry counter; when it is
@@ -380,7 +386,10 @@ pub(crate) fn ack_timeout(qp: &mut Qp) -> Outcome {
     // This resend is the recovery now: loss signals that arrive before it makes progress
     // describe the same loss and must not cost another retry.
     let resume = qp.sq.acked_psn() + 1;
-    tracing::debug!(qpn = qp.qpn, %resume, "retransmitting: local ACK timeout");
     qp.comp.recovering = Some(resume);
-    Outcome::complete(0).then(retry(qp, resume, Retry::Transport))
+    let then = retry(qp, resume, Retry::Transport);
+    if matches!(then, Then::Retry { .. }) {
+        tracing::debug!(qpn = qp.qpn, %resume, "retransmitting: local ACK timeout");
+    }
+    Outcome::complete(0).then(then)
 }
