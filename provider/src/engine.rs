@@ -235,7 +235,14 @@ impl<B: Backend> Engine<B> {
     fn transmit(&mut self, transmit: &Transmit) -> io::Result<bool> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
+            let dgid = transmit.packet.av.dgid;
+            tracing::debug!(
+                qpn = transmit.src_qpn,
+                ?dgid,
+                "not sent: no route or neighbour"
+            );
             self.stats.tx_unroutable += 1;
+            self.endpoint.transmit_failed();
             return Ok(true);
         };
         let mut emitted = Ok(());
@@ -254,7 +261,11 @@ impl<B: Backend> Engine<B> {
                 self.stats.tx_full += 1;
                 return Ok(false);
             }
-            Err(error) if concerns_one_packet(&error) => self.stats.tx_failed += 1,
+            Err(error) if concerns_one_packet(&error) => {
+                tracing::debug!(qpn = transmit.src_qpn, %error, "not sent: the link refused it");
+                self.stats.tx_failed += 1;
+                self.endpoint.transmit_failed();
+            }
             Err(error) => return Err(error),
         }
         Ok(true)
@@ -293,6 +304,7 @@ fn receive(
 ) {
     stats.rx_frames += 1;
     if bytes.get(..6) != Some(&mac[..]) {
+        tracing::trace!(len = bytes.len(), "dropped: not to our MAC");
         stats.rx_not_ours += 1;
         return;
     }
@@ -300,7 +312,10 @@ fn receive(
     match parsed {
         Ok(repr) => endpoint.handle_packet(now, &repr),
         Err(FrameError::NotRoce) => stats.rx_other += 1,
-        Err(_) => stats.rx_rejected += 1,
+        Err(error) => {
+            tracing::debug!(?error, len = bytes.len(), "dropped: RoCEv2 frame rejected");
+            stats.rx_rejected += 1;
+        }
     }
 }
 
@@ -470,6 +485,12 @@ mod tests {
             let mut engine = engine_with_a_send(Refusing(errno));
             engine.poll().expect("the engine goes on");
             assert_eq!(engine.stats.tx_failed, 1, "errno {errno}");
+            let counters = engine.endpoint().counters();
+            assert_eq!(
+                (counters.sent_pkts, counters.send_err),
+                (0, 1),
+                "as rxe counts it"
+            );
         }
     }
 

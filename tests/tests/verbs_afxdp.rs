@@ -176,6 +176,17 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
         link.tx.send(Vec::new()).unwrap();
     }
     assert_eq!(ctx.stats().unwrap().rx_rejected, 0);
+    let counters = ctx.counters().unwrap();
+    let (sends, recvs) = if active { (qps, 0) } else { (0, qps) };
+    assert_eq!(
+        (counters.rdma_sends, counters.rdma_recvs),
+        (sends as u64, recvs as u64),
+        "{counters:?}"
+    );
+    assert!(
+        counters.sent_pkts > 0 && counters.rcvd_pkts > 0,
+        "{counters:?}"
+    );
     let per_queue = ctx
         .with_backend(|backend| backend.received_per_queue())
         .unwrap();

@@ -31,6 +31,9 @@ pub struct DeviceArgs {
     /// Write every frame sent and received to this pcap file.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
+    /// At the end, print the device's counters (rxe's hw_counters names) on stderr.
+    #[arg(long)]
+    pub stats: bool,
 }
 
 /// `16M`, `64K`, `1G`, `4096`: bytes, with binary suffixes (an `iB` after them is allowed).

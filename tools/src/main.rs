@@ -48,6 +48,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    init_logging();
     match Cli::parse().command {
         Command::Conform(args) => conform::run(&args),
         Command::Demo(args) => demo::run(&args),
@@ -59,4 +60,16 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(&args),
         Command::Exec(args) => exec::run(&args),
     }
+}
+
+/// `ROCE_LOG` (tracing's env-filter syntax: `debug`, `roce_transport=trace`, ...) turns on
+/// the stack's events on stderr; `roce exec` also passes it on to the program it runs.
+fn init_logging() {
+    let Some(filter) = std::env::var_os("ROCE_LOG") else {
+        return;
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter.to_string_lossy()))
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -19,7 +19,7 @@ use roce_verbs::{
 use roce_wire::Psn;
 
 use crate::args::{parse_mtu, DeviceArgs};
-use crate::rdma::{failed, open_device, STALL};
+use crate::rdma::{failed, open_device, print_counters, STALL};
 use crate::signals;
 use crate::tcp::{Channel, Idle};
 
@@ -282,7 +282,9 @@ fn pingpong(args: &Args) -> io::Result<()> {
         grh,
         ud,
     };
-    ping.bounce(&message, args)
+    let result = ping.bounce(&message, args);
+    print_counters(&args.device, &ctx);
+    result
 }
 
 /// What ibv_rc_pingpong sends: 0x7b everywhere, and with -c a 0 at every page start.

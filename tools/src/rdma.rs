@@ -135,3 +135,20 @@ pub fn failed(completion: &WorkCompletion) -> io::Error {
 
 /// Bound on any single wait, so a broken run ends instead of hanging.
 pub const STALL: Duration = Duration::from_secs(10);
+
+/// With `--stats`, the device's counters on stderr, one `name value` line each, as the C
+/// drop-in prints them with `ROCE_STATS=1`.
+pub fn print_counters(args: &DeviceArgs, ctx: &Context) {
+    if !args.stats {
+        return;
+    }
+    match ctx.counters() {
+        Ok(counters) => {
+            eprintln!("roce-xdp hw_counters {}", ctx.device().name);
+            for (name, value) in counters.iter() {
+                eprintln!("{name} {value}");
+            }
+        }
+        Err(error) => eprintln!("roce: no counters: {error}"),
+    }
+}

@@ -543,3 +543,54 @@ fn ibv_srq_pingpong_talks_to_itself_between_namespaces() {
         check_pingpong(&format!("{name} server"), &server, iters, 4096);
     }
 }
+
+/// `ROCE_STATS=1`: each side of an `ibv_rc_pingpong` prints its device's rxe-named counters
+/// on stderr when it closes the device, every one of them, with packets both ways.
+#[test]
+fn roce_stats_prints_the_counters_when_a_device_is_closed() {
+    let test = "roce_stats_prints_the_counters_when_a_device_is_closed";
+    if !root_and(test, &["ibv_rc_pingpong"]) {
+        return;
+    }
+    let (a, b) = two_namespaces(1500);
+    let args = ["ibv_rc_pingpong", "-g", "1", "-n", "10"];
+    let server = exec_in(&b, &[&args[..], &["-d", "eb"]].concat())
+        .env("ROCE_STATS", "1")
+        .spawn()
+        .unwrap();
+    wait_for_listener(&b, 18515);
+    let client = exec_in(&a, &[&args[..], &["-d", "ea", "10.83.0.2"]].concat())
+        .env("ROCE_STATS", "1")
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    for (device, output) in [("ea", client), ("eb", server)] {
+        check_pingpong(device, &output, 10, 4096);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let heading = format!("roce-xdp hw_counters {device}\n");
+        let table = stderr
+            .split_once(&heading)
+            .unwrap_or_else(|| panic!("no counters of {device} in {stderr}"))
+            .1;
+        let value = |name: &str| {
+            table
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|value| value.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {name} of {device} in {stderr}"))
+        };
+        assert!(value("sent_pkts") > 0 && value("rcvd_pkts") > 0, "{stderr}");
+        assert!(
+            value("rdma_sends") >= 10 && value("rdma_recvs") >= 10,
+            "{stderr}"
+        );
+        for name in [
+            "duplicate_request",
+            "retry_exceeded_err",
+            "send_err",
+            "link_downed",
+        ] {
+            assert_eq!(value(name), 0, "{device} on a clean link: {stderr}");
+        }
+    }
+}

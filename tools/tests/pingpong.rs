@@ -33,7 +33,7 @@ fn pingpong_against_itself_in_every_mode() {
     let b = Netns::create("roce-pp-b").unwrap();
     veth((&a, "pa", "10.81.0.1/24"), (&b, "pb", "10.81.0.2/24"), 9000).unwrap();
     let runs: [(&str, &[&str]); 6] = [
-        ("rc", &["--rc", "-s", "4096"]),
+        ("rc", &["--rc", "-s", "4096", "--stats"]),
         ("rc events", &["--rc", "-e", "-s", "65536", "-m", "4096"]),
         ("uc", &["--uc", "-s", "1024"]),
         ("ud", &["--ud", "-s", "1024", "-m", "2048"]),
@@ -57,6 +57,18 @@ fn pingpong_against_itself_in_every_mode() {
         let server = server.wait_with_output().unwrap();
         check(&format!("{name} client"), &client, iters, size);
         check(&format!("{name} server"), &server, iters, size);
+        if flags.contains(&"--stats") {
+            for (side, output) in [("pa", &client), ("pb", &server)] {
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let heading = format!("roce-xdp hw_counters {side}\n");
+                // Each side sends and receives `iters` messages.
+                let exact = format!("rdma_sends {iters}\nrdma_recvs {iters}\n");
+                assert!(
+                    stderr.contains(&heading) && stderr.contains(&exact),
+                    "{name} {side}: {stderr}"
+                );
+            }
+        }
     }
 }
 

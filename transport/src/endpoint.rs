@@ -19,6 +19,7 @@ use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
 
+use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
 use crate::errno;
 use crate::limits::LIMITS;
@@ -175,6 +176,8 @@ pub struct Endpoint {
     pub gsi_drops: u64,
     /// Packets whose IP destination is not one of our GIDs (another host, broadcast).
     pub misaddressed_drops: u64,
+    /// rxe's hardware counters.
+    counters: Counters,
 }
 
 /// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
@@ -333,7 +336,21 @@ impl Endpoint {
             unknown_qp_drops: 0,
             gsi_drops: 0,
             misaddressed_drops: 0,
+            counters: Counters::default(),
         }
+    }
+
+    /// The device's counters, with rxe's names and meanings.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Says that the packet [`poll_transmit`](Self::poll_transmit) gave last could not be
+    /// sent (no route, or the link refused it): counted in `send_err`, not `sent_pkts`, as
+    /// rxe counts a failed transmit.
+    pub fn transmit_failed(&mut self) {
+        self.counters.sent_pkts = self.counters.sent_pkts.saturating_sub(1);
+        self.counters.send_err += 1;
     }
 
     /// Sets our addresses, the device's GID table (IPv4-mapped GIDs for IPv4): from now on
@@ -513,6 +530,7 @@ impl Endpoint {
             mrs: &mut self.mrs,
             cqs: &mut self.cqs,
             srqs: &mut self.srqs,
+            counters: &mut self.counters,
         };
         let result = f(qp, &mut ctx);
         report_overflow(qp, &mut self.events);
@@ -568,6 +586,7 @@ impl Endpoint {
     /// Feeds one received packet (already parsed and ICRC-checked by the caller).
     pub fn handle_packet(&mut self, now: Instant, frame: &FrameRepr) {
         if !self.is_for_us(frame) {
+            tracing::trace!(destination = ?frame.ip, "dropped: not addressed to our GIDs");
             self.misaddressed_drops += 1;
             return;
         }
@@ -579,6 +598,7 @@ impl Endpoint {
             qp.handle_packet(ctx, frame)
         });
         if handled.is_none() {
+            tracing::trace!(qpn = frame.bth.dest_qpn, "dropped: no such QP");
             self.unknown_qp_drops += 1;
         }
     }
@@ -594,9 +614,11 @@ impl Endpoint {
             && frame.payload.len() >= mad::MAD_LEN
             && frame.payload[1] == wire_cm::MGMT_CLASS;
         if !is_cm_mad {
+            tracing::trace!(opcode = ?frame.bth.opcode, "dropped: not a CM MAD on QP 1");
             self.gsi_drops += 1;
             return;
         }
+        self.counters.rcvd_pkts += 1;
         let (local_gid, remote_gid) = match frame.ip {
             IpRepr::V4(v4) => (
                 v4.dst.to_ipv6_mapped().octets(),
@@ -620,6 +642,7 @@ impl Endpoint {
             cqs,
             srqs,
             events,
+            counters,
             ..
         } = self;
         let mut ctx = Ctx {
@@ -627,6 +650,7 @@ impl Endpoint {
             mrs,
             cqs,
             srqs,
+            counters,
         };
         for qp in &mut qps.qps {
             if qp.next_timeout().is_some_and(|deadline| deadline <= now) {
@@ -652,6 +676,7 @@ impl Endpoint {
     pub fn poll_transmit_into(&mut self, now: Instant, out: &mut Transmit) -> bool {
         if let Some(transmit) = self.cm.as_mut().and_then(Cm::poll_transmit) {
             self.gsi_packet(&transmit, out);
+            self.counters.sent_pkts += 1;
             return true;
         }
         // From the cursor to the end, then from the start to the cursor, borrowing the QPs
@@ -664,6 +689,7 @@ impl Endpoint {
             srqs,
             events,
             transmit_cursor,
+            counters,
             ..
         } = self;
         let mut ctx = Ctx {
@@ -671,6 +697,7 @@ impl Endpoint {
             mrs,
             cqs,
             srqs,
+            counters,
         };
         let (before, after) = qps.qps.split_at_mut(start);
         let mut slot = start;
@@ -686,6 +713,7 @@ impl Endpoint {
         });
         if found {
             *transmit_cursor = slot % qps.qps.len() + 1;
+            ctx.counters.sent_pkts += 1;
         }
         found
     }

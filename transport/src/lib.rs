@@ -58,6 +58,7 @@ mod access;
 #[allow(unsafe_code)]
 mod caller_memory;
 pub mod cm;
+pub mod counters;
 pub mod cq;
 pub mod endpoint;
 pub mod errno;
@@ -71,6 +72,7 @@ pub mod srq;
 mod timer;
 pub mod wr;
 
+pub use counters::Counters;
 pub use endpoint::{CqId, Endpoint, Transmit};
 pub use limits::{DeviceLimits, LIMITS};
 pub use mr::{AccessFlags, CallerMemory};

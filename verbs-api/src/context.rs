@@ -54,6 +54,8 @@ impl Context {
         let port_mtu = device.query_port().active_mtu;
         endpoint.set_port_mtu(port_mtu);
         endpoint.enable_cm(cm_config(device, seed, port_mtu));
+        let progress = options.progress;
+        tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
         let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.progress)?);

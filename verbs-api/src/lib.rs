@@ -49,8 +49,8 @@
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
 //! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
-//! `context`, the public front that opens a device and makes the objects, and `cm`, the
-//! connection manager (rdma_cm) over it.
+//! `context`, the public front that opens a device and makes the objects, `counters` (its
+//! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -61,6 +61,7 @@ mod cm;
 mod cm_routes;
 mod context;
 mod core;
+mod counters;
 mod cq;
 pub mod device;
 mod engine_thread;
@@ -92,6 +93,7 @@ pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd};
 pub use options::{BackendChoice, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
+pub use roce_transport::Counters;
 pub use srq::Srq;
 
 pub use roce_provider::engine::{Addressing, EngineStats};

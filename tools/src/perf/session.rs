@@ -11,7 +11,7 @@ use super::exchange::{KeyMsg, Oob};
 use super::params::{Args, Params, Test, RESULT_LINE};
 use super::report::{print_bw_header, print_bw_row, print_lat_header, print_lat_row, BwReport};
 use super::setup::Rdma;
-use crate::rdma::open_device;
+use crate::rdma::{open_device, print_counters};
 use crate::signals;
 
 pub(super) fn perf(args: &Args) -> io::Result<()> {
@@ -31,13 +31,15 @@ pub(super) fn perf(args: &Args) -> io::Result<()> {
     params.agree(page, line, their_mtu)?;
     let rdma = Rdma::new(&ctx, params)?;
     let (mine, peers) = connect(&mut oob, &rdma, args)?;
-    match args.test {
+    let result = match args.test {
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => bandwidth(oob, &rdma, &mine, &peers),
         Test::SendBw | Test::SendLat => send(oob, &rdma, &mine, &peers, args.late_receives),
         Test::WriteLat => write_lat(oob, &rdma, &mine[0], &peers[0]),
         Test::ReadLat => read_lat(oob, &rdma, &mine[0], &peers),
     }
-    .map_err(|error| with_our_side(error, &rdma))
+    .map_err(|error| with_our_side(error, &rdma));
+    print_counters(&args.device, &ctx);
+    result
 }
 
 /// A failed run's error, with what our side knows of it: a QP of ours that went to the

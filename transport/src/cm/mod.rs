@@ -165,7 +165,11 @@ impl Cm {
 
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
-        self.events.pop_front()
+        let event = self.events.pop_front();
+        if let Some(event) = &event {
+            tracing::debug!(?event, "CM event");
+        }
+        event
     }
 
     fn alloc_id(&mut self) -> Result<u32, CmError> {

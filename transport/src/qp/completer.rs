@@ -95,23 +95,32 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
         qp.stats.dropped += 1;
         return None;
     }
+    ctx.counters.rcvd_pkts += 1;
     let psn = frame.bth.psn;
     // Only PSNs sent and not yet acknowledged can be answered; anything else is a
     // duplicate or a ghost.
     let sent_unacked = psn.distance(qp.sq.acked_psn()) > 0 && psn.distance(qp.sq.next_psn()) < 0;
     if !sent_unacked {
+        tracing::trace!(qpn = qp.qpn, %psn, "dropped: response outside the window");
         qp.stats.dropped += 1;
         return None;
     }
     let syndrome = frame.ext.aeth.map(|aeth| aeth.syndrome);
+    if let Some(nak @ (Syndrome::Nak(_) | Syndrome::RnrNak(_))) = syndrome {
+        tracing::debug!(qpn = qp.qpn, %psn, syndrome = ?nak, "NAK received");
+    }
     Some(match (frame.bth.opcode.info().operation, syndrome) {
         (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, psn, true),
         (Operation::Acknowledge, Some(Syndrome::RnrNak(timer))) => {
             qp.stats.naks_received += 1;
+            ctx.counters.rcvd_rnr_err += 1;
             nak_retry(qp, psn, Retry::Rnr(timer))
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
             qp.stats.naks_received += 1;
+            if acknowledges_within_message(qp, psn) {
+                ctx.counters.rcvd_seq_err += 1;
+            }
             nak_retry(qp, psn, Retry::Transport)
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
@@ -158,6 +167,19 @@ pub(crate) fn settle(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr, acked_before: Ps
     }
 }
 
+/// Whether a sequence NAK for `psn` acknowledges packets of the message that holds `psn`
+/// that nothing acknowledged before: what rxe counts in `rcvd_seq_err`.
+fn acknowledges_within_message(qp: &Qp, psn: Psn) -> bool {
+    let mut index = 0;
+    while let Some(wqe) = qp.sq.get(index) {
+        if wqe.contains(psn) {
+            return psn.distance(wqe.first_psn) > 0 && psn.distance(qp.sq.acked_psn() + 1) > 0;
+        }
+        index += 1;
+    }
+    false
+}
+
 /// A sequence or RNR NAK for `psn` acknowledges everything before it, then the requester
 /// resends from the oldest PSN still unanswered: `psn` itself, or an earlier READ/atomic
 /// whose response was lost on the way back.
@@ -184,7 +206,11 @@ fn nak_retry(qp: &mut Qp, psn: Psn, why: Retry) -> Outcome {
         _ => psn,
     };
     qp.comp.recovering = Some(resume);
-    done.then(retry(qp, resume, why))
+    let then = retry(qp, resume, why);
+    if matches!(then, Then::Retry { .. }) {
+        tracing::debug!(qpn = qp.qpn, nak = %psn, %resume, "retransmitting after a NAK");
+    }
+    done.then(then)
 }
 
 /// Completes every SEND/WRITE acknowledged by an ACK of `psn`. An ACK that covers a READ or
@@ -318,7 +344,11 @@ fn retry_lost(qp: &mut Qp, psn: Psn) -> Then {
         return Then::Nothing;
     }
     qp.comp.recovering = Some(psn);
-    retry(qp, psn, Retry::Transport)
+    let then = retry(qp, psn, Retry::Transport);
+    if matches!(then, Then::Retry { .. }) {
+        tracing::debug!(qpn = qp.qpn, resume = %psn, "retransmitting: a response was lost");
+    }
+    then
 }
 
 /// Going back to resend from `psn`, charging the matching retry counter; when it is
@@ -357,5 +387,9 @@ pub(crate) fn ack_timeout(qp: &mut Qp) -> Outcome {
     // describe the same loss and must not cost another retry.
     let resume = qp.sq.acked_psn() + 1;
     qp.comp.recovering = Some(resume);
-    Outcome::complete(0).then(retry(qp, resume, Retry::Transport))
+    let then = retry(qp, resume, Retry::Transport);
+    if matches!(then, Then::Retry { .. }) {
+        tracing::debug!(qpn = qp.qpn, %resume, "retransmitting: local ACK timeout");
+    }
+    Outcome::complete(0).then(then)
 }

@@ -16,7 +16,8 @@ use roce_wire::aeth::RnrTimer;
 use roce_wire::frame::IpRepr;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use crate::cq::{Cq, WcStatus, WorkCompletion};
+use crate::counters::Counters;
+use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{
@@ -24,7 +25,7 @@ use crate::qp_state::{
 };
 use crate::srq::{SrqId, SrqTable};
 use crate::timer::{Timer, TimerTable};
-use crate::wr::{RecvWr, SendWr, UdDest};
+use crate::wr::{RecvWr, SendOp, SendWr, UdDest};
 use crate::AccessFlags;
 
 use completer::{Completer, Outcome, Then};
@@ -329,6 +330,7 @@ pub(crate) struct Ctx<'a> {
     pub mrs: &'a mut MrTable,
     pub cqs: &'a mut [Cq],
     pub srqs: &'a mut SrqTable,
+    pub counters: &'a mut Counters,
 }
 
 /// One queue pair. The fields the endpoint reads are public; the rest belong to this module
@@ -448,6 +450,9 @@ impl Qp {
         if let Some(psn) = attr.sq_psn {
             self.sq.set_psn(psn);
         }
+        if to != self.state {
+            tracing::debug!(qpn = self.qpn, from = ?self.state, ?to, "QP state (modify_qp)");
+        }
         match to {
             QpState::Err if self.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
@@ -477,6 +482,12 @@ impl Qp {
         // hears only its peer (rxe's check_keys and check_addr).
         let connected = self.qp_type != QpType::Ud;
         if frame.bth.pkey & 0x7FFF != 0x7FFF || (connected && !self.is_from_peer(frame)) {
+            tracing::debug!(
+                qpn = self.qpn,
+                pkey = frame.bth.pkey,
+                source = ?frame.ip,
+                "dropped: foreign P_Key or not from the connected peer"
+            );
             self.stats.dropped += 1;
             return;
         }
@@ -511,11 +522,22 @@ impl Qp {
             Then::Nothing => {}
             Then::Retry { from, wait } => {
                 if let Some(wait) = wait {
+                    tracing::debug!(qpn = self.qpn, ?wait, resume = %from, "RNR wait");
                     self.timers.set(Timer::RnrWait, ctx.now + wait);
+                } else {
+                    ctx.counters.completer_retry_err += 1;
                 }
                 self.sq.rewind(from);
             }
-            Then::Fail(status) => self.fail_wqe(ctx, 0, status),
+            Then::Fail(status) => {
+                tracing::debug!(qpn = self.qpn, ?status, "send work request failed");
+                match status {
+                    WcStatus::RetryExceeded => ctx.counters.retry_exceeded_err += 1,
+                    WcStatus::RnrRetryExceeded => ctx.counters.retry_rnr_exceeded_err += 1,
+                    _ => {}
+                }
+                self.fail_wqe(ctx, 0, status)
+            }
         }
     }
 
@@ -609,6 +631,13 @@ impl Qp {
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
     #[inline(always)]
     fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
+        let received = matches!(
+            completion.opcode,
+            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
+        );
+        if received && completion.status == WcStatus::Success {
+            ctx.counters.rdma_recvs += 1;
+        }
         if ctx.cqs[cq].push(completion).is_err() {
             self.cq_overflowed = true;
             if self.state != QpState::Err {
@@ -624,6 +653,7 @@ impl Qp {
             return;
         }
         let completion = self.sq.success_of_front(self.qpn, self.sq_sig_all);
+        count_send(ctx.counters, self.sq.front().map(|wqe| &wqe.wr));
         self.sq.pop_front();
         if let Some(completion) = completion {
             self.complete(ctx, self.send_cq, completion);
@@ -643,6 +673,7 @@ impl Qp {
             let status = if flushed < index {
                 WcStatus::WrFlush
             } else {
+                count_send(ctx.counters, Some(&wqe.wr));
                 status
             };
             let completion = send_queue::completion(self.qpn, &wqe.wr, status, 0);
@@ -666,6 +697,7 @@ impl Qp {
     /// QP on an SRQ flushes only the WQE it took for a message under way; the SRQ's own
     /// stay for the other QPs.
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
+        tracing::debug!(qpn = self.qpn, from = ?self.state, failure = ?self.failure, "QP to ERR");
         self.state = QpState::Err;
         self.last_wqe_reached = self.srq.is_some();
         self.timers = TimerTable::default();
@@ -679,5 +711,18 @@ impl Qp {
             let completion = responder::recv_completion(self.qpn, wr, WcStatus::WrFlush);
             self.complete(ctx, self.recv_cq, completion);
         }
+    }
+}
+
+/// rxe's `rdma_sends`: a SEND work request (of any kind) completing, whatever its status.
+fn count_send(counters: &mut Counters, wr: Option<&SendWr>) {
+    let send = |wr: &SendWr| {
+        matches!(
+            wr.op,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_)
+        )
+    };
+    if wr.is_some_and(send) {
+        counters.rdma_sends += 1;
     }
 }

@@ -170,6 +170,7 @@ fn flush_pending_ack(qp: &mut Qp) {
 }
 
 fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+    tracing::debug!(qpn = qp.qpn, %psn, ?syndrome, "NAK sent");
     qp.stats.naks_sent += 1;
     flush_pending_ack(qp);
     qp.resp.resources.queue_ack(psn, syndrome, qp.resp.msn);
@@ -215,6 +216,7 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
                         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
                 });
             if copied.is_err() {
+                tracing::debug!(qpn = qp.qpn, %psn, "NAK sent: READ of memory gone");
                 qp.stats.naks_sent += 1;
                 let nak = Syndrome::Nak(NakCode::RemoteAccessError);
                 out.replace_with(ack_packet(qp, psn, nak, resource.msn));
@@ -262,6 +264,9 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         qp.stats.dropped += 1;
         return;
     }
+    if qp.qp_type != QpType::Ud {
+        ctx.counters.rcvd_pkts += 1; // a UD packet counts once its Q_Key matched
+    }
     match qp.qp_type {
         QpType::Rc => rc_request(qp, ctx, frame),
         QpType::Uc => uc_request(qp, ctx, frame),
@@ -275,6 +280,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     if ahead > 0 {
         if !qp.resp.nak_sent {
             qp.resp.nak_sent = true;
+            ctx.counters.out_of_seq_request += 1;
             let epsn = qp.resp.epsn;
             nak(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
@@ -282,6 +288,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         return;
     }
     if ahead < 0 {
+        ctx.counters.duplicate_request += 1;
         return duplicate(qp, ctx, frame);
     }
     qp.resp.nak_sent = false;
@@ -289,6 +296,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         Ok(()) => {}
         Err(Refusal::NotReady) => {
             let timer = qp.config.min_rnr_timer;
+            ctx.counters.send_rnr_err += 1;
             nak(qp, psn, Syndrome::RnrNak(timer));
         }
         Err(Refusal::Fatal(code, receive)) => {
@@ -666,7 +674,15 @@ fn abandon_message(qp: &mut Qp) {
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
 fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let Some(deth) = frame.ext.deth else { return };
+    if deth.qkey == qp.config.qkey {
+        ctx.counters.rcvd_pkts += 1;
+    }
     if deth.qkey != qp.config.qkey || !receive_ready(qp, ctx) {
+        tracing::debug!(
+            qpn = qp.qpn,
+            qkey = deth.qkey,
+            "UD dropped: wrong Q_Key or no receive"
+        );
         qp.stats.dropped += 1;
         return;
     }

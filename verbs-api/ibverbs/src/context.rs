@@ -69,6 +69,11 @@ impl Context {
         )
     }
 
+    /// The `roce-verbs` context, if a call has started it.
+    pub(crate) fn started(&self) -> Option<&roce_verbs::Context> {
+        self.engine.get()
+    }
+
     /// The `roce-verbs` context, started on first use (one engine per opened device).
     pub(crate) fn verbs(&self) -> Result<&roce_verbs::Context, roce_verbs::Error> {
         if let Some(engine) = self.engine.get() {
@@ -190,7 +195,9 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
         async_fd,
         _holder: holder,
     });
-    Ok(core::ptr::from_mut(&mut Box::leak(context).raw.context))
+    let context = Box::leak(context);
+    crate::stats::opened(context);
+    Ok(core::ptr::from_mut(&mut context.raw.context))
 }
 
 fn zeroed_ops() -> ibv_context_ops {
@@ -217,6 +224,7 @@ pub(crate) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int
     let Some(ours) = (unsafe { Context::from_raw(context) }) else {
         return EINVAL;
     };
+    crate::stats::closing(ours);
     let ours = core::ptr::from_ref(ours).cast_mut();
     // SAFETY: it was leaked from a Box in `open`, and the caller gives it up.
     drop(unsafe { Box::from_raw(ours) });

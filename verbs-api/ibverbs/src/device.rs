@@ -130,6 +130,7 @@ fn current_devices() -> std::io::Result<Vec<&'static DeviceSlot>> {
 /// `ibv_get_device_list`: a NULL-terminated array the caller frees with
 /// `ibv_free_device_list`.
 pub(crate) unsafe extern "C" fn get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    crate::logging::init();
     let devices = match current_devices() {
         Ok(devices) => devices,
         Err(error) => {

@@ -10,8 +10,10 @@
 //!   through `ibv_context_ops`, where the inline `ibv_post_send`, `ibv_poll_cq`, ... look.
 //! - **Engine**: one per opened context, on a background thread (`ROCE_PROGRESS=events`,
 //!   the default, sleeps on the socket; `busy` spins); `ROCE_BACKEND=auto|afxdp|udp`
-//!   chooses how frames move; `ROCE_PCAP=FILE` records them; `ROCE_LOG=1` says on stderr
-//!   why calls fail.
+//!   chooses how frames move; `ROCE_PCAP=FILE` records them.
+//! - **Observability**: `ROCE_LOG` turns on the stack's events on stderr (`logging`);
+//!   `ROCE_STATS=1` prints each device's rxe-named counters when it is closed or the program
+//!   exits (`stats`).
 //! - **Errors**: what rdma-core returns; whatever we do not support fails with
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
 
@@ -19,9 +21,11 @@ mod abi;
 mod context;
 mod cq;
 mod device;
+mod logging;
 mod pd;
 mod qp;
 mod srq;
+mod stats;
 mod strings;
 #[cfg(test)]
 mod test_support;
@@ -128,13 +132,7 @@ mod unsupported {
     }
 }
 
-/// Says on stderr why a call failed, when `ROCE_LOG` is set: C programs only see errno.
-pub(crate) fn log_failure(call: &str, why: &dyn std::fmt::Display) {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ENABLED.get_or_init(|| std::env::var_os("ROCE_LOG").is_some()) {
-        eprintln!("libibverbs (roce-xdp): {call}: {why}");
-    }
-}
+pub(crate) use logging::failure as log_failure;
 
 /// rdma-core's errno for a `roce-verbs` error.
 pub(crate) fn errno_of(error: &roce_verbs::Error) -> i32 {
