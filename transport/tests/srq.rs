@@ -145,6 +145,32 @@ fn four_rc_qps_share_one_srq() {
     assert!(events(&mut sim, B).is_empty());
 }
 
+/// A two-packet SEND takes one WQE from the SRQ, not one per packet: with two WQEs, a
+/// message to each of two QPs lands, the second in the WQE the first left.
+#[test]
+fn a_multi_packet_message_takes_one_wqe() {
+    let mut sim = sim();
+    let srq = sim.nodes[B].endpoint.create_srq(srq_attr(2)).unwrap();
+    let key = receive_region(&mut sim, 2);
+    post_slots(&mut sim, srq, key, 0, 2);
+    let (qa1, qb1) = connect_on_srq(&mut sim, QpType::Rc, srq, RetryConfig::default());
+    let (qa2, qb2) = connect_on_srq(&mut sim, QpType::Rc, srq, RetryConfig::default());
+    let src = sim.reg(A, SRC, &pattern(1500, 8));
+    send(&mut sim, qa1, 1, src, 0, 1500);
+    let first = wait_recv(&mut sim, B, 1);
+    send(&mut sim, qa2, 2, src, 0, 1500);
+    let second = wait_recv(&mut sim, B, 1);
+    let got: Vec<(u64, u32, WcStatus)> = first
+        .iter()
+        .chain(&second)
+        .map(|c| (c.wr_id, c.qp_num, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        [(0, qb1, WcStatus::Success), (1, qb2, WcStatus::Success)]
+    );
+}
+
 /// Armed at 5 with 10 WQEs queued: the event comes when a take leaves 4, once, and the
 /// limit reads 0 afterwards; armed again, it fires again.
 #[test]
