@@ -2,8 +2,7 @@
 
 use core::fmt;
 
-use super::{bits, read_u16, set_bits};
-use crate::{read_u32, Result};
+use crate::{bits, read_u16, read_u32, set_bits, Result};
 
 mod field {
     use crate::Field;
