@@ -21,7 +21,7 @@ use std::time::Duration;
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, UmemConfig};
 
-use crate::backend::{Backend, MAX_FRAME};
+use crate::backend::{fill_frame, Backend, MAX_FRAME};
 use crate::umem::{RxBuffer, TxSlot, Umem, CHUNK_SIZE, RX_STRIDE, TX_SLOT, XDP_PKT_CONTD};
 use crate::xdp::{XdpMode, XdpProgram};
 
@@ -312,11 +312,10 @@ impl Queue {
                 "AF_XDP TX slots all in flight",
             ));
         };
-        let written = fill(&mut self.umem.slot_mut(&mut slot)[..len]).min(len);
-        if written == 0 {
+        let Some(written) = fill_frame(&mut self.umem.slot_mut(&mut slot)[..len], fill) else {
             self.free_tx.push(slot);
             return Ok(());
-        }
+        };
         // The slot is the kernel's from here until its completion comes back.
         let (first, second) = self.umem.descriptors(slot, written);
         for desc in std::iter::once(first).chain(second) {

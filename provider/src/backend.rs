@@ -80,6 +80,17 @@ pub trait Backend: Send {
     }
 }
 
+/// Lends `buffer` to a [`Backend::transmit`] caller's `fill` and returns the length of the
+/// frame it wrote, at most the buffer's; `None` when it wrote nothing to send.
+#[inline]
+pub(crate) fn fill_frame(
+    buffer: &mut [u8],
+    fill: &mut dyn FnMut(&mut [u8]) -> usize,
+) -> Option<usize> {
+    let written = fill(buffer).min(buffer.len());
+    (written > 0).then_some(written)
+}
+
 impl<B: Backend + ?Sized> Backend for Box<B> {
     fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         (**self).receive(budget, handler)

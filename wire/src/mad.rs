@@ -23,7 +23,7 @@ pub const GSI_QPN: u32 = 1;
 /// The well-known Q_Key of QP1 (`IB_QP1_QKEY`).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 /// The default, full-membership partition key QP1 sends with.
-pub const DEFAULT_PKEY: u16 = 0xFFFF;
+pub use crate::bth::DEFAULT_PKEY;
 
 mod field {
     use crate::Field;
