@@ -11,7 +11,8 @@ use roce_transport::cq::WcStatus;
 use roce_transport::mr::PdId;
 use roce_transport::qp::{QpCaps, QpInit};
 use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType, RetryConfig};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+pub use roce_transport::wr::signaled;
+use roce_transport::wr::{RecvWr, SendOp, Sge};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 use roce_wire::Psn;
 
@@ -105,18 +106,6 @@ pub fn connected_pair(ip_a: Ipv4Addr, ip_b: Ipv4Addr, mtu: PathMtu) -> (Side, Si
     a.connect(peer(ip_b, qb, 200), Psn::new(100), mtu);
     b.connect(peer(ip_a, qa, 100), Psn::new(200), mtu);
     (a, b)
-}
-
-/// A signaled work request of one SGE.
-pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
 }
 
 /// Runs both engines in turn until `done` says so or `limit` has passed; whether `done` did.

@@ -11,7 +11,9 @@ use std::rc::Rc;
 use roce_transport::cq::{WcStatus, WorkCompletion};
 use roce_transport::qp_state::QpState;
 use roce_transport::sim::Sim;
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+#[allow(unused_imports)] // as dead_code above: not every test binary posts
+pub use roce_transport::wr::signaled;
+use roce_transport::wr::{RecvWr, Sge};
 use roce_transport::Transmit;
 use roce_wire::aeth::Syndrome;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
@@ -42,18 +44,6 @@ pub fn sge(addr: u64, length: usize, lkey: u32) -> Sge {
         addr,
         length: length as u32,
         lkey,
-    }
-}
-
-/// A signaled work request with one SGE.
-pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
     }
 }
 
