@@ -22,12 +22,24 @@ pub const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 pub const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 
 /// How each side is addressed.
-pub fn addressing(mac: [u8; 6], ip: Ipv4Addr, peer_mac: [u8; 6], peer_ip: Ipv4Addr) -> Addressing {
+fn addressing(mac: [u8; 6], ip: Ipv4Addr, peer_mac: [u8; 6], peer_ip: Ipv4Addr) -> Addressing {
     Addressing {
         mac,
         ip,
         neighbours: HashMap::from([(peer_ip, peer_mac)]),
     }
+}
+
+/// The two sides' engines, each over its backend (with its MAC and IPv4 address) and with
+/// the other side as its one neighbour.
+pub fn engines<A: Backend, B: Backend>(
+    (endpoint_a, backend_a, mac_a, ip_a): (Endpoint, A, [u8; 6], Ipv4Addr),
+    (endpoint_b, backend_b, mac_b, ip_b): (Endpoint, B, [u8; 6], Ipv4Addr),
+) -> (Engine<A>, Engine<B>) {
+    (
+        Engine::new(endpoint_a, backend_a, addressing(mac_a, ip_a, mac_b, ip_b)),
+        Engine::new(endpoint_b, backend_b, addressing(mac_b, ip_b, mac_a, ip_a)),
+    )
 }
 
 fn av(ip: Ipv4Addr) -> AddressVector {
@@ -205,15 +217,9 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
     let (mut side_a, mut side_b) = connected_pair(ip_a, ip_b, mtu);
     let regions = post_write_read_send(&mut side_a, &mut side_b);
     let (cq_a, cq_b) = (side_a.cq, side_b.cq);
-    let mut a = Engine::new(
-        side_a.endpoint,
-        backend_a,
-        addressing(mac_a, ip_a, mac_b, ip_b),
-    );
-    let mut b = Engine::new(
-        side_b.endpoint,
-        backend_b,
-        addressing(mac_b, ip_b, mac_a, ip_a),
+    let (mut a, mut b) = engines(
+        (side_a.endpoint, backend_a, mac_a, ip_a),
+        (side_b.endpoint, backend_b, mac_b, ip_b),
     );
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
     drive(&mut a, &mut b, Duration::from_secs(60), |a, b| {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use roce_provider::backend::Backend;
 use roce_provider::engine::Engine;
 use roce_provider::memory::{memory_pair, MemoryTap};
-use roce_tests::rdma::{addressing, connected_pair, signaled, MAC_A, MAC_B};
+use roce_tests::rdma::{connected_pair, engines, signaled, MAC_A, MAC_B};
 use roce_transport::cq::WcStatus;
 use roce_transport::qp_state::PathMtu;
 use roce_transport::wr::{SendOp, Sge};
@@ -116,15 +116,9 @@ fn writes_keep_completing_under_a_flood_of_junk() {
     let frames = junk(ip_b, side_b.qpn);
     let (wire_a, wire_b) = memory_pair();
     let tap = wire_b.tap();
-    let mut a = Engine::new(
-        side_a.endpoint,
-        wire_a,
-        addressing(MAC_A, ip_a, MAC_B, ip_b),
-    );
-    let mut b = Engine::new(
-        side_b.endpoint,
-        wire_b,
-        addressing(MAC_B, ip_b, MAC_A, ip_a),
+    let (mut a, mut b) = engines(
+        (side_a.endpoint, wire_a, MAC_A, ip_a),
+        (side_b.endpoint, wire_b, MAC_B, ip_b),
     );
     let period = Duration::from_millis(500);
 
