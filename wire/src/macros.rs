@@ -52,7 +52,7 @@ macro_rules! fixed_header_packet {
 /// Declares a getter and a setter for each row of a header's field table. A row is
 /// `/// doc` `name / set_name: kind @ FIELD;`, with `FIELD` from the invoking module's `mod field`
 /// and `kind` saying how the bytes hold the value: `u8` (one byte), `u16`, `u32`, `u64`
-/// (big-endian), `u24` (a `u32`; setting keeps its low 24 bits), `psn`, `service_id`,
+/// (big-endian), `u24` (a `u32`; setting keeps its low 24 bits), `psn`, `service_id`, `gid`,
 /// `bits(shift, width)` and `flag(shift)` (bits of a byte other fields share), and
 /// `lone_bits(shift, width)` (the only field of its byte: setting it zeroes the reserved bits).
 macro_rules! field_accessors {
@@ -66,6 +66,7 @@ macro_rules! field_accessors {
     (@type bits) => { u8 };
     (@type lone_bits) => { u8 };
     (@type flag) => { bool };
+    (@type gid) => { [u8; 16] };
 
     (@get u8, $bytes:expr, $field:expr) => { $bytes[$field] };
     (@get u16, $bytes:expr, $field:expr) => { $crate::read_u16(&$bytes[$field]) };
@@ -84,6 +85,7 @@ macro_rules! field_accessors {
     (@get lone_bits($shift:expr, $width:expr), $bytes:expr, $field:expr) => {
         $crate::bits($bytes[$field], $shift, $width)
     };
+    (@get gid, $bytes:expr, $field:expr) => { $crate::read_array(&$bytes[$field]) };
     (@get flag($shift:expr), $bytes:expr, $field:expr) => {
         $crate::bits($bytes[$field], $shift, 1) == 1
     };
@@ -103,6 +105,9 @@ macro_rules! field_accessors {
     };
     (@set lone_bits($shift:expr, $width:expr), $bytes:expr, $field:expr, $value:expr) => {
         $crate::set_lone_bits(&mut $bytes[$field], $shift, $width, $value)
+    };
+    (@set gid, $bytes:expr, $field:expr, $value:expr) => {
+        $bytes[$field].copy_from_slice(&$value)
     };
     (@set flag($shift:expr), $bytes:expr, $field:expr, $value:expr) => {
         $crate::set_bits(&mut $bytes[$field], $shift, 1, $value.into())
