@@ -5,6 +5,10 @@
 //! `new_checked` guarantees that no accessor panics afterwards, a private `field` module of
 //! byte ranges, and a plain `Repr` with `parse`, `emit` and `buffer_len`. Untrusted bytes only
 //! enter through `new_checked`; the transport only ever sees `Repr`s.
+//! The accessors, and the `Repr` with its `parse` and `emit`, are declared from each
+//! header's field table by the crate's macros (`field_accessors!`, `header_repr!`), so a
+//! header's file states only its layout, the checks and conversions that are its own, and
+//! how it prints.
 //!
 //! Layers below the BTH (Ethernet II with an optional 802.1Q tag, IPv4, IPv6, UDP) are parsed
 //! and written with [etherparse]: it is no_std, allocation-free and well tested, and its header
