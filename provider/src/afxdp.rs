@@ -21,7 +21,7 @@ use std::time::Duration;
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, UmemConfig};
 
-use crate::backend::{Backend, MAX_FRAME};
+use crate::backend::{fill_frame, Backend, Fill, MAX_FRAME};
 use crate::umem::{RxBuffer, TxSlot, Umem, CHUNK_SIZE, RX_STRIDE, TX_SLOT, XDP_PKT_CONTD};
 use crate::xdp::{XdpMode, XdpProgram};
 
@@ -283,7 +283,7 @@ impl AfXdpBackend {
 impl Queue {
     /// Lends `fill` a transmit slot of `len` bytes and queues the frame it writes (of the
     /// length it returns; 0 sends nothing). The frame leaves at the next [`kick`](Self::kick).
-    fn transmit(&mut self, len: usize, fill: &mut dyn FnMut(&mut [u8]) -> usize) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, fill: Fill<'_>) -> io::Result<()> {
         if len > TX_SLOT as usize {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -312,11 +312,10 @@ impl Queue {
                 "AF_XDP TX slots all in flight",
             ));
         };
-        let written = fill(&mut self.umem.slot_mut(&mut slot)[..len]).min(len);
-        if written == 0 {
+        let Some(written) = fill_frame(&mut self.umem.slot_mut(&mut slot)[..len], fill) else {
             self.free_tx.push(slot);
             return Ok(());
-        }
+        };
         // The slot is the kernel's from here until its completion comes back.
         let (first, second) = self.umem.descriptors(slot, written);
         for desc in std::iter::once(first).chain(second) {
@@ -459,12 +458,7 @@ impl Backend for AfXdpBackend {
         Ok(delivered)
     }
 
-    fn transmit(
-        &mut self,
-        len: usize,
-        flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, flow: u16, fill: Fill<'_>) -> io::Result<()> {
         // One transmit queue per flow, so a QP's frames keep their order and flows spread
         // over the queues (on veth, the peer receives on the queue we send from).
         let index = usize::from(flow) % self.queues.len();

@@ -8,6 +8,10 @@ use std::time::Duration;
 /// IPv6, UDP, BTH, extension headers, ICRC), rounded up to two 4096-byte UMEM chunks.
 pub const MAX_FRAME: usize = 2 * 4096;
 
+/// What [`Backend::transmit`] lends a buffer to: it writes one frame and returns its length
+/// (0: nothing to send).
+pub type Fill<'a> = &'a mut dyn FnMut(&mut [u8]) -> usize;
+
 /// Moves whole Ethernet frames (from the destination MAC to the end of the payload; no FCS)
 /// without copying them in the interface: a received frame is lent to a handler where it
 /// lies, and a frame to send is written straight into a buffer the backend lends, as
@@ -29,12 +33,7 @@ pub trait Backend: Send {
     /// flow entropy (its UDP source port): frames of one flow leave in order. The frame may
     /// wait in the backend until [`submit`](Self::submit). `WouldBlock` when the backend has
     /// no room now: nothing was sent.
-    fn transmit(
-        &mut self,
-        len: usize,
-        flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()>;
+    fn transmit(&mut self, len: usize, flow: u16, fill: Fill<'_>) -> io::Result<()>;
 
     /// Hands the frames [`transmit`](Self::transmit) queued to the wire.
     fn submit(&mut self) -> io::Result<()> {
@@ -80,17 +79,20 @@ pub trait Backend: Send {
     }
 }
 
+/// Lends `buffer` to a [`Backend::transmit`] caller's `fill` and returns the length of the
+/// frame it wrote, at most the buffer's; `None` when it wrote nothing to send.
+#[inline]
+pub(crate) fn fill_frame(buffer: &mut [u8], fill: Fill<'_>) -> Option<usize> {
+    let written = fill(buffer).min(buffer.len());
+    (written > 0).then_some(written)
+}
+
 impl<B: Backend + ?Sized> Backend for Box<B> {
     fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         (**self).receive(budget, handler)
     }
 
-    fn transmit(
-        &mut self,
-        len: usize,
-        flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, flow: u16, fill: Fill<'_>) -> io::Result<()> {
         (**self).transmit(len, flow, fill)
     }
 

@@ -10,7 +10,7 @@ use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
 use pcap_file::pcapng::{Block, PcapNgReader};
 use pcap_file::{DataLink, Endianness};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Fill};
 
 /// Why a capture file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -281,12 +281,7 @@ impl<B: Backend> Backend for PcapRecorder<B> {
         Ok(received)
     }
 
-    fn transmit(
-        &mut self,
-        len: usize,
-        flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, flow: u16, fill: Fill<'_>) -> io::Result<()> {
         let (writer, mut failed) = (&mut self.writer, Ok(()));
         self.inner.transmit(len, flow, &mut |buffer| {
             let written = fill(buffer);

@@ -19,7 +19,6 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{bth, reth, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::afxdp::AfXdpBackend;
@@ -278,39 +277,17 @@ fn roce_frame(src: [u8; 6], dst: [u8; 6], payload: usize) -> io::Result<Vec<u8>>
     };
     let bytes = vec![0x5a; payload];
     let repr = FrameRepr {
-        ethernet: EthernetRepr {
-            dst,
-            src,
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: Ipv4Addr::new(198, 18, 0, 1),
-            dst: Ipv4Addr::new(198, 18, 0, 2),
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
         udp_src_port: 0xC011,
-        udp_checksum: false,
-        bth: bth::Repr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: 0x11,
-            ack_req: false,
-            psn: Psn::new(1),
-        },
-        ext: ExtRepr {
-            reth,
-            ..ExtRepr::default()
-        },
-        payload: &bytes,
+        ..FrameRepr::ipv4(
+            (src, Ipv4Addr::new(198, 18, 0, 1)),
+            (dst, Ipv4Addr::new(198, 18, 0, 2)),
+            bth::Repr::new(opcode, 0x11, Psn::new(1)),
+            ExtRepr {
+                reth,
+                ..ExtRepr::default()
+            },
+            &bytes,
+        )
     };
     let mut frame = vec![0; repr.buffer_len()];
     repr.emit(&mut frame)

@@ -10,7 +10,7 @@ use roce_transport::sim::{chance, LinkConfig};
 use roce_wire::frame::IpRepr;
 use roce_wire::{Frame, FrameRepr};
 
-use crate::backend::{Backend, MAX_FRAME};
+use crate::backend::{Backend, Fill, MAX_FRAME};
 
 /// Wraps a backend and damages what it sends, with the simulator's fault model
 /// ([`LinkConfig`]'s probabilities; its latency is not used). A reordered frame is held back
@@ -82,12 +82,7 @@ impl<B: Backend> Backend for FaultInjector<B> {
         self.inner.receive(budget, handler)
     }
 
-    fn transmit(
-        &mut self,
-        len: usize,
-        flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, flow: u16, fill: Fill<'_>) -> io::Result<()> {
         self.stats.frames += 1;
         if chance(&mut self.rng, self.faults.loss) {
             self.stats.lost += 1;

@@ -4,7 +4,7 @@ use std::io;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::time::Duration;
 
-use crate::backend::Backend;
+use crate::backend::{fill_frame, Backend, Fill};
 
 /// Frames each direction of the wire holds before a sender finds it full (a NIC's ring).
 pub const WIRE_CAPACITY: usize = 4096;
@@ -111,17 +111,11 @@ impl Backend for MemoryBackend {
         Ok(budget)
     }
 
-    fn transmit(
-        &mut self,
-        len: usize,
-        _flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, _flow: u16, fill: Fill<'_>) -> io::Result<()> {
         let mut frame = vec![0; len];
-        let written = fill(&mut frame).min(len);
-        if written == 0 {
+        let Some(written) = fill_frame(&mut frame, fill) else {
             return Ok(());
-        }
+        };
         frame.truncate(written);
         send(&self.tx, frame)
     }

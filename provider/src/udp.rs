@@ -24,7 +24,7 @@ use roce_wire::Frame;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
 
-use crate::backend::{Backend, MAX_FRAME};
+use crate::backend::{fill_frame, Backend, Fill, MAX_FRAME};
 
 const ETHERNET_HEADER_LEN: usize = 14;
 const IPV4_HEADER_LEN: usize = 20;
@@ -116,17 +116,11 @@ impl Backend for UdpBackend {
         Ok(budget)
     }
 
-    fn transmit(
-        &mut self,
-        len: usize,
-        _flow: u16,
-        fill: &mut dyn FnMut(&mut [u8]) -> usize,
-    ) -> io::Result<()> {
+    fn transmit(&mut self, len: usize, _flow: u16, fill: Fill<'_>) -> io::Result<()> {
         let len = len.min(self.outgoing.len());
-        let written = fill(&mut self.outgoing[..len]).min(len);
-        if written == 0 {
+        let Some(written) = fill_frame(&mut self.outgoing[..len], fill) else {
             return Ok(());
-        }
+        };
         self.send_outgoing(written)
     }
 

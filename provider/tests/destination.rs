@@ -9,7 +9,6 @@ use roce_provider::backend::Backend;
 use roce_provider::engine::{Addressing, Engine};
 use roce_provider::memory::memory_pair;
 use roce_transport::Endpoint;
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{bth, reth, ExtRepr, FrameRepr, Opcode, Psn};
 
 const OURS: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -18,43 +17,24 @@ const PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 /// A READ request from the peer to `dst` for a QP that does not exist.
 fn read_request(dst: Ipv4Addr) -> Vec<u8> {
     let repr = FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [2, 0, 0, 0, 0, 2],
-            src: [2, 0, 0, 0, 0, 1],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: PEER,
-            dst,
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
         udp_src_port: 0xC011,
-        udp_checksum: false,
-        bth: bth::Repr {
-            opcode: Opcode::RcRdmaReadRequest,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xFFFF,
-            fecn: false,
-            becn: false,
-            dest_qpn: 0x11,
-            ack_req: true,
-            psn: Psn::new(0),
-        },
-        ext: ExtRepr {
-            reth: Some(reth::Repr {
-                virtual_address: 0x1000,
-                rkey: 1,
-                dma_length: 1 << 20,
-            }),
-            ..ExtRepr::default()
-        },
-        payload: &[],
+        ..FrameRepr::ipv4(
+            ([2, 0, 0, 0, 0, 1], PEER),
+            ([2, 0, 0, 0, 0, 2], dst),
+            bth::Repr {
+                ack_req: true,
+                ..bth::Repr::new(Opcode::RcRdmaReadRequest, 0x11, Psn::new(0))
+            },
+            ExtRepr {
+                reth: Some(reth::Repr {
+                    virtual_address: 0x1000,
+                    rkey: 1,
+                    dma_length: 1 << 20,
+                }),
+                ..ExtRepr::default()
+            },
+            &[],
+        )
     };
     let mut bytes = vec![0; repr.buffer_len()];
     repr.emit(&mut bytes).expect("room for the frame");

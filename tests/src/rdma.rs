@@ -11,7 +11,8 @@ use roce_transport::cq::WcStatus;
 use roce_transport::mr::PdId;
 use roce_transport::qp::{QpCaps, QpInit};
 use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType, RetryConfig};
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+pub use roce_transport::wr::signaled;
+use roce_transport::wr::{RecvWr, SendOp, Sge};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 use roce_wire::Psn;
 
@@ -21,12 +22,24 @@ pub const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 pub const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 
 /// How each side is addressed.
-pub fn addressing(mac: [u8; 6], ip: Ipv4Addr, peer_mac: [u8; 6], peer_ip: Ipv4Addr) -> Addressing {
+fn addressing(mac: [u8; 6], ip: Ipv4Addr, peer_mac: [u8; 6], peer_ip: Ipv4Addr) -> Addressing {
     Addressing {
         mac,
         ip,
         neighbours: HashMap::from([(peer_ip, peer_mac)]),
     }
+}
+
+/// The two sides' engines, each over its backend (with its MAC and IPv4 address) and with
+/// the other side as its one neighbour.
+pub fn engines<A: Backend, B: Backend>(
+    (endpoint_a, backend_a, mac_a, ip_a): (Endpoint, A, [u8; 6], Ipv4Addr),
+    (endpoint_b, backend_b, mac_b, ip_b): (Endpoint, B, [u8; 6], Ipv4Addr),
+) -> (Engine<A>, Engine<B>) {
+    (
+        Engine::new(endpoint_a, backend_a, addressing(mac_a, ip_a, mac_b, ip_b)),
+        Engine::new(endpoint_b, backend_b, addressing(mac_b, ip_b, mac_a, ip_a)),
+    )
 }
 
 fn av(ip: Ipv4Addr) -> AddressVector {
@@ -105,18 +118,6 @@ pub fn connected_pair(ip_a: Ipv4Addr, ip_b: Ipv4Addr, mtu: PathMtu) -> (Side, Si
     a.connect(peer(ip_b, qb, 200), Psn::new(100), mtu);
     b.connect(peer(ip_a, qa, 100), Psn::new(200), mtu);
     (a, b)
-}
-
-/// A signaled work request of one SGE.
-pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
 }
 
 /// Runs both engines in turn until `done` says so or `limit` has passed; whether `done` did.
@@ -216,15 +217,9 @@ pub fn write_read_send_with_macs<A: Backend, B: Backend>(
     let (mut side_a, mut side_b) = connected_pair(ip_a, ip_b, mtu);
     let regions = post_write_read_send(&mut side_a, &mut side_b);
     let (cq_a, cq_b) = (side_a.cq, side_b.cq);
-    let mut a = Engine::new(
-        side_a.endpoint,
-        backend_a,
-        addressing(mac_a, ip_a, mac_b, ip_b),
-    );
-    let mut b = Engine::new(
-        side_b.endpoint,
-        backend_b,
-        addressing(mac_b, ip_b, mac_a, ip_a),
+    let (mut a, mut b) = engines(
+        (side_a.endpoint, backend_a, mac_a, ip_a),
+        (side_b.endpoint, backend_b, mac_b, ip_b),
     );
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
     drive(&mut a, &mut b, Duration::from_secs(60), |a, b| {

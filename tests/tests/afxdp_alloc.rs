@@ -13,7 +13,7 @@ use roce_provider::netns::needs_root;
 use roce_provider::netns::{veth, Netns};
 use roce_provider::xdp::XdpMode;
 use roce_tests::afxdp_in;
-use roce_tests::rdma::{addressing, connected_pair, signaled};
+use roce_tests::rdma::{connected_pair, engines, signaled};
 use roce_transport::cq::{WcStatus, WorkCompletion};
 use roce_transport::qp_state::PathMtu;
 use roce_transport::wr::{SendOp, Sge};
@@ -119,15 +119,9 @@ fn af_xdp_path_allocates_nothing_per_packet() {
     let lkey = side_a.register(SOURCE, &vec![0x3c; MESSAGE as usize]);
     let rkey = side_b.register(TARGET, &vec![0; MESSAGE as usize]);
     let qp = (side_a.qpn, side_a.cq, lkey, rkey);
-    let mut a = Engine::new(
-        side_a.endpoint,
-        backend_a,
-        addressing(mac_a, ip_a, mac_b, ip_b),
-    );
-    let mut b = Engine::new(
-        side_b.endpoint,
-        backend_b,
-        addressing(mac_b, ip_b, mac_a, ip_a),
+    let (mut a, mut b) = engines(
+        (side_a.endpoint, backend_a, mac_a, ip_a),
+        (side_b.endpoint, backend_b, mac_b, ip_b),
     );
     let mut done = Vec::with_capacity(16);
 

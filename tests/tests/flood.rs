@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 use roce_provider::backend::Backend;
 use roce_provider::engine::Engine;
 use roce_provider::memory::{memory_pair, MemoryTap};
-use roce_tests::rdma::{addressing, connected_pair, signaled, MAC_A, MAC_B};
+use roce_tests::rdma::{connected_pair, engines, signaled, MAC_A, MAC_B};
 use roce_transport::cq::WcStatus;
 use roce_transport::qp_state::PathMtu;
 use roce_transport::wr::{SendOp, Sge};
 use roce_transport::CqId;
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
 const MESSAGE: usize = 64 << 10;
@@ -27,38 +26,16 @@ const TARGET: u64 = 0x2000_0000;
 /// Three kinds of junk for B (at `ip_b`, whose QP is `qpn_b`).
 fn junk(ip_b: Ipv4Addr, qpn_b: u32) -> Vec<Vec<u8>> {
     let payload = [0x5a; 1024];
-    let send = FrameRepr {
-        ethernet: EthernetRepr {
-            dst: MAC_B,
-            src: [2, 0, 0, 0, 0, 0xEE],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: Ipv4Addr::new(10, 9, 0, 99),
-            dst: ip_b,
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
-        udp_src_port: 0xC000,
-        udp_checksum: false,
-        bth: bth::Repr {
-            opcode: Opcode::RcSendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qpn: qpn_b,
+    let send = FrameRepr::ipv4(
+        ([2, 0, 0, 0, 0, 0xEE], Ipv4Addr::new(10, 9, 0, 99)),
+        (MAC_B, ip_b),
+        bth::Repr {
             ack_req: true,
-            psn: Psn::new(7),
+            ..bth::Repr::new(Opcode::RcSendOnly, qpn_b, Psn::new(7))
         },
-        ext: ExtRepr::default(),
-        payload: &payload,
-    };
+        ExtRepr::default(),
+        &payload,
+    );
     let mut bad_icrc = vec![0; send.buffer_len()];
     send.emit(&mut bad_icrc).expect("a SEND frame");
     let last = bad_icrc.len() - 1;
@@ -139,15 +116,9 @@ fn writes_keep_completing_under_a_flood_of_junk() {
     let frames = junk(ip_b, side_b.qpn);
     let (wire_a, wire_b) = memory_pair();
     let tap = wire_b.tap();
-    let mut a = Engine::new(
-        side_a.endpoint,
-        wire_a,
-        addressing(MAC_A, ip_a, MAC_B, ip_b),
-    );
-    let mut b = Engine::new(
-        side_b.endpoint,
-        wire_b,
-        addressing(MAC_B, ip_b, MAC_A, ip_a),
+    let (mut a, mut b) = engines(
+        (side_a.endpoint, wire_a, MAC_A, ip_a),
+        (side_b.endpoint, wire_b, MAC_B, ip_b),
     );
     let period = Duration::from_millis(500);
 

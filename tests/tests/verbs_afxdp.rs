@@ -11,10 +11,11 @@ use std::thread;
 use std::time::Duration;
 
 use roce_provider::netns::{self, needs_root, veth_with_queues, Netns};
+use roce_transport::wr::signaled;
 use roce_verbs::{
     devices, AccessFlags, BackendChoice, BackendKind, ConnectOptions, Context, OpenOptions,
-    PathMtu, Progress, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendFlags,
-    SendOp, SendWr, WcOpcode, WcStatus,
+    PathMtu, Progress, QpCaps, QpEndpoint, QpInitAttr, QpType, RecvWr, RetryConfig, SendOp,
+    WcOpcode, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -133,14 +134,6 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
     // Both connected (and the receives posted) before anything is sent.
     link.tx.send(Vec::new()).unwrap();
     link.rx.recv().unwrap();
-    let signaled = |wr_id, op, sge| SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
     if active {
         for ((qp, region, _), &(_, peer_addr, peer_rkey)) in all.iter().zip(&peer) {
             let write = SendOp::RdmaWrite {

@@ -156,6 +156,14 @@ fn demo(args: &Args) -> io::Result<bool> {
     eprintln!("roce demo: raw AF_XDP ceiling...");
     let ceiling = raw_ceiling(&a, &b, mode, args)?;
 
+    print_comparison(&roce, &tcp);
+    print_ceiling(&roce, &ceiling);
+    println!("verified={} status=ok", roce.verified);
+    Ok(true)
+}
+
+/// The table of our figures next to kernel TCP's, with their ratios.
+fn print_comparison(roce: &RoceFigures, tcp: &TcpFigures) {
     let ratio = |ours: f64, theirs: f64| format!("{:.2}x", ours / theirs);
     println!(
         "{:<34} {:>22} {:>22} {:>8}",
@@ -193,6 +201,10 @@ fn demo(args: &Args) -> io::Result<bool> {
         "{:<34} {:>18.0} op/s {:>22} {:>8}",
         "FETCH_ADD + CMP_SWAP", roce.atomics_per_s, "-", "-"
     );
+}
+
+/// The raw AF_XDP rows, the ceiling's receiver counters and our figures divided by it.
+fn print_ceiling(roce: &RoceFigures, ceiling: &Ceiling) {
     let (full, small) = (&ceiling.full, &ceiling.small);
     let payload_gbps = full.frames_per_sec * full.payload as f64 * 8.0 / 1e9;
     println!(
@@ -228,8 +240,6 @@ fn demo(args: &Args) -> io::Result<bool> {
         roce.read_gbps / payload_gbps,
         roce.write64_per_s / small.frames_per_sec
     );
-    println!("verified={} status=ok", roce.verified);
-    Ok(true)
 }
 
 struct TcpFigures {

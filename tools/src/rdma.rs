@@ -5,9 +5,10 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
+pub use roce_transport::wr::signaled;
 use roce_verbs::{
-    devices, BackendChoice, BackendKind, Context, Device, OpenOptions, Progress, SendFlags, SendOp,
-    SendWr, Sge, WcStatus, WorkCompletion,
+    devices, BackendChoice, BackendKind, Context, Device, OpenOptions, Progress, WcStatus,
+    WorkCompletion,
 };
 
 use crate::args::DeviceArgs;
@@ -54,18 +55,6 @@ pub fn open_device(
         eprintln!("roce {tool}: AF_XDP unavailable ({why}); using kernel UDP sockets");
     }
     Ok(ctx)
-}
-
-/// A signaled work request of one gather element.
-pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    }
 }
 
 /// A completion's status as rdma-core names it (`IBV_WC_*`), with what it tells a user.

@@ -143,6 +143,18 @@ pub struct RecvWr {
     pub sg_list: SgList,
 }
 
+/// A signaled send work request of one gather element: what most tests and tools post.
+pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sg_list: [sge].into(),
+        inline_data: Vec::new(),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    }
+}
+
 // Cloned by hand because posting clones every request into a queue slot (`clone_from`):
 // the derived one would extend the list element by element and build a whole new request
 // to move into the slot.

@@ -13,11 +13,12 @@ use std::time::Duration;
 use roce_provider::fault::FaultInjector;
 use roce_provider::memory::memory_pair;
 use roce_transport::sim::LinkConfig;
+use roce_transport::wr::signaled;
 use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, AddressVector, Addressing, AsyncEvent, BackendChoice, ConnectOptions, Context, Cq,
     Device, Error, OpenOptions, PathMtu, Progress, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, SgList, Sge, WcOpcode, WcStatus,
+    RecvWr, RetryConfig, SendFlags, SendOp, SendWr, SgList, WcOpcode, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -90,17 +91,6 @@ fn fast() -> ConnectOptions {
             ..RetryConfig::default()
         },
         ..ConnectOptions::default()
-    }
-}
-
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
     }
 }
 

@@ -13,11 +13,11 @@ use std::thread;
 use std::time::Duration;
 
 use roce_provider::memory::memory_pair;
+use roce_transport::wr::signaled;
 use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, Addressing, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions,
-    PathMtu, Pd, Progress, Qp, QpCaps, QpInitAttr, QpType, RetryConfig, SendFlags, SendOp, SendWr,
-    Sge, WcStatus,
+    PathMtu, Pd, Progress, Qp, QpCaps, QpInitAttr, QpType, RetryConfig, SendOp, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -92,17 +92,6 @@ fn pair() -> Pair {
         _qp_b: qp_b,
         _cq_b: cq_b,
         _ctx: (ctx_a, ctx_b),
-    }
-}
-
-fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
     }
 }
 

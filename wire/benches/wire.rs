@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use roce_wire::aeth::{self, CreditCount, Syndrome};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
+use roce_wire::frame::{IpRepr, Ipv4Repr};
 use roce_wire::{bth, ExtRepr, Frame, FrameRepr, Opcode, Psn};
 
 const CRC_SIZES: [usize; 3] = [64, 1024, 4096];
@@ -68,37 +68,25 @@ fn crc_benches(c: &mut Criterion) {
 }
 
 fn frame_template(payload: &[u8]) -> FrameRepr<'_> {
+    let (src, dst) = (Ipv4Addr::new(10, 88, 0, 11), Ipv4Addr::new(10, 88, 0, 12));
     FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [0x02, 0x00, 0x00, 0x00, 0x00, 0x0c],
-            src: [0x02, 0x00, 0x00, 0x00, 0x00, 0x0b],
-            vlan: None,
-        },
         ip: IpRepr::V4(Ipv4Repr {
-            src: Ipv4Addr::new(10, 88, 0, 11),
-            dst: Ipv4Addr::new(10, 88, 0, 12),
             dscp: 26,
             ecn: 0b10,
             identification: 0x9aaa,
-            dont_fragment: true,
-            ttl: 64,
+            ..Ipv4Repr::new(src, dst)
         }),
         udp_src_port: 0xC121,
-        udp_checksum: false,
-        bth: bth::Repr {
-            opcode: Opcode::RcSendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xFFFF,
-            fecn: false,
-            becn: false,
-            dest_qpn: 0x11,
-            ack_req: true,
-            psn: Psn::new(0x18_d6bb),
-        },
-        ext: ExtRepr::default(),
-        payload,
+        ..FrameRepr::ipv4(
+            ([0x02, 0x00, 0x00, 0x00, 0x00, 0x0b], src),
+            ([0x02, 0x00, 0x00, 0x00, 0x00, 0x0c], dst),
+            bth::Repr {
+                ack_req: true,
+                ..bth::Repr::new(Opcode::RcSendOnly, 0x11, Psn::new(0x18_d6bb))
+            },
+            ExtRepr::default(),
+            payload,
+        )
     }
 }
 

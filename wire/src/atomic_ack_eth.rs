@@ -2,8 +2,6 @@
 
 use core::fmt;
 
-use crate::{read_u64, Result};
-
 mod field {
     use crate::Field;
 
@@ -15,41 +13,17 @@ fixed_header_packet! {
     /// A read/write view of an AtomicAckETH.
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The original remote value.
-    pub fn original(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::ORIGINAL])
-    }
+    original / set_original: u64 @ ORIGINAL;
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the original remote value.
-    pub fn set_original(&mut self, value: u64) {
-        self.buffer.as_mut()[field::ORIGINAL].copy_from_slice(&value.to_be_bytes());
-    }
-}
-
-/// A parsed AtomicAckETH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+header_repr! {
+    /// A parsed AtomicAckETH.
+    parse: "Parses the header (every bit pattern is valid).";
+    emit: "Writes the header.";
     /// The original remote value.
-    pub original: u64,
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses the header (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            original: packet.original(),
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_original(self.original);
-    }
+    original: u64 = [original] / set_original,
 }
 
 impl fmt::Display for Repr {

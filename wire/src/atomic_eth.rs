@@ -2,8 +2,6 @@
 
 use core::fmt;
 
-use crate::{read_u64, Result};
-
 mod field {
     use crate::Field;
 
@@ -20,63 +18,25 @@ fixed_header_packet! {
 
 remote_address_accessors!("Remote address of the 8-byte target.");
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The value to swap in (COMPARE_SWAP) or to add (FETCH_ADD).
-    pub fn swap_add(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::SWAP_ADD])
-    }
-
+    swap_add / set_swap_add: u64 @ SWAP_ADD;
     /// The value to compare with (COMPARE_SWAP only).
-    pub fn compare(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::COMPARE])
-    }
+    compare / set_compare: u64 @ COMPARE;
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the swap or add operand.
-    pub fn set_swap_add(&mut self, value: u64) {
-        self.buffer.as_mut()[field::SWAP_ADD].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the compare operand.
-    pub fn set_compare(&mut self, value: u64) {
-        self.buffer.as_mut()[field::COMPARE].copy_from_slice(&value.to_be_bytes());
-    }
-}
-
-/// A parsed AtomicETH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+header_repr! {
+    /// A parsed AtomicETH.
+    parse: "Parses the header (every bit pattern is valid here; alignment is the responder's check).";
+    emit: "Writes the header.";
     /// Remote address (the responder checks 8-byte alignment).
-    pub virtual_address: u64,
+    virtual_address: u64 = [virtual_address] / set_virtual_address,
     /// Remote key.
-    pub rkey: u32,
+    rkey: u32 = [rkey] / set_rkey,
     /// Swap or add operand.
-    pub swap_add: u64,
+    swap_add: u64 = [swap_add] / set_swap_add,
     /// Compare operand.
-    pub compare: u64,
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses the header (every bit pattern is valid here; alignment is the responder's check).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            virtual_address: packet.virtual_address(),
-            rkey: packet.rkey(),
-            swap_add: packet.swap_add(),
-            compare: packet.compare(),
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_virtual_address(self.virtual_address);
-        packet.set_rkey(self.rkey);
-        packet.set_swap_add(self.swap_add);
-        packet.set_compare(self.compare);
-    }
+    compare: u64 = [compare] / set_compare,
 }
 
 impl fmt::Display for Repr {

@@ -166,7 +166,28 @@ pub struct Repr {
 
 fixed_len_repr!();
 
+/// The default, full-membership partition key (`0xFFFF`), the one a RoCE port's P_Key table
+/// holds by default.
+pub const DEFAULT_PKEY: u16 = 0xFFFF;
+
 impl Repr {
+    /// A BTH with the fields most packets leave at their defaults: no solicited event, no
+    /// migration request, no pad, [`DEFAULT_PKEY`], no congestion marks and no AckReq.
+    pub const fn new(opcode: Opcode, dest_qpn: u32, psn: Psn) -> Repr {
+        Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Parses a BTH, rejecting unknown opcodes and transport versions other than 0.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
         let opcode = Opcode::try_from(packet.opcode())?;

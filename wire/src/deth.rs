@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use crate::{read_u24, read_u32, write_u24, Result};
+use crate::{read_u24, write_u24};
 
 mod field {
     use crate::Field;
@@ -17,12 +17,12 @@ fixed_header_packet! {
     /// A read/write view of a DETH.
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// Queue key the destination QP checks.
-    pub fn qkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::QKEY])
-    }
+    qkey / set_qkey: u32 @ QKEY;
+}
 
+impl<T: AsRef<[u8]>> Packet<T> {
     /// Sending QP (24 bits), reported in the receive completion.
     pub fn src_qpn(&self) -> u32 {
         read_u24(&self.buffer.as_ref()[field::SRC_QPN])
@@ -30,11 +30,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the Q_Key.
-    pub fn set_qkey(&mut self, qkey: u32) {
-        self.buffer.as_mut()[field::QKEY].copy_from_slice(&qkey.to_be_bytes());
-    }
-
     /// Sets the source QPN (low 24 bits), clearing the reserved byte.
     pub fn set_src_qpn(&mut self, qpn: u32) {
         let buffer = self.buffer.as_mut();
@@ -43,31 +38,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// A parsed DETH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+header_repr! {
+    /// A parsed DETH.
+    parse: "Parses a DETH (every bit pattern is valid; the reserved byte is ignored).";
+    emit: "Writes the header.";
     /// Queue key.
-    pub qkey: u32,
+    qkey: u32 = [qkey] / set_qkey,
     /// Source QPN, 24 bits.
-    pub src_qpn: u32,
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a DETH (every bit pattern is valid; the reserved byte is ignored).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            qkey: packet.qkey(),
-            src_qpn: packet.src_qpn(),
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_qkey(self.qkey);
-        packet.set_src_qpn(self.src_qpn);
-    }
+    src_qpn: u32 = [src_qpn] / set_src_qpn,
 }
 
 impl fmt::Display for Repr {

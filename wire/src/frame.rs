@@ -338,6 +338,33 @@ pub struct Ipv4Repr {
     pub ttl: u8,
 }
 
+impl EthernetRepr {
+    /// An Ethernet header without an 802.1Q tag.
+    pub const fn untagged(src: [u8; 6], dst: [u8; 6]) -> EthernetRepr {
+        EthernetRepr {
+            dst,
+            src,
+            vlan: None,
+        }
+    }
+}
+
+impl Ipv4Repr {
+    /// IPv4 as rxe sends RoCEv2 by default: traffic class 0, identification 0, don't
+    /// fragment, TTL 64.
+    pub const fn new(src: Ipv4Addr, dst: Ipv4Addr) -> Ipv4Repr {
+        Ipv4Repr {
+            src,
+            dst,
+            dscp: 0,
+            ecn: 0,
+            identification: 0,
+            dont_fragment: true,
+            ttl: 64,
+        }
+    }
+}
+
 /// The IPv6 fields a RoCEv2 sender chooses; the payload length is derived on emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv6Repr {
@@ -393,6 +420,27 @@ pub struct FrameRepr<'a> {
 }
 
 impl<'a> FrameRepr<'a> {
+    /// A frame from `src` to `dst` (each a MAC and an IPv4 address) as rxe sends one by
+    /// default: untagged Ethernet, [`Ipv4Repr::new`], UDP source port 0xC000 and no UDP
+    /// checksum.
+    pub const fn ipv4(
+        src: ([u8; 6], Ipv4Addr),
+        dst: ([u8; 6], Ipv4Addr),
+        bth: bth::Repr,
+        ext: ExtRepr,
+        payload: &'a [u8],
+    ) -> Self {
+        FrameRepr {
+            ethernet: EthernetRepr::untagged(src.0, dst.0),
+            ip: IpRepr::V4(Ipv4Repr::new(src.1, dst.1)),
+            udp_src_port: 0xC000,
+            udp_checksum: false,
+            bth,
+            ext,
+            payload,
+        }
+    }
+
     /// Decodes a checked frame after verifying its ICRC. Under `cfg(fuzzing)` the ICRC is
     /// not checked, so a fuzzer reaches the parsers behind it.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(frame: &Frame<&'a T>) -> Result<Self, FrameError> {

@@ -2,8 +2,6 @@
 
 use core::fmt;
 
-use crate::{read_u32, Result};
-
 mod field {
     use crate::Field;
 
@@ -15,41 +13,17 @@ fixed_header_packet! {
     /// A read/write view of an IETH.
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The R_Key the responder must invalidate.
-    pub fn rkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::RKEY])
-    }
+    rkey / set_rkey: u32 @ RKEY;
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the R_Key to invalidate.
-    pub fn set_rkey(&mut self, rkey: u32) {
-        self.buffer.as_mut()[field::RKEY].copy_from_slice(&rkey.to_be_bytes());
-    }
-}
-
-/// A parsed IETH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+header_repr! {
+    /// A parsed IETH.
+    parse: "Parses the header (every bit pattern is valid).";
+    emit: "Writes the header.";
     /// The R_Key to invalidate.
-    pub rkey: u32,
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses the header (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            rkey: packet.rkey(),
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_rkey(self.rkey);
-    }
+    rkey: u32 = [rkey] / set_rkey,
 }
 
 impl fmt::Display for Repr {

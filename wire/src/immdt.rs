@@ -2,8 +2,6 @@
 
 use core::fmt;
 
-use crate::{read_u32, Result};
-
 mod field {
     use crate::Field;
 
@@ -15,41 +13,17 @@ fixed_header_packet! {
     /// A read/write view of an ImmDt header.
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The immediate value, as the big-endian integer verbs reports (`imm_data` is `__be32`).
-    pub fn immediate(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::DATA])
-    }
+    immediate / set_immediate: u32 @ DATA;
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the immediate value.
-    pub fn set_immediate(&mut self, value: u32) {
-        self.buffer.as_mut()[field::DATA].copy_from_slice(&value.to_be_bytes());
-    }
-}
-
-/// A parsed ImmDt header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+header_repr! {
+    /// A parsed ImmDt header.
+    parse: "Parses the header (every bit pattern is valid).";
+    emit: "Writes the header.";
     /// The immediate value.
-    pub immediate: u32,
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses the header (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            immediate: packet.immediate(),
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_immediate(self.immediate);
-    }
+    immediate: u32 = [immediate] / set_immediate,
 }
 
 impl fmt::Display for Repr {

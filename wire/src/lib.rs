@@ -5,6 +5,10 @@
 //! `new_checked` guarantees that no accessor panics afterwards, a private `field` module of
 //! byte ranges, and a plain `Repr` with `parse`, `emit` and `buffer_len`. Untrusted bytes only
 //! enter through `new_checked`; the transport only ever sees `Repr`s.
+//! The accessors, and the `Repr` with its `parse` and `emit`, are declared from each
+//! header's field table by the crate's macros (`field_accessors!`, `header_repr!`), so a
+//! header's file states only its layout, the checks and conversions that are its own, and
+//! how it prints.
 //!
 //! Layers below the BTH (Ethernet II with an optional 802.1Q tag, IPv4, IPv6, UDP) are parsed
 //! and written with [etherparse]: it is no_std, allocation-free and well tested, and its header
@@ -72,6 +76,10 @@ pub type Result<T> = core::result::Result<T, Error>;
 /// A byte range inside a header.
 type Field = core::ops::Range<usize>;
 
+fn read_u16(bytes: &[u8]) -> u16 {
+    u16::from_be_bytes([bytes[0], bytes[1]])
+}
+
 fn read_u24(bytes: &[u8]) -> u32 {
     u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]])
 }
@@ -88,4 +96,28 @@ fn read_u64(bytes: &[u8]) -> u64 {
     let mut raw = [0; 8];
     raw.copy_from_slice(bytes);
     u64::from_be_bytes(raw)
+}
+
+/// Copies a field out at its full length `N` (the field's range is `N` bytes long).
+fn read_array<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut array = [0; N];
+    array.copy_from_slice(bytes);
+    array
+}
+
+/// `width` bits of `byte` starting `shift` bits from the least significant end.
+const fn bits(byte: u8, shift: u32, width: u32) -> u8 {
+    (byte >> shift) & ((1 << width) - 1)
+}
+
+/// Writes the low `width` bits of `value` into `byte` at `shift`, keeping the other bits.
+fn set_bits(byte: &mut u8, shift: u32, width: u32, value: u8) {
+    let mask = (((1u16 << width) - 1) as u8) << shift;
+    *byte = (*byte & !mask) | ((value << shift) & mask);
+}
+
+/// Writes `value` into the only field of `byte`, zeroing the reserved bits around it.
+fn set_lone_bits(byte: &mut u8, shift: u32, width: u32, value: u8) {
+    *byte = 0;
+    set_bits(byte, shift, width, value);
 }

@@ -6,7 +6,7 @@
 
 use core::fmt;
 
-use crate::{read_u32, read_u64, Error, Result};
+use crate::{read_u32, read_u64, Result};
 
 /// Bytes of the common header.
 pub const HEADER_LEN: usize = 24;
@@ -23,7 +23,7 @@ pub const GSI_QPN: u32 = 1;
 /// The well-known Q_Key of QP1 (`IB_QP1_QKEY`).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 /// The default, full-membership partition key QP1 sends with.
-pub const DEFAULT_PKEY: u16 = 0xFFFF;
+pub use crate::bth::DEFAULT_PKEY;
 
 mod field {
     use crate::Field;
@@ -41,40 +41,14 @@ mod field {
     pub const DATA: Field = super::HEADER_LEN..super::MAD_LEN;
 }
 
-/// A read/write view of a whole MAD: the common header and the class's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
+packet_view! {
+    MAD_LEN,
+    "a MAD (a longer one is fine: a UD payload never carries anything after the MAD, so the \
+     excess is ignored)";
+    /// A read/write view of a whole MAD: the common header and the class's data.
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking its length; accessors may then panic.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`check_len`](Self::check_len); no accessor panics after this.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Fails when the buffer is shorter than a MAD. Longer buffers are fine: a UD payload
-    /// never carries anything after the MAD, so the excess is ignored.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < MAD_LEN {
-            Err(Error)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Gives the buffer back.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// Base version; 1.
     pub fn base_version(&self) -> u8 {
         self.buffer.as_ref()[field::BASE_VERSION]
@@ -262,6 +236,7 @@ impl fmt::Display for Repr {
 mod tests {
     use super::*;
     use crate::cm::tests::capture_mad;
+    use crate::Error;
 
     /// The header of the REQ in rping_rdmacm.pcap.
     static HEADER_BYTES: [u8; HEADER_LEN] = [

@@ -2,8 +2,6 @@
 
 use core::fmt;
 
-use crate::{read_u32, Result};
-
 mod field {
     use crate::Field;
 
@@ -19,49 +17,21 @@ fixed_header_packet! {
 
 remote_address_accessors!("Remote virtual address of the first byte.");
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// Length of the whole operation in bytes.
-    pub fn dma_length(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::DMA_LENGTH])
-    }
+    dma_length / set_dma_length: u32 @ DMA_LENGTH;
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the DMA length.
-    pub fn set_dma_length(&mut self, length: u32) {
-        self.buffer.as_mut()[field::DMA_LENGTH].copy_from_slice(&length.to_be_bytes());
-    }
-}
-
-/// A parsed RETH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+header_repr! {
+    /// A parsed RETH.
+    parse: "Parses a RETH (every bit pattern is valid).";
+    emit: "Writes the header.";
     /// Remote virtual address.
-    pub virtual_address: u64,
+    virtual_address: u64 = [virtual_address] / set_virtual_address,
     /// Remote key.
-    pub rkey: u32,
+    rkey: u32 = [rkey] / set_rkey,
     /// Length of the whole operation.
-    pub dma_length: u32,
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a RETH (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            virtual_address: packet.virtual_address(),
-            rkey: packet.rkey(),
-            dma_length: packet.dma_length(),
-        })
-    }
-
-    /// Writes the header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_virtual_address(self.virtual_address);
-        packet.set_rkey(self.rkey);
-        packet.set_dma_length(self.dma_length);
-    }
+    dma_length: u32 = [dma_length] / set_dma_length,
 }
 
 impl fmt::Display for Repr {

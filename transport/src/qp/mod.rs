@@ -168,18 +168,7 @@ impl Default for OutPacket {
     /// A blank packet to fill: an ACK for PSN 0 to nowhere, with no payload.
     fn default() -> Self {
         OutPacket {
-            bth: bth::Repr {
-                opcode: Opcode::RcAcknowledge,
-                solicited: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: 0xFFFF,
-                fecn: false,
-                becn: false,
-                dest_qpn: 0,
-                ack_req: false,
-                psn: Psn::new(0),
-            },
+            bth: bth::Repr::new(Opcode::RcAcknowledge, 0, Psn::new(0)),
             ext: ExtRepr::default(),
             payload: Vec::new(),
             av: NO_ADDRESS,
@@ -614,18 +603,11 @@ impl Qp {
 
     /// A BTH to the connected peer with the fields every packet shares.
     fn bth(&self, opcode: Opcode, psn: Psn, dest: Option<&UdDest>) -> bth::Repr {
-        bth::Repr {
+        bth::Repr::new(
             opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xFFFF,
-            fecn: false,
-            becn: false,
-            dest_qpn: dest.map_or(self.config.dest_qpn, |d| d.remote_qpn),
-            ack_req: false,
+            dest.map_or(self.config.dest_qpn, |d| d.remote_qpn),
             psn,
-        }
+        )
     }
 
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.

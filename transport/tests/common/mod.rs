@@ -11,10 +11,11 @@ use std::rc::Rc;
 use roce_transport::cq::{WcStatus, WorkCompletion};
 use roce_transport::qp_state::QpState;
 use roce_transport::sim::Sim;
-use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
+#[allow(unused_imports)] // as dead_code above: not every test binary posts
+pub use roce_transport::wr::signaled;
+use roce_transport::wr::{RecvWr, Sge};
 use roce_transport::Transmit;
 use roce_wire::aeth::Syndrome;
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
 
 /// The requester's node (node indices are fixed by the order of `add_node`).
@@ -43,18 +44,6 @@ pub fn sge(addr: u64, length: usize, lkey: u32) -> Sge {
         addr,
         length: length as u32,
         lkey,
-    }
-}
-
-/// A signaled work request with one SGE.
-pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: [sge].into(),
-        inline_data: Vec::new(),
-        flags: SendFlags::SIGNALED,
-        ud: None,
     }
 }
 
@@ -148,25 +137,14 @@ pub fn count(log: &Log, from: usize, opcode: Opcode) -> usize {
 /// (10.0.0.x, as the simulator numbers its nodes).
 pub fn received_frame(transmit: &Transmit, [src, dst]: [u8; 2]) -> FrameRepr<'_> {
     FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [0x02, 0, 0, 0, 0, dst],
-            src: [0x02, 0, 0, 0, 0, src],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: Ipv4Addr::new(10, 0, 0, src),
-            dst: Ipv4Addr::new(10, 0, 0, dst),
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
         udp_src_port: 0xC000 | (transmit.src_qpn as u16 & 0x3FFF),
-        udp_checksum: false,
-        bth: transmit.packet.bth,
-        ext: transmit.packet.ext,
-        payload: &transmit.packet.payload,
+        ..FrameRepr::ipv4(
+            ([0x02, 0, 0, 0, 0, src], Ipv4Addr::new(10, 0, 0, src)),
+            ([0x02, 0, 0, 0, 0, dst], Ipv4Addr::new(10, 0, 0, dst)),
+            transmit.packet.bth,
+            transmit.packet.ext,
+            &transmit.packet.payload,
+        )
     }
 }
 
@@ -179,27 +157,13 @@ pub fn forged<'a>(
     ext: ExtRepr,
     payload: &'a [u8],
 ) -> FrameRepr<'a> {
-    FrameRepr {
-        ethernet: EthernetRepr {
-            dst: [2, 0, 0, 0, 0, to as u8 + 1],
-            src: [2, 0, 0, 0, 0, from as u8 + 1],
-            vlan: None,
-        },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: sim.nodes[from].ip,
-            dst: sim.nodes[to].ip,
-            dscp: 0,
-            ecn: 0,
-            identification: 0,
-            dont_fragment: true,
-            ttl: 64,
-        }),
-        udp_src_port: 0xC000,
-        udp_checksum: false,
+    FrameRepr::ipv4(
+        ([2, 0, 0, 0, 0, from as u8 + 1], sim.nodes[from].ip),
+        ([2, 0, 0, 0, 0, to as u8 + 1], sim.nodes[to].ip),
         bth,
         ext,
         payload,
-    }
+    )
 }
 
 /// A BTH for a forged frame: default P_Key, the pad `payload_len` needs, and `ack_req` as
@@ -212,15 +176,8 @@ pub fn forged_bth(
     ack_req: bool,
 ) -> bth::Repr {
     bth::Repr {
-        opcode,
-        solicited: false,
-        mig_req: false,
         pad_count: ((4 - payload_len % 4) % 4) as u8,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qpn,
         ack_req,
-        psn,
+        ..bth::Repr::new(opcode, dest_qpn, psn)
     }
 }

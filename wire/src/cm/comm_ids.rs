@@ -4,7 +4,6 @@
 use core::fmt;
 
 use super::CommIds;
-use crate::Result;
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 224;
@@ -21,38 +20,11 @@ cm_message_packet!("a DREP or an RTU");
 
 comm_id_accessors!();
 
-impl<T: AsRef<[u8]>> Packet<T> {}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {}
-
-/// A parsed DREP or RTU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
-    /// The sender's communication ID.
-    pub local_comm_id: u32,
-    /// The receiver's communication ID.
-    pub remote_comm_id: u32,
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a DREP or an RTU (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            local_comm_id: packet.local_comm_id(),
-            remote_comm_id: packet.remote_comm_id(),
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the DREP or RTU.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
-        packet.set_private_data(&self.private_data);
-    }
+cm_message_repr! {
+    /// A parsed DREP or RTU.
+    parse: "Parses a DREP or an RTU (every bit pattern is valid).";
+    emit: "Writes the DREP or RTU.";
+    comm_ids;
 }
 
 impl fmt::Display for Repr {

@@ -3,7 +3,7 @@
 use core::fmt;
 
 use super::CommIds;
-use crate::{read_u24, write_u24, Result};
+use crate::{read_u24, write_u24};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 220;
@@ -38,38 +38,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// A parsed DREQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
-    /// The sender's communication ID.
-    pub local_comm_id: u32,
-    /// The receiver's communication ID.
-    pub remote_comm_id: u32,
+cm_message_repr! {
+    /// A parsed DREQ.
+    parse: "Parses a DREQ (every bit pattern is valid).";
+    emit: "Writes the DREQ.";
+    comm_ids;
     /// The receiver's QPN, 24 bits.
-    pub remote_qpn: u32,
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a DREQ (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            local_comm_id: packet.local_comm_id(),
-            remote_comm_id: packet.remote_comm_id(),
-            remote_qpn: packet.remote_qpn(),
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the DREQ.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
-        packet.set_remote_qpn(self.remote_qpn);
-        packet.set_private_data(&self.private_data);
-    }
+    remote_qpn: u32 = [remote_qpn] / set_remote_qpn,
 }
 
 impl fmt::Display for Repr {

@@ -103,6 +103,14 @@ pub fn private_data<const N: usize>(data: &[u8]) -> Result<[u8; N]> {
     Ok(field)
 }
 
+/// A length field's value, refused when it is over `max`, the bytes its field has.
+fn length_within(length: u8, max: usize) -> Result<u8> {
+    if usize::from(length) > max {
+        return Err(Error);
+    }
+    Ok(length)
+}
+
 /// The two communication IDs that open most messages, as every `Display` prints them.
 struct CommIds(u32, u32);
 
@@ -110,21 +118,6 @@ impl fmt::Display for CommIds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "local_id={:#010x} remote_id={:#010x}", self.0, self.1)
     }
-}
-
-/// `width` bits of `byte` starting `shift` bits from the least significant end.
-const fn bits(byte: u8, shift: u32, width: u32) -> u8 {
-    (byte >> shift) & ((1 << width) - 1)
-}
-
-/// Writes the low `width` bits of `value` into `byte` at `shift`, keeping the other bits.
-fn set_bits(byte: &mut u8, shift: u32, width: u32, value: u8) {
-    let mask = (((1u16 << width) - 1) as u8) << shift;
-    *byte = (*byte & !mask) | ((value << shift) & mask);
-}
-
-fn read_u16(bytes: &[u8]) -> u16 {
-    u16::from_be_bytes([bytes[0], bytes[1]])
 }
 
 /// One CM message.

@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::{bits, set_bits, CommIds, MessageKind};
-use crate::Result;
+use super::{CommIds, MessageKind};
+use crate::{bits, set_lone_bits, Result};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 222;
@@ -24,70 +24,44 @@ cm_message_packet!("an MRA");
 
 comm_id_accessors!();
 
+field_accessors! {
+    /// Exponent of the extra time the sender needs (5 bits).
+    service_timeout / set_service_timeout: lone_bits(3, 5) @ SERVICE_TIMEOUT;
+}
+
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The raw 2-bit code of the message this MRA acknowledges.
     pub fn message_mraed(&self) -> u8 {
         bits(self.buffer.as_ref()[field::MESSAGE_MRAED], 6, 2)
     }
 
-    /// Exponent of the extra time the sender needs (5 bits).
-    pub fn service_timeout(&self) -> u8 {
-        bits(self.buffer.as_ref()[field::SERVICE_TIMEOUT], 3, 5)
+    /// The message acknowledged; the reserved code 3 is an error.
+    fn message_kind(&self) -> Result<MessageKind> {
+        MessageKind::from_bits(self.message_mraed())
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the message MRAed, clearing the reserved bits of its byte.
     pub fn set_message_mraed(&mut self, value: MessageKind) {
-        let byte = &mut self.buffer.as_mut()[field::MESSAGE_MRAED];
-        *byte = 0;
-        set_bits(byte, 6, 2, value as u8);
-    }
-
-    /// Sets the service timeout (low 5 bits), clearing the reserved bits of its byte.
-    pub fn set_service_timeout(&mut self, value: u8) {
-        let byte = &mut self.buffer.as_mut()[field::SERVICE_TIMEOUT];
-        *byte = 0;
-        set_bits(byte, 3, 5, value);
+        set_lone_bits(
+            &mut self.buffer.as_mut()[field::MESSAGE_MRAED],
+            6,
+            2,
+            value as u8,
+        );
     }
 }
 
-/// A parsed MRA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
-    /// The sender's communication ID.
-    pub local_comm_id: u32,
-    /// The receiver's communication ID.
-    pub remote_comm_id: u32,
+cm_message_repr! {
+    /// A parsed MRA.
+    parse: "Parses an MRA; the reserved message code 3 is an error.";
+    emit: "Writes the MRA.";
+    comm_ids;
     /// The message acknowledged.
-    pub message_mraed: MessageKind,
+    message_mraed: MessageKind = [message_kind?] / set_message_mraed,
     /// Service timeout exponent, 5 bits.
-    pub service_timeout: u8,
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses an MRA; the reserved message code 3 is an error.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            local_comm_id: packet.local_comm_id(),
-            remote_comm_id: packet.remote_comm_id(),
-            message_mraed: MessageKind::from_bits(packet.message_mraed())?,
-            service_timeout: packet.service_timeout(),
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the MRA.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
-        packet.set_message_mraed(self.message_mraed);
-        packet.set_service_timeout(self.service_timeout);
-        packet.set_private_data(&self.private_data);
-    }
+    service_timeout: u8 = [service_timeout] / set_service_timeout,
 }
 
 impl fmt::Display for Repr {

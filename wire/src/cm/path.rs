@@ -2,8 +2,7 @@
 
 use core::fmt;
 
-use super::{bits, read_u16, set_bits};
-use crate::{read_u32, Result};
+use crate::{bits, read_u32, set_bits, Result};
 
 mod field {
     use crate::Field;
@@ -27,31 +26,24 @@ fixed_header_packet! {
     /// A read/write view of a path in a REQ.
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// LID of the sender's port; 0xFFFF (permissive) on RoCE across routers.
-    pub fn local_lid(&self) -> u16 {
-        read_u16(&self.buffer.as_ref()[field::LOCAL_LID])
-    }
-
+    local_lid / set_local_lid: u16 @ LOCAL_LID;
     /// LID of the receiver's port.
-    pub fn remote_lid(&self) -> u16 {
-        read_u16(&self.buffer.as_ref()[field::REMOTE_LID])
-    }
-
+    remote_lid / set_remote_lid: u16 @ REMOTE_LID;
     /// The sender's GID (on RoCEv2 its IP address, IPv4-mapped for IPv4).
-    pub fn local_gid(&self) -> [u8; 16] {
-        let mut gid = [0; 16];
-        gid.copy_from_slice(&self.buffer.as_ref()[field::LOCAL_GID]);
-        gid
-    }
-
+    local_gid / set_local_gid: gid @ LOCAL_GID;
     /// The receiver's GID.
-    pub fn remote_gid(&self) -> [u8; 16] {
-        let mut gid = [0; 16];
-        gid.copy_from_slice(&self.buffer.as_ref()[field::REMOTE_GID]);
-        gid
-    }
+    remote_gid / set_remote_gid: gid @ REMOTE_GID;
+    /// Traffic class.
+    traffic_class / set_traffic_class: u8 @ TRAFFIC_CLASS;
+    /// Hop limit.
+    hop_limit / set_hop_limit: u8 @ HOP_LIMIT;
+    /// Local ACK timeout exponent (5 bits) the requester's QP should use.
+    local_ack_timeout / set_local_ack_timeout: lone_bits(3, 5) @ ACK_TIMEOUT;
+}
 
+impl<T: AsRef<[u8]>> Packet<T> {
     /// Flow label (20 bits).
     pub fn flow_label(&self) -> u32 {
         read_u32(&self.buffer.as_ref()[field::FLOW_LABEL_RATE]) >> 12
@@ -60,16 +52,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Static rate (6 bits, IB rate enum).
     pub fn packet_rate(&self) -> u8 {
         bits(self.buffer.as_ref()[field::FLOW_LABEL_RATE.end - 1], 0, 6)
-    }
-
-    /// Traffic class.
-    pub fn traffic_class(&self) -> u8 {
-        self.buffer.as_ref()[field::TRAFFIC_CLASS]
-    }
-
-    /// Hop limit.
-    pub fn hop_limit(&self) -> u8 {
-        self.buffer.as_ref()[field::HOP_LIMIT]
     }
 
     /// Service level (4 bits).
@@ -81,49 +63,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn subnet_local(&self) -> bool {
         bits(self.buffer.as_ref()[field::SL], 3, 1) == 1
     }
-
-    /// Local ACK timeout exponent (5 bits) the requester's QP should use.
-    pub fn local_ack_timeout(&self) -> u8 {
-        bits(self.buffer.as_ref()[field::ACK_TIMEOUT], 3, 5)
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local LID.
-    pub fn set_local_lid(&mut self, lid: u16) {
-        self.buffer.as_mut()[field::LOCAL_LID].copy_from_slice(&lid.to_be_bytes());
-    }
-
-    /// Sets the remote LID.
-    pub fn set_remote_lid(&mut self, lid: u16) {
-        self.buffer.as_mut()[field::REMOTE_LID].copy_from_slice(&lid.to_be_bytes());
-    }
-
-    /// Sets the sender's GID.
-    pub fn set_local_gid(&mut self, gid: [u8; 16]) {
-        self.buffer.as_mut()[field::LOCAL_GID].copy_from_slice(&gid);
-    }
-
-    /// Sets the receiver's GID.
-    pub fn set_remote_gid(&mut self, gid: [u8; 16]) {
-        self.buffer.as_mut()[field::REMOTE_GID].copy_from_slice(&gid);
-    }
-
     /// Sets the flow label (low 20 bits) and the packet rate (low 6 bits), clearing the
     /// reserved bits between them.
     pub fn set_flow_label_and_rate(&mut self, flow_label: u32, rate: u8) {
         let word = ((flow_label & 0xF_FFFF) << 12) | u32::from(rate & 0x3F);
         self.buffer.as_mut()[field::FLOW_LABEL_RATE].copy_from_slice(&word.to_be_bytes());
-    }
-
-    /// Sets the traffic class.
-    pub fn set_traffic_class(&mut self, value: u8) {
-        self.buffer.as_mut()[field::TRAFFIC_CLASS] = value;
-    }
-
-    /// Sets the hop limit.
-    pub fn set_hop_limit(&mut self, value: u8) {
-        self.buffer.as_mut()[field::HOP_LIMIT] = value;
     }
 
     /// Sets the SL (low 4 bits) and SubnetLocal, clearing the reserved bits.
@@ -132,13 +79,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         *byte = 0;
         set_bits(byte, 4, 4, sl);
         set_bits(byte, 3, 1, subnet_local.into());
-    }
-
-    /// Sets the local ACK timeout (low 5 bits), clearing the reserved bits.
-    pub fn set_local_ack_timeout(&mut self, value: u8) {
-        let byte = &mut self.buffer.as_mut()[field::ACK_TIMEOUT];
-        *byte = 0;
-        set_bits(byte, 3, 5, value);
     }
 }
 

@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::{bits, read_u16, set_bits, CommIds, MessageKind};
-use crate::{Error, Result};
+use super::{length_within, CommIds, MessageKind};
+use crate::{bits, read_u16, set_lone_bits, Result};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 148;
@@ -62,104 +62,68 @@ impl RejectReason {
     pub const INVALID_CLASS_VERSION: RejectReason = RejectReason(31);
 }
 
+field_accessors! {
+    /// Bytes of ARI that are meaningful (7 bits).
+    ari_length / set_ari_length: lone_bits(1, 7) @ ARI_LENGTH;
+}
+
+byte_array_accessors!(
+    "Additional rejection information, all 72 bytes",
+    ari / ari_mut / ari_array / set_ari: ARI, ARI_LEN
+);
+
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The raw 2-bit code of the message rejected.
     pub fn message_rejected(&self) -> u8 {
         bits(self.buffer.as_ref()[field::MESSAGE_REJECTED], 6, 2)
     }
 
-    /// Bytes of ARI that are meaningful (7 bits).
-    pub fn ari_length(&self) -> u8 {
-        bits(self.buffer.as_ref()[field::ARI_LENGTH], 1, 7)
+    /// The message rejected; the reserved code 3 is an error.
+    fn message_kind(&self) -> Result<MessageKind> {
+        MessageKind::from_bits(self.message_rejected())
+    }
+
+    /// The ARI length; over 72 is an error.
+    fn checked_ari_length(&self) -> Result<u8> {
+        length_within(self.ari_length(), ARI_LEN)
     }
 
     /// The reason.
     pub fn reason(&self) -> RejectReason {
         RejectReason(read_u16(&self.buffer.as_ref()[field::REASON]))
     }
-
-    /// Additional rejection information, all 72 bytes.
-    pub fn ari(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::ARI]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the message rejected, clearing the reserved bits of its byte.
     pub fn set_message_rejected(&mut self, value: MessageKind) {
-        let byte = &mut self.buffer.as_mut()[field::MESSAGE_REJECTED];
-        *byte = 0;
-        set_bits(byte, 6, 2, value as u8);
-    }
-
-    /// Sets the ARI length (low 7 bits), clearing the reserved bit.
-    pub fn set_ari_length(&mut self, value: u8) {
-        let byte = &mut self.buffer.as_mut()[field::ARI_LENGTH];
-        *byte = 0;
-        set_bits(byte, 1, 7, value);
+        set_lone_bits(
+            &mut self.buffer.as_mut()[field::MESSAGE_REJECTED],
+            6,
+            2,
+            value as u8,
+        );
     }
 
     /// Sets the reason.
     pub fn set_reason(&mut self, value: RejectReason) {
         self.buffer.as_mut()[field::REASON].copy_from_slice(&value.0.to_be_bytes());
     }
-
-    /// ARI, to fill.
-    pub fn ari_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::ARI]
-    }
 }
 
-/// A parsed REJ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
-    /// The sender's communication ID.
-    pub local_comm_id: u32,
-    /// The receiver's communication ID.
-    pub remote_comm_id: u32,
+cm_message_repr! {
+    /// A parsed REJ.
+    parse: "Parses a REJ; a reserved message code or an ARI length over 72 is an error.";
+    emit: "Writes the REJ.";
+    comm_ids;
     /// The message rejected.
-    pub message_rejected: MessageKind,
+    message_rejected: MessageKind = [message_kind?] / set_message_rejected,
     /// The reason.
-    pub reason: RejectReason,
+    reason: RejectReason = [reason] / set_reason,
     /// Meaningful bytes of `ari`, at most [`ARI_LEN`].
-    pub ari_length: u8,
+    ari_length: u8 = [checked_ari_length?] / set_ari_length,
     /// Additional rejection information.
-    pub ari: [u8; ARI_LEN],
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a REJ; a reserved message code or an ARI length over 72 is an error.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let ari_length = packet.ari_length();
-        if usize::from(ari_length) > ARI_LEN {
-            return Err(Error);
-        }
-        let mut ari = [0; ARI_LEN];
-        ari.copy_from_slice(packet.ari());
-        Ok(Repr {
-            local_comm_id: packet.local_comm_id(),
-            remote_comm_id: packet.remote_comm_id(),
-            message_rejected: MessageKind::from_bits(packet.message_rejected())?,
-            reason: packet.reason(),
-            ari_length,
-            ari,
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the REJ.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
-        packet.set_message_rejected(self.message_rejected);
-        packet.set_ari_length(self.ari_length);
-        packet.set_reason(self.reason);
-        packet.ari_mut().copy_from_slice(&self.ari);
-        packet.set_private_data(&self.private_data);
-    }
+    ari: [u8; ARI_LEN] = [ari_array] / set_ari,
 }
 
 impl fmt::Display for Repr {
@@ -177,6 +141,7 @@ impl fmt::Display for Repr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     /// The capture has no REJ: this one is laid out by hand from Table 108, as the kernel
     /// sends it to a REQ for a port nobody listens on (its local ID is the REQ's reserved

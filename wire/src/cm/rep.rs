@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::{bits, set_bits, CommIds};
-use crate::{read_u24, read_u32, read_u64, write_u24, Psn, Result};
+use super::CommIds;
+use crate::Psn;
 
 /// Bytes of private data (`IB_CM_REP_PRIVATE_DATA_SIZE`).
 pub const PRIVATE_DATA_LEN: usize = 196;
@@ -32,201 +32,60 @@ comm_id_accessors!(
     "The sender's communication ID.",
     "The receiver's communication ID (from its REQ)."
 );
-shared_byte_accessors!();
+clear_method!();
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The sender's Q_Key.
-    pub fn local_qkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_QKEY])
-    }
-
+    local_qkey / set_local_qkey: u32 @ LOCAL_QKEY;
     /// The sender's QPN (24 bits).
-    pub fn local_qpn(&self) -> u32 {
-        read_u24(&self.buffer.as_ref()[field::LOCAL_QPN])
-    }
-
+    local_qpn / set_local_qpn: u24 @ LOCAL_QPN;
     /// The sender's starting PSN.
-    pub fn starting_psn(&self) -> Psn {
-        Psn::new(read_u24(&self.buffer.as_ref()[field::STARTING_PSN]))
-    }
-
+    starting_psn / set_starting_psn: psn @ STARTING_PSN;
     /// The sender's responder resources.
-    pub fn responder_resources(&self) -> u8 {
-        self.byte(field::RESPONDER_RESOURCES)
-    }
-
+    responder_resources / set_responder_resources: u8 @ RESPONDER_RESOURCES;
     /// The sender's initiator depth.
-    pub fn initiator_depth(&self) -> u8 {
-        self.byte(field::INITIATOR_DEPTH)
-    }
-
+    initiator_depth / set_initiator_depth: u8 @ INITIATOR_DEPTH;
     /// The sender's CA ACK delay exponent (5 bits).
-    pub fn target_ack_delay(&self) -> u8 {
-        bits(self.byte(field::BYTE_26), 3, 5)
-    }
-
+    target_ack_delay / set_target_ack_delay: bits(3, 5) @ BYTE_26;
     /// Failover accepted (2 bits).
-    pub fn failover_accepted(&self) -> u8 {
-        bits(self.byte(field::BYTE_26), 1, 2)
-    }
-
+    failover_accepted / set_failover_accepted: bits(1, 2) @ BYTE_26;
     /// End-to-end flow control.
-    pub fn flow_control(&self) -> bool {
-        bits(self.byte(field::BYTE_26), 0, 1) == 1
-    }
-
+    flow_control / set_flow_control: flag(0) @ BYTE_26;
     /// RNR retry count (3 bits).
-    pub fn rnr_retry_count(&self) -> u8 {
-        bits(self.byte(field::BYTE_27), 5, 3)
-    }
-
+    rnr_retry_count / set_rnr_retry_count: bits(5, 3) @ BYTE_27;
     /// Whether the sender's QP uses an SRQ.
-    pub fn srq(&self) -> bool {
-        bits(self.byte(field::BYTE_27), 4, 1) == 1
-    }
-
+    srq / set_srq: flag(4) @ BYTE_27;
     /// The sender's CA GUID.
-    pub fn local_ca_guid(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::LOCAL_CA_GUID])
-    }
+    local_ca_guid / set_local_ca_guid: u64 @ LOCAL_CA_GUID;
 }
 
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local Q_Key.
-    pub fn set_local_qkey(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_QKEY].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the local QPN (low 24 bits).
-    pub fn set_local_qpn(&mut self, value: u32) {
-        write_u24(
-            &mut self.buffer.as_mut()[field::LOCAL_QPN],
-            value & 0xFF_FFFF,
-        );
-    }
-
-    /// Sets the starting PSN.
-    pub fn set_starting_psn(&mut self, value: Psn) {
-        write_u24(
-            &mut self.buffer.as_mut()[field::STARTING_PSN],
-            value.value(),
-        );
-    }
-
-    /// Sets the responder resources.
-    pub fn set_responder_resources(&mut self, value: u8) {
-        *self.byte_mut(field::RESPONDER_RESOURCES) = value;
-    }
-
-    /// Sets the initiator depth.
-    pub fn set_initiator_depth(&mut self, value: u8) {
-        *self.byte_mut(field::INITIATOR_DEPTH) = value;
-    }
-
-    /// Sets the target ACK delay (low 5 bits).
-    pub fn set_target_ack_delay(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_26), 3, 5, value);
-    }
-
-    /// Sets failover accepted (low 2 bits).
-    pub fn set_failover_accepted(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_26), 1, 2, value);
-    }
-
-    /// Sets end-to-end flow control.
-    pub fn set_flow_control(&mut self, value: bool) {
-        set_bits(self.byte_mut(field::BYTE_26), 0, 1, value.into());
-    }
-
-    /// Sets the RNR retry count (low 3 bits).
-    pub fn set_rnr_retry_count(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_27), 5, 3, value);
-    }
-
-    /// Sets the SRQ flag.
-    pub fn set_srq(&mut self, value: bool) {
-        set_bits(self.byte_mut(field::BYTE_27), 4, 1, value.into());
-    }
-
-    /// Sets the local CA GUID.
-    pub fn set_local_ca_guid(&mut self, value: u64) {
-        self.buffer.as_mut()[field::LOCAL_CA_GUID].copy_from_slice(&value.to_be_bytes());
-    }
-}
-
-/// A parsed REP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
-    /// The sender's communication ID.
-    pub local_comm_id: u32,
-    /// The receiver's communication ID.
-    pub remote_comm_id: u32,
+cm_message_repr! {
+    /// A parsed REP.
+    parse: "Parses a REP (every bit pattern is valid; reserved bits are ignored).";
+    emit: "Writes the REP, zeroing the reserved bits.", clear first;
+    comm_ids;
     /// The sender's Q_Key.
-    pub local_qkey: u32,
+    local_qkey: u32 = [local_qkey] / set_local_qkey,
     /// The sender's QPN, 24 bits.
-    pub local_qpn: u32,
+    local_qpn: u32 = [local_qpn] / set_local_qpn,
     /// The sender's starting PSN.
-    pub starting_psn: Psn,
+    starting_psn: Psn = [starting_psn] / set_starting_psn,
     /// The sender's responder resources.
-    pub responder_resources: u8,
+    responder_resources: u8 = [responder_resources] / set_responder_resources,
     /// The sender's initiator depth.
-    pub initiator_depth: u8,
+    initiator_depth: u8 = [initiator_depth] / set_initiator_depth,
     /// The sender's CA ACK delay exponent, 5 bits.
-    pub target_ack_delay: u8,
+    target_ack_delay: u8 = [target_ack_delay] / set_target_ack_delay,
     /// Failover accepted, 2 bits.
-    pub failover_accepted: u8,
+    failover_accepted: u8 = [failover_accepted] / set_failover_accepted,
     /// End-to-end flow control.
-    pub flow_control: bool,
+    flow_control: bool = [flow_control] / set_flow_control,
     /// RNR retry count, 3 bits.
-    pub rnr_retry_count: u8,
+    rnr_retry_count: u8 = [rnr_retry_count] / set_rnr_retry_count,
     /// The sender uses an SRQ.
-    pub srq: bool,
+    srq: bool = [srq] / set_srq,
     /// The sender's CA GUID.
-    pub local_ca_guid: u64,
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a REP (every bit pattern is valid; reserved bits are ignored).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            local_comm_id: packet.local_comm_id(),
-            remote_comm_id: packet.remote_comm_id(),
-            local_qkey: packet.local_qkey(),
-            local_qpn: packet.local_qpn(),
-            starting_psn: packet.starting_psn(),
-            responder_resources: packet.responder_resources(),
-            initiator_depth: packet.initiator_depth(),
-            target_ack_delay: packet.target_ack_delay(),
-            failover_accepted: packet.failover_accepted(),
-            flow_control: packet.flow_control(),
-            rnr_retry_count: packet.rnr_retry_count(),
-            srq: packet.srq(),
-            local_ca_guid: packet.local_ca_guid(),
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the REP, zeroing the reserved bits.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.clear();
-        packet.set_comm_ids(self.local_comm_id, self.remote_comm_id);
-        packet.set_local_qkey(self.local_qkey);
-        packet.set_local_qpn(self.local_qpn);
-        packet.set_starting_psn(self.starting_psn);
-        packet.set_responder_resources(self.responder_resources);
-        packet.set_initiator_depth(self.initiator_depth);
-        packet.set_target_ack_delay(self.target_ack_delay);
-        packet.set_failover_accepted(self.failover_accepted);
-        packet.set_flow_control(self.flow_control);
-        packet.set_rnr_retry_count(self.rnr_retry_count);
-        packet.set_srq(self.srq);
-        packet.set_local_ca_guid(self.local_ca_guid);
-        packet.set_private_data(&self.private_data);
-    }
+    local_ca_guid: u64 = [local_ca_guid] / set_local_ca_guid,
 }
 
 impl fmt::Display for Repr {

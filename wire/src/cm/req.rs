@@ -2,10 +2,10 @@
 
 use core::fmt;
 
-use super::{bits, path, read_u16, set_bits, ServiceId};
-use crate::{read_u24, read_u32, read_u64, write_u24, Psn, Result};
+use super::{path, ServiceId};
+use crate::{bits, set_bits, Psn, Result};
 
-/// Bytes of private data (`IB_CM_REQ_PRIVATE_DATA_SIZE`).
+/// Bytes of private data (`IB_CM_REQ_PRIVATE_DATA_SIZE`); rdma_cm puts its [header](super::cma) first.
 pub const PRIVATE_DATA_LEN: usize = 92;
 
 mod field {
@@ -37,7 +37,7 @@ mod field {
 
 cm_message_packet!("a REQ");
 
-shared_byte_accessors!();
+clear_method!();
 
 /// The transport service type of the requested connection (2 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,105 +63,51 @@ impl ServiceType {
     }
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The sender's communication ID for this connection.
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
+    local_comm_id / set_local_comm_id: u32 @ LOCAL_COMM_ID;
     /// ECE vendor ID (24 bits); zero when unused.
-    pub fn vendor_id(&self) -> u32 {
-        read_u24(&self.buffer.as_ref()[field::VENDOR_ID])
-    }
-
+    vendor_id / set_vendor_id: u24 @ VENDOR_ID;
     /// The service the sender wants to reach.
-    pub fn service_id(&self) -> ServiceId {
-        ServiceId(read_u64(&self.buffer.as_ref()[field::SERVICE_ID]))
-    }
-
+    service_id / set_service_id: service_id @ SERVICE_ID;
     /// The sender's channel adapter GUID.
-    pub fn local_ca_guid(&self) -> u64 {
-        read_u64(&self.buffer.as_ref()[field::LOCAL_CA_GUID])
-    }
-
+    local_ca_guid / set_local_ca_guid: u64 @ LOCAL_CA_GUID;
     /// The sender's Q_Key (UD/RD only).
-    pub fn local_qkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::LOCAL_QKEY])
-    }
-
+    local_qkey / set_local_qkey: u32 @ LOCAL_QKEY;
     /// The sender's QP number (24 bits).
-    pub fn local_qpn(&self) -> u32 {
-        read_u24(&self.buffer.as_ref()[field::LOCAL_QPN])
-    }
-
+    local_qpn / set_local_qpn: u24 @ LOCAL_QPN;
     /// RDMA READs and atomics the sender accepts at once as responder.
-    pub fn responder_resources(&self) -> u8 {
-        self.byte(field::RESPONDER_RESOURCES)
-    }
-
+    responder_resources / set_responder_resources: u8 @ RESPONDER_RESOURCES;
     /// RDMA READs and atomics the sender issues at once as requester.
-    pub fn initiator_depth(&self) -> u8 {
-        self.byte(field::INITIATOR_DEPTH)
-    }
-
+    initiator_depth / set_initiator_depth: u8 @ INITIATOR_DEPTH;
     /// Exponent of the time the receiver may take to answer (5 bits).
-    pub fn remote_cm_response_timeout(&self) -> u8 {
-        bits(self.byte(field::BYTE_43), 3, 5)
-    }
+    remote_cm_response_timeout / set_remote_cm_response_timeout: bits(3, 5) @ BYTE_43;
+    /// End-to-end flow control.
+    flow_control / set_flow_control: flag(0) @ BYTE_43;
+    /// The sender's first send PSN, the receiver's expected PSN.
+    starting_psn / set_starting_psn: psn @ STARTING_PSN;
+    /// Exponent of the time the sender takes to answer (5 bits).
+    local_cm_response_timeout / set_local_cm_response_timeout: bits(3, 5) @ BYTE_47;
+    /// Transport retry count (3 bits).
+    retry_count / set_retry_count: bits(0, 3) @ BYTE_47;
+    /// Partition key.
+    pkey / set_pkey: u16 @ PKEY;
+    /// Path MTU (4 bits, IB enum: 1 = 256 … 5 = 4096).
+    path_mtu / set_path_mtu: bits(4, 4) @ BYTE_50;
+    /// RNR retry count (3 bits; 7 is infinite).
+    rnr_retry_count / set_rnr_retry_count: bits(0, 3) @ BYTE_50;
+    /// How often the sender resends a CM message before giving up (4 bits).
+    max_cm_retries / set_max_cm_retries: bits(4, 4) @ BYTE_51;
+    /// Whether the sender's QP uses a shared receive queue.
+    srq / set_srq: flag(3) @ BYTE_51;
+    /// Extended transport type (3 bits; 1 is XRC).
+    extended_transport_type / set_extended_transport_type: bits(0, 3) @ BYTE_51;
+}
 
+impl<T: AsRef<[u8]>> Packet<T> {
     /// Transport service type.
     pub fn service_type(&self) -> ServiceType {
-        ServiceType::from_bits(bits(self.byte(field::BYTE_43), 1, 2))
-    }
-
-    /// End-to-end flow control.
-    pub fn flow_control(&self) -> bool {
-        bits(self.byte(field::BYTE_43), 0, 1) == 1
-    }
-
-    /// The sender's first send PSN, the receiver's expected PSN.
-    pub fn starting_psn(&self) -> Psn {
-        Psn::new(read_u24(&self.buffer.as_ref()[field::STARTING_PSN]))
-    }
-
-    /// Exponent of the time the sender takes to answer (5 bits).
-    pub fn local_cm_response_timeout(&self) -> u8 {
-        bits(self.byte(field::BYTE_47), 3, 5)
-    }
-
-    /// Transport retry count (3 bits).
-    pub fn retry_count(&self) -> u8 {
-        bits(self.byte(field::BYTE_47), 0, 3)
-    }
-
-    /// Partition key.
-    pub fn pkey(&self) -> u16 {
-        read_u16(&self.buffer.as_ref()[field::PKEY])
-    }
-
-    /// Path MTU (4 bits, IB enum: 1 = 256 … 5 = 4096).
-    pub fn path_mtu(&self) -> u8 {
-        bits(self.byte(field::BYTE_50), 4, 4)
-    }
-
-    /// RNR retry count (3 bits; 7 is infinite).
-    pub fn rnr_retry_count(&self) -> u8 {
-        bits(self.byte(field::BYTE_50), 0, 3)
-    }
-
-    /// How often the sender resends a CM message before giving up (4 bits).
-    pub fn max_cm_retries(&self) -> u8 {
-        bits(self.byte(field::BYTE_51), 4, 4)
-    }
-
-    /// Whether the sender's QP uses a shared receive queue.
-    pub fn srq(&self) -> bool {
-        bits(self.byte(field::BYTE_51), 3, 1) == 1
-    }
-
-    /// Extended transport type (3 bits; 1 is XRC).
-    pub fn extended_transport_type(&self) -> u8 {
-        bits(self.byte(field::BYTE_51), 0, 3)
+        ServiceType::from_bits(bits(self.buffer.as_ref()[field::BYTE_43], 1, 2))
     }
 
     /// The primary path.
@@ -173,116 +119,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn alternate_path(&self) -> path::Packet<&[u8]> {
         path::Packet::new_unchecked(&self.buffer.as_ref()[field::ALTERNATE_PATH])
     }
+
+    fn primary_path_repr(&self) -> Result<path::Repr> {
+        path::Repr::parse(&self.primary_path())
+    }
+
+    fn alternate_path_repr(&self) -> Result<path::Repr> {
+        path::Repr::parse(&self.alternate_path())
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the local communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_COMM_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the ECE vendor ID (low 24 bits).
-    pub fn set_vendor_id(&mut self, value: u32) {
-        write_u24(
-            &mut self.buffer.as_mut()[field::VENDOR_ID],
-            value & 0xFF_FFFF,
-        );
-    }
-
-    /// Sets the service ID.
-    pub fn set_service_id(&mut self, value: ServiceId) {
-        self.buffer.as_mut()[field::SERVICE_ID].copy_from_slice(&value.0.to_be_bytes());
-    }
-
-    /// Sets the local CA GUID.
-    pub fn set_local_ca_guid(&mut self, value: u64) {
-        self.buffer.as_mut()[field::LOCAL_CA_GUID].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the local Q_Key.
-    pub fn set_local_qkey(&mut self, value: u32) {
-        self.buffer.as_mut()[field::LOCAL_QKEY].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the local QPN (low 24 bits).
-    pub fn set_local_qpn(&mut self, value: u32) {
-        write_u24(
-            &mut self.buffer.as_mut()[field::LOCAL_QPN],
-            value & 0xFF_FFFF,
-        );
-    }
-
-    /// Sets the responder resources.
-    pub fn set_responder_resources(&mut self, value: u8) {
-        *self.byte_mut(field::RESPONDER_RESOURCES) = value;
-    }
-
-    /// Sets the initiator depth.
-    pub fn set_initiator_depth(&mut self, value: u8) {
-        *self.byte_mut(field::INITIATOR_DEPTH) = value;
-    }
-
-    /// Sets the remote CM response timeout (low 5 bits).
-    pub fn set_remote_cm_response_timeout(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_43), 3, 5, value);
-    }
-
     /// Sets the transport service type.
     pub fn set_service_type(&mut self, value: ServiceType) {
-        set_bits(self.byte_mut(field::BYTE_43), 1, 2, value as u8);
-    }
-
-    /// Sets end-to-end flow control.
-    pub fn set_flow_control(&mut self, value: bool) {
-        set_bits(self.byte_mut(field::BYTE_43), 0, 1, value.into());
-    }
-
-    /// Sets the starting PSN.
-    pub fn set_starting_psn(&mut self, value: Psn) {
-        write_u24(
-            &mut self.buffer.as_mut()[field::STARTING_PSN],
-            value.value(),
-        );
-    }
-
-    /// Sets the local CM response timeout (low 5 bits).
-    pub fn set_local_cm_response_timeout(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_47), 3, 5, value);
-    }
-
-    /// Sets the retry count (low 3 bits).
-    pub fn set_retry_count(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_47), 0, 3, value);
-    }
-
-    /// Sets the partition key.
-    pub fn set_pkey(&mut self, value: u16) {
-        self.buffer.as_mut()[field::PKEY].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Sets the path MTU (low 4 bits).
-    pub fn set_path_mtu(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_50), 4, 4, value);
-    }
-
-    /// Sets the RNR retry count (low 3 bits).
-    pub fn set_rnr_retry_count(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_50), 0, 3, value);
-    }
-
-    /// Sets the maximum CM retries (low 4 bits).
-    pub fn set_max_cm_retries(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_51), 4, 4, value);
-    }
-
-    /// Sets the SRQ flag.
-    pub fn set_srq(&mut self, value: bool) {
-        set_bits(self.byte_mut(field::BYTE_51), 3, 1, value.into());
-    }
-
-    /// Sets the extended transport type (low 3 bits).
-    pub fn set_extended_transport_type(&mut self, value: u8) {
-        set_bits(self.byte_mut(field::BYTE_51), 0, 3, value);
+        set_bits(&mut self.buffer.as_mut()[field::BYTE_43], 1, 2, value as u8);
     }
 
     /// The primary path, to fill.
@@ -294,118 +144,64 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn alternate_path_mut(&mut self) -> path::Packet<&mut [u8]> {
         path::Packet::new_unchecked(&mut self.buffer.as_mut()[field::ALTERNATE_PATH])
     }
+
+    fn set_primary_path_repr(&mut self, value: path::Repr) {
+        value.emit(&mut self.primary_path_mut());
+    }
+
+    fn set_alternate_path_repr(&mut self, value: path::Repr) {
+        value.emit(&mut self.alternate_path_mut());
+    }
 }
 
-/// A parsed REQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+cm_message_repr! {
+    /// A parsed REQ.
+    parse: "Parses a REQ (every bit pattern is valid; reserved bits are ignored).";
+    emit: "Writes the REQ, zeroing the reserved bits.", clear first;
     /// The sender's communication ID.
-    pub local_comm_id: u32,
+    local_comm_id: u32 = [local_comm_id] / set_local_comm_id,
     /// ECE vendor ID, 24 bits.
-    pub vendor_id: u32,
+    vendor_id: u32 = [vendor_id] / set_vendor_id,
     /// The requested service.
-    pub service_id: ServiceId,
+    service_id: ServiceId = [service_id] / set_service_id,
     /// The sender's CA GUID.
-    pub local_ca_guid: u64,
+    local_ca_guid: u64 = [local_ca_guid] / set_local_ca_guid,
     /// The sender's Q_Key.
-    pub local_qkey: u32,
+    local_qkey: u32 = [local_qkey] / set_local_qkey,
     /// The sender's QPN, 24 bits.
-    pub local_qpn: u32,
+    local_qpn: u32 = [local_qpn] / set_local_qpn,
     /// The sender's responder resources.
-    pub responder_resources: u8,
+    responder_resources: u8 = [responder_resources] / set_responder_resources,
     /// The sender's initiator depth.
-    pub initiator_depth: u8,
+    initiator_depth: u8 = [initiator_depth] / set_initiator_depth,
     /// Remote CM response timeout exponent, 5 bits.
-    pub remote_cm_response_timeout: u8,
+    remote_cm_response_timeout: u8 = [remote_cm_response_timeout] / set_remote_cm_response_timeout,
     /// Transport service type.
-    pub service_type: ServiceType,
+    service_type: ServiceType = [service_type] / set_service_type,
     /// End-to-end flow control.
-    pub flow_control: bool,
+    flow_control: bool = [flow_control] / set_flow_control,
     /// The sender's starting PSN.
-    pub starting_psn: Psn,
+    starting_psn: Psn = [starting_psn] / set_starting_psn,
     /// Local CM response timeout exponent, 5 bits.
-    pub local_cm_response_timeout: u8,
+    local_cm_response_timeout: u8 = [local_cm_response_timeout] / set_local_cm_response_timeout,
     /// Retry count, 3 bits.
-    pub retry_count: u8,
+    retry_count: u8 = [retry_count] / set_retry_count,
     /// Partition key.
-    pub pkey: u16,
+    pkey: u16 = [pkey] / set_pkey,
     /// Path MTU (IB enum), 4 bits.
-    pub path_mtu: u8,
+    path_mtu: u8 = [path_mtu] / set_path_mtu,
     /// RNR retry count, 3 bits.
-    pub rnr_retry_count: u8,
+    rnr_retry_count: u8 = [rnr_retry_count] / set_rnr_retry_count,
     /// Max CM retries, 4 bits.
-    pub max_cm_retries: u8,
+    max_cm_retries: u8 = [max_cm_retries] / set_max_cm_retries,
     /// The sender uses an SRQ.
-    pub srq: bool,
+    srq: bool = [srq] / set_srq,
     /// Extended transport type, 3 bits.
-    pub extended_transport_type: u8,
+    extended_transport_type: u8 = [extended_transport_type] / set_extended_transport_type,
     /// Primary path.
-    pub primary_path: path::Repr,
+    primary_path: path::Repr = [primary_path_repr?] / set_primary_path_repr,
     /// Alternate path (all zero: none).
-    pub alternate_path: path::Repr,
-    /// Private data; rdma_cm puts its [header](super::cma) first.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a REQ (every bit pattern is valid; reserved bits are ignored).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            local_comm_id: packet.local_comm_id(),
-            vendor_id: packet.vendor_id(),
-            service_id: packet.service_id(),
-            local_ca_guid: packet.local_ca_guid(),
-            local_qkey: packet.local_qkey(),
-            local_qpn: packet.local_qpn(),
-            responder_resources: packet.responder_resources(),
-            initiator_depth: packet.initiator_depth(),
-            remote_cm_response_timeout: packet.remote_cm_response_timeout(),
-            service_type: packet.service_type(),
-            flow_control: packet.flow_control(),
-            starting_psn: packet.starting_psn(),
-            local_cm_response_timeout: packet.local_cm_response_timeout(),
-            retry_count: packet.retry_count(),
-            pkey: packet.pkey(),
-            path_mtu: packet.path_mtu(),
-            rnr_retry_count: packet.rnr_retry_count(),
-            max_cm_retries: packet.max_cm_retries(),
-            srq: packet.srq(),
-            extended_transport_type: packet.extended_transport_type(),
-            primary_path: path::Repr::parse(&packet.primary_path())?,
-            alternate_path: path::Repr::parse(&packet.alternate_path())?,
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the REQ, zeroing the reserved bits.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.clear();
-        packet.set_local_comm_id(self.local_comm_id);
-        packet.set_vendor_id(self.vendor_id);
-        packet.set_service_id(self.service_id);
-        packet.set_local_ca_guid(self.local_ca_guid);
-        packet.set_local_qkey(self.local_qkey);
-        packet.set_local_qpn(self.local_qpn);
-        packet.set_responder_resources(self.responder_resources);
-        packet.set_initiator_depth(self.initiator_depth);
-        packet.set_remote_cm_response_timeout(self.remote_cm_response_timeout);
-        packet.set_service_type(self.service_type);
-        packet.set_flow_control(self.flow_control);
-        packet.set_starting_psn(self.starting_psn);
-        packet.set_local_cm_response_timeout(self.local_cm_response_timeout);
-        packet.set_retry_count(self.retry_count);
-        packet.set_pkey(self.pkey);
-        packet.set_path_mtu(self.path_mtu);
-        packet.set_rnr_retry_count(self.rnr_retry_count);
-        packet.set_max_cm_retries(self.max_cm_retries);
-        packet.set_srq(self.srq);
-        packet.set_extended_transport_type(self.extended_transport_type);
-        self.primary_path.emit(&mut packet.primary_path_mut());
-        self.alternate_path.emit(&mut packet.alternate_path_mut());
-        packet.set_private_data(&self.private_data);
-    }
+    alternate_path: path::Repr = [alternate_path_repr?] / set_alternate_path_repr,
 }
 
 impl fmt::Display for Repr {

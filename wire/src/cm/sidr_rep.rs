@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::ServiceId;
-use crate::{read_u24, read_u32, read_u64, write_u24, Error, Result};
+use super::{length_within, ServiceId};
+use crate::{read_u24, write_u24, Result};
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 136;
@@ -46,12 +46,21 @@ impl SidrStatus {
     pub const UNSUPPORTED_VERSION: SidrStatus = SidrStatus(5);
 }
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The request ID of the SIDR_REQ answered.
-    pub fn request_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REQUEST_ID])
-    }
+    request_id / set_request_id: u32 @ REQUEST_ID;
+    /// The service ID answered.
+    service_id / set_service_id: service_id @ SERVICE_ID;
+    /// The Q_Key to send with.
+    qkey / set_qkey: u32 @ QKEY;
+}
 
+byte_array_accessors!(
+    "Additional information, all 72 bytes",
+    info / info_mut / info_array / set_info: INFO, INFO_LEN
+);
+
+impl<T: AsRef<[u8]>> Packet<T> {
     /// Status.
     pub fn status(&self) -> SidrStatus {
         SidrStatus(self.buffer.as_ref()[field::STATUS])
@@ -62,33 +71,18 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer.as_ref()[field::INFO_LENGTH]
     }
 
+    /// The information length; over 72 is an error.
+    fn checked_info_length(&self) -> Result<u8> {
+        length_within(self.info_length(), INFO_LEN)
+    }
+
     /// The service's UD QPN (24 bits).
     pub fn qpn(&self) -> u32 {
         read_u24(&self.buffer.as_ref()[field::QPN])
     }
-
-    /// The service ID answered.
-    pub fn service_id(&self) -> ServiceId {
-        ServiceId(read_u64(&self.buffer.as_ref()[field::SERVICE_ID]))
-    }
-
-    /// The Q_Key to send with.
-    pub fn qkey(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::QKEY])
-    }
-
-    /// Additional information, all 72 bytes.
-    pub fn info(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::INFO]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the request ID.
-    pub fn set_request_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REQUEST_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the status.
     pub fn set_status(&mut self, value: SidrStatus) {
         self.buffer.as_mut()[field::STATUS] = value.0;
@@ -107,78 +101,26 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         write_u24(&mut buffer[field::QPN], value & 0xFF_FFFF);
         buffer[field::RESERVED_AFTER_QPN] = 0;
     }
-
-    /// Sets the service ID.
-    pub fn set_service_id(&mut self, value: ServiceId) {
-        self.buffer.as_mut()[field::SERVICE_ID].copy_from_slice(&value.0.to_be_bytes());
-    }
-
-    /// Sets the Q_Key.
-    pub fn set_qkey(&mut self, value: u32) {
-        self.buffer.as_mut()[field::QKEY].copy_from_slice(&value.to_be_bytes());
-    }
-
-    /// Additional information, to fill.
-    pub fn info_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::INFO]
-    }
 }
 
-/// A parsed SIDR_REP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+cm_message_repr! {
+    /// A parsed SIDR_REP.
+    parse: "Parses a SIDR_REP; an information length over 72 is an error.";
+    emit: "Writes the SIDR_REP.";
     /// Request ID answered.
-    pub request_id: u32,
+    request_id: u32 = [request_id] / set_request_id,
     /// Status.
-    pub status: SidrStatus,
+    status: SidrStatus = [status] / set_status,
     /// Meaningful bytes of `info`, at most [`INFO_LEN`].
-    pub info_length: u8,
+    info_length: u8 = [checked_info_length?] / set_info_length,
     /// The service's QPN, 24 bits.
-    pub qpn: u32,
+    qpn: u32 = [qpn] / set_qpn,
     /// The service ID.
-    pub service_id: ServiceId,
+    service_id: ServiceId = [service_id] / set_service_id,
     /// The Q_Key.
-    pub qkey: u32,
+    qkey: u32 = [qkey] / set_qkey,
     /// Additional information.
-    pub info: [u8; INFO_LEN],
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a SIDR_REP; an information length over 72 is an error.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        let info_length = packet.info_length();
-        if usize::from(info_length) > INFO_LEN {
-            return Err(Error);
-        }
-        let mut info = [0; INFO_LEN];
-        info.copy_from_slice(packet.info());
-        Ok(Repr {
-            request_id: packet.request_id(),
-            status: packet.status(),
-            info_length,
-            qpn: packet.qpn(),
-            service_id: packet.service_id(),
-            qkey: packet.qkey(),
-            info,
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the SIDR_REP.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_request_id(self.request_id);
-        packet.set_status(self.status);
-        packet.set_info_length(self.info_length);
-        packet.set_qpn(self.qpn);
-        packet.set_service_id(self.service_id);
-        packet.set_qkey(self.qkey);
-        packet.info_mut().copy_from_slice(&self.info);
-        packet.set_private_data(&self.private_data);
-    }
+    info: [u8; INFO_LEN] = [info_array] / set_info,
 }
 
 impl fmt::Display for Repr {
@@ -195,6 +137,7 @@ impl fmt::Display for Repr {
 mod tests {
     use super::*;
     use crate::cm::PortSpace;
+    use crate::Error;
 
     /// The capture has no SIDR: this SIDR_REP is laid out by hand from Table 120, as the
     /// answer to the SIDR_REQ of `sidr_req`'s tests (QPN 0x11, Q_Key `RDMA_UDP_QKEY`).

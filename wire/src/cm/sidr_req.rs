@@ -2,8 +2,8 @@
 
 use core::fmt;
 
-use super::{read_u16, ServiceId};
-use crate::{read_u32, read_u64, Result};
+use super::ServiceId;
+use crate::read_u16;
 
 /// Bytes of private data; rdma_cm puts its [header](super::cma) first.
 pub const PRIVATE_DATA_LEN: usize = 216;
@@ -20,75 +20,39 @@ mod field {
 
 cm_message_packet!("a SIDR_REQ");
 
-impl<T: AsRef<[u8]>> Packet<T> {
+field_accessors! {
     /// The sender's ID for this request; the reply carries it back.
-    pub fn request_id(&self) -> u32 {
-        read_u32(&self.buffer.as_ref()[field::REQUEST_ID])
-    }
+    request_id / set_request_id: u32 @ REQUEST_ID;
+    /// The service to resolve.
+    service_id / set_service_id: service_id @ SERVICE_ID;
+}
 
+impl<T: AsRef<[u8]>> Packet<T> {
     /// Partition key.
     pub fn pkey(&self) -> u16 {
         read_u16(&self.buffer.as_ref()[field::PKEY])
     }
-
-    /// The service to resolve.
-    pub fn service_id(&self) -> ServiceId {
-        ServiceId(read_u64(&self.buffer.as_ref()[field::SERVICE_ID]))
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the request ID.
-    pub fn set_request_id(&mut self, value: u32) {
-        self.buffer.as_mut()[field::REQUEST_ID].copy_from_slice(&value.to_be_bytes());
-    }
-
     /// Sets the partition key, clearing the reserved bytes after it.
     pub fn set_pkey(&mut self, value: u16) {
         let buffer = self.buffer.as_mut();
         buffer[field::PKEY].copy_from_slice(&value.to_be_bytes());
         buffer[field::RESERVED].fill(0);
     }
-
-    /// Sets the service ID.
-    pub fn set_service_id(&mut self, value: ServiceId) {
-        self.buffer.as_mut()[field::SERVICE_ID].copy_from_slice(&value.0.to_be_bytes());
-    }
 }
 
-/// A parsed SIDR_REQ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Repr {
+cm_message_repr! {
+    /// A parsed SIDR_REQ.
+    parse: "Parses a SIDR_REQ (every bit pattern is valid).";
+    emit: "Writes the SIDR_REQ.";
     /// Request ID.
-    pub request_id: u32,
+    request_id: u32 = [request_id] / set_request_id,
     /// Partition key.
-    pub pkey: u16,
+    pkey: u16 = [pkey] / set_pkey,
     /// The service to resolve.
-    pub service_id: ServiceId,
-    /// Private data.
-    pub private_data: [u8; PRIVATE_DATA_LEN],
-}
-
-fixed_len_repr!();
-
-impl Repr {
-    /// Parses a SIDR_REQ (every bit pattern is valid).
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        Ok(Repr {
-            request_id: packet.request_id(),
-            pkey: packet.pkey(),
-            service_id: packet.service_id(),
-            private_data: packet.private_data_array(),
-        })
-    }
-
-    /// Writes the SIDR_REQ.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
-        packet.set_request_id(self.request_id);
-        packet.set_pkey(self.pkey);
-        packet.set_service_id(self.service_id);
-        packet.set_private_data(&self.private_data);
-    }
+    service_id: ServiceId = [service_id] / set_service_id,
 }
 
 impl fmt::Display for Repr {
