@@ -545,7 +545,8 @@ fn ibv_srq_pingpong_talks_to_itself_between_namespaces() {
 }
 
 /// `ROCE_STATS=1`: each side of an `ibv_rc_pingpong` prints its device's rxe-named counters
-/// on stderr when it closes the device, every one of them, with packets both ways.
+/// on stderr when it closes the device, every one of them, with packets both ways; with
+/// `ROCE_LOG` the client also shows the transport's events.
 #[test]
 fn roce_stats_prints_the_counters_when_a_device_is_closed() {
     let test = "roce_stats_prints_the_counters_when_a_device_is_closed";
@@ -561,8 +562,16 @@ fn roce_stats_prints_the_counters_when_a_device_is_closed() {
     wait_for_listener(&b, 18515);
     let client = exec_in(&a, &[&args[..], &["-d", "ea", "10.83.0.2"]].concat())
         .env("ROCE_STATS", "1")
+        .env("ROCE_LOG", "roce_transport=debug")
         .output()
         .unwrap();
+    let said = String::from_utf8_lossy(&client.stderr);
+    // ROCE_LOG turns on the transport's events in the drop-in: the QP's way to RTS.
+    assert!(
+        said.lines()
+            .any(|line| line.contains("QP state") && line.contains("to=Rts")),
+        "{said}"
+    );
     let server = server.wait_with_output().unwrap();
     for (device, output) in [("ea", client), ("eb", server)] {
         check_pingpong(device, &output, 10, 4096);
