@@ -10,42 +10,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 
-use common::{text, wait_for_listener};
-
-/// Where cargo put the `roce` binary and, after [`build_libraries`], our libraries.
-fn built_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_roce"))
-        .parent()
-        .expect("roce has a directory")
-        .to_path_buf()
-}
-
-/// Builds our three libraries in the profile of this test (cargo builds only the `roce`
-/// binary for it), once.
-fn build_libraries() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo.args([
-            "build",
-            "-p",
-            "roce-ibverbs",
-            "-p",
-            "roce-mlx5",
-            "-p",
-            "roce-efa",
-        ]);
-        if built_dir().ends_with("release") {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().expect("run cargo");
-        assert!(status.success(), "building the libraries failed");
-    });
-}
+use common::{build_libraries, built_dir, installed, text, wait_for_listener};
 
 /// `roce exec PROGRAM ARGS...` inside `ns`, bounded to a minute.
 fn exec_in(ns: &Netns, program: &[&str]) -> Command {
@@ -58,10 +26,6 @@ fn exec_in(ns: &Netns, program: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     command
-}
-
-fn installed(program: &str) -> bool {
-    Path::new("/usr/bin").join(program).exists()
 }
 
 /// `name@VERSION` of every dynamic symbol of `file` that is undefined (imports) or defined
