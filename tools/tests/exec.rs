@@ -477,3 +477,45 @@ fn error_paths_answer_as_rdma_core_defines_them() {
         text(&run)
     );
 }
+
+#[test]
+fn qps_of_one_device_reach_each_other_and_themselves_without_the_wire() {
+    let test = "qps_of_one_device_reach_each_other_and_themselves_without_the_wire";
+    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("loopback");
+    let compiled = Command::new("gcc")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/loopback.c"))
+        .arg("-o")
+        .arg(&binary)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{}", text(&compiled));
+    let (a, _b) = two_namespaces(1500);
+    let pcap = dir.path().join("loopback.pcap");
+    let run = exec_in(&a, &[binary.to_str().unwrap(), "ea"])
+        .env("ROCE_PCAP", &pcap)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success() && text(&run).contains("ok"),
+        "{}",
+        text(&run)
+    );
+    // The recorder saw every frame the device sent or received: none was RoCE.
+    let frames = roce_provider::capture::read_frames(&pcap).expect("the device's capture");
+    let roce = frames
+        .iter()
+        .filter(|captured| {
+            let parsed = roce_wire::Frame::new_checked(&captured.data[..])
+                .and_then(|frame| roce_wire::FrameRepr::parse(&frame));
+            !matches!(parsed, Err(roce_wire::FrameError::NotRoce))
+        })
+        .count();
+    assert_eq!(roce, 0, "RoCE frames on the wire: {}", pcap.display());
+}
