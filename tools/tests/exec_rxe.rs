@@ -2,7 +2,8 @@
 //! (`roce exec` in the `rxe-host` namespace, device `host0`) against the same programs on
 //! Linux soft-RoCE and rdma-core 44 in the rxe VM (../shared/rxe-peer), in both roles: every
 //! program once as the server and once as the client on our side, path MTU 1024 and 4096,
-//! and `ib_write_bw`/`ib_read_bw` under 5 % loss on the bridge.
+//! IPv4-mapped and link-local IPv6 GIDs, and `ib_write_bw`/`ib_read_bw` under 5 % loss on
+//! the bridge.
 //!
 //! One VM boot (netdev MTU 9000, so both ports say 4096; `-m 1024` picks path MTU 1024) for
 //! a table of cases, each named in its failure message. Every case runs, then the test fails
@@ -171,6 +172,10 @@ const CASES: &[Case] = &[
         },
         loss: 0,
     },
+    // The link-local IPv6 GID (index 0 on both sides): a case's flags come after the
+    // device's, so its `-g`/`-x` is the one the program keeps.
+    pingpong("ibv_ud_pingpong", &["-g", "0", "-s", "2048", "-n", "20"], Ours, 2048, 20),
+    perftest("ib_write_bw", &["-x", "0", "-n", "20"], Rxe, "65536", "20"),
     // Under loss we are the requester for WRITE and the responder for READ.
     Case {
         loss: 5,
