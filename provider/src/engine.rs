@@ -53,6 +53,10 @@ pub struct EngineStats {
     pub tx_full: u64,
     /// Packets the backend refused for their own sake (no route, too big, filtered): lost.
     pub tx_failed: u64,
+    /// Packets to one of our own addresses (another QP of this endpoint, or the sender
+    /// itself), handed back to the endpoint as the frame the wire would carry without
+    /// reaching the backend, as rxe loops them back.
+    pub looped_back: u64,
 }
 
 /// An endpoint, the backend it talks through, and the buffers in between.
@@ -69,6 +73,8 @@ pub struct Engine<B> {
     outgoing: Transmit,
     /// Whether `outgoing` holds a packet the backend had no room for yet.
     held: bool,
+    /// The frame of the packet being looped back, kept so its buffer is reused.
+    looped: Vec<u8>,
     /// Whether the last turn stopped at a budget with work left.
     unfinished: bool,
     /// Counters.
@@ -86,6 +92,7 @@ impl<B: Backend> Engine<B> {
             neighbours6: HashMap::new(),
             outgoing: Transmit::default(),
             held: false,
+            looped: Vec::new(),
             unfinished: false,
             stats: EngineStats::default(),
         }
@@ -195,7 +202,7 @@ impl<B: Backend> Engine<B> {
                 break;
             }
             self.held = false;
-            match self.transmit(&outgoing) {
+            match self.transmit(now, &outgoing) {
                 Ok(true) => {}
                 Ok(false) => {
                     self.held = true;
@@ -213,15 +220,28 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The frame for `transmit`: IPv4 from our address to a known IPv4 neighbour, or IPv6
-    /// from the GID the packet names to a known IPv6 neighbour.
+    /// from the GID the packet names to a known IPv6 neighbour; to our own MAC when the
+    /// destination is one of our addresses.
     fn frame<'t>(&self, transmit: &'t Transmit) -> Option<roce_wire::FrameRepr<'t>> {
         let mac = self.addressing.mac;
+        let dgid = transmit.packet.av.dgid;
+        let ours = self.gids.contains(&dgid)
+            || (dgid == self.addressing.ip.to_ipv6_mapped().octets()
+                && !self.addressing.ip.is_unspecified());
         if let Some(ip) = transmit.ipv4_destination() {
-            let &neighbour = self.addressing.neighbours.get(&ip)?;
+            let neighbour = if ours {
+                mac
+            } else {
+                *self.addressing.neighbours.get(&ip)?
+            };
             return transmit.ipv4_frame(mac, self.addressing.ip, neighbour);
         }
         let ip = transmit.ipv6_destination()?;
-        let &neighbour = self.neighbours6.get(&ip)?;
+        let neighbour = if ours {
+            mac
+        } else {
+            *self.neighbours6.get(&ip)?
+        };
         let source = self.gids.get(usize::from(transmit.packet.av.sgid_index))?;
         let source = Ipv6Addr::from(*source);
         if source.to_ipv4_mapped().is_some() {
@@ -230,9 +250,32 @@ impl<B: Backend> Engine<B> {
         transmit.ipv6_frame(mac, source, neighbour)
     }
 
-    /// Emits one packet straight into the backend's buffer; `false` when the backend's
-    /// queue is full (nothing was sent).
-    fn transmit(&mut self, transmit: &Transmit) -> io::Result<bool> {
+    /// Hands a packet addressed to us back to the endpoint as the frame the wire would
+    /// carry: emitted, then parsed (ICRC checked) as a received frame is.
+    fn loop_back(&mut self, now: Instant, repr: &FrameRepr) -> io::Result<()> {
+        let mut frame = std::mem::take(&mut self.looped);
+        frame.resize(repr.buffer_len(), 0);
+        let result = match repr.emit(&mut frame) {
+            Err(_) => Err(io::Error::other("packet does not fit a frame")),
+            Ok(len) => {
+                let parsed = Frame::new_checked(&frame[..len]).and_then(|f| FrameRepr::parse(&f));
+                match parsed {
+                    Ok(looped) => {
+                        self.endpoint.handle_packet(now, &looped);
+                        self.stats.looped_back += 1;
+                    }
+                    Err(_) => self.stats.rx_rejected += 1,
+                }
+                Ok(())
+            }
+        };
+        self.looped = frame;
+        result
+    }
+
+    /// Emits one packet straight into the backend's buffer, or loops it back when it is
+    /// addressed to us; `false` when the backend's queue is full (nothing was sent).
+    fn transmit(&mut self, now: Instant, transmit: &Transmit) -> io::Result<bool> {
         let repr = self.frame(transmit);
         let Some(repr) = repr else {
             let dgid = transmit.packet.av.dgid;
@@ -245,6 +288,10 @@ impl<B: Backend> Engine<B> {
             self.endpoint.transmit_failed();
             return Ok(true);
         };
+        if repr.ethernet.dst == self.addressing.mac {
+            self.loop_back(now, &repr)?;
+            return Ok(true);
+        }
         let mut emitted = Ok(());
         let sent = self
             .backend
@@ -322,10 +369,11 @@ fn receive(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roce_transport::cq::WcStatus;
     use roce_transport::mr::PdId;
     use roce_transport::qp::{QpCaps, QpInit};
     use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType};
-    use roce_transport::wr::{SendFlags, SendOp, SendWr, SgList};
+    use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList};
     use roce_wire::Psn;
     use std::time::Duration;
 
@@ -435,6 +483,16 @@ mod tests {
 
     /// An engine with one connected RC QP and one SEND posted.
     fn engine_with_a_send<B: Backend>(backend: B) -> Engine<B> {
+        engine_with_a_send_to(backend, Ipv4Addr::new(10, 9, 9, 2), None).0
+    }
+
+    /// An engine at 10.9.9.1 with one RC QP connected to `peer_ip` (QP 0x11, or itself when
+    /// `None`) and one SEND posted: the engine, its CQ, the QP.
+    fn engine_with_a_send_to<B: Backend>(
+        backend: B,
+        peer_ip: Ipv4Addr,
+        peer_qpn: Option<u32>,
+    ) -> (Engine<B>, roce_transport::CqId, u32) {
         let mut endpoint = Endpoint::new([3; 32]);
         let pd: PdId = endpoint.mrs().alloc_pd();
         let cq = endpoint.create_cq(8).unwrap();
@@ -445,7 +503,6 @@ mod tests {
             sq_sig_all: false,
         };
         let qpn = endpoint.create_qp(init, cq, cq).unwrap();
-        let peer_ip = Ipv4Addr::new(10, 9, 9, 2);
         let peer = Peer {
             av: AddressVector {
                 dgid: peer_ip.to_ipv6_mapped().octets(),
@@ -454,7 +511,7 @@ mod tests {
                 traffic_class: 0,
                 flow_label: 0,
             },
-            qpn: 0x11,
+            qpn: peer_qpn.unwrap_or(qpn),
             psn: Psn::new(1),
         };
         let now = Instant::now();
@@ -462,6 +519,11 @@ mod tests {
         for attr in connect_attrs(QpType::Rc, peer, Psn::new(1), PathMtu::Mtu1024, retry) {
             endpoint.modify_qp(now, qpn, &attr).unwrap();
         }
+        let recv = RecvWr {
+            wr_id: 2,
+            sg_list: SgList::new(),
+        };
+        endpoint.post_recv(now, qpn, &recv).unwrap();
         let wr = SendWr {
             wr_id: 1,
             op: SendOp::Send,
@@ -474,9 +536,30 @@ mod tests {
         let addressing = Addressing {
             mac: OUR_MAC,
             ip: Ipv4Addr::new(10, 9, 9, 1),
-            neighbours: HashMap::from([(peer_ip, [2, 0, 0, 0, 0, 2])]),
+            neighbours: HashMap::from([(Ipv4Addr::new(10, 9, 9, 2), [2, 0, 0, 0, 0, 2])]),
         };
-        Engine::new(endpoint, backend, addressing)
+        (Engine::new(endpoint, backend, addressing), cq, qpn)
+    }
+
+    #[test]
+    fn packets_to_our_own_address_loop_back_without_the_backend() {
+        // Any frame handed to this backend would stop the engine.
+        let (mut engine, cq, qpn) =
+            engine_with_a_send_to(Refusing(libc::EBADF), Ipv4Addr::new(10, 9, 9, 1), None);
+        let mut done = Vec::new();
+        for _ in 0..10 {
+            engine.poll().expect("nothing reaches the backend");
+            engine.endpoint().cq(cq).poll(8, &mut done);
+        }
+        let mut ids: Vec<u64> = done.iter().map(|wc| wc.wr_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2], "{done:?}");
+        assert!(done
+            .iter()
+            .all(|wc| wc.status == WcStatus::Success && wc.qp_num == qpn));
+        // The SEND and its ACK.
+        let stats = engine.stats;
+        assert_eq!((stats.looped_back, stats.tx_frames), (2, 0), "{stats:?}");
     }
 
     #[test]

@@ -10,42 +10,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 
-use common::{text, wait_for_listener};
-
-/// Where cargo put the `roce` binary and, after [`build_libraries`], our libraries.
-fn built_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_roce"))
-        .parent()
-        .expect("roce has a directory")
-        .to_path_buf()
-}
-
-/// Builds our three libraries in the profile of this test (cargo builds only the `roce`
-/// binary for it), once.
-fn build_libraries() {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo.args([
-            "build",
-            "-p",
-            "roce-ibverbs",
-            "-p",
-            "roce-mlx5",
-            "-p",
-            "roce-efa",
-        ]);
-        if built_dir().ends_with("release") {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().expect("run cargo");
-        assert!(status.success(), "building the libraries failed");
-    });
-}
+use common::{build_libraries, built_dir, installed, text, wait_for_listener};
 
 /// `roce exec PROGRAM ARGS...` inside `ns`, bounded to a minute.
 fn exec_in(ns: &Netns, program: &[&str]) -> Command {
@@ -58,10 +26,6 @@ fn exec_in(ns: &Netns, program: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     command
-}
-
-fn installed(program: &str) -> bool {
-    Path::new("/usr/bin").join(program).exists()
 }
 
 /// `name@VERSION` of every dynamic symbol of `file` that is undefined (imports) or defined
@@ -602,4 +566,46 @@ fn roce_stats_prints_the_counters_when_a_device_is_closed() {
             assert_eq!(value(name), 0, "{device} on a clean link: {stderr}");
         }
     }
+}
+
+#[test]
+fn qps_of_one_device_reach_each_other_and_themselves_without_the_wire() {
+    let test = "qps_of_one_device_reach_each_other_and_themselves_without_the_wire";
+    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("loopback");
+    let compiled = Command::new("gcc")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/loopback.c"))
+        .arg("-o")
+        .arg(&binary)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{}", text(&compiled));
+    let (a, _b) = two_namespaces(1500);
+    let pcap = dir.path().join("loopback.pcap");
+    let run = exec_in(&a, &[binary.to_str().unwrap(), "ea"])
+        .env("ROCE_PCAP", &pcap)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success() && text(&run).contains("ok"),
+        "{}",
+        text(&run)
+    );
+    // The recorder saw every frame the device sent or received: none was RoCE.
+    let frames = roce_provider::capture::read_frames(&pcap).expect("the device's capture");
+    let roce = frames
+        .iter()
+        .filter(|captured| {
+            let parsed = roce_wire::Frame::new_checked(&captured.data[..])
+                .and_then(|frame| roce_wire::FrameRepr::parse(&frame));
+            !matches!(parsed, Err(roce_wire::FrameError::NotRoce))
+        })
+        .count();
+    assert_eq!(roce, 0, "RoCE frames on the wire: {}", pcap.display());
 }

@@ -15,57 +15,13 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
-use roce_provider::netns::{is_root, prerequisite};
-use roce_wire::frame::IpRepr;
-use roce_wire::{Frame, FrameRepr};
-
+use common::rxe::{captured_frames, last_frames, recovery_by_sender, vm, Vm};
 use common::{has_row, text};
 
 const ITERS: &str = "50";
 
 /// One VM for every test: they take turns.
 static VM: Mutex<()> = Mutex::new(());
-
-fn rxe_peer() -> Option<PathBuf> {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh");
-    script.exists().then_some(script)
-}
-
-struct Vm(PathBuf);
-
-impl Vm {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("bash")
-            .arg(&self.0)
-            .args(args)
-            .output()
-            .expect("run rxe-peer.sh")
-    }
-
-    /// (Re)starts VM 1 with the given netdev MTU (9000 gives rxe path MTU 4096).
-    fn start(&self, mtu: &str) {
-        let _ = self.run(&["stop"]);
-        let started = Command::new("bash")
-            .arg(&self.0)
-            .args(["start", "1"])
-            .env("RXE_MTU", mtu)
-            .output()
-            .expect("run rxe-peer.sh start");
-        assert!(
-            started.status.success(),
-            "rxe-peer start (MTU {mtu}):\n{}",
-            text(&started)
-        );
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.run(&["loss", "0"]);
-        let _ = self.run(&["stop"]);
-    }
-}
 
 /// Our pingpong in the host namespace.
 fn ours(args: &[&str]) -> Child {
@@ -78,32 +34,6 @@ const OUR_PCAP: &str = "/tmp/roce-rxe-run.pcap";
 /// The evidence of a failed run for the log: our capture's last frames, decoded.
 fn evidence() -> String {
     last_frames(Path::new(OUR_PCAP), 40)
-}
-
-/// Where a capture is and its last `count` frames, decoded by `roce dump`.
-fn last_frames(pcap: &Path, count: usize) -> String {
-    let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
-        .arg("dump")
-        .arg(pcap)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let lines: Vec<&str> = dump.lines().collect();
-    let tail = lines[lines.len().saturating_sub(count)..].join("\n");
-    format!("capture {}, last frames:\n{tail}", pcap.display())
-}
-
-/// Every RoCEv2-over-IPv4 frame of a capture, with its sender.
-fn captured_frames(pcap: &Path, mut each: impl FnMut(Ipv4Addr, &FrameRepr)) {
-    for captured in roce_provider::capture::read_frames(pcap).expect("read the capture") {
-        let Ok(repr) = Frame::new_checked(&captured.data[..]).and_then(|f| FrameRepr::parse(&f))
-        else {
-            continue;
-        };
-        if let IpRepr::V4(ip) = repr.ip {
-            each(ip.src, &repr);
-        }
-    }
 }
 
 /// `roce TOOL ARGS...` in the host namespace, bounded in time, recording to [`OUR_PCAP`].
@@ -175,21 +105,6 @@ fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
     let theirs = vm.run(&["exec", "1", "-t", "120", &command]);
     let ours = server.wait_with_output().expect("our server");
     check(what, ours, theirs);
-}
-
-/// The VM, built and started with netdev MTU `mtu`, or `None` (and a SKIPPED line) when
-/// this is not root or the tool is missing; in CI either is a failure.
-fn vm(test: &str, mtu: &str) -> Option<Vm> {
-    let script = rxe_peer().filter(|_| is_root());
-    if !prerequisite(test, "root and ../shared/rxe-peer", script.is_some()) {
-        return None;
-    }
-    let script = script?;
-    let vm = Vm(script);
-    let built = vm.run(&["build"]);
-    assert!(built.status.success(), "rxe-peer build:\n{}", text(&built));
-    vm.start(mtu);
-    Some(vm)
 }
 
 #[test]
@@ -376,36 +291,6 @@ fn capture_path(name: &str) -> PathBuf {
             PathBuf::from(home).join(".cache/rxe-peer")
         });
     dir.join("captures").join(format!("{name}.pcap"))
-}
-
-/// Per sender (IPv4 source): request packets sent again, and NAKs (sequence, RNR, errors).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Recovery {
-    retransmitted: usize,
-    naks: usize,
-}
-
-fn recovery_by_sender(pcap: &Path) -> HashMap<Ipv4Addr, Recovery> {
-    use roce_wire::aeth::Syndrome;
-    let mut highest = HashMap::new();
-    let mut found: HashMap<_, Recovery> = HashMap::new();
-    captured_frames(pcap, |src, repr| {
-        let entry = found.entry(src).or_default();
-        if repr.bth.opcode.info().is_request {
-            let flow = (src, repr.bth.dest_qpn);
-            match highest.get(&flow) {
-                Some(&top) if repr.bth.psn <= top => entry.retransmitted += 1,
-                _ => {
-                    highest.insert(flow, repr.bth.psn);
-                }
-            }
-        } else if let Some(aeth) = repr.ext.aeth {
-            if !matches!(aeth.syndrome, Syndrome::Ack(_)) {
-                entry.naks += 1;
-            }
-        }
-    });
-    found
 }
 
 #[test]

@@ -34,8 +34,12 @@ impl Shared {
         }
     }
 
-    /// Makes sure the engine can reach `dgid`: its MAC is known.
+    /// Makes sure the engine can reach `dgid`: its MAC is known, or it is one of our own
+    /// GIDs (the engine loops those packets back without the wire, as rxe does).
     pub(crate) fn resolve(&self, dgid: [u8; 16]) -> Result<(), Error> {
+        if self.device.gids.contains(&dgid) {
+            return Ok(());
+        }
         let Some(ip) = Ipv6Addr::from(dgid).to_ipv4_mapped() else {
             return self.resolve6(Ipv6Addr::from(dgid));
         };

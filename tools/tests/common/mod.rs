@@ -1,8 +1,12 @@
 //! What the tools' integration tests share: running `roce` inside a namespace, waiting for
-//! its server, and reading its output.
+//! its server, reading its output, our C ABI libraries, and the rxe VM (`rxe`).
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod rxe;
+
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -50,4 +54,40 @@ pub fn has_row(text: &str, size: &str, iters: &str) -> bool {
         let mut words = line.split_whitespace();
         words.next() == Some(size) && words.next() == Some(iters)
     })
+}
+
+/// Where cargo put the `roce` binary and, after [`build_libraries`], our libraries.
+pub fn built_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_roce"))
+        .parent()
+        .expect("roce has a directory")
+        .to_path_buf()
+}
+
+/// Builds our three libraries (`roce exec` puts them first on a program's library path) in
+/// the profile of this test (cargo builds only the `roce` binary for it), once.
+pub fn build_libraries() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args([
+            "build",
+            "-p",
+            "roce-ibverbs",
+            "-p",
+            "roce-mlx5",
+            "-p",
+            "roce-efa",
+        ]);
+        if built_dir().ends_with("release") {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("run cargo");
+        assert!(status.success(), "building the libraries failed");
+    });
+}
+
+/// Whether Debian installed `program`.
+pub fn installed(program: &str) -> bool {
+    Path::new("/usr/bin").join(program).exists()
 }
