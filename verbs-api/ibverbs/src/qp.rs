@@ -8,13 +8,15 @@ use std::sync::Mutex;
 use roce_cabi::{set_errno, EOPNOTSUPP};
 use roce_verbs::{
     AccessFlags, AddressHandle, AddressVector, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType,
-    RecvWr, RnrTimer, SendFlags, SendOp, SendWr, SgList, Sge,
+    RnrTimer, SendFlags, SendOp, SendWr, SgList, Sge,
 };
 
 use crate::abi::*;
 use crate::context::Context;
 use crate::cq::Cq;
+use crate::logging::fail_null;
 use crate::pd::Pd;
+use crate::post::{post_list, recv_wr, sg_list};
 use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
@@ -47,12 +49,6 @@ impl Qp {
         // SAFETY: `raw.qp_base` is the first field of our `#[repr(C)]` Qp.
         unsafe { qp.cast::<Qp>().as_ref() }
     }
-}
-
-pub(crate) fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T {
-    crate::log_failure(call, why);
-    set_errno(errno);
-    core::ptr::null_mut()
 }
 
 /// What both `ibv_create_qp` and `ibv_create_qp_ex` give.
@@ -550,30 +546,6 @@ pub(crate) unsafe extern "C" fn query_qp(
     0
 }
 
-/// The scatter/gather list of a work request.
-///
-/// # Safety
-/// `sg_list` points to `num_sge` elements when `num_sge` > 0.
-unsafe fn sg_list(sg_list: *const ibv_sge, num_sge: c_int) -> Result<SgList, c_int> {
-    let count = usize::try_from(num_sge).map_err(|_| EINVAL)?;
-    if count == 0 {
-        return Ok(SgList::new());
-    }
-    if sg_list.is_null() {
-        return Err(EINVAL);
-    }
-    // SAFETY: per this function's contract.
-    let sges = unsafe { core::slice::from_raw_parts(sg_list, count) };
-    Ok(sges
-        .iter()
-        .map(|sge| Sge {
-            addr: sge.addr,
-            length: sge.length,
-            lkey: sge.lkey,
-        })
-        .collect())
-}
-
 /// The bytes an inline send carries, copied now from the caller's buffers (which need not
 /// be registered).
 ///
@@ -663,82 +635,6 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
     })
 }
 
-/// Walks a caller's list of work requests, converting each until one does not convert.
-pub(crate) struct Walk<W, F> {
-    next: *mut W,
-    /// Converts one request; called only on valid requests of the caller's list.
-    convert: F,
-    next_of: fn(&W) -> *mut W,
-    /// The request that did not convert, and why.
-    refused: Option<(*mut W, c_int)>,
-}
-
-impl<W, T, F: FnMut(&W) -> Result<T, c_int>> Iterator for Walk<W, F> {
-    type Item = T;
-
-    fn next(&mut self) -> Option<T> {
-        // SAFETY: the caller of `ibv_post_*` passes a NULL-terminated list of valid requests.
-        let wr = unsafe { self.next.as_ref() }?;
-        match (self.convert)(wr) {
-            Ok(item) => {
-                self.next = (self.next_of)(wr);
-                Some(item)
-            }
-            Err(errno) => {
-                self.refused = Some((self.next, errno));
-                None
-            }
-        }
-    }
-}
-
-/// The `index`th request of a list.
-///
-/// # Safety
-/// The list has more than `index` valid requests.
-unsafe fn nth<W>(mut wr: *mut W, index: usize, next_of: fn(&W) -> *mut W) -> *mut W {
-    for _ in 0..index {
-        // SAFETY: per this function's contract.
-        wr = next_of(unsafe { &*wr });
-    }
-    wr
-}
-
-/// Posts a list through `post`, setting `bad_wr` to the first request not posted.
-///
-/// # Safety
-/// `wr` is a NULL-terminated list of valid requests; `bad_wr` is writable.
-pub(crate) unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
-    wr: *mut W,
-    bad_wr: *mut *mut W,
-    convert: F,
-    next_of: fn(&W) -> *mut W,
-    post: impl FnOnce(&mut Walk<W, F>) -> Result<(), roce_verbs::PostFailure>,
-) -> c_int {
-    let mut walk = Walk {
-        next: wr,
-        convert,
-        next_of,
-        refused: None,
-    };
-    let (bad, errno) = match post(&mut walk) {
-        // SAFETY: the failure's index is of a request the walk went through.
-        Err(failure) => (unsafe { nth(wr, failure.index, next_of) }, {
-            crate::log_failure("ibv_post_*", &failure);
-            crate::errno_of(&failure.error)
-        }),
-        Ok(()) => match walk.refused {
-            Some(refused) => refused,
-            None => return 0,
-        },
-    };
-    if !bad_wr.is_null() {
-        // SAFETY: per this function's contract.
-        unsafe { *bad_wr = bad };
-    }
-    errno
-}
-
 /// `ops.post_send`.
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
@@ -762,18 +658,6 @@ pub(crate) unsafe extern "C" fn post_send(
             |walk| ours.qp.post_send(walk),
         )
     }
-}
-
-/// One `ibv_recv_wr` as a [`RecvWr`].
-///
-/// # Safety
-/// `wr` is a valid work request of the caller's.
-pub(crate) unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
-    Ok(RecvWr {
-        wr_id: wr.wr_id,
-        // SAFETY: the caller's list of `num_sge` elements.
-        sg_list: unsafe { sg_list(wr.sg_list, wr.num_sge) }?,
-    })
 }
 
 /// `ops.post_recv`.

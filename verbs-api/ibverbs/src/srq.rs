@@ -12,8 +12,9 @@ use roce_verbs::{SrqAttr, SrqModify};
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::logging::fail_null;
 use crate::pd::Pd;
-use crate::qp::{fail_null, post_list, recv_wr};
+use crate::post::{post_list, recv_wr};
 
 const EINVAL: c_int = 22;
 const EBUSY: c_int = 16;
