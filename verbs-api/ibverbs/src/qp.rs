@@ -173,34 +173,20 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
     let Some(context) = (unsafe { Context::from_raw(ours.raw.context) }) else {
         return fail_null(CALL, EINVAL, &"PD without a context");
     };
-    let limits = context.device().query();
-    let mut cap = *c.cap;
-    if srq.is_some() {
-        // A QP on an SRQ has no receive queue: rxe ignores and reports 0 for its caps.
-        cap.max_recv_wr = 0;
-        cap.max_recv_sge = 0;
-        *c.cap = cap;
-    }
-    if cap.max_send_wr > limits.max_qp_wr
-        || cap.max_recv_wr > limits.max_qp_wr
-        || cap.max_send_sge > limits.max_sge
-        || cap.max_recv_sge > limits.max_sge
-        || cap.max_inline_data > MAX_INLINE_DATA
-    {
+    let Some(cap) = granted_cap(c.cap, srq.is_some(), &context.device().query()) else {
         return fail_null(CALL, EINVAL, &"capabilities beyond the device's");
-    }
-    let caps = QpCaps {
-        max_send_wr: cap.max_send_wr,
-        max_recv_wr: cap.max_recv_wr,
-        max_send_sge: cap.max_send_sge,
-        max_recv_sge: cap.max_recv_sge,
-        max_inline_data: cap.max_inline_data,
     };
     let attr = roce_verbs::QpInitAttr {
         qp_type,
         send_cq: &send_cq.cq,
         recv_cq: &recv_cq.cq,
-        caps,
+        caps: QpCaps {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        },
         sq_sig_all: c.sq_sig_all != 0,
     };
     let created = match srq {
@@ -212,33 +198,7 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
     let qp_num = qp.qp_num();
-    let qp_base = ibv_qp {
-        context: ours.raw.context,
-        qp_context: c.qp_context,
-        pd: c.pd,
-        send_cq: c.send_cq,
-        recv_cq: c.recv_cq,
-        srq: c.srq,
-        handle: 0,
-        qp_num,
-        state: 0,
-        qp_type: c.qp_type,
-        mutex: [0; 5],
-        cond: [0; 6],
-        events_completed: 0,
-    };
-    let ptr = Box::into_raw(Box::new(Qp {
-        raw: builders(qp_base),
-        qp,
-        cap,
-        sq_sig_all: c.sq_sig_all,
-        attr: Mutex::new(ibv_qp_attr {
-            cap,
-            ..ibv_qp_attr::default()
-        }),
-        extended: c.extended,
-        batch: Mutex::new(Batch::default()),
-    }));
+    let ptr = Box::into_raw(Box::new(Qp::new(&c, ours.raw.context, qp, cap)));
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -249,6 +209,58 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         qps.insert(qp_num, ptr as usize);
     }
     ptr.cast()
+}
+
+/// The capabilities a QP gets, written back into `cap`; `None` if they exceed the device's.
+/// A QP on an SRQ has no receive queue: rxe ignores and reports 0 for its caps.
+fn granted_cap(
+    cap: &mut ibv_qp_cap,
+    on_srq: bool,
+    limits: &roce_verbs::DeviceAttr,
+) -> Option<ibv_qp_cap> {
+    if on_srq {
+        cap.max_recv_wr = 0;
+        cap.max_recv_sge = 0;
+    }
+    let within = cap.max_send_wr <= limits.max_qp_wr
+        && cap.max_recv_wr <= limits.max_qp_wr
+        && cap.max_send_sge <= limits.max_sge
+        && cap.max_recv_sge <= limits.max_sge
+        && cap.max_inline_data <= MAX_INLINE_DATA;
+    within.then_some(*cap)
+}
+
+impl Qp {
+    /// Our QP around a created `qp`, as `c` asked for it in `context`.
+    fn new(c: &Creation, context: *mut ibv_context, qp: roce_verbs::Qp, cap: ibv_qp_cap) -> Qp {
+        let qp_base = ibv_qp {
+            context,
+            qp_context: c.qp_context,
+            pd: c.pd,
+            send_cq: c.send_cq,
+            recv_cq: c.recv_cq,
+            srq: c.srq,
+            handle: 0,
+            qp_num: qp.qp_num(),
+            state: 0,
+            qp_type: c.qp_type,
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        };
+        Qp {
+            raw: builders(qp_base),
+            qp,
+            cap,
+            sq_sig_all: c.sq_sig_all,
+            attr: Mutex::new(ibv_qp_attr {
+                cap,
+                ..ibv_qp_attr::default()
+            }),
+            extended: c.extended,
+            batch: Mutex::new(Batch::default()),
+        }
+    }
 }
 
 /// `ibv_destroy_qp`.
@@ -358,8 +370,16 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
     if mask & !known != 0 {
         return Err("attributes this device does not take");
     }
-    let has = |bit: c_int| mask & bit != 0;
     let mut out = QpAttr::default();
+    addressing(attr, mask, &mut out)?;
+    reliability(attr, mask, &mut out)?;
+    Ok(out)
+}
+
+/// [`qp_attr`]'s state, access, port and addressing attributes (and which QP to talk to).
+fn addressing(attr: &ibv_qp_attr, mask: c_int, out: &mut QpAttr) -> Result<(), &'static str> {
+    use crate::abi::qp_mask::*;
+    let has = |bit: c_int| mask & bit != 0;
     if has(STATE) {
         out.state = Some(qp_state(attr.qp_state).ok_or("qp_state")?);
     }
@@ -388,6 +408,16 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
     if has(PATH_MTU) {
         out.path_mtu = Some(path_mtu(attr.path_mtu).ok_or("path_mtu")?);
     }
+    if has(DEST_QPN) {
+        out.dest_qp_num = Some(attr.dest_qp_num);
+    }
+    Ok(())
+}
+
+/// [`qp_attr`]'s PSNs, timers, retry counts and read/atomic depths.
+fn reliability(attr: &ibv_qp_attr, mask: c_int, out: &mut QpAttr) -> Result<(), &'static str> {
+    use crate::abi::qp_mask::*;
+    let has = |bit: c_int| mask & bit != 0;
     if has(TIMEOUT) {
         out.timeout = Some(attr.timeout);
     }
@@ -415,10 +445,7 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
     if has(MAX_DEST_RD_ATOMIC) {
         out.max_dest_rd_atomic = Some(attr.max_dest_rd_atomic);
     }
-    if has(DEST_QPN) {
-        out.dest_qp_num = Some(attr.dest_qp_num);
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Copies the attributes `mask` names from `from` into `into` (what `ibv_query_qp` will
