@@ -651,44 +651,31 @@ mod layout_tests {
             ibv_sge { addr, length, lkey }
             ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr }
         }
+        // The union members and the fields our struct names otherwise.
         let wr = offset_of!(ibv_send_wr, wr);
-        at!(
-            ibv_send_wr,
-            wr.rdma.remote_addr = wr + offset_of!(ibv_rdma_wr, remote_addr)
-        );
-        at!(
-            ibv_send_wr,
-            wr.rdma.rkey = wr + offset_of!(ibv_rdma_wr, rkey)
-        );
-        at!(
-            ibv_send_wr,
-            wr.atomic.compare_add = wr + offset_of!(ibv_atomic_wr, compare_add)
-        );
-        at!(
-            ibv_send_wr,
-            wr.atomic.swap = wr + offset_of!(ibv_atomic_wr, swap)
-        );
-        at!(
-            ibv_send_wr,
-            wr.atomic.rkey = wr + offset_of!(ibv_atomic_wr, rkey)
-        );
-        at!(ibv_send_wr, wr.ud.ah = wr + offset_of!(ibv_ud_wr, ah));
-        at!(
-            ibv_send_wr,
-            wr.ud.remote_qpn = wr + offset_of!(ibv_ud_wr, remote_qpn)
-        );
-        at!(
-            ibv_send_wr,
-            wr.ud.remote_qkey = wr + offset_of!(ibv_ud_wr, remote_qkey)
-        );
-        at!(
-            ibv_send_wr,
-            qp_type.xrc.remote_srqn = offset_of!(ibv_send_wr, remote_srqn)
-        );
-        at!(
-            ibv_send_wr,
-            bind_mw = offset_of!(ibv_send_wr, _bind_mw_or_tso)
-        );
+        for (member, value) in [
+            (
+                "wr.rdma.remote_addr",
+                wr + offset_of!(ibv_rdma_wr, remote_addr),
+            ),
+            ("wr.rdma.rkey", wr + offset_of!(ibv_rdma_wr, rkey)),
+            (
+                "wr.atomic.compare_add",
+                wr + offset_of!(ibv_atomic_wr, compare_add),
+            ),
+            ("wr.atomic.swap", wr + offset_of!(ibv_atomic_wr, swap)),
+            ("wr.atomic.rkey", wr + offset_of!(ibv_atomic_wr, rkey)),
+            ("wr.ud.ah", wr + offset_of!(ibv_ud_wr, ah)),
+            ("wr.ud.remote_qpn", wr + offset_of!(ibv_ud_wr, remote_qpn)),
+            ("wr.ud.remote_qkey", wr + offset_of!(ibv_ud_wr, remote_qkey)),
+            (
+                "qp_type.xrc.remote_srqn",
+                offset_of!(ibv_send_wr, remote_srqn),
+            ),
+            ("bind_mw", offset_of!(ibv_send_wr, _bind_mw_or_tso)),
+        ] {
+            rows.push((format!("offsetof(struct ibv_send_wr, {member})"), value));
+        }
         layout! {
             ibv_recv_wr { wr_id, next, sg_list, num_sge }
             ibv_wc {
