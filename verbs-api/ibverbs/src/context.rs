@@ -254,13 +254,14 @@ impl DeviceLock {
 /// The device attributes rdma-core reports, true for this transport and shaped as rxe's
 /// (vendor 0xFFFFFF, part 0: perftest then takes the plain verbs paths).
 pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
-    let limits = device.query();
+    let attr = device.query();
+    let limits = attr.limits;
     let clamp = |value: u64| value.min(i32::MAX as u64) as c_int;
     let rd_atom = c_int::from(limits.max_qp_rd_atom);
     ibv_device_attr {
         fw_ver: [0; 64],
-        node_guid: limits.node_guid.to_be(),
-        sys_image_guid: limits.node_guid.to_be(),
+        node_guid: attr.node_guid.to_be(),
+        sys_image_guid: attr.node_guid.to_be(),
         max_mr_size: limits.max_mr_size,
         page_size_cap: 0xFFFF_F000,
         vendor_id: 0xFF_FFFF,

@@ -173,7 +173,7 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
     let Some(context) = (unsafe { Context::from_raw(ours.raw.context) }) else {
         return fail_null(CALL, EINVAL, &"PD without a context");
     };
-    let Some(cap) = granted_cap(c.cap, srq.is_some(), &context.device().query()) else {
+    let Some(cap) = granted_cap(c.cap, srq.is_some(), &context.device().query().limits) else {
         return fail_null(CALL, EINVAL, &"capabilities beyond the device's");
     };
     let attr = roce_verbs::QpInitAttr {
@@ -216,7 +216,7 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
 fn granted_cap(
     cap: &mut ibv_qp_cap,
     on_srq: bool,
-    limits: &roce_verbs::DeviceAttr,
+    limits: &roce_transport::DeviceLimits,
 ) -> Option<ibv_qp_cap> {
     if on_srq {
         cap.max_recv_wr = 0;
