@@ -114,10 +114,26 @@ pub(crate) unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
 ///
 /// # Safety
 /// `wr` is a valid work request of the caller's.
-pub(crate) unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
     Ok(RecvWr {
         wr_id: wr.wr_id,
         // SAFETY: the caller's list of `num_sge` elements.
         sg_list: unsafe { sg_list(wr.sg_list, wr.num_sge) }?,
     })
+}
+
+/// Posts a caller's list of receive requests through `post` (a QP's or an SRQ's receive
+/// queue), setting `bad_wr` to the first request not posted.
+///
+/// # Safety
+/// `wr` is a NULL-terminated list of valid requests; `bad_wr` is writable.
+pub(crate) unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl FnOnce(&mut dyn Iterator<Item = RecvWr>) -> Result<(), roce_verbs::PostFailure>,
+) -> c_int {
+    // SAFETY: the walk passes only requests of the caller's list, which are valid.
+    let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
+    // SAFETY: per this function's contract.
+    unsafe { post_list(wr, bad_wr, convert, |wr| wr.next, |walk| post(walk)) }
 }

@@ -16,7 +16,7 @@ use crate::context::Context;
 use crate::cq::Cq;
 use crate::logging::fail_null;
 use crate::pd::Pd;
-use crate::post::{post_list, recv_wr, sg_list};
+use crate::post::{post_list, post_recv_list, sg_list};
 use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
@@ -697,18 +697,8 @@ pub(crate) unsafe extern "C" fn post_recv(
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
-    // SAFETY: the walk passes only requests of the caller's list, which are valid.
-    let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
     // SAFETY: the caller passes a valid list and `bad_wr`.
-    unsafe {
-        post_list(
-            wr,
-            bad_wr,
-            convert,
-            |wr| wr.next,
-            |walk| ours.qp.post_recv(walk),
-        )
-    }
+    unsafe { post_recv_list(wr, bad_wr, |walk| ours.qp.post_recv(walk)) }
 }
 
 /// Our `ibv_ah`.
