@@ -370,82 +370,50 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
     if mask & !known != 0 {
         return Err("attributes this device does not take");
     }
-    let mut out = QpAttr::default();
-    addressing(attr, mask, &mut out)?;
-    reliability(attr, mask, &mut out)?;
-    Ok(out)
-}
-
-/// [`qp_attr`]'s state, access, port and addressing attributes (and which QP to talk to).
-fn addressing(attr: &ibv_qp_attr, mask: c_int, out: &mut QpAttr) -> Result<(), &'static str> {
-    use crate::abi::qp_mask::*;
-    let has = |bit: c_int| mask & bit != 0;
-    if has(STATE) {
-        out.state = Some(qp_state(attr.qp_state).ok_or("qp_state")?);
-    }
-    if has(CUR_STATE) {
-        out.cur_state = Some(qp_state(attr.cur_qp_state).ok_or("cur_qp_state")?);
-    }
-    if has(ACCESS_FLAGS) {
+    // What the mask names, each checked as it is read (fields evaluate in order, so the
+    // first bad attribute is the one reported).
+    let given = |bit: c_int| mask & bit != 0;
+    Ok(QpAttr {
+        state: given(STATE)
+            .then(|| qp_state(attr.qp_state).ok_or("qp_state"))
+            .transpose()?,
+        cur_state: given(CUR_STATE)
+            .then(|| qp_state(attr.cur_qp_state).ok_or("cur_qp_state"))
+            .transpose()?,
         // Bits beyond the four we enforce (relaxed ordering, ...) are accepted and ignored.
-        out.access_flags = Some(AccessFlags::from_bits_truncate(attr.qp_access_flags as u32));
-    }
-    if has(PKEY_INDEX) {
-        if attr.pkey_index != 0 {
-            return Err("pkey_index (the table has one entry)");
-        }
-        out.pkey_index = Some(attr.pkey_index);
-    }
-    if has(PORT) {
-        out.port_num = Some(attr.port_num);
-    }
-    if has(QKEY) {
-        out.qkey = Some(attr.qkey);
-    }
-    if has(AV) {
-        out.av = Some(address_vector(&attr.ah_attr)?);
-    }
-    if has(PATH_MTU) {
-        out.path_mtu = Some(path_mtu(attr.path_mtu).ok_or("path_mtu")?);
-    }
-    if has(DEST_QPN) {
-        out.dest_qp_num = Some(attr.dest_qp_num);
-    }
-    Ok(())
-}
-
-/// [`qp_attr`]'s PSNs, timers, retry counts and read/atomic depths.
-fn reliability(attr: &ibv_qp_attr, mask: c_int, out: &mut QpAttr) -> Result<(), &'static str> {
-    use crate::abi::qp_mask::*;
-    let has = |bit: c_int| mask & bit != 0;
-    if has(TIMEOUT) {
-        out.timeout = Some(attr.timeout);
-    }
-    if has(RETRY_CNT) {
-        out.retry_cnt = Some(attr.retry_cnt);
-    }
-    if has(RNR_RETRY) {
-        out.rnr_retry = Some(attr.rnr_retry);
-    }
-    if has(RQ_PSN) {
-        out.rq_psn = Some(Psn::new(attr.rq_psn & 0xFF_FFFF));
-    }
-    if has(MAX_QP_RD_ATOMIC) {
-        out.max_rd_atomic = Some(attr.max_rd_atomic);
-    }
-    if has(MIN_RNR_TIMER) {
-        if attr.min_rnr_timer > 31 {
-            return Err("min_rnr_timer");
-        }
-        out.min_rnr_timer = Some(RnrTimer::new(attr.min_rnr_timer));
-    }
-    if has(SQ_PSN) {
-        out.sq_psn = Some(Psn::new(attr.sq_psn & 0xFF_FFFF));
-    }
-    if has(MAX_DEST_RD_ATOMIC) {
-        out.max_dest_rd_atomic = Some(attr.max_dest_rd_atomic);
-    }
-    Ok(())
+        access_flags: given(ACCESS_FLAGS)
+            .then(|| AccessFlags::from_bits_truncate(attr.qp_access_flags as u32)),
+        pkey_index: given(PKEY_INDEX)
+            .then_some(attr.pkey_index)
+            .map(|index| match index {
+                0 => Ok(index),
+                _ => Err("pkey_index (the table has one entry)"),
+            })
+            .transpose()?,
+        port_num: given(PORT).then_some(attr.port_num),
+        qkey: given(QKEY).then_some(attr.qkey),
+        av: given(AV)
+            .then(|| address_vector(&attr.ah_attr))
+            .transpose()?,
+        path_mtu: given(PATH_MTU)
+            .then(|| path_mtu(attr.path_mtu).ok_or("path_mtu"))
+            .transpose()?,
+        dest_qp_num: given(DEST_QPN).then_some(attr.dest_qp_num),
+        timeout: given(TIMEOUT).then_some(attr.timeout),
+        retry_cnt: given(RETRY_CNT).then_some(attr.retry_cnt),
+        rnr_retry: given(RNR_RETRY).then_some(attr.rnr_retry),
+        rq_psn: given(RQ_PSN).then(|| Psn::new(attr.rq_psn & 0xFF_FFFF)),
+        max_rd_atomic: given(MAX_QP_RD_ATOMIC).then_some(attr.max_rd_atomic),
+        min_rnr_timer: given(MIN_RNR_TIMER)
+            .then_some(attr.min_rnr_timer)
+            .map(|timer| match timer {
+                0..=31 => Ok(RnrTimer::new(timer)),
+                _ => Err("min_rnr_timer"),
+            })
+            .transpose()?,
+        sq_psn: given(SQ_PSN).then(|| Psn::new(attr.sq_psn & 0xFF_FFFF)),
+        max_dest_rd_atomic: given(MAX_DEST_RD_ATOMIC).then_some(attr.max_dest_rd_atomic),
+    })
 }
 
 /// Copies the attributes `mask` names from `from` into `into` (what `ibv_query_qp` will
