@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 
 use roce_transport::qp_state::PathMtu;
-use roce_transport::LIMITS;
+use roce_transport::{DeviceLimits, LIMITS};
 
 /// A 16-byte GID (an IPv6 address on RoCEv2).
 pub type Gid = [u8; 16];
@@ -31,34 +31,14 @@ pub struct Device {
     pub gids: Vec<Gid>,
 }
 
-/// What `ibv_query_device` reports: the limits this software device enforces (the
-/// transport's [`LIMITS`], which creating, modifying and posting check).
+/// What `ibv_query_device` reports: the node GUID and the limits this software device
+/// enforces (the transport's [`LIMITS`], which creating, modifying and posting check).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceAttr {
     /// The node GUID, EUI-64 from the MAC (as rxe).
     pub node_guid: u64,
-    /// Most QPs.
-    pub max_qp: u32,
-    /// Most work requests per queue.
-    pub max_qp_wr: u32,
-    /// Most scatter/gather elements per work request.
-    pub max_sge: u32,
-    /// Most entries per CQ.
-    pub max_cqe: u32,
-    /// Largest memory region.
-    pub max_mr_size: u64,
-    /// Most READs and atomics a QP has outstanding as responder (`max_dest_rd_atomic`).
-    pub max_qp_rd_atom: u8,
-    /// Most READs and atomics a QP has outstanding as requester (`max_rd_atomic`).
-    pub max_qp_init_rd_atom: u8,
-    /// Entries in the P_Key table: one, the default P_Key at index 0.
-    pub max_pkeys: u16,
-    /// Most shared receive queues.
-    pub max_srq: u32,
-    /// Most work requests per SRQ.
-    pub max_srq_wr: u32,
-    /// Most scatter elements per SRQ receive.
-    pub max_srq_sge: u32,
+    /// The limits, one definition with the transport's.
+    pub limits: DeviceLimits,
 }
 
 /// Whether a port can carry traffic (`ibv_port_state`).
@@ -135,17 +115,7 @@ impl Device {
         let eui64 = [m[0] ^ 2, m[1], m[2], 0xFF, 0xFE, m[3], m[4], m[5]];
         DeviceAttr {
             node_guid: u64::from_be_bytes(eui64),
-            max_qp: LIMITS.max_qp,
-            max_qp_wr: LIMITS.max_qp_wr,
-            max_sge: LIMITS.max_sge,
-            max_cqe: LIMITS.max_cqe,
-            max_mr_size: LIMITS.max_mr_size,
-            max_qp_rd_atom: LIMITS.max_qp_rd_atom,
-            max_qp_init_rd_atom: LIMITS.max_qp_init_rd_atom,
-            max_pkeys: LIMITS.max_pkeys,
-            max_srq: LIMITS.max_srq,
-            max_srq_wr: LIMITS.max_srq_wr,
-            max_srq_sge: LIMITS.max_srq_sge,
+            limits: LIMITS,
         }
     }
 

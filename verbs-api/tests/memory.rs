@@ -894,7 +894,7 @@ fn region_addresses_neither_overflow_nor_leak_on_failure() {
     const EINVAL: i32 = 22;
     let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
     let pd = ctx_a.alloc_pd().unwrap();
-    let max_mr_size = ctx_a.device().query().max_mr_size;
+    let max_mr_size = ctx_a.device().query().limits.max_mr_size;
     let first = pd.reg_mr(1, AccessFlags::LOCAL_WRITE).unwrap();
     // Refused, in debug and release builds alike, without a panic: beyond max_mr_size is
     // ENOMEM (rxe cannot pin it), a bad access combination EINVAL.
@@ -930,7 +930,7 @@ fn errno<T>(result: Result<T, Error>) -> i32 {
 #[test]
 fn create_calls_walk_each_device_limit_to_the_boundary_and_one_past() {
     let (ctx_a, _ctx_b) = pair(Progress::Events, 0.0);
-    let limits = ctx_a.device().query();
+    let limits = ctx_a.device().query().limits;
     let pd = ctx_a.alloc_pd().unwrap();
     let max_cqe = limits.max_cqe as usize;
     assert_eq!(errno(ctx_a.create_cq(max_cqe + 1, None)), EINVAL);
@@ -973,7 +973,7 @@ fn create_calls_walk_each_device_limit_to_the_boundary_and_one_past() {
 #[test]
 fn modify_refuses_a_pkey_index_or_rd_atomic_beyond_the_device() {
     let (ctx_a, ctx_b) = pair(Progress::Events, 0.0);
-    let limits = ctx_a.device().query();
+    let limits = ctx_a.device().query().limits;
     let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
     let (cq_a, cq_b) = (
         ctx_a.create_cq(4, None).unwrap(),
@@ -1017,7 +1017,7 @@ fn posts_beyond_a_queue_or_its_sges_are_enomem_and_einval() {
     // Caller-driven and B never driven: nothing A sends is acknowledged, so its send queue
     // only fills.
     let (ctx_a, ctx_b) = pair(Progress::Caller, 0.0);
-    let limits = ctx_a.device().query();
+    let limits = ctx_a.device().query().limits;
     let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
     let (cq_a, cq_b) = (
         ctx_a.create_cq(4, None).unwrap(),

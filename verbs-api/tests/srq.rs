@@ -55,7 +55,7 @@ fn two_rc_qps_share_an_srq_and_its_limit_event() {
         ctx_a.create_cq(64, None).unwrap(),
         ctx_b.create_cq(64, None).unwrap(),
     );
-    let max = ctx_b.device().query();
+    let max = ctx_b.device().query().limits;
     assert!(max.max_srq > 0 && max.max_srq_wr >= 8 && max.max_srq_sge >= 1);
     let srq = pd_b
         .create_srq(SrqAttr {

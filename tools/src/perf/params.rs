@@ -287,7 +287,7 @@ impl Params {
     /// Fits the run to the device: the MTU `-m` asks for within the port's, and a TX depth
     /// within its work-request limit.
     pub(super) fn fit(&mut self, args: &Args, device: &Device) -> io::Result<()> {
-        let most = u64::from(device.query().max_qp_wr);
+        let most = u64::from(device.query().limits.max_qp_wr);
         if self.tx_depth > most {
             return Err(io::Error::other(format!(
                 "the TX depth (-t) must be at most {most}, the device's max_qp_wr"

@@ -591,374 +591,115 @@ mod layout_tests {
                     $value,
                 ));
             };
-            ($t:ident, $($field:ident),+) => {
-                $(at!($t, $field = offset_of!($t, $field));)+
+        }
+        // Each struct: its size, then the offset of each field named.
+        macro_rules! layout {
+            ($($t:ident { $($field:ident),* })*) => {
+                $(
+                    size!($t);
+                    $(at!($t, $field = offset_of!($t, $field));)*
+                )*
             };
         }
-        size!(ibv_device);
-        at!(
-            ibv_device,
-            node_type,
-            transport_type,
-            name,
-            dev_name,
-            dev_path,
-            ibdev_path
-        );
-        size!(ibv_context_ops);
-        at!(
-            ibv_context_ops,
-            alloc_mw,
-            bind_mw,
-            dealloc_mw,
-            poll_cq,
-            req_notify_cq
-        );
-        at!(ibv_context_ops, post_srq_recv, post_send, post_recv);
-        size!(ibv_context);
-        at!(
-            ibv_context,
-            ops,
-            cmd_fd,
-            async_fd,
-            num_comp_vectors,
-            mutex,
-            abi_compat
-        );
-        size!(verbs_context);
-        at!(
-            verbs_context,
-            query_port,
-            create_cq_ex,
-            query_device_ex,
-            create_qp_ex,
-            sz
-        );
-        at!(verbs_context, get_srq_num, create_srq_ex);
-        at!(verbs_context, context);
-        size!(ibv_port_attr);
-        at!(
-            ibv_port_attr,
-            state,
-            max_mtu,
-            active_mtu,
-            gid_tbl_len,
-            port_cap_flags
-        );
-        at!(
-            ibv_port_attr,
-            max_msg_sz,
-            pkey_tbl_len,
-            lid,
-            sm_lid,
-            lmc,
-            max_vl_num
-        );
-        at!(
-            ibv_port_attr,
-            active_width,
-            active_speed,
-            phys_state,
-            link_layer,
-            flags
-        );
-        at!(ibv_port_attr, port_cap_flags2);
-        size!(ibv_device_attr);
-        at!(
-            ibv_device_attr,
-            node_guid,
-            sys_image_guid,
-            max_mr_size,
-            page_size_cap
-        );
-        at!(
-            ibv_device_attr,
-            vendor_id,
-            vendor_part_id,
-            hw_ver,
-            max_qp,
-            max_qp_wr
-        );
-        at!(
-            ibv_device_attr,
-            device_cap_flags,
-            max_sge,
-            max_sge_rd,
-            max_cq,
-            max_cqe
-        );
-        at!(
-            ibv_device_attr,
-            max_mr,
-            max_pd,
-            max_qp_rd_atom,
-            max_res_rd_atom
-        );
-        at!(
-            ibv_device_attr,
-            max_qp_init_rd_atom,
-            atomic_cap,
-            max_mw,
-            max_ah,
-            max_srq
-        );
-        at!(
-            ibv_device_attr,
-            max_srq_wr,
-            max_srq_sge,
-            max_pkeys,
-            local_ca_ack_delay
-        );
-        at!(ibv_device_attr, phys_port_cnt);
-        size!(ibv_pd);
-        at!(ibv_pd, context, handle);
-        size!(ibv_mr);
-        at!(ibv_mr, context, pd, addr, length, handle, lkey, rkey);
-        size!(ibv_comp_channel);
-        at!(ibv_comp_channel, context, fd, refcnt);
-        size!(ibv_cq);
-        at!(ibv_cq, context, channel, cq_context, handle, cqe, mutex, cond);
-        at!(ibv_cq, comp_events_completed, async_events_completed);
-        size!(ibv_qp);
-        at!(ibv_qp, context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num);
-        at!(ibv_qp, state, qp_type, mutex, cond, events_completed);
-        size!(ibv_qp_ex);
-        at!(
-            ibv_qp_ex,
-            qp_base,
-            comp_mask,
-            wr_id,
-            wr_flags,
-            wr_atomic_cmp_swp
-        );
-        at!(
-            ibv_qp_ex,
-            wr_atomic_fetch_add,
-            wr_bind_mw,
-            wr_local_inv,
-            wr_rdma_read
-        );
-        at!(
-            ibv_qp_ex,
-            wr_rdma_write,
-            wr_rdma_write_imm,
-            wr_send,
-            wr_send_imm,
-            wr_send_inv
-        );
-        at!(
-            ibv_qp_ex,
-            wr_send_tso,
-            wr_set_ud_addr,
-            wr_set_xrc_srqn,
-            wr_set_inline_data
-        );
-        at!(
-            ibv_qp_ex,
-            wr_set_inline_data_list,
-            wr_set_sge,
-            wr_set_sge_list,
-            wr_start
-        );
-        at!(ibv_qp_ex, wr_complete, wr_abort, wr_atomic_write);
-        size!(ibv_data_buf);
-        at!(ibv_data_buf, addr, length);
-        size!(ibv_qp_init_attr_ex);
-        at!(
-            ibv_qp_init_attr_ex,
-            cap,
-            qp_type,
-            sq_sig_all,
-            comp_mask,
-            pd,
-            xrcd
-        );
-        at!(
-            ibv_qp_init_attr_ex,
-            create_flags,
-            max_tso_header,
-            rwq_ind_tbl,
-            rx_hash_conf
-        );
-        at!(ibv_qp_init_attr_ex, source_qpn, send_ops_flags);
-        size!(ibv_ah);
-        at!(ibv_ah, context, pd, handle);
-        size!(ibv_sge);
-        at!(ibv_sge, addr, length, lkey);
-        size!(ibv_send_wr);
-        at!(
-            ibv_send_wr,
-            wr_id,
-            next,
-            sg_list,
-            num_sge,
-            opcode,
-            send_flags,
-            imm_data,
-            wr
-        );
+        layout! {
+            ibv_device { node_type, transport_type, name, dev_name, dev_path, ibdev_path }
+            ibv_context_ops {
+                alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send,
+                post_recv
+            }
+            ibv_context { ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
+            verbs_context {
+                query_port, create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num,
+                create_srq_ex, context
+            }
+            ibv_port_attr {
+                state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
+                lid, sm_lid, lmc, max_vl_num, active_width, active_speed, phys_state, link_layer,
+                flags, port_cap_flags2
+            }
+            ibv_device_attr {
+                node_guid, sys_image_guid, max_mr_size, page_size_cap, vendor_id, vendor_part_id,
+                hw_ver, max_qp, max_qp_wr, device_cap_flags, max_sge, max_sge_rd, max_cq, max_cqe,
+                max_mr, max_pd, max_qp_rd_atom, max_res_rd_atom, max_qp_init_rd_atom, atomic_cap,
+                max_mw, max_ah, max_srq, max_srq_wr, max_srq_sge, max_pkeys, local_ca_ack_delay,
+                phys_port_cnt
+            }
+            ibv_pd { context, handle }
+            ibv_mr { context, pd, addr, length, handle, lkey, rkey }
+            ibv_comp_channel { context, fd, refcnt }
+            ibv_cq {
+                context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+                async_events_completed
+            }
+            ibv_qp {
+                context, qp_context, pd, send_cq, recv_cq, srq, handle, qp_num, state, qp_type,
+                mutex, cond, events_completed
+            }
+            ibv_qp_ex {
+                qp_base, comp_mask, wr_id, wr_flags, wr_atomic_cmp_swp, wr_atomic_fetch_add,
+                wr_bind_mw, wr_local_inv, wr_rdma_read, wr_rdma_write, wr_rdma_write_imm, wr_send,
+                wr_send_imm, wr_send_inv, wr_send_tso, wr_set_ud_addr, wr_set_xrc_srqn,
+                wr_set_inline_data, wr_set_inline_data_list, wr_set_sge, wr_set_sge_list, wr_start,
+                wr_complete, wr_abort, wr_atomic_write
+            }
+            ibv_data_buf { addr, length }
+            ibv_qp_init_attr_ex {
+                cap, qp_type, sq_sig_all, comp_mask, pd, xrcd, create_flags, max_tso_header,
+                rwq_ind_tbl, rx_hash_conf, source_qpn, send_ops_flags
+            }
+            ibv_ah { context, pd, handle }
+            ibv_sge { addr, length, lkey }
+            ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr }
+        }
+        // The union members and the fields our struct names otherwise.
         let wr = offset_of!(ibv_send_wr, wr);
-        at!(
-            ibv_send_wr,
-            wr.rdma.remote_addr = wr + offset_of!(ibv_rdma_wr, remote_addr)
-        );
-        at!(
-            ibv_send_wr,
-            wr.rdma.rkey = wr + offset_of!(ibv_rdma_wr, rkey)
-        );
-        at!(
-            ibv_send_wr,
-            wr.atomic.compare_add = wr + offset_of!(ibv_atomic_wr, compare_add)
-        );
-        at!(
-            ibv_send_wr,
-            wr.atomic.swap = wr + offset_of!(ibv_atomic_wr, swap)
-        );
-        at!(
-            ibv_send_wr,
-            wr.atomic.rkey = wr + offset_of!(ibv_atomic_wr, rkey)
-        );
-        at!(ibv_send_wr, wr.ud.ah = wr + offset_of!(ibv_ud_wr, ah));
-        at!(
-            ibv_send_wr,
-            wr.ud.remote_qpn = wr + offset_of!(ibv_ud_wr, remote_qpn)
-        );
-        at!(
-            ibv_send_wr,
-            wr.ud.remote_qkey = wr + offset_of!(ibv_ud_wr, remote_qkey)
-        );
-        at!(
-            ibv_send_wr,
-            qp_type.xrc.remote_srqn = offset_of!(ibv_send_wr, remote_srqn)
-        );
-        at!(
-            ibv_send_wr,
-            bind_mw = offset_of!(ibv_send_wr, _bind_mw_or_tso)
-        );
-        size!(ibv_recv_wr);
-        at!(ibv_recv_wr, wr_id, next, sg_list, num_sge);
-        size!(ibv_wc);
-        at!(ibv_wc, wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp);
-        at!(ibv_wc, wc_flags, pkey_index, slid, sl, dlid_path_bits);
-        size!(ibv_global_route);
-        at!(
-            ibv_global_route,
-            dgid,
-            flow_label,
-            sgid_index,
-            hop_limit,
-            traffic_class
-        );
-        size!(ibv_ah_attr);
-        at!(
-            ibv_ah_attr,
-            grh,
-            dlid,
-            sl,
-            src_path_bits,
-            static_rate,
-            is_global,
-            port_num
-        );
-        size!(ibv_qp_cap);
-        at!(
-            ibv_qp_cap,
-            max_send_wr,
-            max_recv_wr,
-            max_send_sge,
-            max_recv_sge
-        );
-        at!(ibv_qp_cap, max_inline_data);
-        size!(ibv_qp_attr);
-        at!(
-            ibv_qp_attr,
-            qp_state,
-            cur_qp_state,
-            path_mtu,
-            path_mig_state,
-            qkey,
-            rq_psn
-        );
-        at!(
-            ibv_qp_attr,
-            sq_psn,
-            dest_qp_num,
-            qp_access_flags,
-            cap,
-            ah_attr,
-            alt_ah_attr
-        );
-        at!(
-            ibv_qp_attr,
-            pkey_index,
-            alt_pkey_index,
-            en_sqd_async_notify,
-            sq_draining
-        );
-        at!(
-            ibv_qp_attr,
-            max_rd_atomic,
-            max_dest_rd_atomic,
-            min_rnr_timer,
-            port_num
-        );
-        at!(
-            ibv_qp_attr,
-            timeout,
-            retry_cnt,
-            rnr_retry,
-            alt_port_num,
-            alt_timeout
-        );
-        at!(ibv_qp_attr, rate_limit);
-        size!(ibv_qp_init_attr);
-        at!(
-            ibv_qp_init_attr,
-            qp_context,
-            send_cq,
-            recv_cq,
-            srq,
-            cap,
-            qp_type,
-            sq_sig_all
-        );
-        size!(ibv_gid_entry);
-        at!(
-            ibv_gid_entry,
-            gid,
-            gid_index,
-            port_num,
-            gid_type,
-            ndev_ifindex
-        );
-        size!(ibv_async_event);
-        at!(ibv_async_event, element, event_type);
-        size!(ibv_srq);
-        at!(
-            ibv_srq,
-            context,
-            srq_context,
-            pd,
-            handle,
-            mutex,
-            cond,
-            events_completed
-        );
-        size!(ibv_srq_attr);
-        at!(ibv_srq_attr, max_wr, max_sge, srq_limit);
-        size!(ibv_srq_init_attr);
-        at!(ibv_srq_init_attr, srq_context, attr);
-        size!(ibv_srq_init_attr_ex);
-        at!(
-            ibv_srq_init_attr_ex,
-            srq_context,
-            attr,
-            comp_mask,
-            srq_type,
-            pd,
-            xrcd
-        );
-        at!(ibv_srq_init_attr_ex, cq, tm_cap);
+        for (member, value) in [
+            (
+                "wr.rdma.remote_addr",
+                wr + offset_of!(ibv_rdma_wr, remote_addr),
+            ),
+            ("wr.rdma.rkey", wr + offset_of!(ibv_rdma_wr, rkey)),
+            (
+                "wr.atomic.compare_add",
+                wr + offset_of!(ibv_atomic_wr, compare_add),
+            ),
+            ("wr.atomic.swap", wr + offset_of!(ibv_atomic_wr, swap)),
+            ("wr.atomic.rkey", wr + offset_of!(ibv_atomic_wr, rkey)),
+            ("wr.ud.ah", wr + offset_of!(ibv_ud_wr, ah)),
+            ("wr.ud.remote_qpn", wr + offset_of!(ibv_ud_wr, remote_qpn)),
+            ("wr.ud.remote_qkey", wr + offset_of!(ibv_ud_wr, remote_qkey)),
+            (
+                "qp_type.xrc.remote_srqn",
+                offset_of!(ibv_send_wr, remote_srqn),
+            ),
+            ("bind_mw", offset_of!(ibv_send_wr, _bind_mw_or_tso)),
+        ] {
+            rows.push((format!("offsetof(struct ibv_send_wr, {member})"), value));
+        }
+        layout! {
+            ibv_recv_wr { wr_id, next, sg_list, num_sge }
+            ibv_wc {
+                wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp, wc_flags,
+                pkey_index, slid, sl, dlid_path_bits
+            }
+            ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
+            ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
+            ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
+            ibv_qp_attr {
+                qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,
+                dest_qp_num, qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index,
+                alt_pkey_index, en_sqd_async_notify, sq_draining, max_rd_atomic,
+                max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry,
+                alt_port_num, alt_timeout, rate_limit
+            }
+            ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+            ibv_gid_entry { gid, gid_index, port_num, gid_type, ndev_ifindex }
+            ibv_async_event { element, event_type }
+            ibv_srq { context, srq_context, pd, handle, mutex, cond, events_completed }
+            ibv_srq_attr { max_wr, max_sge, srq_limit }
+            ibv_srq_init_attr { srq_context, attr }
+            ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
+        }
         rows
     }
 

@@ -1,7 +1,7 @@
 //! An opened device (`ibv_open_device`): one `roce-verbs` context, so one engine, per call;
 //! the device, port and GID queries; async events.
 
-use core::ffi::{c_int, c_void};
+use core::ffi::c_int;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
@@ -16,7 +16,6 @@ use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
 
 use crate::abi::*;
 use crate::device::DeviceSlot;
-use crate::{cq, qp, srq};
 
 const EINVAL: c_int = 22;
 const EAGAIN: c_int = 11;
@@ -127,14 +126,20 @@ fn open_options() -> Result<OpenOptions, String> {
     })
 }
 
-/// `ibv_open_device`.
-pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
+/// The function tables of a context being opened, given its device and `async_fd`.
+pub(crate) type Table = fn(*mut ibv_device, c_int) -> verbs_context;
+
+/// `ibv_open_device` with the tables `table` gives (NULL and errno on failure).
+///
+/// # Safety
+/// `device` is NULL or from the device list.
+pub(crate) unsafe fn open_device(device: *mut ibv_device, table: Table) -> *mut ibv_context {
     // SAFETY: the caller passes a device from the list.
     let Some(slot) = (unsafe { DeviceSlot::from_raw(device) }) else {
         set_errno(EINVAL);
         return core::ptr::null_mut();
     };
-    match open(slot, device) {
+    match open(slot, device, table) {
         Ok(context) => context,
         Err((errno, why)) => {
             crate::log_failure("ibv_open_device", &why);
@@ -144,7 +149,11 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
     }
 }
 
-fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, (c_int, String)> {
+fn open(
+    slot: &DeviceSlot,
+    device: *mut ibv_device,
+    table: Table,
+) -> Result<*mut ibv_context, (c_int, String)> {
     let info = slot
         .refresh()
         .map_err(|error| (error.raw_os_error().unwrap_or(19), error.to_string()))?;
@@ -157,35 +166,8 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
     open_options().map_err(|why| (EINVAL, why))?;
     let async_fd = eventfd(0, EventfdFlags::CLOEXEC)
         .map_err(|error| (error.raw_os_error(), error.to_string()))?;
-    let mut ops: ibv_context_ops = zeroed_ops();
-    ops.poll_cq = Some(cq::poll_cq);
-    ops.req_notify_cq = Some(cq::req_notify_cq);
-    ops.post_send = Some(qp::post_send);
-    ops.post_recv = Some(qp::post_recv);
-    ops.post_srq_recv = Some(srq::post_srq_recv);
     let context = Box::new(Context {
-        raw: verbs_context {
-            query_port: Some(query_port_ex),
-            _ops_8_to_200: [0; 24],
-            create_cq_ex: 0,
-            _priv: 0,
-            query_device_ex: 0,
-            _ops_224_to_264: [0; 5],
-            create_qp_ex: Some(qp::create_qp_ex),
-            get_srq_num: 0,
-            create_srq_ex: Some(srq::create_srq_ex),
-            _ops_288_to_312: [0; 3],
-            sz: size_of::<verbs_context>(),
-            context: ibv_context {
-                device,
-                ops,
-                cmd_fd: -1,
-                async_fd: async_fd.as_raw_fd(),
-                num_comp_vectors: 1,
-                mutex: [0; 5],
-                abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
-            },
-        },
+        raw: table(device, async_fd.as_raw_fd()),
         device: info,
         engine: OnceLock::new(),
         starting: Mutex::new(()),
@@ -196,35 +178,18 @@ fn open(slot: &DeviceSlot, device: *mut ibv_device) -> Result<*mut ibv_context, 
         _holder: holder,
     });
     let context = Box::leak(context);
-    crate::stats::opened(context);
     Ok(core::ptr::from_mut(&mut context.raw.context))
 }
 
-fn zeroed_ops() -> ibv_context_ops {
-    ibv_context_ops {
-        _compat_0_to_56: [0; 7],
-        alloc_mw: 0,
-        bind_mw: 0,
-        dealloc_mw: 0,
-        _compat_create_cq: 0,
-        poll_cq: None,
-        req_notify_cq: None,
-        _compat_104_to_160: [0; 7],
-        post_srq_recv: None,
-        _compat_168_to_200: [0; 4],
-        post_send: None,
-        post_recv: None,
-        _compat_216_to_256: [0; 5],
-    }
-}
-
 /// `ibv_close_device`: stops the engine. Objects not destroyed first stay allocated.
-pub(crate) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
+///
+/// # Safety
+/// `context` is NULL or open, and the caller never uses it again.
+pub(crate) unsafe fn close_device(context: *mut ibv_context) -> c_int {
     // SAFETY: the caller passes an open context and never uses it again.
     let Some(ours) = (unsafe { Context::from_raw(context) }) else {
         return EINVAL;
     };
-    crate::stats::closing(ours);
     let ours = core::ptr::from_ref(ours).cast_mut();
     // SAFETY: it was leaked from a Box in `open`, and the caller gives it up.
     drop(unsafe { Box::from_raw(ours) });
@@ -289,13 +254,14 @@ impl DeviceLock {
 /// The device attributes rdma-core reports, true for this transport and shaped as rxe's
 /// (vendor 0xFFFFFF, part 0: perftest then takes the plain verbs paths).
 pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
-    let limits = device.query();
+    let attr = device.query();
+    let limits = attr.limits;
     let clamp = |value: u64| value.min(i32::MAX as u64) as c_int;
     let rd_atom = c_int::from(limits.max_qp_rd_atom);
     ibv_device_attr {
         fw_ver: [0; 64],
-        node_guid: limits.node_guid.to_be(),
-        sys_image_guid: limits.node_guid.to_be(),
+        node_guid: attr.node_guid.to_be(),
+        sys_image_guid: attr.node_guid.to_be(),
         max_mr_size: limits.max_mr_size,
         page_size_cap: 0xFFFF_F000,
         vendor_id: 0xFF_FFFF,
@@ -422,7 +388,7 @@ pub(crate) unsafe extern "C" fn query_port_compat(
 }
 
 /// `verbs_context.query_port`, what the inline `ibv_query_port` calls with its size.
-unsafe extern "C" fn query_port_ex(
+pub(crate) unsafe extern "C" fn query_port_ex(
     context: *mut ibv_context,
     port: u8,
     attr: *mut ibv_port_attr,

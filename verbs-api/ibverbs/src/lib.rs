@@ -16,13 +16,21 @@
 //!   exits (`stats`).
 //! - **Errors**: what rdma-core returns; whatever we do not support fails with
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
+//!
+//! Modules import one way, each only from modules below it: `ops` (opening and closing a
+//! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
+//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
+//! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `logging` and
+//! `strings` below all.
 
 mod abi;
 mod context;
 mod cq;
 mod device;
 mod logging;
+mod ops;
 mod pd;
+mod post;
 mod qp;
 mod srq;
 mod stats;
@@ -41,8 +49,8 @@ export!("ibv_get_device_guid" @ "IBVERBS_1.1" => device::get_device_guid);
 export!("ibv_get_device_index" @ "IBVERBS_1.9" => device::get_device_index);
 export!("ibv_read_sysfs_file" @ "IBVERBS_1.0" => device::read_sysfs_file);
 export!("ibv_get_sysfs_path" @ "IBVERBS_1.0" => device::get_sysfs_path);
-export!("ibv_open_device" @ "IBVERBS_1.1" => context::open_device);
-export!("ibv_close_device" @ "IBVERBS_1.1" => context::close_device);
+export!("ibv_open_device" @ "IBVERBS_1.1" => ops::open_device);
+export!("ibv_close_device" @ "IBVERBS_1.1" => ops::close_device);
 export!("ibv_query_device" @ "IBVERBS_1.1" => context::query_device);
 export!("ibv_query_port" @ "IBVERBS_1.1" => context::query_port_compat);
 export!("ibv_query_gid" @ "IBVERBS_1.1" => context::query_gid);

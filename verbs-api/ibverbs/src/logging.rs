@@ -3,7 +3,10 @@
 //! env-filter syntax (`ROCE_LOG=debug`, `ROCE_LOG=roce_transport=trace`). `ROCE_LOG=1` keeps
 //! its old meaning: only why calls fail (C programs see nothing but errno).
 
+use core::ffi::c_int;
 use std::sync::Once;
+
+use roce_cabi::set_errno;
 
 /// The target of the call-failure events, so `ROCE_LOG=1` can select them alone.
 const FAILURES: &str = "libibverbs";
@@ -32,4 +35,11 @@ pub(crate) fn init() {
 pub(crate) fn failure(call: &str, why: &dyn std::fmt::Display) {
     init();
     tracing::debug!(target: FAILURES, "{call}: {why}");
+}
+
+/// Fails a call that returns an object: says why, sets errno, returns NULL.
+pub(crate) fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T {
+    failure(call, why);
+    set_errno(errno);
+    core::ptr::null_mut()
 }

@@ -8,13 +8,15 @@ use std::sync::Mutex;
 use roce_cabi::{set_errno, EOPNOTSUPP};
 use roce_verbs::{
     AccessFlags, AddressHandle, AddressVector, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType,
-    RecvWr, RnrTimer, SendFlags, SendOp, SendWr, SgList, Sge,
+    RnrTimer, SendFlags, SendOp, SendWr, SgList, Sge,
 };
 
 use crate::abi::*;
 use crate::context::Context;
 use crate::cq::Cq;
+use crate::logging::fail_null;
 use crate::pd::Pd;
+use crate::post::{post_list, post_recv_list, sg_list};
 use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
@@ -47,12 +49,6 @@ impl Qp {
         // SAFETY: `raw.qp_base` is the first field of our `#[repr(C)]` Qp.
         unsafe { qp.cast::<Qp>().as_ref() }
     }
-}
-
-pub(crate) fn fail_null<T>(call: &str, errno: c_int, why: &dyn std::fmt::Display) -> *mut T {
-    crate::log_failure(call, why);
-    set_errno(errno);
-    core::ptr::null_mut()
 }
 
 /// What both `ibv_create_qp` and `ibv_create_qp_ex` give.
@@ -177,34 +173,20 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
     let Some(context) = (unsafe { Context::from_raw(ours.raw.context) }) else {
         return fail_null(CALL, EINVAL, &"PD without a context");
     };
-    let limits = context.device().query();
-    let mut cap = *c.cap;
-    if srq.is_some() {
-        // A QP on an SRQ has no receive queue: rxe ignores and reports 0 for its caps.
-        cap.max_recv_wr = 0;
-        cap.max_recv_sge = 0;
-        *c.cap = cap;
-    }
-    if cap.max_send_wr > limits.max_qp_wr
-        || cap.max_recv_wr > limits.max_qp_wr
-        || cap.max_send_sge > limits.max_sge
-        || cap.max_recv_sge > limits.max_sge
-        || cap.max_inline_data > MAX_INLINE_DATA
-    {
+    let Some(cap) = granted_cap(c.cap, srq.is_some(), &context.device().query().limits) else {
         return fail_null(CALL, EINVAL, &"capabilities beyond the device's");
-    }
-    let caps = QpCaps {
-        max_send_wr: cap.max_send_wr,
-        max_recv_wr: cap.max_recv_wr,
-        max_send_sge: cap.max_send_sge,
-        max_recv_sge: cap.max_recv_sge,
-        max_inline_data: cap.max_inline_data,
     };
     let attr = roce_verbs::QpInitAttr {
         qp_type,
         send_cq: &send_cq.cq,
         recv_cq: &recv_cq.cq,
-        caps,
+        caps: QpCaps {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        },
         sq_sig_all: c.sq_sig_all != 0,
     };
     let created = match srq {
@@ -216,33 +198,7 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
     let qp_num = qp.qp_num();
-    let qp_base = ibv_qp {
-        context: ours.raw.context,
-        qp_context: c.qp_context,
-        pd: c.pd,
-        send_cq: c.send_cq,
-        recv_cq: c.recv_cq,
-        srq: c.srq,
-        handle: 0,
-        qp_num,
-        state: 0,
-        qp_type: c.qp_type,
-        mutex: [0; 5],
-        cond: [0; 6],
-        events_completed: 0,
-    };
-    let ptr = Box::into_raw(Box::new(Qp {
-        raw: builders(qp_base),
-        qp,
-        cap,
-        sq_sig_all: c.sq_sig_all,
-        attr: Mutex::new(ibv_qp_attr {
-            cap,
-            ..ibv_qp_attr::default()
-        }),
-        extended: c.extended,
-        batch: Mutex::new(Batch::default()),
-    }));
+    let ptr = Box::into_raw(Box::new(Qp::new(&c, ours.raw.context, qp, cap)));
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -253,6 +209,58 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         qps.insert(qp_num, ptr as usize);
     }
     ptr.cast()
+}
+
+/// The capabilities a QP gets, written back into `cap`; `None` if they exceed the device's.
+/// A QP on an SRQ has no receive queue: rxe ignores and reports 0 for its caps.
+fn granted_cap(
+    cap: &mut ibv_qp_cap,
+    on_srq: bool,
+    limits: &roce_transport::DeviceLimits,
+) -> Option<ibv_qp_cap> {
+    if on_srq {
+        cap.max_recv_wr = 0;
+        cap.max_recv_sge = 0;
+    }
+    let within = cap.max_send_wr <= limits.max_qp_wr
+        && cap.max_recv_wr <= limits.max_qp_wr
+        && cap.max_send_sge <= limits.max_sge
+        && cap.max_recv_sge <= limits.max_sge
+        && cap.max_inline_data <= MAX_INLINE_DATA;
+    within.then_some(*cap)
+}
+
+impl Qp {
+    /// Our QP around a created `qp`, as `c` asked for it in `context`.
+    fn new(c: &Creation, context: *mut ibv_context, qp: roce_verbs::Qp, cap: ibv_qp_cap) -> Qp {
+        let qp_base = ibv_qp {
+            context,
+            qp_context: c.qp_context,
+            pd: c.pd,
+            send_cq: c.send_cq,
+            recv_cq: c.recv_cq,
+            srq: c.srq,
+            handle: 0,
+            qp_num: qp.qp_num(),
+            state: 0,
+            qp_type: c.qp_type,
+            mutex: [0; 5],
+            cond: [0; 6],
+            events_completed: 0,
+        };
+        Qp {
+            raw: builders(qp_base),
+            qp,
+            cap,
+            sq_sig_all: c.sq_sig_all,
+            attr: Mutex::new(ibv_qp_attr {
+                cap,
+                ..ibv_qp_attr::default()
+            }),
+            extended: c.extended,
+            batch: Mutex::new(Batch::default()),
+        }
+    }
 }
 
 /// `ibv_destroy_qp`.
@@ -362,67 +370,50 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
     if mask & !known != 0 {
         return Err("attributes this device does not take");
     }
-    let has = |bit: c_int| mask & bit != 0;
-    let mut out = QpAttr::default();
-    if has(STATE) {
-        out.state = Some(qp_state(attr.qp_state).ok_or("qp_state")?);
-    }
-    if has(CUR_STATE) {
-        out.cur_state = Some(qp_state(attr.cur_qp_state).ok_or("cur_qp_state")?);
-    }
-    if has(ACCESS_FLAGS) {
+    // What the mask names, each checked as it is read (fields evaluate in order, so the
+    // first bad attribute is the one reported).
+    let given = |bit: c_int| mask & bit != 0;
+    Ok(QpAttr {
+        state: given(STATE)
+            .then(|| qp_state(attr.qp_state).ok_or("qp_state"))
+            .transpose()?,
+        cur_state: given(CUR_STATE)
+            .then(|| qp_state(attr.cur_qp_state).ok_or("cur_qp_state"))
+            .transpose()?,
         // Bits beyond the four we enforce (relaxed ordering, ...) are accepted and ignored.
-        out.access_flags = Some(AccessFlags::from_bits_truncate(attr.qp_access_flags as u32));
-    }
-    if has(PKEY_INDEX) {
-        if attr.pkey_index != 0 {
-            return Err("pkey_index (the table has one entry)");
-        }
-        out.pkey_index = Some(attr.pkey_index);
-    }
-    if has(PORT) {
-        out.port_num = Some(attr.port_num);
-    }
-    if has(QKEY) {
-        out.qkey = Some(attr.qkey);
-    }
-    if has(AV) {
-        out.av = Some(address_vector(&attr.ah_attr)?);
-    }
-    if has(PATH_MTU) {
-        out.path_mtu = Some(path_mtu(attr.path_mtu).ok_or("path_mtu")?);
-    }
-    if has(TIMEOUT) {
-        out.timeout = Some(attr.timeout);
-    }
-    if has(RETRY_CNT) {
-        out.retry_cnt = Some(attr.retry_cnt);
-    }
-    if has(RNR_RETRY) {
-        out.rnr_retry = Some(attr.rnr_retry);
-    }
-    if has(RQ_PSN) {
-        out.rq_psn = Some(Psn::new(attr.rq_psn & 0xFF_FFFF));
-    }
-    if has(MAX_QP_RD_ATOMIC) {
-        out.max_rd_atomic = Some(attr.max_rd_atomic);
-    }
-    if has(MIN_RNR_TIMER) {
-        if attr.min_rnr_timer > 31 {
-            return Err("min_rnr_timer");
-        }
-        out.min_rnr_timer = Some(RnrTimer::new(attr.min_rnr_timer));
-    }
-    if has(SQ_PSN) {
-        out.sq_psn = Some(Psn::new(attr.sq_psn & 0xFF_FFFF));
-    }
-    if has(MAX_DEST_RD_ATOMIC) {
-        out.max_dest_rd_atomic = Some(attr.max_dest_rd_atomic);
-    }
-    if has(DEST_QPN) {
-        out.dest_qp_num = Some(attr.dest_qp_num);
-    }
-    Ok(out)
+        access_flags: given(ACCESS_FLAGS)
+            .then(|| AccessFlags::from_bits_truncate(attr.qp_access_flags as u32)),
+        pkey_index: given(PKEY_INDEX)
+            .then_some(attr.pkey_index)
+            .map(|index| match index {
+                0 => Ok(index),
+                _ => Err("pkey_index (the table has one entry)"),
+            })
+            .transpose()?,
+        port_num: given(PORT).then_some(attr.port_num),
+        qkey: given(QKEY).then_some(attr.qkey),
+        av: given(AV)
+            .then(|| address_vector(&attr.ah_attr))
+            .transpose()?,
+        path_mtu: given(PATH_MTU)
+            .then(|| path_mtu(attr.path_mtu).ok_or("path_mtu"))
+            .transpose()?,
+        dest_qp_num: given(DEST_QPN).then_some(attr.dest_qp_num),
+        timeout: given(TIMEOUT).then_some(attr.timeout),
+        retry_cnt: given(RETRY_CNT).then_some(attr.retry_cnt),
+        rnr_retry: given(RNR_RETRY).then_some(attr.rnr_retry),
+        rq_psn: given(RQ_PSN).then(|| Psn::new(attr.rq_psn & 0xFF_FFFF)),
+        max_rd_atomic: given(MAX_QP_RD_ATOMIC).then_some(attr.max_rd_atomic),
+        min_rnr_timer: given(MIN_RNR_TIMER)
+            .then_some(attr.min_rnr_timer)
+            .map(|timer| match timer {
+                0..=31 => Ok(RnrTimer::new(timer)),
+                _ => Err("min_rnr_timer"),
+            })
+            .transpose()?,
+        sq_psn: given(SQ_PSN).then(|| Psn::new(attr.sq_psn & 0xFF_FFFF)),
+        max_dest_rd_atomic: given(MAX_DEST_RD_ATOMIC).then_some(attr.max_dest_rd_atomic),
+    })
 }
 
 /// Copies the attributes `mask` names from `from` into `into` (what `ibv_query_qp` will
@@ -550,30 +541,6 @@ pub(crate) unsafe extern "C" fn query_qp(
     0
 }
 
-/// The scatter/gather list of a work request.
-///
-/// # Safety
-/// `sg_list` points to `num_sge` elements when `num_sge` > 0.
-unsafe fn sg_list(sg_list: *const ibv_sge, num_sge: c_int) -> Result<SgList, c_int> {
-    let count = usize::try_from(num_sge).map_err(|_| EINVAL)?;
-    if count == 0 {
-        return Ok(SgList::new());
-    }
-    if sg_list.is_null() {
-        return Err(EINVAL);
-    }
-    // SAFETY: per this function's contract.
-    let sges = unsafe { core::slice::from_raw_parts(sg_list, count) };
-    Ok(sges
-        .iter()
-        .map(|sge| Sge {
-            addr: sge.addr,
-            length: sge.length,
-            lkey: sge.lkey,
-        })
-        .collect())
-}
-
 /// The bytes an inline send carries, copied now from the caller's buffers (which need not
 /// be registered).
 ///
@@ -663,82 +630,6 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
     })
 }
 
-/// Walks a caller's list of work requests, converting each until one does not convert.
-pub(crate) struct Walk<W, F> {
-    next: *mut W,
-    /// Converts one request; called only on valid requests of the caller's list.
-    convert: F,
-    next_of: fn(&W) -> *mut W,
-    /// The request that did not convert, and why.
-    refused: Option<(*mut W, c_int)>,
-}
-
-impl<W, T, F: FnMut(&W) -> Result<T, c_int>> Iterator for Walk<W, F> {
-    type Item = T;
-
-    fn next(&mut self) -> Option<T> {
-        // SAFETY: the caller of `ibv_post_*` passes a NULL-terminated list of valid requests.
-        let wr = unsafe { self.next.as_ref() }?;
-        match (self.convert)(wr) {
-            Ok(item) => {
-                self.next = (self.next_of)(wr);
-                Some(item)
-            }
-            Err(errno) => {
-                self.refused = Some((self.next, errno));
-                None
-            }
-        }
-    }
-}
-
-/// The `index`th request of a list.
-///
-/// # Safety
-/// The list has more than `index` valid requests.
-unsafe fn nth<W>(mut wr: *mut W, index: usize, next_of: fn(&W) -> *mut W) -> *mut W {
-    for _ in 0..index {
-        // SAFETY: per this function's contract.
-        wr = next_of(unsafe { &*wr });
-    }
-    wr
-}
-
-/// Posts a list through `post`, setting `bad_wr` to the first request not posted.
-///
-/// # Safety
-/// `wr` is a NULL-terminated list of valid requests; `bad_wr` is writable.
-pub(crate) unsafe fn post_list<W, T, F: FnMut(&W) -> Result<T, c_int>>(
-    wr: *mut W,
-    bad_wr: *mut *mut W,
-    convert: F,
-    next_of: fn(&W) -> *mut W,
-    post: impl FnOnce(&mut Walk<W, F>) -> Result<(), roce_verbs::PostFailure>,
-) -> c_int {
-    let mut walk = Walk {
-        next: wr,
-        convert,
-        next_of,
-        refused: None,
-    };
-    let (bad, errno) = match post(&mut walk) {
-        // SAFETY: the failure's index is of a request the walk went through.
-        Err(failure) => (unsafe { nth(wr, failure.index, next_of) }, {
-            crate::log_failure("ibv_post_*", &failure);
-            crate::errno_of(&failure.error)
-        }),
-        Ok(()) => match walk.refused {
-            Some(refused) => refused,
-            None => return 0,
-        },
-    };
-    if !bad_wr.is_null() {
-        // SAFETY: per this function's contract.
-        unsafe { *bad_wr = bad };
-    }
-    errno
-}
-
 /// `ops.post_send`.
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
@@ -764,18 +655,6 @@ pub(crate) unsafe extern "C" fn post_send(
     }
 }
 
-/// One `ibv_recv_wr` as a [`RecvWr`].
-///
-/// # Safety
-/// `wr` is a valid work request of the caller's.
-pub(crate) unsafe fn recv_wr(wr: &ibv_recv_wr) -> Result<RecvWr, c_int> {
-    Ok(RecvWr {
-        wr_id: wr.wr_id,
-        // SAFETY: the caller's list of `num_sge` elements.
-        sg_list: unsafe { sg_list(wr.sg_list, wr.num_sge) }?,
-    })
-}
-
 /// `ops.post_recv`.
 pub(crate) unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
@@ -786,18 +665,8 @@ pub(crate) unsafe extern "C" fn post_recv(
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
-    // SAFETY: the walk passes only requests of the caller's list, which are valid.
-    let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
     // SAFETY: the caller passes a valid list and `bad_wr`.
-    unsafe {
-        post_list(
-            wr,
-            bad_wr,
-            convert,
-            |wr| wr.next,
-            |walk| ours.qp.post_recv(walk),
-        )
-    }
+    unsafe { post_recv_list(wr, bad_wr, |walk| ours.qp.post_recv(walk)) }
 }
 
 /// Our `ibv_ah`.

@@ -12,8 +12,9 @@ use roce_verbs::{SrqAttr, SrqModify};
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::logging::fail_null;
 use crate::pd::Pd;
-use crate::qp::{fail_null, post_list, recv_wr};
+use crate::post::post_recv_list;
 
 const EINVAL: c_int = 22;
 const EBUSY: c_int = 16;
@@ -218,16 +219,6 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     let Some(ours) = (unsafe { Srq::from_raw(srq) }) else {
         return EINVAL;
     };
-    // SAFETY: the walk passes only requests of the caller's list, which are valid.
-    let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
     // SAFETY: the caller passes a valid list and `bad_wr`.
-    unsafe {
-        post_list(
-            wr,
-            bad_wr,
-            convert,
-            |wr| wr.next,
-            |walk| ours.srq.post_recv(walk),
-        )
-    }
+    unsafe { post_recv_list(wr, bad_wr, |walk| ours.srq.post_recv(walk)) }
 }

@@ -1,0 +1,81 @@
+//! Opening and closing a device, and the function tables of an opened context: the layer
+//! above the objects, which wires their entry points (`ops.poll_cq`, `ops.post_send`,
+//! `create_qp_ex`, ...) into the `verbs_context` the caller gets, and tells `stats` when a
+//! context comes and goes.
+
+use core::ffi::{c_int, c_void};
+
+use crate::abi::*;
+use crate::context::{self, query_port_ex, Context};
+use crate::{cq, qp, srq, stats};
+
+/// `ibv_open_device`.
+pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
+    // SAFETY: the caller passes NULL or a device from the list.
+    let context = unsafe { context::open_device(device, table) };
+    // SAFETY: NULL or just opened.
+    if let Some(ours) = unsafe { Context::from_raw(context) } {
+        stats::opened(ours);
+    }
+    context
+}
+
+/// `ibv_close_device`: reports the device's counters (`ROCE_STATS`), then closes it.
+pub(crate) unsafe extern "C" fn close_device(context: *mut ibv_context) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if let Some(ours) = unsafe { Context::from_raw(context) } {
+        stats::closing(ours);
+    }
+    // SAFETY: the caller passes an open context and never uses it again.
+    unsafe { context::close_device(context) }
+}
+
+/// The tables of a context on `device` whose `async_fd` is `async_fd`.
+fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
+    let mut ops: ibv_context_ops = zeroed_ops();
+    ops.poll_cq = Some(cq::poll_cq);
+    ops.req_notify_cq = Some(cq::req_notify_cq);
+    ops.post_send = Some(qp::post_send);
+    ops.post_recv = Some(qp::post_recv);
+    ops.post_srq_recv = Some(srq::post_srq_recv);
+    verbs_context {
+        query_port: Some(query_port_ex),
+        _ops_8_to_200: [0; 24],
+        create_cq_ex: 0,
+        _priv: 0,
+        query_device_ex: 0,
+        _ops_224_to_264: [0; 5],
+        create_qp_ex: Some(qp::create_qp_ex),
+        get_srq_num: 0,
+        create_srq_ex: Some(srq::create_srq_ex),
+        _ops_288_to_312: [0; 3],
+        sz: size_of::<verbs_context>(),
+        context: ibv_context {
+            device,
+            ops,
+            cmd_fd: -1,
+            async_fd,
+            num_comp_vectors: 1,
+            mutex: [0; 5],
+            abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
+        },
+    }
+}
+
+fn zeroed_ops() -> ibv_context_ops {
+    ibv_context_ops {
+        _compat_0_to_56: [0; 7],
+        alloc_mw: 0,
+        bind_mw: 0,
+        dealloc_mw: 0,
+        _compat_create_cq: 0,
+        poll_cq: None,
+        req_notify_cq: None,
+        _compat_104_to_160: [0; 7],
+        post_srq_recv: None,
+        _compat_168_to_200: [0; 4],
+        post_send: None,
+        post_recv: None,
+        _compat_216_to_256: [0; 5],
+    }
+}
