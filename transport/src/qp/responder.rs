@@ -6,8 +6,9 @@ use roce_wire::frame::IpRepr;
 use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
+use super::common::{Ctx, Failure, OutPacket, PostError};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
-use super::{Ctx, Failure, OutPacket, PostError, Qp};
+use super::Qp;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError};
 use crate::qp_state::{QpState, QpType};
@@ -92,9 +93,9 @@ enum Refusal {
 /// `ibv_post_recv` for one work request.
 pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
     qp.post_gate().check_recv(wr, 0)?;
-    if qp.state == QpState::Err {
-        let completion = recv_completion(qp.qpn, wr, WcStatus::WrFlush);
-        qp.complete(ctx, qp.recv_cq, completion);
+    if qp.common.state == QpState::Err {
+        let completion = recv_completion(qp.common.qpn, wr, WcStatus::WrFlush);
+        qp.complete(ctx, qp.common.recv_cq, completion);
     } else {
         qp.resp.rq.push_slot().clone_from(wr);
     }
@@ -105,7 +106,7 @@ pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostEr
 /// queue: the receive source. A QP on an SRQ takes the SRQ's next WQE into its own queue
 /// when it has none, and holds it there until the message completes.
 fn receive_ready(qp: &mut Qp, ctx: &mut Ctx) -> bool {
-    if let (true, Some(srq)) = (qp.resp.rq.is_empty(), qp.srq) {
+    if let (true, Some(srq)) = (qp.resp.rq.is_empty(), qp.common.srq) {
         ctx.srqs.take_into(srq, &mut qp.resp.rq);
     }
     !qp.resp.rq.is_empty()
@@ -158,7 +159,11 @@ fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
         aeth: Some(aeth::Repr { syndrome, msn }),
         ..ExtRepr::default()
     };
-    qp.packet(qp.bth(Opcode::RcAcknowledge, psn, None), ext, Vec::new())
+    qp.common.packet(
+        qp.common.bth(Opcode::RcAcknowledge, psn, None),
+        ext,
+        Vec::new(),
+    )
 }
 
 /// Puts any ACK owed in the queue, so what follows it stays in PSN order.
@@ -170,8 +175,8 @@ fn flush_pending_ack(qp: &mut Qp) {
 }
 
 fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
-    tracing::debug!(qpn = qp.qpn, %psn, ?syndrome, "NAK sent");
-    qp.stats.naks_sent += 1;
+    tracing::debug!(qpn = qp.common.qpn, %psn, ?syndrome, "NAK sent");
+    qp.common.stats.naks_sent += 1;
     flush_pending_ack(qp);
     qp.resp.resources.queue_ack(psn, syndrome, qp.resp.msn);
 }
@@ -179,7 +184,7 @@ fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
 /// Writes the next response the resource at `first_psn` owes into `out`, building it from
 /// memory now; `false` (and the entry is dropped) when it owes nothing more.
 fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) -> bool {
-    let mtu = qp.config.mtu;
+    let mtu = qp.common.config.mtu;
     let Some(resource) = qp.resp.resources.get_mut(first_psn) else {
         qp.resp.resources.pop_front();
         return false;
@@ -216,8 +221,8 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
                         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
                 });
             if copied.is_err() {
-                tracing::debug!(qpn = qp.qpn, %psn, "NAK sent: READ of memory gone");
-                qp.stats.naks_sent += 1;
+                tracing::debug!(qpn = qp.common.qpn, %psn, "NAK sent: READ of memory gone");
+                qp.common.stats.naks_sent += 1;
                 let nak = Syndrome::Nak(NakCode::RemoteAccessError);
                 out.replace_with(ack_packet(qp, psn, nak, resource.msn));
                 if let Some(resource) = qp.resp.resources.get_mut(first_psn) {
@@ -244,9 +249,11 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
             out.ext = ext;
             // RC has a READ response for every position (the opcode table's tests check),
             // so the fallback is never taken.
-            out.bth = qp.bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
+            out.bth = qp
+                .common
+                .bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
             out.bth.pad_count = ((4 - chunk % 4) % 4) as u8;
-            out.av = qp.connected_av();
+            out.av = qp.common.connected_av();
         }
     }
     true
@@ -255,19 +262,19 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
 /// Handles a request addressed to this QP.
 pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let service_matches = matches!(
-        (qp.qp_type, frame.bth.opcode.service()),
+        (qp.common.qp_type, frame.bth.opcode.service()),
         (QpType::Rc, roce_wire::opcode::Service::Rc)
             | (QpType::Uc, roce_wire::opcode::Service::Uc)
             | (QpType::Ud, roce_wire::opcode::Service::Ud)
     );
-    if !service_matches || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-        qp.stats.dropped += 1;
+    if !service_matches || !matches!(qp.common.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        qp.common.stats.dropped += 1;
         return;
     }
-    if qp.qp_type != QpType::Ud {
+    if qp.common.qp_type != QpType::Ud {
         ctx.counters.rcvd_pkts += 1; // a UD packet counts once its Q_Key matched
     }
-    match qp.qp_type {
+    match qp.common.qp_type {
         QpType::Rc => rc_request(qp, ctx, frame),
         QpType::Uc => uc_request(qp, ctx, frame),
         QpType::Ud => ud_request(qp, ctx, frame),
@@ -284,7 +291,7 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
             let epsn = qp.resp.epsn;
             nak(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
-        qp.stats.dropped += 1;
+        qp.common.stats.dropped += 1;
         return;
     }
     if ahead < 0 {
@@ -295,16 +302,16 @@ fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     match execute(qp, ctx, frame) {
         Ok(()) => {}
         Err(Refusal::NotReady) => {
-            let timer = qp.config.min_rnr_timer;
+            let timer = qp.common.config.min_rnr_timer;
             ctx.counters.send_rnr_err += 1;
             nak(qp, psn, Syndrome::RnrNak(timer));
         }
         Err(Refusal::Fatal(code, receive)) => {
             nak(qp, psn, Syndrome::Nak(code));
             if let (Some(status), Some(wqe)) = (receive, qp.resp.rq.front()) {
-                let completion = recv_completion(qp.qpn, wqe, status);
+                let completion = recv_completion(qp.common.qpn, wqe, status);
                 qp.resp.rq.pop_front();
-                qp.complete(ctx, qp.recv_cq, completion);
+                qp.complete(ctx, qp.common.recv_cq, completion);
             }
             let failure = match code {
                 NakCode::RemoteAccessError => Failure::Access,
@@ -322,7 +329,7 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let resource = qp.resp.resources.find(psn).copied();
     let asked_again = match frame.bth.opcode.info().operation {
         Operation::ReadRequest => {
-            let mtu = qp.config.mtu;
+            let mtu = qp.common.config.mtu;
             frame.ext.reth.is_some_and(|reth| {
                 let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
                 let read = AccessFlags::REMOTE_READ;
@@ -342,7 +349,7 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         flush_pending_ack(qp);
         qp.resp.resources.restart(psn);
     } else {
-        qp.stats.dropped += 1;
+        qp.common.stats.dropped += 1;
     }
 }
 
@@ -368,7 +375,7 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     // FIRST and MIDDLE carry exactly one MTU; LAST between one byte and one MTU.
-    let mtu = qp.config.mtu;
+    let mtu = qp.common.config.mtu;
     let len = frame.payload.len();
     let length_ok = match position {
         Position::First | Position::Middle => len == mtu,
@@ -379,7 +386,7 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     if !length_ok || too_long {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
+    let reads_allowed = qp.common.config.max_dest_rd_atomic > 0 || qp.common.qp_type != QpType::Rc;
     let read_or_atomic = operation == Operation::ReadRequest || operation.is_atomic();
     if read_or_atomic && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
@@ -398,7 +405,7 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     }
     qp.resp.epsn = qp.resp.epsn + 1;
     qp.resp.ack_psn = qp.resp.epsn;
-    if frame.bth.ack_req && qp.qp_type == QpType::Rc {
+    if frame.bth.ack_req && qp.common.qp_type == QpType::Rc {
         qp.resp.pending_ack = Some(frame.bth.psn);
     }
     Ok(())
@@ -412,7 +419,7 @@ fn read_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
     remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
-    let npsn = qp.config.packets(len);
+    let npsn = qp.common.config.packets(len);
     qp.resp.msn = qp.resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
@@ -443,10 +450,12 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
     let Some(wqe) = qp.resp.rq.front() else {
         return Err(Refusal::NotReady);
     };
-    if let Err(error) = ctx
-        .mrs
-        .scatter(qp.pd, &wqe.sg_list, u64::from(received), frame.payload)
-    {
+    if let Err(error) = ctx.mrs.scatter(
+        qp.common.pd,
+        &wqe.sg_list,
+        u64::from(received),
+        frame.payload,
+    ) {
         let status = if error == MrError::OutOfBounds {
             WcStatus::LocalLength
         } else {
@@ -464,12 +473,12 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         invalidated_rkey: frame.ext.ieth.map(|ieth| ieth.rkey),
         solicited: frame.bth.solicited,
-        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
+        ..recv_completion(qp.common.qpn, wqe, WcStatus::Success)
     };
     qp.resp.rq.pop_front();
     qp.resp.in_message = None;
     qp.resp.msn = qp.resp.msn.wrapping_add(1);
-    qp.complete(ctx, qp.recv_cq, completion);
+    qp.complete(ctx, qp.common.recv_cq, completion);
     Ok(())
 }
 
@@ -532,7 +541,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         let write = AccessFlags::REMOTE_WRITE;
         qp_permits(qp, write)?;
         ctx.mrs
-            .write(qp.pd, rkey, address, frame.payload, write)
+            .write(qp.common.pd, rkey, address, frame.payload, write)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
     }
     if !ends {
@@ -554,17 +563,17 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             byte_len: length,
             imm_data: frame.ext.immdt.map(|imm| imm.immediate),
             solicited: frame.bth.solicited,
-            ..recv_completion(qp.qpn, wqe, WcStatus::Success)
+            ..recv_completion(qp.common.qpn, wqe, WcStatus::Success)
         };
         qp.resp.rq.pop_front();
-        qp.complete(ctx, qp.recv_cq, completion);
+        qp.complete(ctx, qp.common.recv_cq, completion);
     }
     Ok(())
 }
 
 /// The first half of the responder's access check: the QP's own remote rights.
 fn qp_permits(qp: &Qp, needed: AccessFlags) -> Result<(), Refusal> {
-    if qp.config.access.contains(needed) {
+    if qp.common.config.access.contains(needed) {
         Ok(())
     } else {
         Err(Refusal::Fatal(NakCode::RemoteAccessError, None))
@@ -583,7 +592,7 @@ fn remote_access(
 ) -> Result<Location, Refusal> {
     qp_permits(qp, needed)?;
     ctx.mrs
-        .check(qp.pd, rkey, address, u64::from(len), needed)
+        .check(qp.common.pd, rkey, address, u64::from(len), needed)
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
@@ -602,7 +611,7 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
     };
     let original = ctx
         .mrs
-        .atomic(qp.pd, op.rkey, op.virtual_address, operation)
+        .atomic(qp.common.pd, op.rkey, op.virtual_address, operation)
         .map_err(|error| match error {
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
@@ -628,8 +637,8 @@ fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
         atomic_ack_eth: Some(atomic_ack_eth::Repr { original }),
         ..ExtRepr::default()
     };
-    qp.packet(
-        qp.bth(Opcode::RcAtomicAcknowledge, psn, None),
+    qp.common.packet(
+        qp.common.bth(Opcode::RcAtomicAcknowledge, psn, None),
         ext,
         Vec::new(),
     )
@@ -639,7 +648,7 @@ fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
 /// `max_dest_rd_atomic`.
 fn remember(qp: &mut Qp, resource: Resource) {
     flush_pending_ack(qp);
-    let limit = usize::from(qp.config.max_dest_rd_atomic);
+    let limit = usize::from(qp.common.config.max_dest_rd_atomic);
     qp.resp.resources.add(resource, limit);
 }
 
@@ -650,7 +659,7 @@ fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         abandon_message(qp);
         if !starts {
             qp.resp.uc_resync = true;
-            qp.stats.dropped += 1;
+            qp.common.stats.dropped += 1;
             return;
         }
         qp.resp.uc_resync = false;
@@ -661,7 +670,7 @@ fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         abandon_message(qp);
         qp.resp.uc_resync = true;
         qp.resp.epsn = frame.bth.psn + 1;
-        qp.stats.dropped += 1;
+        qp.common.stats.dropped += 1;
     }
 }
 
@@ -674,16 +683,16 @@ fn abandon_message(qp: &mut Qp) {
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
 fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     let Some(deth) = frame.ext.deth else { return };
-    if deth.qkey == qp.config.qkey {
+    if deth.qkey == qp.common.config.qkey {
         ctx.counters.rcvd_pkts += 1;
     }
-    if deth.qkey != qp.config.qkey || !receive_ready(qp, ctx) {
+    if deth.qkey != qp.common.config.qkey || !receive_ready(qp, ctx) {
         tracing::debug!(
-            qpn = qp.qpn,
+            qpn = qp.common.qpn,
             qkey = deth.qkey,
             "UD dropped: wrong Q_Key or no receive"
         );
-        qp.stats.dropped += 1;
+        qp.common.stats.dropped += 1;
         return;
     }
     let mut grh = [0u8; GRH_LEN];
@@ -701,13 +710,13 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         return;
     };
     let scattered = written.is_ok()
-        && ctx.mrs.scatter(qp.pd, &wqe.sg_list, 0, &grh).is_ok()
+        && ctx.mrs.scatter(qp.common.pd, &wqe.sg_list, 0, &grh).is_ok()
         && ctx
             .mrs
-            .scatter(qp.pd, &wqe.sg_list, GRH_LEN as u64, frame.payload)
+            .scatter(qp.common.pd, &wqe.sg_list, GRH_LEN as u64, frame.payload)
             .is_ok();
     if !scattered {
-        qp.stats.dropped += 1;
+        qp.common.stats.dropped += 1;
         return;
     }
     let completion = WorkCompletion {
@@ -715,8 +724,8 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
-        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
+        ..recv_completion(qp.common.qpn, wqe, WcStatus::Success)
     };
     qp.resp.rq.pop_front();
-    qp.complete(ctx, qp.recv_cq, completion);
+    qp.complete(ctx, qp.common.recv_cq, completion);
 }
