@@ -284,7 +284,8 @@ impl Common {
         }
     }
 
-    /// Queues a completion on `cq`; a full CQ is noted in `cq_full` for the coordinator.
+    /// Queues a completion on `cq`; a full CQ is noted in `cq_full`, for the coordinator to
+    /// move the QP to ERR once the role returns.
     #[inline(always)]
     pub fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
         if !push_completion(ctx, cq, completion) {
@@ -296,7 +297,7 @@ impl Common {
 /// Queues a completion on `cq`, counting received messages as rxe does; `false` when the
 /// CQ is full and the completion is lost.
 #[inline(always)]
-pub(crate) fn push_completion(ctx: &mut Ctx, cq: usize, completion: WorkCompletion) -> bool {
+fn push_completion(ctx: &mut Ctx, cq: usize, completion: WorkCompletion) -> bool {
     let received = matches!(
         completion.opcode,
         WcOpcode::Recv | WcOpcode::RecvRdmaWithImm

@@ -23,7 +23,7 @@ use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
-use common::{push_completion, Common, QpConfig};
+use common::{Common, QpConfig};
 pub(crate) use common::{Ctx, Failure};
 pub use common::{OutPacket, PostError, QpCaps, QpStats};
 use completer::{Completer, Outcome, Then};
@@ -256,7 +256,14 @@ impl Qp {
     }
 
     pub fn post_recv(&mut self, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
-        responder::post(self, ctx, wr)
+        self.post_gate().check_recv(wr, 0)?;
+        if self.common.state == QpState::Err {
+            let completion = responder::recv_completion(self.common.qpn, wr, WcStatus::WrFlush);
+            self.complete(ctx, self.common.recv_cq, completion);
+        } else {
+            self.resp.post(wr);
+        }
+        Ok(())
     }
 
     #[inline]
@@ -275,7 +282,11 @@ impl Qp {
             return;
         }
         if frame.bth.opcode.info().is_request {
-            responder::handle_request(self, ctx, frame);
+            let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
+            self.handle_cq_full(ctx);
+            if let Some(failure) = failure {
+                self.fail_by_peer(ctx, failure);
+            }
         } else if frame.bth.opcode != Opcode::Cnp {
             self.handle_response(ctx, frame);
         }
@@ -375,7 +386,8 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-        responder::next_packet(self, ctx, out) || self.poll_request(ctx, out)
+        responder::next_packet(&mut self.resp, &mut self.common, ctx, out)
+            || self.poll_request(ctx, out)
     }
 
     /// The requester's next packet, finishing what it reports.
@@ -413,7 +425,14 @@ impl Qp {
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
     #[inline(always)]
     fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
-        if !push_completion(ctx, cq, completion) {
+        self.common.complete(ctx, cq, completion);
+        self.handle_cq_full(ctx);
+    }
+
+    /// A completion (the QP's own or a role's) found its CQ full: the QP enters ERR.
+    #[inline(always)]
+    fn handle_cq_full(&mut self, ctx: &mut Ctx) {
+        if std::mem::take(&mut self.common.cq_full) {
             self.cq_overflowed = true;
             if self.common.state != QpState::Err {
                 self.enter_error(ctx);

@@ -6,9 +6,8 @@ use roce_wire::frame::IpRepr;
 use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use super::common::{Ctx, Failure, OutPacket, PostError};
+use super::common::{Common, Ctx, Failure, OutPacket};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
-use super::Qp;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError};
 use crate::qp_state::{QpState, QpType};
@@ -68,6 +67,11 @@ impl Responder {
         self.resources.backlog()
     }
 
+    /// Queues a receive work request the QP admitted.
+    pub fn post(&mut self, wr: &RecvWr) {
+        self.rq.push_slot().clone_from(wr);
+    }
+
     /// Receives posted and not yet completed.
     pub fn rq_len(&self) -> usize {
         self.rq.len()
@@ -90,26 +94,14 @@ enum Refusal {
     Fatal(NakCode, Option<WcStatus>),
 }
 
-/// `ibv_post_recv` for one work request.
-pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
-    qp.post_gate().check_recv(wr, 0)?;
-    if qp.common.state == QpState::Err {
-        let completion = recv_completion(qp.common.qpn, wr, WcStatus::WrFlush);
-        qp.complete(ctx, qp.common.recv_cq, completion);
-    } else {
-        qp.resp.rq.push_slot().clone_from(wr);
-    }
-    Ok(())
-}
-
 /// Whether a receive waits for the message arriving now, at the front of the QP's own
 /// queue: the receive source. A QP on an SRQ takes the SRQ's next WQE into its own queue
 /// when it has none, and holds it there until the message completes.
-fn receive_ready(qp: &mut Qp, ctx: &mut Ctx) -> bool {
-    if let (true, Some(srq)) = (qp.resp.rq.is_empty(), qp.common.srq) {
-        ctx.srqs.take_into(srq, &mut qp.resp.rq);
+fn receive_ready(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx) -> bool {
+    if let (true, Some(srq)) = (resp.rq.is_empty(), qp.srq) {
+        ctx.srqs.take_into(srq, &mut resp.rq);
     }
-    !qp.resp.rq.is_empty()
+    !resp.rq.is_empty()
 }
 
 /// The completion of receive `wr` on QP `qpn`, before what the message adds to it.
@@ -128,69 +120,76 @@ pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCo
 }
 
 /// Writes the next response, NAK or (coalesced) ACK to send into `out`; `false` if none.
-pub(crate) fn next_packet(qp: &mut Qp, ctx: &Ctx, out: &mut OutPacket) -> bool {
+pub(crate) fn next_packet(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &Ctx,
+    out: &mut OutPacket,
+) -> bool {
     // Each turn either writes a packet or drops the front entry, so this ends.
-    while let Some(entry) = qp.resp.resources.front() {
+    while let Some(entry) = resp.resources.front() {
         match entry {
             Output::Ack { psn, syndrome, msn } => {
-                qp.resp.resources.pop_front();
+                resp.resources.pop_front();
                 out.replace_with(ack_packet(qp, psn, syndrome, msn));
                 return true;
             }
             Output::Responses(first_psn) => {
-                if next_response(qp, ctx, first_psn, out) {
+                if next_response(resp, qp, ctx, first_psn, out) {
                     return true;
                 }
             }
         }
     }
-    match qp.resp.pending_ack.take() {
+    match resp.pending_ack.take() {
         Some(psn) => {
             let ack = Syndrome::Ack(CreditCount::UNLIMITED);
-            out.replace_with(ack_packet(qp, psn, ack, qp.resp.msn));
+            out.replace_with(ack_packet(qp, psn, ack, resp.msn));
             true
         }
         None => false,
     }
 }
 
-fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
+fn ack_packet(qp: &Common, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
     let ext = ExtRepr {
         aeth: Some(aeth::Repr { syndrome, msn }),
         ..ExtRepr::default()
     };
-    qp.common.packet(
-        qp.common.bth(Opcode::RcAcknowledge, psn, None),
-        ext,
-        Vec::new(),
-    )
+    qp.packet(qp.bth(Opcode::RcAcknowledge, psn, None), ext, Vec::new())
 }
 
 /// Puts any ACK owed in the queue, so what follows it stays in PSN order.
-fn flush_pending_ack(qp: &mut Qp) {
-    if let Some(psn) = qp.resp.pending_ack.take() {
+fn flush_pending_ack(resp: &mut Responder) {
+    if let Some(psn) = resp.pending_ack.take() {
         let ack = Syndrome::Ack(CreditCount::UNLIMITED);
-        qp.resp.resources.queue_ack(psn, ack, qp.resp.msn);
+        resp.resources.queue_ack(psn, ack, resp.msn);
     }
 }
 
-fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
-    tracing::debug!(qpn = qp.common.qpn, %psn, ?syndrome, "NAK sent");
-    qp.common.stats.naks_sent += 1;
-    flush_pending_ack(qp);
-    qp.resp.resources.queue_ack(psn, syndrome, qp.resp.msn);
+fn nak(resp: &mut Responder, qp: &mut Common, psn: Psn, syndrome: Syndrome) {
+    tracing::debug!(qpn = qp.qpn, %psn, ?syndrome, "NAK sent");
+    qp.stats.naks_sent += 1;
+    flush_pending_ack(resp);
+    resp.resources.queue_ack(psn, syndrome, resp.msn);
 }
 
 /// Writes the next response the resource at `first_psn` owes into `out`, building it from
 /// memory now; `false` (and the entry is dropped) when it owes nothing more.
-fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) -> bool {
-    let mtu = qp.common.config.mtu;
-    let Some(resource) = qp.resp.resources.get_mut(first_psn) else {
-        qp.resp.resources.pop_front();
+fn next_response(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &Ctx,
+    first_psn: Psn,
+    out: &mut OutPacket,
+) -> bool {
+    let mtu = qp.config.mtu;
+    let Some(resource) = resp.resources.get_mut(first_psn) else {
+        resp.resources.pop_front();
         return false;
     };
     let Some(owed) = resource.owed else {
-        qp.resp.resources.pop_front();
+        resp.resources.pop_front();
         return false;
     };
     let k = owed.next;
@@ -201,7 +200,7 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
     });
     let resource = *resource;
     if done {
-        qp.resp.resources.pop_front();
+        resp.resources.pop_front();
     }
     match resource.kind {
         ResourceKind::Atomic { original } => {
@@ -221,15 +220,15 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
                         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
                 });
             if copied.is_err() {
-                tracing::debug!(qpn = qp.common.qpn, %psn, "NAK sent: READ of memory gone");
-                qp.common.stats.naks_sent += 1;
+                tracing::debug!(qpn = qp.qpn, %psn, "NAK sent: READ of memory gone");
+                qp.stats.naks_sent += 1;
                 let nak = Syndrome::Nak(NakCode::RemoteAccessError);
                 out.replace_with(ack_packet(qp, psn, nak, resource.msn));
-                if let Some(resource) = qp.resp.resources.get_mut(first_psn) {
+                if let Some(resource) = resp.resources.get_mut(first_psn) {
                     resource.owed = None;
                 }
                 if !done {
-                    qp.resp.resources.pop_front();
+                    resp.resources.pop_front();
                 }
                 return true;
             };
@@ -249,87 +248,98 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
             out.ext = ext;
             // RC has a READ response for every position (the opcode table's tests check),
             // so the fallback is never taken.
-            out.bth = qp
-                .common
-                .bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
+            out.bth = qp.bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
             out.bth.pad_count = ((4 - chunk % 4) % 4) as u8;
-            out.av = qp.common.connected_av();
+            out.av = qp.connected_av();
         }
     }
     true
 }
 
-/// Handles a request addressed to this QP.
-pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+/// Handles a request addressed to this QP; a request that breaks the connection returns why,
+/// for the QP to enter ERR.
+pub(crate) fn handle_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
     let service_matches = matches!(
-        (qp.common.qp_type, frame.bth.opcode.service()),
+        (qp.qp_type, frame.bth.opcode.service()),
         (QpType::Rc, roce_wire::opcode::Service::Rc)
             | (QpType::Uc, roce_wire::opcode::Service::Uc)
             | (QpType::Ud, roce_wire::opcode::Service::Ud)
     );
-    if !service_matches || !matches!(qp.common.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-        qp.common.stats.dropped += 1;
-        return;
+    if !service_matches || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        qp.stats.dropped += 1;
+        return None;
     }
-    if qp.common.qp_type != QpType::Ud {
+    if qp.qp_type != QpType::Ud {
         ctx.counters.rcvd_pkts += 1; // a UD packet counts once its Q_Key matched
     }
-    match qp.common.qp_type {
-        QpType::Rc => rc_request(qp, ctx, frame),
-        QpType::Uc => uc_request(qp, ctx, frame),
-        QpType::Ud => ud_request(qp, ctx, frame),
+    match qp.qp_type {
+        QpType::Rc => return rc_request(resp, qp, ctx, frame),
+        QpType::Uc => uc_request(resp, qp, ctx, frame),
+        QpType::Ud => ud_request(resp, qp, ctx, frame),
     }
+    None
 }
 
-fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn rc_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
     let psn = frame.bth.psn;
-    let ahead = psn.distance(qp.resp.epsn);
+    let ahead = psn.distance(resp.epsn);
     if ahead > 0 {
-        if !qp.resp.nak_sent {
-            qp.resp.nak_sent = true;
+        if !resp.nak_sent {
+            resp.nak_sent = true;
             ctx.counters.out_of_seq_request += 1;
-            let epsn = qp.resp.epsn;
-            nak(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            let epsn = resp.epsn;
+            nak(resp, qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
-        qp.common.stats.dropped += 1;
-        return;
+        qp.stats.dropped += 1;
+        return None;
     }
     if ahead < 0 {
         ctx.counters.duplicate_request += 1;
-        return duplicate(qp, ctx, frame);
+        duplicate(resp, qp, ctx, frame);
+        return None;
     }
-    qp.resp.nak_sent = false;
-    match execute(qp, ctx, frame) {
+    resp.nak_sent = false;
+    match execute(resp, qp, ctx, frame) {
         Ok(()) => {}
         Err(Refusal::NotReady) => {
-            let timer = qp.common.config.min_rnr_timer;
+            let timer = qp.config.min_rnr_timer;
             ctx.counters.send_rnr_err += 1;
-            nak(qp, psn, Syndrome::RnrNak(timer));
+            nak(resp, qp, psn, Syndrome::RnrNak(timer));
         }
         Err(Refusal::Fatal(code, receive)) => {
-            nak(qp, psn, Syndrome::Nak(code));
-            if let (Some(status), Some(wqe)) = (receive, qp.resp.rq.front()) {
-                let completion = recv_completion(qp.common.qpn, wqe, status);
-                qp.resp.rq.pop_front();
-                qp.complete(ctx, qp.common.recv_cq, completion);
+            nak(resp, qp, psn, Syndrome::Nak(code));
+            if let (Some(status), Some(wqe)) = (receive, resp.rq.front()) {
+                let completion = recv_completion(qp.qpn, wqe, status);
+                resp.rq.pop_front();
+                qp.complete(ctx, qp.recv_cq, completion);
             }
-            let failure = match code {
+            return Some(match code {
                 NakCode::RemoteAccessError => Failure::Access,
                 _ => Failure::InvalidRequest,
-            };
-            qp.fail_by_peer(ctx, failure);
+            });
         }
     }
+    None
 }
 
 /// A request with a PSN already executed: re-ACK SEND/WRITE, re-execute READ, replay the
 /// atomic's saved result.
-fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let psn = frame.bth.psn;
-    let resource = qp.resp.resources.find(psn).copied();
+    let resource = resp.resources.find(psn).copied();
     let asked_again = match frame.bth.opcode.info().operation {
         Operation::ReadRequest => {
-            let mtu = qp.common.config.mtu;
+            let mtu = qp.config.mtu;
             frame.ext.reth.is_some_and(|reth| {
                 let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
                 let read = AccessFlags::REMOTE_READ;
@@ -341,27 +351,32 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
             resource.is_some_and(|r| matches!(r.kind, ResourceKind::Atomic { .. }))
         }
         _ => {
-            qp.resp.pending_ack = Some(qp.resp.ack_psn - 1);
+            resp.pending_ack = Some(resp.ack_psn - 1);
             return;
         }
     };
     if asked_again {
-        flush_pending_ack(qp);
-        qp.resp.resources.restart(psn);
+        flush_pending_ack(resp);
+        resp.resources.restart(psn);
     } else {
-        qp.common.stats.dropped += 1;
+        qp.stats.dropped += 1;
     }
 }
 
 /// Executes an in-order request; on success the expected PSN moves past it.
-fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn execute(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let info = frame.bth.opcode.info();
     let (operation, position) = (info.operation, info.position);
     // FLUSH and ATOMIC WRITE are not implemented: invalid requests.
     if matches!(operation, Operation::Flush | Operation::AtomicWrite) {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    let continuing = match &qp.resp.in_message {
+    let continuing = match &resp.in_message {
         Some(InMessage::Send { .. }) => Some(Operation::Send),
         Some(InMessage::Write { .. }) => Some(Operation::Write),
         None => None,
@@ -375,7 +390,7 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     // FIRST and MIDDLE carry exactly one MTU; LAST between one byte and one MTU.
-    let mtu = qp.common.config.mtu;
+    let mtu = qp.config.mtu;
     let len = frame.payload.len();
     let length_ok = match position {
         Position::First | Position::Middle => len == mtu,
@@ -386,76 +401,84 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     if !length_ok || too_long {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    let reads_allowed = qp.common.config.max_dest_rd_atomic > 0 || qp.common.qp_type != QpType::Rc;
+    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
     let read_or_atomic = operation == Operation::ReadRequest || operation.is_atomic();
     if read_or_atomic && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     match operation {
-        Operation::Send => receive_send(qp, ctx, frame)?,
-        Operation::Write => receive_write(qp, ctx, frame)?,
-        Operation::ReadRequest => return read_request(qp, ctx, frame),
+        Operation::Send => receive_send(resp, qp, ctx, frame)?,
+        Operation::Write => receive_write(resp, qp, ctx, frame)?,
+        Operation::ReadRequest => return read_request(resp, qp, ctx, frame),
         Operation::CompareSwap | Operation::FetchAdd => {
-            atomic(qp, ctx, frame)?;
-            qp.resp.epsn = qp.resp.epsn + 1;
-            qp.resp.ack_psn = qp.resp.epsn;
+            atomic(resp, qp, ctx, frame)?;
+            resp.epsn = resp.epsn + 1;
+            resp.ack_psn = resp.epsn;
             return Ok(());
         }
         _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
     }
-    qp.resp.epsn = qp.resp.epsn + 1;
-    qp.resp.ack_psn = qp.resp.epsn;
-    if frame.bth.ack_req && qp.common.qp_type == QpType::Rc {
-        qp.resp.pending_ack = Some(frame.bth.psn);
+    resp.epsn = resp.epsn + 1;
+    resp.ack_psn = resp.epsn;
+    if frame.bth.ack_req && qp.qp_type == QpType::Rc {
+        resp.pending_ack = Some(frame.bth.psn);
     }
     Ok(())
 }
 
 /// A new READ request becomes a resource whose responses are built as they are sent.
-fn read_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn read_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let reth = frame
         .ext
         .reth
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
     remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
-    let npsn = qp.common.config.packets(len);
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    let npsn = qp.config.packets(len);
+    resp.msn = resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
         npsn,
-        msn: qp.resp.msn,
+        msn: resp.msn,
         kind: ResourceKind::Read { address, rkey, len },
         owed: Some(Owed { start: 0, next: 0 }),
     };
-    remember(qp, resource);
-    qp.resp.epsn = qp.resp.epsn + npsn;
+    remember(resp, qp, resource);
+    resp.epsn = resp.epsn + npsn;
     Ok(())
 }
 
-fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn receive_send(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
     let received = if position.starts_message() {
         0
     } else {
-        match qp.resp.in_message {
+        match resp.in_message {
             Some(InMessage::Send { received }) => received,
             _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
         }
     };
     // The message's receive: taken off the queue only when the message ends.
-    if !receive_ready(qp, ctx) {
+    if !receive_ready(resp, qp, ctx) {
         return Err(Refusal::NotReady);
     }
-    let Some(wqe) = qp.resp.rq.front() else {
+    let Some(wqe) = resp.rq.front() else {
         return Err(Refusal::NotReady);
     };
-    if let Err(error) = ctx.mrs.scatter(
-        qp.common.pd,
-        &wqe.sg_list,
-        u64::from(received),
-        frame.payload,
-    ) {
+    if let Err(error) = ctx
+        .mrs
+        .scatter(qp.pd, &wqe.sg_list, u64::from(received), frame.payload)
+    {
         let status = if error == MrError::OutOfBounds {
             WcStatus::LocalLength
         } else {
@@ -465,7 +488,7 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
     }
     let received = received + frame.payload.len() as u32;
     if !position.ends_message() {
-        qp.resp.in_message = Some(InMessage::Send { received });
+        resp.in_message = Some(InMessage::Send { received });
         return Ok(());
     }
     let completion = WorkCompletion {
@@ -473,17 +496,22 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         invalidated_rkey: frame.ext.ieth.map(|ieth| ieth.rkey),
         solicited: frame.bth.solicited,
-        ..recv_completion(qp.common.qpn, wqe, WcStatus::Success)
+        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
-    qp.resp.rq.pop_front();
-    qp.resp.in_message = None;
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
-    qp.complete(ctx, qp.common.recv_cq, completion);
+    resp.rq.pop_front();
+    resp.in_message = None;
+    resp.msn = resp.msn.wrapping_add(1);
+    qp.complete(ctx, qp.recv_cq, completion);
     Ok(())
 }
 
 /// The first packet of a WRITE: its RETH names the whole message's target.
-fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn start_write(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let reth = frame
         .ext
         .reth
@@ -501,7 +529,7 @@ fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal>
             write,
         )?;
     }
-    qp.resp.in_message = Some(InMessage::Write {
+    resp.in_message = Some(InMessage::Write {
         address: reth.virtual_address,
         rkey: reth.rkey,
         remaining: reth.dma_length,
@@ -510,16 +538,21 @@ fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     Ok(())
 }
 
-fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn receive_write(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
     let has_imm = frame.bth.opcode.info().has_immediate;
     if position.starts_message() {
-        start_write(qp, ctx, frame)?;
+        start_write(resp, qp, ctx, frame)?;
     }
     // A WRITE with immediate consumes a receive: refuse before touching memory.
-    if has_imm && !receive_ready(qp, ctx) {
+    if has_imm && !receive_ready(resp, qp, ctx) {
         if position.starts_message() {
-            qp.resp.in_message = None;
+            resp.in_message = None;
         }
         return Err(Refusal::NotReady);
     }
@@ -528,7 +561,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         rkey,
         remaining,
         length,
-    }) = qp.resp.in_message.take()
+    }) = resp.in_message.take()
     else {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     };
@@ -541,11 +574,11 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         let write = AccessFlags::REMOTE_WRITE;
         qp_permits(qp, write)?;
         ctx.mrs
-            .write(qp.common.pd, rkey, address, frame.payload, write)
+            .write(qp.pd, rkey, address, frame.payload, write)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
     }
     if !ends {
-        qp.resp.in_message = Some(InMessage::Write {
+        resp.in_message = Some(InMessage::Write {
             address: address + u64::from(len),
             rkey,
             remaining: remaining - len,
@@ -553,9 +586,9 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         });
         return Ok(());
     }
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    resp.msn = resp.msn.wrapping_add(1);
     if has_imm {
-        let Some(wqe) = qp.resp.rq.front() else {
+        let Some(wqe) = resp.rq.front() else {
             return Err(Refusal::NotReady);
         };
         let completion = WorkCompletion {
@@ -563,17 +596,17 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             byte_len: length,
             imm_data: frame.ext.immdt.map(|imm| imm.immediate),
             solicited: frame.bth.solicited,
-            ..recv_completion(qp.common.qpn, wqe, WcStatus::Success)
+            ..recv_completion(qp.qpn, wqe, WcStatus::Success)
         };
-        qp.resp.rq.pop_front();
-        qp.complete(ctx, qp.common.recv_cq, completion);
+        resp.rq.pop_front();
+        qp.complete(ctx, qp.recv_cq, completion);
     }
     Ok(())
 }
 
 /// The first half of the responder's access check: the QP's own remote rights.
-fn qp_permits(qp: &Qp, needed: AccessFlags) -> Result<(), Refusal> {
-    if qp.common.config.access.contains(needed) {
+fn qp_permits(qp: &Common, needed: AccessFlags) -> Result<(), Refusal> {
+    if qp.config.access.contains(needed) {
         Ok(())
     } else {
         Err(Refusal::Fatal(NakCode::RemoteAccessError, None))
@@ -583,7 +616,7 @@ fn qp_permits(qp: &Qp, needed: AccessFlags) -> Result<(), Refusal> {
 /// The responder's access check, QP rights then R_Key, region and bounds: a violation is a
 /// remote access error NAK.
 fn remote_access(
-    qp: &Qp,
+    qp: &Common,
     ctx: &Ctx,
     rkey: u32,
     address: u64,
@@ -592,11 +625,16 @@ fn remote_access(
 ) -> Result<Location, Refusal> {
     qp_permits(qp, needed)?;
     ctx.mrs
-        .check(qp.common.pd, rkey, address, u64::from(len), needed)
+        .check(qp.pd, rkey, address, u64::from(len), needed)
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
-fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn atomic(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let op = frame
         .ext
         .atomic_eth
@@ -611,24 +649,24 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
     };
     let original = ctx
         .mrs
-        .atomic(qp.common.pd, op.rkey, op.virtual_address, operation)
+        .atomic(qp.pd, op.rkey, op.virtual_address, operation)
         .map_err(|error| match error {
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
         })?;
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    resp.msn = resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
         npsn: 1,
-        msn: qp.resp.msn,
+        msn: resp.msn,
         kind: ResourceKind::Atomic { original },
         owed: Some(Owed { start: 0, next: 0 }),
     };
-    remember(qp, resource);
+    remember(resp, qp, resource);
     Ok(())
 }
 
-fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
+fn atomic_ack_packet(qp: &Common, psn: Psn, original: u64, msn: u32) -> OutPacket {
     let ext = ExtRepr {
         aeth: Some(aeth::Repr {
             syndrome: Syndrome::Ack(CreditCount::UNLIMITED),
@@ -637,8 +675,8 @@ fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
         atomic_ack_eth: Some(atomic_ack_eth::Repr { original }),
         ..ExtRepr::default()
     };
-    qp.common.packet(
-        qp.common.bth(Opcode::RcAtomicAcknowledge, psn, None),
+    qp.packet(
+        qp.bth(Opcode::RcAtomicAcknowledge, psn, None),
         ext,
         Vec::new(),
     )
@@ -646,53 +684,53 @@ fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
 
 /// Keeps a new READ/atomic (behind any ACK owed), forgetting the oldest beyond
 /// `max_dest_rd_atomic`.
-fn remember(qp: &mut Qp, resource: Resource) {
-    flush_pending_ack(qp);
-    let limit = usize::from(qp.common.config.max_dest_rd_atomic);
-    qp.resp.resources.add(resource, limit);
+fn remember(resp: &mut Responder, qp: &mut Common, resource: Resource) {
+    flush_pending_ack(resp);
+    let limit = usize::from(qp.config.max_dest_rd_atomic);
+    resp.resources.add(resource, limit);
 }
 
 /// UC: no ACKs or NAKs; after a loss, drop until the next message starts.
-fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn uc_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let starts = frame.bth.opcode.info().position.starts_message();
-    if frame.bth.psn != qp.resp.epsn || qp.resp.uc_resync {
-        abandon_message(qp);
+    if frame.bth.psn != resp.epsn || resp.uc_resync {
+        abandon_message(resp);
         if !starts {
-            qp.resp.uc_resync = true;
-            qp.common.stats.dropped += 1;
+            resp.uc_resync = true;
+            qp.stats.dropped += 1;
             return;
         }
-        qp.resp.uc_resync = false;
-        qp.resp.epsn = frame.bth.psn;
+        resp.uc_resync = false;
+        resp.epsn = frame.bth.psn;
     }
-    if execute(qp, ctx, frame).is_err() {
+    if execute(resp, qp, ctx, frame).is_err() {
         // A receive the failed packet was filling stays at the front for the next message.
-        abandon_message(qp);
-        qp.resp.uc_resync = true;
-        qp.resp.epsn = frame.bth.psn + 1;
-        qp.common.stats.dropped += 1;
+        abandon_message(resp);
+        resp.uc_resync = true;
+        resp.epsn = frame.bth.psn + 1;
+        qp.stats.dropped += 1;
     }
 }
 
 /// Gives up the message under way; a receive it was filling is still the queue's front,
 /// for the next message.
-fn abandon_message(qp: &mut Qp) {
-    qp.resp.in_message = None;
+fn abandon_message(resp: &mut Responder) {
+    resp.in_message = None;
 }
 
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
-fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn ud_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let Some(deth) = frame.ext.deth else { return };
-    if deth.qkey == qp.common.config.qkey {
+    if deth.qkey == qp.config.qkey {
         ctx.counters.rcvd_pkts += 1;
     }
-    if deth.qkey != qp.common.config.qkey || !receive_ready(qp, ctx) {
+    if deth.qkey != qp.config.qkey || !receive_ready(resp, qp, ctx) {
         tracing::debug!(
-            qpn = qp.common.qpn,
+            qpn = qp.qpn,
             qkey = deth.qkey,
             "UD dropped: wrong Q_Key or no receive"
         );
-        qp.common.stats.dropped += 1;
+        qp.stats.dropped += 1;
         return;
     }
     let mut grh = [0u8; GRH_LEN];
@@ -706,17 +744,17 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         IpRepr::V4(_) => frame.ip.emit(udp_len, &mut grh[20..]),
         IpRepr::V6(_) => frame.ip.emit(udp_len, &mut grh[..]),
     };
-    let Some(wqe) = qp.resp.rq.front() else {
+    let Some(wqe) = resp.rq.front() else {
         return;
     };
     let scattered = written.is_ok()
-        && ctx.mrs.scatter(qp.common.pd, &wqe.sg_list, 0, &grh).is_ok()
+        && ctx.mrs.scatter(qp.pd, &wqe.sg_list, 0, &grh).is_ok()
         && ctx
             .mrs
-            .scatter(qp.common.pd, &wqe.sg_list, GRH_LEN as u64, frame.payload)
+            .scatter(qp.pd, &wqe.sg_list, GRH_LEN as u64, frame.payload)
             .is_ok();
     if !scattered {
-        qp.common.stats.dropped += 1;
+        qp.stats.dropped += 1;
         return;
     }
     let completion = WorkCompletion {
@@ -724,8 +762,8 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
-        ..recv_completion(qp.common.qpn, wqe, WcStatus::Success)
+        ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
-    qp.resp.rq.pop_front();
-    qp.complete(ctx, qp.common.recv_cq, completion);
+    resp.rq.pop_front();
+    qp.complete(ctx, qp.recv_cq, completion);
 }
