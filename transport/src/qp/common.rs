@@ -16,33 +16,6 @@ use crate::srq::{SrqId, SrqTable};
 use crate::wr::UdDest;
 use crate::AccessFlags;
 
-/// Queue sizes and limits fixed at creation (`struct ibv_qp_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpCaps {
-    /// Send work requests outstanding at once.
-    pub max_send_wr: u32,
-    /// Receive work requests outstanding at once.
-    pub max_recv_wr: u32,
-    /// Gather elements per send.
-    pub max_send_sge: u32,
-    /// Scatter elements per receive.
-    pub max_recv_sge: u32,
-    /// Bytes of inline data per send.
-    pub max_inline_data: u32,
-}
-
-impl Default for QpCaps {
-    fn default() -> Self {
-        QpCaps {
-            max_send_wr: 128,
-            max_recv_wr: 128,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 256,
-        }
-    }
-}
-
 /// Why a post was refused (the call fails; no completion is generated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -23,9 +23,10 @@ use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
+pub use crate::limits::QpCaps;
 use common::{Common, QpConfig};
 pub(crate) use common::{Ctx, Failure};
-pub use common::{OutPacket, PostError, QpCaps, QpStats};
+pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
 use responder::Responder;
