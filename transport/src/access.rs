@@ -1,7 +1,23 @@
-//! What touching a region's bytes can run into, and the atomic operations on them: shared by
-//! the region table (`mr`) and the caller's memory (`caller_memory`), which both import it.
+//! Who may touch memory and what touching it can run into: the access rights (of regions and
+//! of QPs), the errors and the atomic operations, shared by the region table (`mr`), the
+//! caller's memory (`caller_memory`) and the QP attributes (`qp_state`), which all import it.
 
 use crate::errno;
+
+bitflags::bitflags! {
+    /// Memory and QP access rights, with the values of `IBV_ACCESS_*`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct AccessFlags: u32 {
+        /// The local HCA may write (receives, READ responses, atomic results).
+        const LOCAL_WRITE = 1;
+        /// Peers may RDMA WRITE.
+        const REMOTE_WRITE = 2;
+        /// Peers may RDMA READ.
+        const REMOTE_READ = 4;
+        /// Peers may perform atomics.
+        const REMOTE_ATOMIC = 8;
+    }
+}
 
 /// Why a registration or an access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -193,7 +193,7 @@ struct QpTable {
 
 impl QpTable {
     fn insert(&mut self, qp: Qp) {
-        let index = (qp.qpn - FIRST_QPN) as usize;
+        let index = (qp.common.qpn - FIRST_QPN) as usize;
         if self.slots.len() <= index {
             self.slots.resize(index + 1, 0);
         }
@@ -214,7 +214,7 @@ impl QpTable {
         self.slots[(qpn - FIRST_QPN) as usize] = 0;
         self.qps.swap_remove(slot);
         if let Some(moved) = self.qps.get(slot) {
-            self.slots[(moved.qpn - FIRST_QPN) as usize] = slot as u32 + 1;
+            self.slots[(moved.common.qpn - FIRST_QPN) as usize] = slot as u32 + 1;
         }
         true
     }
@@ -478,8 +478,8 @@ impl Endpoint {
         let qpn = self.next_qpn;
         self.next_qpn += 1;
         let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
-        qp.config.mtu = self.port_mtu.bytes();
-        qp.srq = srq;
+        qp.common.config.mtu = self.port_mtu.bytes();
+        qp.common.srq = srq;
         self.qps.insert(qp);
         Ok(qpn)
     }
@@ -501,7 +501,7 @@ impl Endpoint {
 
     /// Destroys an SRQ no QP uses (`ibv_destroy_srq`); its WQEs are dropped.
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), SrqError> {
-        if self.qps.qps.iter().any(|qp| qp.srq == Some(srq)) {
+        if self.qps.qps.iter().any(|qp| qp.common.srq == Some(srq)) {
             return Err(SrqError::InUse);
         }
         self.srqs.remove(srq)
@@ -550,7 +550,7 @@ impl Endpoint {
 
     /// The QP's state, or `None` if it does not exist.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
-        self.qps.get(qpn).map(|qp| qp.state)
+        self.qps.get(qpn).map(|qp| qp.common.state)
     }
 
     /// What decides whether a post to the QP is accepted now.
@@ -560,7 +560,7 @@ impl Endpoint {
 
     /// The QP's counters.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
-        self.qps.get(qpn).map(|qp| qp.stats)
+        self.qps.get(qpn).map(|qp| qp.common.stats)
     }
 
     /// What the QP's responder has queued to send, and its bound.
@@ -705,7 +705,7 @@ impl Endpoint {
             let found = qp.poll_packet(&mut ctx, &mut out.packet);
             report_overflow(qp, events);
             if found {
-                out.src_qpn = qp.qpn;
+                out.src_qpn = qp.common.qpn;
             } else {
                 slot += 1;
             }
@@ -785,10 +785,10 @@ impl Endpoint {
 #[inline]
 fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
     if std::mem::take(&mut qp.cq_overflowed) {
-        events.push(AsyncEvent::CqOverflow { qpn: qp.qpn });
+        events.push(AsyncEvent::CqOverflow { qpn: qp.common.qpn });
     }
     if let Some(failure) = qp.failure.take() {
-        let qpn = qp.qpn;
+        let qpn = qp.common.qpn;
         events.push(match failure {
             Failure::Fatal(status) => AsyncEvent::QpFatal { qpn, status },
             Failure::InvalidRequest => AsyncEvent::QpRequestError { qpn },
@@ -796,6 +796,6 @@ fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
         });
     }
     if std::mem::take(&mut qp.last_wqe_reached) {
-        events.push(AsyncEvent::QpLastWqeReached { qpn: qp.qpn });
+        events.push(AsyncEvent::QpLastWqeReached { qpn: qp.common.qpn });
     }
 }

@@ -3,7 +3,32 @@
 //! `rxe_qp_chk_attr`, `rxe_cq_chk_attr` and its user-space post path) enforce them. Each
 //! refusal's errno is a method of its error type (values in [`errno`](crate::errno)).
 
-use crate::qp::QpCaps;
+/// Queue sizes and limits fixed at creation (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send work requests outstanding at once.
+    pub max_send_wr: u32,
+    /// Receive work requests outstanding at once.
+    pub max_recv_wr: u32,
+    /// Gather elements per send.
+    pub max_send_sge: u32,
+    /// Scatter elements per receive.
+    pub max_recv_sge: u32,
+    /// Bytes of inline data per send.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
+    }
+}
 
 /// Limits of one device (the fields of `struct ibv_device_attr` this stack enforces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

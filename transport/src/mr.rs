@@ -13,25 +13,10 @@ use rustc_hash::FxHashMap;
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 
-pub use crate::access::{AtomicOp, MrError};
+pub use crate::access::{AccessFlags, AtomicOp, MrError};
 pub use crate::caller_memory::CallerMemory;
 use crate::limits::LIMITS;
 use crate::wr::Sge;
-
-bitflags::bitflags! {
-    /// Memory and QP access rights, with the values of `IBV_ACCESS_*`.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-    pub struct AccessFlags: u32 {
-        /// The local HCA may write (receives, READ responses, atomic results).
-        const LOCAL_WRITE = 1;
-        /// Peers may RDMA WRITE.
-        const REMOTE_WRITE = 2;
-        /// Peers may RDMA READ.
-        const REMOTE_READ = 4;
-        /// Peers may perform atomics.
-        const REMOTE_ATOMIC = 8;
-    }
-}
 
 /// A protection domain's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -9,9 +9,9 @@ use core::fmt;
 use roce_wire::aeth::RnrTimer;
 use roce_wire::Psn;
 
+use crate::access::AccessFlags;
 use crate::errno;
 use crate::limits::LIMITS;
-use crate::AccessFlags;
 
 /// The transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

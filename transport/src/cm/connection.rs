@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 use roce_wire::cm::req;
 use roce_wire::mad;
 
-use super::{Gid, ServiceId};
+use roce_wire::cm::ServiceId;
+
+use super::ids::Gid;
 
 /// Where a connection is in the CM protocol (IBTA Vol 1 ch. 12.9, the kernel's `ib_cm_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

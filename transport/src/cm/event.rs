@@ -5,7 +5,11 @@ use roce_wire::cm::sidr_rep::SidrStatus;
 use roce_wire::cm::{rej, rep, req, sidr_rep, sidr_req};
 use roce_wire::mad;
 
-use super::{ConnId, ConnState, Gid, QpAttrs, ServiceId};
+use roce_wire::cm::ServiceId;
+
+use super::attrs::QpAttrs;
+use super::connection::ConnState;
+use super::ids::{ConnId, Gid};
 
 /// A REQ as the passive application sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

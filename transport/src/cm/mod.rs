@@ -46,6 +46,7 @@ mod active;
 mod attrs;
 mod connection;
 mod event;
+mod ids;
 mod params;
 mod passive;
 mod sidr;
@@ -63,17 +64,11 @@ use rustc_hash::FxHashMap;
 pub use attrs::QpAttrs;
 pub use connection::ConnState;
 pub use event::{CmError, CmEvent, CmStats, ConnectRequest, MadTransmit};
+pub use ids::{ConnId, Gid};
 pub use params::{AcceptParams, CmConfig, ConnectParams, SidrReply};
 pub use roce_wire::cm::ServiceId;
 
 use connection::{Connection, RemoteKey};
-
-/// A GID: on RoCEv2 an IPv6 address, IPv4-mapped (`::ffff:a.b.c.d`) for IPv4.
-pub type Gid = [u8; 16];
-
-/// A connection (or SIDR request) of this CM: its local communication ID.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub u32);
 
 #[derive(Debug, Clone, Copy)]
 struct Listener {

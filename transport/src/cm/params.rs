@@ -3,7 +3,9 @@
 use roce_wire::cm::req::ServiceType;
 use roce_wire::cm::sidr_rep::SidrStatus;
 
-use super::{Gid, ServiceId};
+use roce_wire::cm::ServiceId;
+
+use super::ids::Gid;
 use crate::qp_state::PathMtu;
 
 /// The CM's settings; the defaults are the kernel rdma_cm's.

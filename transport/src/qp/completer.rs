@@ -12,10 +12,11 @@ use roce_wire::aeth::{NakCode, RnrTimer, Syndrome};
 use roce_wire::opcode::Operation;
 use roce_wire::{FrameRepr, Psn};
 
-use super::{Ctx, Qp};
+use super::common::{Common, Ctx};
+use super::send_queue::SendQueue;
 use crate::cq::WcStatus;
 use crate::qp_state::{QpState, QpType};
-use crate::timer::Timer;
+use crate::timer::{Timer, TimerTable};
 use crate::wr::SendOp;
 
 /// Retry budgets and the retry under way.
@@ -90,7 +91,13 @@ enum Retry {
 
 /// Handles a response or acknowledgement addressed to this QP; `None` when it is dropped
 /// unread (a duplicate, a ghost, the wrong state).
-pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Option<Outcome> {
+pub(crate) fn handle_response(
+    comp: &mut Completer,
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Outcome> {
     if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
         return None;
@@ -99,7 +106,7 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
     let psn = frame.bth.psn;
     // Only PSNs sent and not yet acknowledged can be answered; anything else is a
     // duplicate or a ghost.
-    let sent_unacked = psn.distance(qp.sq.acked_psn()) > 0 && psn.distance(qp.sq.next_psn()) < 0;
+    let sent_unacked = psn.distance(sq.acked_psn()) > 0 && psn.distance(sq.next_psn()) < 0;
     if !sent_unacked {
         tracing::trace!(qpn = qp.qpn, %psn, "dropped: response outside the window");
         qp.stats.dropped += 1;
@@ -110,18 +117,18 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
         tracing::debug!(qpn = qp.qpn, %psn, syndrome = ?nak, "NAK received");
     }
     Some(match (frame.bth.opcode.info().operation, syndrome) {
-        (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(qp, psn, true),
+        (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(comp, sq, qp, psn, true),
         (Operation::Acknowledge, Some(Syndrome::RnrNak(timer))) => {
             qp.stats.naks_received += 1;
             ctx.counters.rcvd_rnr_err += 1;
-            nak_retry(qp, psn, Retry::Rnr(timer))
+            nak_retry(comp, sq, qp, psn, Retry::Rnr(timer))
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(NakCode::PsnSequenceError))) => {
             qp.stats.naks_received += 1;
-            if acknowledges_within_message(qp, psn) {
+            if acknowledges_within_message(sq, psn) {
                 ctx.counters.rcvd_seq_err += 1;
             }
-            nak_retry(qp, psn, Retry::Transport)
+            nak_retry(comp, sq, qp, psn, Retry::Transport)
         }
         (Operation::Acknowledge, Some(Syndrome::Nak(code))) => {
             qp.stats.naks_received += 1;
@@ -130,10 +137,10 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
                 NakCode::RemoteOperationalError => WcStatus::RemoteOperation,
                 _ => WcStatus::RemoteInvalidRequest,
             };
-            ack_through(qp, psn - 1, false).then(Then::Fail(status))
+            ack_through(comp, sq, qp, psn - 1, false).then(Then::Fail(status))
         }
-        (Operation::ReadResponse, _) => read_response(qp, ctx, frame),
-        (Operation::AtomicAcknowledge, _) => atomic_ack(qp, ctx, frame),
+        (Operation::ReadResponse, _) => read_response(comp, sq, qp, ctx, frame),
+        (Operation::AtomicAcknowledge, _) => atomic_ack(comp, sq, qp, ctx, frame),
         _ => {
             qp.stats.dropped += 1;
             Outcome::complete(0)
@@ -144,36 +151,44 @@ pub(crate) fn handle_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> 
 /// After the QP applied the outcome of `frame` (and did not enter ERR): progress refills
 /// the retry budgets (unless the frame itself asked for a retry), and the local ACK timer
 /// runs exactly while something is unacknowledged.
-pub(crate) fn settle(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr, acked_before: Psn) {
+pub(crate) fn settle(
+    comp: &mut Completer,
+    sq: &SendQueue,
+    timers: &mut TimerTable,
+    qp: &Common,
+    ctx: &Ctx,
+    frame: &FrameRepr,
+    acked_before: Psn,
+) {
     let retried = matches!(
         frame.ext.aeth.map(|aeth| aeth.syndrome),
         Some(Syndrome::RnrNak(_) | Syndrome::Nak(NakCode::PsnSequenceError))
     ) && frame.bth.opcode.info().operation == Operation::Acknowledge;
-    let progress = qp.sq.acked_psn() != acked_before;
+    let progress = sq.acked_psn() != acked_before;
     if progress {
-        qp.comp.recovering = None;
+        comp.recovering = None;
         if !retried {
-            qp.comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
+            comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
         }
     }
-    let outstanding = qp.sq.next_psn().distance(qp.sq.acked_psn()) > 1;
+    let outstanding = sq.next_psn().distance(sq.acked_psn()) > 1;
     match qp.config.ack_timeout() {
         Some(timeout) if outstanding => {
-            if progress || !qp.timers.is_set(Timer::Retransmit) {
-                qp.timers.set(Timer::Retransmit, ctx.now + timeout);
+            if progress || !timers.is_set(Timer::Retransmit) {
+                timers.set(Timer::Retransmit, ctx.now + timeout);
             }
         }
-        _ => qp.timers.stop(Timer::Retransmit),
+        _ => timers.stop(Timer::Retransmit),
     }
 }
 
 /// Whether a sequence NAK for `psn` acknowledges packets of the message that holds `psn`
 /// that nothing acknowledged before: what rxe counts in `rcvd_seq_err`.
-fn acknowledges_within_message(qp: &Qp, psn: Psn) -> bool {
+fn acknowledges_within_message(sq: &SendQueue, psn: Psn) -> bool {
     let mut index = 0;
-    while let Some(wqe) = qp.sq.get(index) {
+    while let Some(wqe) = sq.get(index) {
         if wqe.contains(psn) {
-            return psn.distance(wqe.first_psn) > 0 && psn.distance(qp.sq.acked_psn() + 1) > 0;
+            return psn.distance(wqe.first_psn) > 0 && psn.distance(sq.acked_psn() + 1) > 0;
         }
         index += 1;
     }
@@ -187,26 +202,32 @@ fn acknowledges_within_message(qp: &Qp, psn: Psn) -> bool {
 /// Like rxe, once a retry is under way further sequence NAKs that bring no progress are
 /// ignored: the responder sent them for gaps before it saw the retry, and acting on each
 /// would burn the whole retry budget within one round trip. An RNR NAK is always obeyed.
-fn nak_retry(qp: &mut Qp, psn: Psn, why: Retry) -> Outcome {
-    let before = qp.sq.acked_psn();
-    let done = ack_through(qp, psn - 1, false);
-    if qp.sq.acked_psn() != before {
-        qp.comp.recovering = None;
+fn nak_retry(
+    comp: &mut Completer,
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    psn: Psn,
+    why: Retry,
+) -> Outcome {
+    let before = sq.acked_psn();
+    let done = ack_through(comp, sq, qp, psn - 1, false);
+    if sq.acked_psn() != before {
+        comp.recovering = None;
         // Progress first, then charge this NAK's retry against the fresh budget.
-        qp.comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
+        comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
     }
-    if qp.comp.recovering.is_some() && matches!(why, Retry::Transport) {
+    if comp.recovering.is_some() && matches!(why, Retry::Transport) {
         qp.stats.dropped += 1;
         return done;
     }
-    let resume = match qp.sq.get(done.complete) {
+    let resume = match sq.get(done.complete) {
         Some(front) if front.wr.op.is_read_or_atomic() && psn.distance(front.first_psn) > 0 => {
             front.answered_through()
         }
         _ => psn,
     };
-    qp.comp.recovering = Some(resume);
-    let then = retry(qp, resume, why);
+    comp.recovering = Some(resume);
+    let then = retry(comp, qp, resume, why);
     if matches!(then, Then::Retry { .. }) {
         tracing::debug!(qpn = qp.qpn, nak = %psn, %resume, "retransmitting after a NAK");
     }
@@ -216,13 +237,19 @@ fn nak_retry(qp: &mut Qp, psn: Psn, why: Retry) -> Outcome {
 /// Completes every SEND/WRITE acknowledged by an ACK of `psn`. An ACK that covers a READ or
 /// atomic whose response never came is an implied NAK: that response was lost, and with
 /// `implied_nak` the requester goes back for it.
-fn ack_through(qp: &mut Qp, psn: Psn, implied_nak: bool) -> Outcome {
+fn ack_through(
+    comp: &mut Completer,
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    psn: Psn,
+    implied_nak: bool,
+) -> Outcome {
     // The acknowledged PSN never passes a READ or atomic still waiting for its answer: the
     // answer's own PSNs must stay acceptable.
     let mut acked = psn;
     let mut index = 0;
-    while let Some(wqe) = qp.sq.get(index) {
-        if !qp.sq.started(index) {
+    while let Some(wqe) = sq.get(index) {
+        if !sq.started(index) {
             break;
         }
         if wqe.wr.op.is_read_or_atomic() {
@@ -230,20 +257,20 @@ fn ack_through(qp: &mut Qp, psn: Psn, implied_nak: bool) -> Outcome {
             if psn.distance(answered) > 0 {
                 acked = answered;
                 if implied_nak {
-                    return Outcome::complete(index).then(retry_lost(qp, answered + 1));
+                    return Outcome::complete(index).then(retry_lost(comp, qp, answered + 1));
                 }
             }
             break;
         }
         let last_psn = wqe.last_psn();
-        if !qp.sq.fully_sent(index) || psn.distance(last_psn) < 0 {
+        if !sq.fully_sent(index) || psn.distance(last_psn) < 0 {
             break;
         }
-        qp.sq.acknowledge(last_psn);
+        sq.acknowledge(last_psn);
         index += 1;
     }
-    if acked.distance(qp.sq.acked_psn()) > 0 && acked.distance(qp.sq.next_psn()) < 0 {
-        qp.sq.acknowledge(acked);
+    if acked.distance(sq.acked_psn()) > 0 && acked.distance(sq.next_psn()) < 0 {
+        sq.acknowledge(acked);
     }
     Outcome::complete(index)
 }
@@ -251,32 +278,43 @@ fn ack_through(qp: &mut Qp, psn: Psn, implied_nak: bool) -> Outcome {
 /// How many WQEs come before the one that holds `psn`: a response for `psn` proves they
 /// were acknowledged. `Err` if one of them was a READ or atomic still waiting for its
 /// response (that response was lost: the outcome goes back for it), or if none holds `psn`.
-fn answered_before(qp: &mut Qp, psn: Psn) -> Result<usize, Outcome> {
+fn answered_before(
+    comp: &mut Completer,
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    psn: Psn,
+) -> Result<usize, Outcome> {
     let mut index = 0;
-    while let Some(wqe) = qp.sq.get(index) {
+    while let Some(wqe) = sq.get(index) {
         if wqe.contains(psn) {
             return Ok(index);
         }
         if wqe.wr.op.is_read_or_atomic() {
             let resume = wqe.answered_through();
-            return Err(Outcome::complete(index).then(retry_lost(qp, resume)));
+            return Err(Outcome::complete(index).then(retry_lost(comp, qp, resume)));
         }
         let last_psn = wqe.last_psn();
-        qp.sq.acknowledge(last_psn);
+        sq.acknowledge(last_psn);
         index += 1;
     }
     Err(Outcome::complete(index))
 }
 
-fn read_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
+fn read_response(
+    comp: &mut Completer,
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Outcome {
     let psn = frame.bth.psn;
-    let index = match answered_before(qp, psn) {
+    let index = match answered_before(comp, sq, qp, psn) {
         Ok(index) => index,
         Err(outcome) => return outcome,
     };
     let done = Outcome::complete(index);
     let mtu = qp.config.mtu;
-    let Some(wqe) = qp.sq.get(index) else {
+    let Some(wqe) = sq.get(index) else {
         return done;
     };
     let SendOp::RdmaRead { .. } = wqe.wr.op else {
@@ -289,7 +327,7 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
             qp.stats.dropped += 1;
             return done;
         }
-        _ => return done.then(retry_lost(qp, expected)),
+        _ => return done.then(retry_lost(comp, qp, expected)),
     }
     // A retried READ is answered as a new message (FIRST again), and reordering can mix the
     // two answers; what must hold is that only the final packet ends the message and every
@@ -309,18 +347,24 @@ fn read_response(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
     {
         return done.then(Then::Fail(WcStatus::LocalProtection));
     }
-    let all_in = qp.sq.record_response(index);
-    qp.sq.acknowledge(psn);
+    let all_in = sq.record_response(index);
+    sq.acknowledge(psn);
     Outcome::complete(index + usize::from(all_in))
 }
 
-fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
-    let index = match answered_before(qp, frame.bth.psn) {
+fn atomic_ack(
+    comp: &mut Completer,
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Outcome {
+    let index = match answered_before(comp, sq, qp, frame.bth.psn) {
         Ok(index) => index,
         Err(outcome) => return outcome,
     };
     let done = Outcome::complete(index);
-    let (Some(wqe), Some(original)) = (qp.sq.get(index), frame.ext.atomic_ack_eth) else {
+    let (Some(wqe), Some(original)) = (sq.get(index), frame.ext.atomic_ack_eth) else {
         return done;
     };
     if !wqe.wr.op.is_atomic() {
@@ -332,19 +376,19 @@ fn atomic_ack(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Outcome {
         return done.then(Then::Fail(WcStatus::LocalProtection));
     }
     let last_psn = wqe.last_psn();
-    qp.sq.acknowledge(last_psn);
+    sq.acknowledge(last_psn);
     Outcome::complete(index + 1)
 }
 
 /// A response is missing before `psn` (responses after it arrived, or an ACK implied it):
 /// go back for it, unless a retry is already under way (see [`nak_retry`]).
-fn retry_lost(qp: &mut Qp, psn: Psn) -> Then {
-    if qp.comp.recovering.is_some() {
+fn retry_lost(comp: &mut Completer, qp: &mut Common, psn: Psn) -> Then {
+    if comp.recovering.is_some() {
         qp.stats.dropped += 1;
         return Then::Nothing;
     }
-    qp.comp.recovering = Some(psn);
-    let then = retry(qp, psn, Retry::Transport);
+    comp.recovering = Some(psn);
+    let then = retry(comp, qp, psn, Retry::Transport);
     if matches!(then, Then::Retry { .. }) {
         tracing::debug!(qpn = qp.qpn, resume = %psn, "retransmitting: a response was lost");
     }
@@ -353,8 +397,7 @@ fn retry_lost(qp: &mut Qp, psn: Psn) -> Then {
 
 /// Going back to resend from `psn`, charging the matching retry counter; when it is
 /// exhausted the oldest WQE fails instead.
-fn retry(qp: &mut Qp, psn: Psn, why: Retry) -> Then {
-    let comp = &mut qp.comp;
+fn retry(comp: &mut Completer, qp: &Common, psn: Psn, why: Retry) -> Then {
     let wait = match why {
         Retry::Transport => {
             if comp.retries_left == 0 {
@@ -378,16 +421,16 @@ fn retry(qp: &mut Qp, psn: Psn, why: Retry) -> Then {
 }
 
 /// Local ACK timeout: resend everything unacknowledged.
-pub(crate) fn ack_timeout(qp: &mut Qp) -> Outcome {
-    if qp.state == QpState::Err || qp.sq.next_psn().distance(qp.sq.acked_psn()) <= 1 {
+pub(crate) fn ack_timeout(comp: &mut Completer, sq: &mut SendQueue, qp: &mut Common) -> Outcome {
+    if qp.state == QpState::Err || sq.next_psn().distance(sq.acked_psn()) <= 1 {
         return Outcome::complete(0);
     }
     qp.stats.timeouts += 1;
     // This resend is the recovery now: loss signals that arrive before it makes progress
     // describe the same loss and must not cost another retry.
-    let resume = qp.sq.acked_psn() + 1;
-    qp.comp.recovering = Some(resume);
-    let then = retry(qp, resume, Retry::Transport);
+    let resume = sq.acked_psn() + 1;
+    comp.recovering = Some(resume);
+    let then = retry(comp, qp, resume, Retry::Transport);
     if matches!(then, Then::Retry { .. }) {
         tracing::debug!(qpn = qp.qpn, %resume, "retransmitting: local ACK timeout");
     }

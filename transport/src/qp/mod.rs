@@ -4,203 +4,33 @@
 //! (`post_send`, `post_recv`, `handle_packet`, `handle_timeout`) in any order, then
 //! `poll_packet` until it returns `false`, then `next_timeout` for when to call again.
 
+mod common;
 mod completer;
 mod requester;
 mod resources;
 mod responder;
 mod send_queue;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use roce_wire::aeth::RnrTimer;
 use roce_wire::frame::IpRepr;
-use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
+use roce_wire::{FrameRepr, Opcode};
 
 use crate::counters::Counters;
-use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
-use crate::errno;
-use crate::mr::{MrTable, PdId};
-use crate::qp_state::{
-    check_modify, AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType,
-};
-use crate::srq::{SrqId, SrqTable};
+use crate::cq::{WcStatus, WorkCompletion};
+use crate::mr::PdId;
+use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
 use crate::timer::{Timer, TimerTable};
-use crate::wr::{RecvWr, SendOp, SendWr, UdDest};
-use crate::AccessFlags;
+use crate::wr::{RecvWr, SendOp, SendWr};
 
+pub use crate::limits::QpCaps;
+use common::{Common, QpConfig};
+pub(crate) use common::{Ctx, Failure};
+pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
+use requester::Next;
 use responder::Responder;
 use send_queue::SendQueue;
-
-/// Queue sizes and limits fixed at creation (`struct ibv_qp_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpCaps {
-    /// Send work requests outstanding at once.
-    pub max_send_wr: u32,
-    /// Receive work requests outstanding at once.
-    pub max_recv_wr: u32,
-    /// Gather elements per send.
-    pub max_send_sge: u32,
-    /// Scatter elements per receive.
-    pub max_recv_sge: u32,
-    /// Bytes of inline data per send.
-    pub max_inline_data: u32,
-}
-
-impl Default for QpCaps {
-    fn default() -> Self {
-        QpCaps {
-            max_send_wr: 128,
-            max_recv_wr: 128,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 256,
-        }
-    }
-}
-
-/// Why a post was refused (the call fails; no completion is generated).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PostError {
-    /// No QP with that number.
-    #[error("no such QP")]
-    UnknownQp,
-    /// The QP's state does not accept this queue's work yet (RESET, or RESET/INIT for sends).
-    #[error("QP state does not allow posting")]
-    InvalidState,
-    /// The queue already holds `max_send_wr`/`max_recv_wr` requests.
-    #[error("work queue full")]
-    QueueFull,
-    /// More gather/scatter elements than the caps allow.
-    #[error("too many scatter/gather elements")]
-    TooManySge,
-    /// Inline data longer than `max_inline_data`.
-    #[error("inline data too long")]
-    InlineTooLong,
-    /// The QP takes its receives from a shared receive queue (post to the SRQ instead).
-    #[error("QP takes its receives from an SRQ")]
-    UsesSrq,
-    /// An operation this QP type cannot do (READ on UC, WRITE on UD, ...), or a UD send
-    /// without a destination.
-    #[error("operation not supported on this QP type")]
-    UnsupportedOperation,
-    /// A message longer than 2^31 bytes, or an atomic whose result buffer is not 8 bytes.
-    #[error("invalid length")]
-    InvalidLength,
-}
-
-impl PostError {
-    /// The errno `ibv_post_send`/`ibv_post_recv` fail with (rdma-core's rxe: a full queue
-    /// is `ENOMEM`, everything else `EINVAL`).
-    pub fn errno(&self) -> i32 {
-        match self {
-            PostError::QueueFull => errno::ENOMEM,
-            _ => errno::EINVAL,
-        }
-    }
-}
-
-/// The attributes a QP has been given through `modify_qp`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QpConfig {
-    pub access: AccessFlags,
-    pub qkey: u32,
-    pub av: Option<AddressVector>,
-    pub mtu: usize,
-    pub dest_qpn: u32,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: RnrTimer,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub max_rd_atomic: u8,
-}
-
-impl Default for QpConfig {
-    fn default() -> Self {
-        QpConfig {
-            access: AccessFlags::empty(),
-            qkey: 0,
-            av: None,
-            mtu: PathMtu::Mtu1024.bytes(),
-            dest_qpn: 0,
-            max_dest_rd_atomic: 0,
-            min_rnr_timer: RnrTimer::new(0),
-            timeout: 0,
-            retry_cnt: 0,
-            rnr_retry: 0,
-            max_rd_atomic: 0,
-        }
-    }
-}
-
-impl QpConfig {
-    /// Packets a message of `len` bytes takes, at least one. Every path MTU is a power of
-    /// two, so this shifts rather than divides (it runs for every posted request).
-    pub fn packets(&self, len: u32) -> u32 {
-        debug_assert!(self.mtu.is_power_of_two());
-        let len = u64::from(len);
-        let mtu = self.mtu as u64;
-        ((len + mtu - 1) >> mtu.trailing_zeros()).max(1) as u32
-    }
-
-    /// Local ACK timeout: 4.096 µs × 2^timeout; `None` for 0, which means wait forever.
-    pub fn ack_timeout(&self) -> Option<Duration> {
-        (self.timeout != 0).then(|| Duration::from_nanos(4096 << self.timeout))
-    }
-}
-
-/// A packet a QP wants sent, before the provider adds Ethernet, IP and UDP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutPacket {
-    /// Base transport header.
-    pub bth: bth::Repr,
-    /// Extension headers.
-    pub ext: ExtRepr,
-    /// Payload (without pad).
-    pub payload: Vec<u8>,
-    /// Where it goes.
-    pub av: AddressVector,
-}
-
-impl Default for OutPacket {
-    /// A blank packet to fill: an ACK for PSN 0 to nowhere, with no payload.
-    fn default() -> Self {
-        OutPacket {
-            bth: bth::Repr::new(Opcode::RcAcknowledge, 0, Psn::new(0)),
-            ext: ExtRepr::default(),
-            payload: Vec::new(),
-            av: NO_ADDRESS,
-        }
-    }
-}
-
-impl OutPacket {
-    /// Becomes `packet`, keeping this packet's payload buffer when `packet` has none, so a
-    /// reused packet does not give up its allocation to an ACK.
-    pub(crate) fn replace_with(&mut self, packet: OutPacket) {
-        if packet.payload.is_empty() {
-            let mut buffer = std::mem::take(&mut self.payload);
-            buffer.clear();
-            *self = OutPacket {
-                payload: buffer,
-                ..packet
-            };
-        } else {
-            *self = packet;
-        }
-    }
-}
-
-/// The address of a connected QP that has not been given one yet.
-const NO_ADDRESS: AddressVector = AddressVector {
-    dgid: [0; 16],
-    sgid_index: 0,
-    hop_limit: 64,
-    traffic_class: 0,
-    flow_label: 0,
-};
 
 /// Everything that decides whether a post is accepted, as of one moment: what the
 /// requester and responder check, and what a verbs layer checks to admit work from other
@@ -277,21 +107,6 @@ impl PostGate {
     }
 }
 
-/// Counters of one QP, for tools and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QpStats {
-    /// Request packets sent again after a NAK, RNR NAK or timeout.
-    pub retransmits: u64,
-    /// Local ACK timeouts.
-    pub timeouts: u64,
-    /// NAKs (sequence, RNR and errors) this QP's responder sent.
-    pub naks_sent: u64,
-    /// NAKs this QP's completer received.
-    pub naks_received: u64,
-    /// Incoming packets dropped (wrong state, duplicate responses, ghosts, bad Q_Key...).
-    pub dropped: u64,
-}
-
 /// What a QP's responder has queued to send, and the most it can ever hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResponderBacklog {
@@ -301,35 +116,11 @@ pub struct ResponderBacklog {
     pub bound: usize,
 }
 
-/// Why a QP went to ERR on its own (not through `modify_qp`), for its owner to report as an
-/// async event, as an HCA does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// One of its own send work requests failed; its completion carries this status.
-    Fatal(WcStatus),
-    /// A peer's request broke the protocol; it was NAKed as an invalid request.
-    InvalidRequest,
-    /// A peer's request broke an access rule; it was NAKed as a remote access error.
-    Access,
-}
-
-/// What a QP needs from its owner while it runs.
-pub(crate) struct Ctx<'a> {
-    pub now: Instant,
-    pub mrs: &'a mut MrTable,
-    pub cqs: &'a mut [Cq],
-    pub srqs: &'a mut SrqTable,
-    pub counters: &'a mut Counters,
-}
-
-/// One queue pair. The fields the endpoint reads are public; the rest belong to this module
-/// and the requester, completer and responder under it.
+/// One queue pair: owns its parts and calls the roles with the pieces each needs. The
+/// fields the endpoint reads are public.
 #[derive(Debug)]
 pub(crate) struct Qp {
-    pub qpn: u32,
-    pub state: QpState,
-    pub config: QpConfig,
-    pub stats: QpStats,
+    pub common: Common,
     /// Set when a completion could not be queued; the owner reports it as an async event.
     pub cq_overflowed: bool,
     /// Set when the QP went to ERR on its own; the owner reports it as an async event.
@@ -337,12 +128,6 @@ pub(crate) struct Qp {
     /// Set when a QP on an SRQ entered ERR: it takes no more WQEs from the SRQ, and the
     /// owner reports that as an async event (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     pub last_wqe_reached: bool,
-    /// Where its receives come from when not posted to the QP itself.
-    pub srq: Option<SrqId>,
-    qp_type: QpType,
-    pd: PdId,
-    send_cq: usize,
-    recv_cq: usize,
     caps: QpCaps,
     sq_sig_all: bool,
     sq: SendQueue,
@@ -368,36 +153,39 @@ pub struct QpInit {
 impl Qp {
     /// Whether this QP completes into the CQ in slot `cq`.
     pub(crate) fn uses_cq(&self, cq: usize) -> bool {
-        self.send_cq == cq || self.recv_cq == cq
+        self.common.send_cq == cq || self.common.recv_cq == cq
     }
 
     /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`.
     pub fn new(qpn: u32, init: QpInit, send_cq: usize, recv_cq: usize) -> Self {
         Qp {
-            qpn,
-            qp_type: init.qp_type,
-            pd: init.pd,
-            send_cq,
-            recv_cq,
+            common: Common {
+                qpn,
+                qp_type: init.qp_type,
+                pd: init.pd,
+                send_cq,
+                recv_cq,
+                state: QpState::Reset,
+                config: QpConfig::default(),
+                stats: QpStats::default(),
+                srq: None,
+                cq_full: false,
+            },
             caps: init.caps,
             sq_sig_all: init.sq_sig_all,
-            state: QpState::Reset,
-            config: QpConfig::default(),
             sq: SendQueue::default(),
             comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
-            stats: QpStats::default(),
             cq_overflowed: false,
             failure: None,
             last_wqe_reached: false,
-            srq: None,
         }
     }
 
     pub fn modify(&mut self, ctx: &mut Ctx, attr: &QpAttr) -> Result<(), ModifyQpError> {
-        let to = check_modify(self.qp_type, self.state, attr)?;
-        let config = &mut self.config;
+        let to = check_modify(self.common.qp_type, self.common.state, attr)?;
+        let config = &mut self.common.config;
         if let Some(access) = attr.access_flags {
             config.access = access;
         }
@@ -439,49 +227,67 @@ impl Qp {
         if let Some(psn) = attr.sq_psn {
             self.sq.set_psn(psn);
         }
-        if to != self.state {
-            tracing::debug!(qpn = self.qpn, from = ?self.state, ?to, "QP state (modify_qp)");
+        if to != self.common.state {
+            tracing::debug!(qpn = self.common.qpn, from = ?self.common.state, ?to, "QP state (modify_qp)");
         }
         match to {
-            QpState::Err if self.state != QpState::Err => self.enter_error(ctx),
+            QpState::Err if self.common.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
                 self.sq = SendQueue::default();
                 self.comp = Completer::default();
                 self.resp = Responder::default();
                 self.timers = TimerTable::default();
-                self.state = QpState::Reset;
+                self.common.state = QpState::Reset;
             }
-            _ => self.state = to,
+            _ => self.common.state = to,
         }
         Ok(())
     }
 
     #[inline]
     pub fn post_send(&mut self, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostError> {
-        requester::post(self, ctx, wr)
+        let len = self.post_gate().check_send(wr, 0)?;
+        if self.common.state == QpState::Err {
+            let completion = send_queue::completion(self.common.qpn, wr, WcStatus::WrFlush, 0);
+            self.complete(ctx, self.common.send_cq, completion);
+        } else {
+            requester::post(&mut self.sq, &self.common.config, wr, len);
+        }
+        Ok(())
     }
 
     pub fn post_recv(&mut self, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
-        responder::post(self, ctx, wr)
+        self.post_gate().check_recv(wr, 0)?;
+        if self.common.state == QpState::Err {
+            let completion = responder::recv_completion(self.common.qpn, wr, WcStatus::WrFlush);
+            self.complete(ctx, self.common.recv_cq, completion);
+        } else {
+            self.resp.post(wr);
+        }
+        Ok(())
     }
 
     #[inline]
     pub fn handle_packet(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
         // Only the default partition exists (full or limited member), and a connected QP
         // hears only its peer (rxe's check_keys and check_addr).
-        let connected = self.qp_type != QpType::Ud;
+        let connected = self.common.qp_type != QpType::Ud;
         if frame.bth.pkey & 0x7FFF != 0x7FFF || (connected && !self.is_from_peer(frame)) {
             tracing::debug!(
-                qpn = self.qpn,
+                qpn = self.common.qpn,
                 pkey = frame.bth.pkey,
                 source = ?frame.ip,
                 "dropped: foreign P_Key or not from the connected peer"
             );
-            self.stats.dropped += 1;
+            self.common.stats.dropped += 1;
             return;
         }
         if frame.bth.opcode.info().is_request {
-            responder::handle_request(self, ctx, frame);
+            let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
+            self.handle_cq_full(ctx);
+            if let Some(failure) = failure {
+                self.fail_by_peer(ctx, failure);
+            }
         } else if frame.bth.opcode != Opcode::Cnp {
             self.handle_response(ctx, frame);
         }
@@ -489,12 +295,22 @@ impl Qp {
 
     fn handle_response(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
         let acked_before = self.sq.acked_psn();
-        let Some(outcome) = completer::handle_response(self, ctx, frame) else {
+        let Some(outcome) =
+            completer::handle_response(&mut self.comp, &mut self.sq, &mut self.common, ctx, frame)
+        else {
             return;
         };
         self.apply(ctx, outcome);
-        if self.state != QpState::Err {
-            completer::settle(self, ctx, frame, acked_before);
+        if self.common.state != QpState::Err {
+            completer::settle(
+                &mut self.comp,
+                &self.sq,
+                &mut self.timers,
+                &self.common,
+                ctx,
+                frame,
+                acked_before,
+            );
         }
     }
 
@@ -503,7 +319,7 @@ impl Qp {
     fn apply(&mut self, ctx: &mut Ctx, outcome: Outcome) {
         for _ in 0..outcome.complete {
             self.complete_front(ctx);
-            if self.state == QpState::Err {
+            if self.common.state == QpState::Err {
                 return;
             }
         }
@@ -511,7 +327,7 @@ impl Qp {
             Then::Nothing => {}
             Then::Retry { from, wait } => {
                 if let Some(wait) = wait {
-                    tracing::debug!(qpn = self.qpn, ?wait, resume = %from, "RNR wait");
+                    tracing::debug!(qpn = self.common.qpn, ?wait, resume = %from, "RNR wait");
                     self.timers.set(Timer::RnrWait, ctx.now + wait);
                 } else {
                     ctx.counters.completer_retry_err += 1;
@@ -519,7 +335,7 @@ impl Qp {
                 self.sq.rewind(from);
             }
             Then::Fail(status) => {
-                tracing::debug!(qpn = self.qpn, ?status, "send work request failed");
+                tracing::debug!(qpn = self.common.qpn, ?status, "send work request failed");
                 match status {
                     WcStatus::RetryExceeded => ctx.counters.retry_exceeded_err += 1,
                     WcStatus::RnrRetryExceeded => ctx.counters.retry_rnr_exceeded_err += 1,
@@ -536,7 +352,7 @@ impl Qp {
             IpRepr::V4(v4) => v4.src.to_ipv6_mapped().octets(),
             IpRepr::V6(v6) => v6.src.octets(),
         };
-        self.config.av.is_some_and(|av| av.dgid == source)
+        self.common.config.av.is_some_and(|av| av.dgid == source)
     }
 
     pub fn handle_timeout(&mut self, ctx: &mut Ctx) {
@@ -544,7 +360,8 @@ impl Qp {
         for timer in expired {
             match timer {
                 Timer::Retransmit => {
-                    let outcome = completer::ack_timeout(self);
+                    let outcome =
+                        completer::ack_timeout(&mut self.comp, &mut self.sq, &mut self.common);
                     self.apply(ctx, outcome);
                 }
                 Timer::RnrWait => {}
@@ -555,13 +372,13 @@ impl Qp {
     /// What decides whether a post is accepted now.
     pub fn post_gate(&self) -> PostGate {
         PostGate {
-            qp_type: self.qp_type,
+            qp_type: self.common.qp_type,
             caps: self.caps,
-            state: self.state,
-            mtu: self.config.mtu,
+            state: self.common.state,
+            mtu: self.common.config.mtu,
             sq_len: self.sq.len(),
             rq_len: self.resp.rq_len(),
-            has_srq: self.srq.is_some(),
+            has_srq: self.common.srq.is_some(),
         }
     }
 
@@ -570,12 +387,32 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-        responder::next_packet(self, ctx, out) || requester::next_packet(self, ctx, out)
+        responder::next_packet(&mut self.resp, &mut self.common, ctx, out)
+            || self.poll_request(ctx, out)
+    }
+
+    /// The requester's next packet, finishing what it reports.
+    #[inline]
+    fn poll_request(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+        let (sq, timers) = (&mut self.sq, &mut self.timers);
+        match requester::next_packet(sq, timers, &mut self.common, ctx, out) {
+            Next::Nothing => false,
+            Next::Sent { completes_front } => {
+                if completes_front {
+                    self.complete_front(ctx);
+                }
+                true
+            }
+            Next::Fail { index, status } => {
+                self.fail_wqe(ctx, index, status);
+                false
+            }
+        }
     }
 
     /// What the responder has queued to send.
     pub fn responder_backlog(&self) -> ResponderBacklog {
-        let limit = usize::from(self.config.max_dest_rd_atomic);
+        let limit = usize::from(self.common.config.max_dest_rd_atomic);
         ResponderBacklog {
             queued: self.resp.backlog(),
             bound: resources::Resources::backlog_bound(limit),
@@ -586,43 +423,19 @@ impl Qp {
         self.timers.next_deadline()
     }
 
-    /// The address of a connected QP's peer (UD packets carry their own).
-    fn connected_av(&self) -> AddressVector {
-        self.config.av.unwrap_or(NO_ADDRESS)
-    }
-
-    /// Builds a packet to the connected peer.
-    fn packet(&self, bth: bth::Repr, ext: ExtRepr, payload: Vec<u8>) -> OutPacket {
-        OutPacket {
-            bth,
-            ext,
-            payload,
-            av: self.connected_av(),
-        }
-    }
-
-    /// A BTH to the connected peer with the fields every packet shares.
-    fn bth(&self, opcode: Opcode, psn: Psn, dest: Option<&UdDest>) -> bth::Repr {
-        bth::Repr::new(
-            opcode,
-            dest.map_or(self.config.dest_qpn, |d| d.remote_qpn),
-            psn,
-        )
-    }
-
     /// Queues a completion on `cq`; a full CQ moves the QP to ERR.
     #[inline(always)]
     fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
-        let received = matches!(
-            completion.opcode,
-            WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
-        );
-        if received && completion.status == WcStatus::Success {
-            ctx.counters.rdma_recvs += 1;
-        }
-        if ctx.cqs[cq].push(completion).is_err() {
+        self.common.complete(ctx, cq, completion);
+        self.handle_cq_full(ctx);
+    }
+
+    /// A completion (the QP's own or a role's) found its CQ full: the QP enters ERR.
+    #[inline(always)]
+    fn handle_cq_full(&mut self, ctx: &mut Ctx) {
+        if std::mem::take(&mut self.common.cq_full) {
             self.cq_overflowed = true;
-            if self.state != QpState::Err {
+            if self.common.state != QpState::Err {
                 self.enter_error(ctx);
             }
         }
@@ -634,18 +447,18 @@ impl Qp {
         if self.sq.front().is_none() {
             return;
         }
-        let completion = self.sq.success_of_front(self.qpn, self.sq_sig_all);
+        let completion = self.sq.success_of_front(self.common.qpn, self.sq_sig_all);
         count_send(ctx.counters, self.sq.front().map(|wqe| &wqe.wr));
         self.sq.pop_front();
         if let Some(completion) = completion {
-            self.complete(ctx, self.send_cq, completion);
+            self.complete(ctx, self.common.send_cq, completion);
         }
     }
 
     /// Completes the send WQE at `index` with an error (earlier ones are flushed first, to
     /// keep completions in order) and moves the QP to ERR, which flushes the rest.
     fn fail_wqe(&mut self, ctx: &mut Ctx, index: usize, status: WcStatus) {
-        if self.state != QpState::Err {
+        if self.common.state != QpState::Err {
             self.failure = Some(Failure::Fatal(status));
         }
         for flushed in 0..=index {
@@ -658,18 +471,18 @@ impl Qp {
                 count_send(ctx.counters, Some(&wqe.wr));
                 status
             };
-            let completion = send_queue::completion(self.qpn, &wqe.wr, status, 0);
+            let completion = send_queue::completion(self.common.qpn, &wqe.wr, status, 0);
             self.sq.pop_front();
-            self.complete(ctx, self.send_cq, completion);
+            self.complete(ctx, self.common.send_cq, completion);
         }
-        if self.state != QpState::Err {
+        if self.common.state != QpState::Err {
             self.enter_error(ctx);
         }
     }
 
     /// Moves to ERR because of a peer's request, saying why.
     fn fail_by_peer(&mut self, ctx: &mut Ctx, failure: Failure) {
-        if self.state != QpState::Err {
+        if self.common.state != QpState::Err {
             self.failure = Some(failure);
             self.enter_error(ctx);
         }
@@ -679,19 +492,19 @@ impl Qp {
     /// QP on an SRQ flushes only the WQE it took for a message under way; the SRQ's own
     /// stay for the other QPs.
     pub fn enter_error(&mut self, ctx: &mut Ctx) {
-        tracing::debug!(qpn = self.qpn, from = ?self.state, failure = ?self.failure, "QP to ERR");
-        self.state = QpState::Err;
-        self.last_wqe_reached = self.srq.is_some();
+        tracing::debug!(qpn = self.common.qpn, from = ?self.common.state, failure = ?self.failure, "QP to ERR");
+        self.common.state = QpState::Err;
+        self.last_wqe_reached = self.common.srq.is_some();
         self.timers = TimerTable::default();
         let sends = self.sq.take_all();
         for wqe in sends.iter() {
-            let completion = send_queue::completion(self.qpn, &wqe.wr, WcStatus::WrFlush, 0);
-            self.complete(ctx, self.send_cq, completion);
+            let completion = send_queue::completion(self.common.qpn, &wqe.wr, WcStatus::WrFlush, 0);
+            self.complete(ctx, self.common.send_cq, completion);
         }
         let recvs = self.resp.take_receives();
         for wr in recvs.iter() {
-            let completion = responder::recv_completion(self.qpn, wr, WcStatus::WrFlush);
-            self.complete(ctx, self.recv_cq, completion);
+            let completion = responder::recv_completion(self.common.qpn, wr, WcStatus::WrFlush);
+            self.complete(ctx, self.common.recv_cq, completion);
         }
     }
 }

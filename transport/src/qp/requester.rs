@@ -4,11 +4,11 @@
 use roce_wire::opcode::Position;
 use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr};
 
-use super::send_queue::{self, SendWqe};
-use super::{Ctx, OutPacket, PostError, Qp};
+use super::common::{Common, Ctx, OutPacket, QpConfig};
+use super::send_queue::{self, SendQueue, SendWqe};
 use crate::cq::WcStatus;
 use crate::qp_state::{QpState, QpType};
-use crate::timer::Timer;
+use crate::timer::{Timer, TimerTable};
 use crate::wr::{SendFlags, SendOp, SendWr};
 
 /// rxe asks for an ACK at least this often within a long message.
@@ -18,27 +18,32 @@ const MAX_PACKETS_PER_ACK: u32 = 64;
 /// N, an unbounded window would resend everything posted after every loss.
 const MAX_UNACKED_PSNS: i32 = 128;
 
-/// `ibv_post_send` for one work request.
+/// Queues a send work request the QP admitted, `len` bytes long.
 #[inline]
-pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &SendWr) -> Result<(), PostError> {
-    let len = qp.post_gate().check_send(wr, 0)?;
-    if qp.state == QpState::Err {
-        let completion = send_queue::completion(qp.qpn, wr, WcStatus::WrFlush, 0);
-        qp.complete(ctx, qp.send_cq, completion);
-        return Ok(());
-    }
+pub(crate) fn post(sq: &mut SendQueue, config: &QpConfig, wr: &SendWr, len: u32) {
     let npsn = if wr.op.is_atomic() {
         1
     } else {
-        qp.config.packets(len)
+        config.packets(len)
     };
-    qp.sq.push(wr, len, npsn);
-    Ok(())
+    sq.push(wr, len, npsn);
+}
+
+/// What [`next_packet`] did, for the QP to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Nothing may be sent now.
+    Nothing,
+    /// A packet was written; with `completes_front`, it was the last of a UC or UD WQE,
+    /// which is done once its last packet leaves.
+    Sent { completes_front: bool },
+    /// The WQE at `index` cannot be sent and fails with `status`.
+    Fail { index: usize, status: WcStatus },
 }
 
 /// Whether the WQE at `index` must wait: for a fence, or for a read/atomic slot.
-fn must_wait(qp: &Qp, index: usize, pkt_in_wqe: u32) -> bool {
-    let Some(wqe) = qp.sq.get(index) else {
+fn must_wait(sq: &SendQueue, qp: &Common, index: usize, pkt_in_wqe: u32) -> bool {
+    let Some(wqe) = sq.get(index) else {
         return true;
     };
     let fence = wqe.wr.flags.contains(SendFlags::FENCE);
@@ -46,7 +51,7 @@ fn must_wait(qp: &Qp, index: usize, pkt_in_wqe: u32) -> bool {
         return false; // the common case, without scanning the queue
     }
     let earlier_reads = (0..index)
-        .filter_map(|i| qp.sq.get(i))
+        .filter_map(|i| sq.get(i))
         .filter(|w| w.wr.op.is_read_or_atomic())
         .count();
     let fenced = fence && earlier_reads > 0;
@@ -58,7 +63,7 @@ fn must_wait(qp: &Qp, index: usize, pkt_in_wqe: u32) -> bool {
 }
 
 /// Extension headers of packet `index` of a WQE.
-fn ext_headers(qp: &Qp, wqe: &SendWqe, index: u32, position: Position) -> ExtRepr {
+fn ext_headers(qp: &Common, wqe: &SendWqe, index: u32, position: Position) -> ExtRepr {
     let mtu = qp.config.mtu as u64;
     let mut ext = ExtRepr::default();
     let ends = position.ends_message();
@@ -133,14 +138,20 @@ fn ext_headers(qp: &Qp, wqe: &SendWqe, index: u32, position: Position) -> ExtRep
 
 /// Writes the next request packet into `out` (reusing its payload buffer) and advances the
 /// cursor; `false` if nothing may be sent now.
-pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-    let Some((index, k)) = sendable(qp) else {
-        return false;
+pub(crate) fn next_packet(
+    sq: &mut SendQueue,
+    timers: &mut TimerTable,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    out: &mut OutPacket,
+) -> Next {
+    let Some((index, k)) = sendable(sq, timers, qp) else {
+        return Next::Nothing;
     };
-    qp.sq.begin_packet();
-    let psn = qp.sq.next_psn();
-    let Some(wqe) = qp.sq.get(index) else {
-        return false;
+    sq.begin_packet();
+    let psn = sq.next_psn();
+    let Some(wqe) = sq.get(index) else {
+        return Next::Nothing;
     };
     let is_read = matches!(wqe.wr.op, SendOp::RdmaRead { .. });
     // A READ request or an atomic is one packet, whatever its response takes.
@@ -150,12 +161,11 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bo
         Position::of(k, wqe.npsn)
     };
     let Some(opcode) = send_queue::request_opcode(qp.qp_type, &wqe.wr.op, position) else {
-        qp.fail_wqe(ctx, index, WcStatus::LocalQpOperation);
-        return false;
+        let status = WcStatus::LocalQpOperation;
+        return Next::Fail { index, status };
     };
     if let Err(status) = payload(qp, ctx, wqe, k, &mut out.payload) {
-        qp.fail_wqe(ctx, index, status);
-        return false;
+        return Next::Fail { index, status };
     }
     out.ext = ext_headers(qp, wqe, k, position);
     let mut bth = qp.bth(opcode, psn, wqe.wr.ud.as_ref());
@@ -172,44 +182,42 @@ pub(crate) fn next_packet(qp: &mut Qp, ctx: &mut Ctx, out: &mut OutPacket) -> bo
         consumes_receive && position.ends_message() && wqe.wr.flags.contains(SendFlags::SOLICITED);
     if qp.qp_type == QpType::Rc {
         bth.ack_req =
-            position.ends_message() || is_read || qp.sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
+            position.ends_message() || is_read || sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
     }
     out.bth = bth;
     out.av = wqe.wr.ud.map_or_else(|| qp.connected_av(), |dest| dest.av);
 
     // A READ request stands for all of its response PSNs.
     let consumed = if is_read { wqe.npsn - k } else { 1 };
-    let advance = qp.sq.advance(consumed, bth.ack_req);
+    let advance = sq.advance(consumed, bth.ack_req);
     if advance.retransmit {
         qp.stats.retransmits += 1;
     }
-    if advance.wqe_sent && qp.qp_type != QpType::Rc {
-        // UC and UD sends are done once their last packet leaves.
-        qp.complete_front(ctx);
-    }
-    if qp.qp_type == QpType::Rc && !qp.timers.is_set(Timer::Retransmit) {
+    if qp.qp_type == QpType::Rc && !timers.is_set(Timer::Retransmit) {
         if let Some(timeout) = qp.config.ack_timeout() {
-            qp.timers.set(Timer::Retransmit, ctx.now + timeout);
+            timers.set(Timer::Retransmit, ctx.now + timeout);
         }
     }
-    true
+    Next::Sent {
+        completes_front: advance.wqe_sent && qp.qp_type != QpType::Rc,
+    }
 }
 
 /// The WQE and packet to send next, if the QP's state, the RNR wait, fences, read slots and
 /// the window allow one now.
-fn sendable(qp: &Qp) -> Option<(usize, u32)> {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.timers.is_set(Timer::RnrWait) {
+fn sendable(sq: &SendQueue, timers: &TimerTable, qp: &Common) -> Option<(usize, u32)> {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || timers.is_set(Timer::RnrWait) {
         return None;
     }
     // SQD drains: what was already sent may go again, nothing new starts.
-    if qp.state == QpState::Sqd && qp.sq.next_psn().distance(qp.sq.max_sent_psn()) > 0 {
+    if qp.state == QpState::Sqd && sq.next_psn().distance(sq.max_sent_psn()) > 0 {
         return None;
     }
-    let (index, k) = qp.sq.cursor()?;
-    if must_wait(qp, index, k) {
+    let (index, k) = sq.cursor()?;
+    if must_wait(sq, qp, index, k) {
         return None;
     }
-    let window = qp.sq.next_psn().distance(qp.sq.acked_psn());
+    let window = sq.next_psn().distance(sq.acked_psn());
     if qp.qp_type == QpType::Rc && window > MAX_UNACKED_PSNS {
         return None;
     }
@@ -219,7 +227,7 @@ fn sendable(qp: &Qp) -> Option<(usize, u32)> {
 /// Fills `payload` with the data of packet `k` of `wqe` (none for a READ request or an
 /// atomic).
 fn payload(
-    qp: &Qp,
+    qp: &Common,
     ctx: &mut Ctx,
     wqe: &SendWqe,
     k: u32,

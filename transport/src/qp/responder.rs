@@ -6,8 +6,8 @@ use roce_wire::frame::IpRepr;
 use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
+use super::common::{Common, Ctx, Failure, OutPacket};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
-use super::{Ctx, Failure, OutPacket, PostError, Qp};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError};
 use crate::qp_state::{QpState, QpType};
@@ -67,6 +67,11 @@ impl Responder {
         self.resources.backlog()
     }
 
+    /// Queues a receive work request the QP admitted.
+    pub fn post(&mut self, wr: &RecvWr) {
+        self.rq.push_slot().clone_from(wr);
+    }
+
     /// Receives posted and not yet completed.
     pub fn rq_len(&self) -> usize {
         self.rq.len()
@@ -89,26 +94,14 @@ enum Refusal {
     Fatal(NakCode, Option<WcStatus>),
 }
 
-/// `ibv_post_recv` for one work request.
-pub(crate) fn post(qp: &mut Qp, ctx: &mut Ctx, wr: &RecvWr) -> Result<(), PostError> {
-    qp.post_gate().check_recv(wr, 0)?;
-    if qp.state == QpState::Err {
-        let completion = recv_completion(qp.qpn, wr, WcStatus::WrFlush);
-        qp.complete(ctx, qp.recv_cq, completion);
-    } else {
-        qp.resp.rq.push_slot().clone_from(wr);
-    }
-    Ok(())
-}
-
 /// Whether a receive waits for the message arriving now, at the front of the QP's own
 /// queue: the receive source. A QP on an SRQ takes the SRQ's next WQE into its own queue
 /// when it has none, and holds it there until the message completes.
-fn receive_ready(qp: &mut Qp, ctx: &mut Ctx) -> bool {
-    if let (true, Some(srq)) = (qp.resp.rq.is_empty(), qp.srq) {
-        ctx.srqs.take_into(srq, &mut qp.resp.rq);
+fn receive_ready(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx) -> bool {
+    if let (true, Some(srq)) = (resp.rq.is_empty(), qp.srq) {
+        ctx.srqs.take_into(srq, &mut resp.rq);
     }
-    !qp.resp.rq.is_empty()
+    !resp.rq.is_empty()
 }
 
 /// The completion of receive `wr` on QP `qpn`, before what the message adds to it.
@@ -127,33 +120,38 @@ pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCo
 }
 
 /// Writes the next response, NAK or (coalesced) ACK to send into `out`; `false` if none.
-pub(crate) fn next_packet(qp: &mut Qp, ctx: &Ctx, out: &mut OutPacket) -> bool {
+pub(crate) fn next_packet(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &Ctx,
+    out: &mut OutPacket,
+) -> bool {
     // Each turn either writes a packet or drops the front entry, so this ends.
-    while let Some(entry) = qp.resp.resources.front() {
+    while let Some(entry) = resp.resources.front() {
         match entry {
             Output::Ack { psn, syndrome, msn } => {
-                qp.resp.resources.pop_front();
+                resp.resources.pop_front();
                 out.replace_with(ack_packet(qp, psn, syndrome, msn));
                 return true;
             }
             Output::Responses(first_psn) => {
-                if next_response(qp, ctx, first_psn, out) {
+                if next_response(resp, qp, ctx, first_psn, out) {
                     return true;
                 }
             }
         }
     }
-    match qp.resp.pending_ack.take() {
+    match resp.pending_ack.take() {
         Some(psn) => {
             let ack = Syndrome::Ack(CreditCount::UNLIMITED);
-            out.replace_with(ack_packet(qp, psn, ack, qp.resp.msn));
+            out.replace_with(ack_packet(qp, psn, ack, resp.msn));
             true
         }
         None => false,
     }
 }
 
-fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
+fn ack_packet(qp: &Common, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
     let ext = ExtRepr {
         aeth: Some(aeth::Repr { syndrome, msn }),
         ..ExtRepr::default()
@@ -162,30 +160,36 @@ fn ack_packet(qp: &Qp, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket {
 }
 
 /// Puts any ACK owed in the queue, so what follows it stays in PSN order.
-fn flush_pending_ack(qp: &mut Qp) {
-    if let Some(psn) = qp.resp.pending_ack.take() {
+fn flush_pending_ack(resp: &mut Responder) {
+    if let Some(psn) = resp.pending_ack.take() {
         let ack = Syndrome::Ack(CreditCount::UNLIMITED);
-        qp.resp.resources.queue_ack(psn, ack, qp.resp.msn);
+        resp.resources.queue_ack(psn, ack, resp.msn);
     }
 }
 
-fn nak(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+fn nak(resp: &mut Responder, qp: &mut Common, psn: Psn, syndrome: Syndrome) {
     tracing::debug!(qpn = qp.qpn, %psn, ?syndrome, "NAK sent");
     qp.stats.naks_sent += 1;
-    flush_pending_ack(qp);
-    qp.resp.resources.queue_ack(psn, syndrome, qp.resp.msn);
+    flush_pending_ack(resp);
+    resp.resources.queue_ack(psn, syndrome, resp.msn);
 }
 
 /// Writes the next response the resource at `first_psn` owes into `out`, building it from
 /// memory now; `false` (and the entry is dropped) when it owes nothing more.
-fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) -> bool {
+fn next_response(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &Ctx,
+    first_psn: Psn,
+    out: &mut OutPacket,
+) -> bool {
     let mtu = qp.config.mtu;
-    let Some(resource) = qp.resp.resources.get_mut(first_psn) else {
-        qp.resp.resources.pop_front();
+    let Some(resource) = resp.resources.get_mut(first_psn) else {
+        resp.resources.pop_front();
         return false;
     };
     let Some(owed) = resource.owed else {
-        qp.resp.resources.pop_front();
+        resp.resources.pop_front();
         return false;
     };
     let k = owed.next;
@@ -196,7 +200,7 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
     });
     let resource = *resource;
     if done {
-        qp.resp.resources.pop_front();
+        resp.resources.pop_front();
     }
     match resource.kind {
         ResourceKind::Atomic { original } => {
@@ -220,11 +224,11 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
                 qp.stats.naks_sent += 1;
                 let nak = Syndrome::Nak(NakCode::RemoteAccessError);
                 out.replace_with(ack_packet(qp, psn, nak, resource.msn));
-                if let Some(resource) = qp.resp.resources.get_mut(first_psn) {
+                if let Some(resource) = resp.resources.get_mut(first_psn) {
                     resource.owed = None;
                 }
                 if !done {
-                    qp.resp.resources.pop_front();
+                    resp.resources.pop_front();
                 }
                 return true;
             };
@@ -252,8 +256,14 @@ fn next_response(qp: &mut Qp, ctx: &Ctx, first_psn: Psn, out: &mut OutPacket) ->
     true
 }
 
-/// Handles a request addressed to this QP.
-pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+/// Handles a request addressed to this QP; a request that breaks the connection returns why,
+/// for the QP to enter ERR.
+pub(crate) fn handle_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
     let service_matches = matches!(
         (qp.qp_type, frame.bth.opcode.service()),
         (QpType::Rc, roce_wire::opcode::Service::Rc)
@@ -262,64 +272,71 @@ pub(crate) fn handle_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
     );
     if !service_matches || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
-        return;
+        return None;
     }
     if qp.qp_type != QpType::Ud {
         ctx.counters.rcvd_pkts += 1; // a UD packet counts once its Q_Key matched
     }
     match qp.qp_type {
-        QpType::Rc => rc_request(qp, ctx, frame),
-        QpType::Uc => uc_request(qp, ctx, frame),
-        QpType::Ud => ud_request(qp, ctx, frame),
+        QpType::Rc => return rc_request(resp, qp, ctx, frame),
+        QpType::Uc => uc_request(resp, qp, ctx, frame),
+        QpType::Ud => ud_request(resp, qp, ctx, frame),
     }
+    None
 }
 
-fn rc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn rc_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
     let psn = frame.bth.psn;
-    let ahead = psn.distance(qp.resp.epsn);
+    let ahead = psn.distance(resp.epsn);
     if ahead > 0 {
-        if !qp.resp.nak_sent {
-            qp.resp.nak_sent = true;
+        if !resp.nak_sent {
+            resp.nak_sent = true;
             ctx.counters.out_of_seq_request += 1;
-            let epsn = qp.resp.epsn;
-            nak(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            let epsn = resp.epsn;
+            nak(resp, qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
         qp.stats.dropped += 1;
-        return;
+        return None;
     }
     if ahead < 0 {
         ctx.counters.duplicate_request += 1;
-        return duplicate(qp, ctx, frame);
+        duplicate(resp, qp, ctx, frame);
+        return None;
     }
-    qp.resp.nak_sent = false;
-    match execute(qp, ctx, frame) {
+    resp.nak_sent = false;
+    match execute(resp, qp, ctx, frame) {
         Ok(()) => {}
         Err(Refusal::NotReady) => {
             let timer = qp.config.min_rnr_timer;
             ctx.counters.send_rnr_err += 1;
-            nak(qp, psn, Syndrome::RnrNak(timer));
+            nak(resp, qp, psn, Syndrome::RnrNak(timer));
         }
         Err(Refusal::Fatal(code, receive)) => {
-            nak(qp, psn, Syndrome::Nak(code));
-            if let (Some(status), Some(wqe)) = (receive, qp.resp.rq.front()) {
+            nak(resp, qp, psn, Syndrome::Nak(code));
+            if let (Some(status), Some(wqe)) = (receive, resp.rq.front()) {
                 let completion = recv_completion(qp.qpn, wqe, status);
-                qp.resp.rq.pop_front();
+                resp.rq.pop_front();
                 qp.complete(ctx, qp.recv_cq, completion);
             }
-            let failure = match code {
+            return Some(match code {
                 NakCode::RemoteAccessError => Failure::Access,
                 _ => Failure::InvalidRequest,
-            };
-            qp.fail_by_peer(ctx, failure);
+            });
         }
     }
+    None
 }
 
 /// A request with a PSN already executed: re-ACK SEND/WRITE, re-execute READ, replay the
 /// atomic's saved result.
-fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let psn = frame.bth.psn;
-    let resource = qp.resp.resources.find(psn).copied();
+    let resource = resp.resources.find(psn).copied();
     let asked_again = match frame.bth.opcode.info().operation {
         Operation::ReadRequest => {
             let mtu = qp.config.mtu;
@@ -334,27 +351,32 @@ fn duplicate(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
             resource.is_some_and(|r| matches!(r.kind, ResourceKind::Atomic { .. }))
         }
         _ => {
-            qp.resp.pending_ack = Some(qp.resp.ack_psn - 1);
+            resp.pending_ack = Some(resp.ack_psn - 1);
             return;
         }
     };
     if asked_again {
-        flush_pending_ack(qp);
-        qp.resp.resources.restart(psn);
+        flush_pending_ack(resp);
+        resp.resources.restart(psn);
     } else {
         qp.stats.dropped += 1;
     }
 }
 
 /// Executes an in-order request; on success the expected PSN moves past it.
-fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn execute(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let info = frame.bth.opcode.info();
     let (operation, position) = (info.operation, info.position);
     // FLUSH and ATOMIC WRITE are not implemented: invalid requests.
     if matches!(operation, Operation::Flush | Operation::AtomicWrite) {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    let continuing = match &qp.resp.in_message {
+    let continuing = match &resp.in_message {
         Some(InMessage::Send { .. }) => Some(Operation::Send),
         Some(InMessage::Write { .. }) => Some(Operation::Write),
         None => None,
@@ -385,27 +407,32 @@ fn execute(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal>
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     match operation {
-        Operation::Send => receive_send(qp, ctx, frame)?,
-        Operation::Write => receive_write(qp, ctx, frame)?,
-        Operation::ReadRequest => return read_request(qp, ctx, frame),
+        Operation::Send => receive_send(resp, qp, ctx, frame)?,
+        Operation::Write => receive_write(resp, qp, ctx, frame)?,
+        Operation::ReadRequest => return read_request(resp, qp, ctx, frame),
         Operation::CompareSwap | Operation::FetchAdd => {
-            atomic(qp, ctx, frame)?;
-            qp.resp.epsn = qp.resp.epsn + 1;
-            qp.resp.ack_psn = qp.resp.epsn;
+            atomic(resp, qp, ctx, frame)?;
+            resp.epsn = resp.epsn + 1;
+            resp.ack_psn = resp.epsn;
             return Ok(());
         }
         _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
     }
-    qp.resp.epsn = qp.resp.epsn + 1;
-    qp.resp.ack_psn = qp.resp.epsn;
+    resp.epsn = resp.epsn + 1;
+    resp.ack_psn = resp.epsn;
     if frame.bth.ack_req && qp.qp_type == QpType::Rc {
-        qp.resp.pending_ack = Some(frame.bth.psn);
+        resp.pending_ack = Some(frame.bth.psn);
     }
     Ok(())
 }
 
 /// A new READ request becomes a resource whose responses are built as they are sent.
-fn read_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn read_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let reth = frame
         .ext
         .reth
@@ -413,34 +440,39 @@ fn read_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
     let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
     remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
     let npsn = qp.config.packets(len);
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    resp.msn = resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
         npsn,
-        msn: qp.resp.msn,
+        msn: resp.msn,
         kind: ResourceKind::Read { address, rkey, len },
         owed: Some(Owed { start: 0, next: 0 }),
     };
-    remember(qp, resource);
-    qp.resp.epsn = qp.resp.epsn + npsn;
+    remember(resp, qp, resource);
+    resp.epsn = resp.epsn + npsn;
     Ok(())
 }
 
-fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn receive_send(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
     let received = if position.starts_message() {
         0
     } else {
-        match qp.resp.in_message {
+        match resp.in_message {
             Some(InMessage::Send { received }) => received,
             _ => return Err(Refusal::Fatal(NakCode::InvalidRequest, None)),
         }
     };
     // The message's receive: taken off the queue only when the message ends.
-    if !receive_ready(qp, ctx) {
+    if !receive_ready(resp, qp, ctx) {
         return Err(Refusal::NotReady);
     }
-    let Some(wqe) = qp.resp.rq.front() else {
+    let Some(wqe) = resp.rq.front() else {
         return Err(Refusal::NotReady);
     };
     if let Err(error) = ctx
@@ -456,7 +488,7 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
     }
     let received = received + frame.payload.len() as u32;
     if !position.ends_message() {
-        qp.resp.in_message = Some(InMessage::Send { received });
+        resp.in_message = Some(InMessage::Send { received });
         return Ok(());
     }
     let completion = WorkCompletion {
@@ -466,15 +498,20 @@ fn receive_send(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Ref
         solicited: frame.bth.solicited,
         ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
-    qp.resp.rq.pop_front();
-    qp.resp.in_message = None;
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    resp.rq.pop_front();
+    resp.in_message = None;
+    resp.msn = resp.msn.wrapping_add(1);
     qp.complete(ctx, qp.recv_cq, completion);
     Ok(())
 }
 
 /// The first packet of a WRITE: its RETH names the whole message's target.
-fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn start_write(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let reth = frame
         .ext
         .reth
@@ -492,7 +529,7 @@ fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal>
             write,
         )?;
     }
-    qp.resp.in_message = Some(InMessage::Write {
+    resp.in_message = Some(InMessage::Write {
         address: reth.virtual_address,
         rkey: reth.rkey,
         remaining: reth.dma_length,
@@ -501,16 +538,21 @@ fn start_write(qp: &mut Qp, ctx: &Ctx, frame: &FrameRepr) -> Result<(), Refusal>
     Ok(())
 }
 
-fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn receive_write(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let position = frame.bth.opcode.info().position;
     let has_imm = frame.bth.opcode.info().has_immediate;
     if position.starts_message() {
-        start_write(qp, ctx, frame)?;
+        start_write(resp, qp, ctx, frame)?;
     }
     // A WRITE with immediate consumes a receive: refuse before touching memory.
-    if has_imm && !receive_ready(qp, ctx) {
+    if has_imm && !receive_ready(resp, qp, ctx) {
         if position.starts_message() {
-            qp.resp.in_message = None;
+            resp.in_message = None;
         }
         return Err(Refusal::NotReady);
     }
@@ -519,7 +561,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         rkey,
         remaining,
         length,
-    }) = qp.resp.in_message.take()
+    }) = resp.in_message.take()
     else {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     };
@@ -536,7 +578,7 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
     }
     if !ends {
-        qp.resp.in_message = Some(InMessage::Write {
+        resp.in_message = Some(InMessage::Write {
             address: address + u64::from(len),
             rkey,
             remaining: remaining - len,
@@ -544,9 +586,9 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
         });
         return Ok(());
     }
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    resp.msn = resp.msn.wrapping_add(1);
     if has_imm {
-        let Some(wqe) = qp.resp.rq.front() else {
+        let Some(wqe) = resp.rq.front() else {
             return Err(Refusal::NotReady);
         };
         let completion = WorkCompletion {
@@ -556,14 +598,14 @@ fn receive_write(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Re
             solicited: frame.bth.solicited,
             ..recv_completion(qp.qpn, wqe, WcStatus::Success)
         };
-        qp.resp.rq.pop_front();
+        resp.rq.pop_front();
         qp.complete(ctx, qp.recv_cq, completion);
     }
     Ok(())
 }
 
 /// The first half of the responder's access check: the QP's own remote rights.
-fn qp_permits(qp: &Qp, needed: AccessFlags) -> Result<(), Refusal> {
+fn qp_permits(qp: &Common, needed: AccessFlags) -> Result<(), Refusal> {
     if qp.config.access.contains(needed) {
         Ok(())
     } else {
@@ -574,7 +616,7 @@ fn qp_permits(qp: &Qp, needed: AccessFlags) -> Result<(), Refusal> {
 /// The responder's access check, QP rights then R_Key, region and bounds: a violation is a
 /// remote access error NAK.
 fn remote_access(
-    qp: &Qp,
+    qp: &Common,
     ctx: &Ctx,
     rkey: u32,
     address: u64,
@@ -587,7 +629,12 @@ fn remote_access(
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
-fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> {
+fn atomic(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
     let op = frame
         .ext
         .atomic_eth
@@ -607,19 +654,19 @@ fn atomic(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) -> Result<(), Refusal> 
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
         })?;
-    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    resp.msn = resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
         npsn: 1,
-        msn: qp.resp.msn,
+        msn: resp.msn,
         kind: ResourceKind::Atomic { original },
         owed: Some(Owed { start: 0, next: 0 }),
     };
-    remember(qp, resource);
+    remember(resp, qp, resource);
     Ok(())
 }
 
-fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
+fn atomic_ack_packet(qp: &Common, psn: Psn, original: u64, msn: u32) -> OutPacket {
     let ext = ExtRepr {
         aeth: Some(aeth::Repr {
             syndrome: Syndrome::Ack(CreditCount::UNLIMITED),
@@ -637,47 +684,47 @@ fn atomic_ack_packet(qp: &Qp, psn: Psn, original: u64, msn: u32) -> OutPacket {
 
 /// Keeps a new READ/atomic (behind any ACK owed), forgetting the oldest beyond
 /// `max_dest_rd_atomic`.
-fn remember(qp: &mut Qp, resource: Resource) {
-    flush_pending_ack(qp);
+fn remember(resp: &mut Responder, qp: &mut Common, resource: Resource) {
+    flush_pending_ack(resp);
     let limit = usize::from(qp.config.max_dest_rd_atomic);
-    qp.resp.resources.add(resource, limit);
+    resp.resources.add(resource, limit);
 }
 
 /// UC: no ACKs or NAKs; after a loss, drop until the next message starts.
-fn uc_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn uc_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let starts = frame.bth.opcode.info().position.starts_message();
-    if frame.bth.psn != qp.resp.epsn || qp.resp.uc_resync {
-        abandon_message(qp);
+    if frame.bth.psn != resp.epsn || resp.uc_resync {
+        abandon_message(resp);
         if !starts {
-            qp.resp.uc_resync = true;
+            resp.uc_resync = true;
             qp.stats.dropped += 1;
             return;
         }
-        qp.resp.uc_resync = false;
-        qp.resp.epsn = frame.bth.psn;
+        resp.uc_resync = false;
+        resp.epsn = frame.bth.psn;
     }
-    if execute(qp, ctx, frame).is_err() {
+    if execute(resp, qp, ctx, frame).is_err() {
         // A receive the failed packet was filling stays at the front for the next message.
-        abandon_message(qp);
-        qp.resp.uc_resync = true;
-        qp.resp.epsn = frame.bth.psn + 1;
+        abandon_message(resp);
+        resp.uc_resync = true;
+        resp.epsn = frame.bth.psn + 1;
         qp.stats.dropped += 1;
     }
 }
 
 /// Gives up the message under way; a receive it was filling is still the queue's front,
 /// for the next message.
-fn abandon_message(qp: &mut Qp) {
-    qp.resp.in_message = None;
+fn abandon_message(resp: &mut Responder) {
+    resp.in_message = None;
 }
 
 /// UD: one packet per message, a Q_Key check, and the GRH area in front of the data.
-fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
+fn ud_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let Some(deth) = frame.ext.deth else { return };
     if deth.qkey == qp.config.qkey {
         ctx.counters.rcvd_pkts += 1;
     }
-    if deth.qkey != qp.config.qkey || !receive_ready(qp, ctx) {
+    if deth.qkey != qp.config.qkey || !receive_ready(resp, qp, ctx) {
         tracing::debug!(
             qpn = qp.qpn,
             qkey = deth.qkey,
@@ -697,7 +744,7 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         IpRepr::V4(_) => frame.ip.emit(udp_len, &mut grh[20..]),
         IpRepr::V6(_) => frame.ip.emit(udp_len, &mut grh[..]),
     };
-    let Some(wqe) = qp.resp.rq.front() else {
+    let Some(wqe) = resp.rq.front() else {
         return;
     };
     let scattered = written.is_ok()
@@ -717,6 +764,6 @@ fn ud_request(qp: &mut Qp, ctx: &mut Ctx, frame: &FrameRepr) {
         solicited: frame.bth.solicited,
         ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
-    qp.resp.rq.pop_front();
+    resp.rq.pop_front();
     qp.complete(ctx, qp.recv_cq, completion);
 }
