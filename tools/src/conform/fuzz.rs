@@ -14,7 +14,7 @@
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use roce_provider::capture::{read_frames, write_frames, CapturedFrame};
@@ -27,7 +27,7 @@ use super::conn::Conn;
 use super::link::{fix_lengths, Answer, Damage, Link, Packet, BTH_AT, IP_AT};
 use super::scenarios::baseline;
 use super::target::{Local, Perftest, Service, Target};
-use super::{conduct, open_link, use_up_receives, Options, PortArgs};
+use super::{conduct, failed_check, open_link, use_up_receives, Options, PortArgs};
 
 /// Arguments of `roce fuzz`.
 #[derive(clap::Args)]
@@ -344,11 +344,7 @@ fn alive(
         conduct(target, link, probe, options)?,
         Ok(seen) if probe.expected.contains(&seen.as_str())
     );
-    let checked = match &options.check {
-        Some(check) => Command::new("sh").args(["-c", check]).status()?.success(),
-        None => true,
-    };
-    Ok(works && checked)
+    Ok(works && failed_check(options)?.is_none())
 }
 
 fn save(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {

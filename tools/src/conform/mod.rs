@@ -28,11 +28,13 @@ pub mod link;
 #[cfg(test)]
 mod memory;
 pub mod scenarios;
+pub mod serve;
 pub mod target;
 
 use conn::Conn;
 use link::{Link, Station};
 use scenarios::{baseline, Scenario, RECEIVES_AT_MOST, SCENARIOS};
+use serve::{ServeScenario, ServeSuite, Server, SERVE_SCENARIOS};
 use target::{Local, Perftest, Ports, Service, Target};
 
 /// Arguments of `roce conform`.
@@ -70,6 +72,10 @@ pub struct Args {
     /// Write every frame sent and received to this pcap file.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
+    /// The target as requester: serve its perftest clients (`-s 64 -n 5 -t 1`, looping,
+    /// connecting to us from HOST) on the same ports, with the requester's scenarios.
+    #[arg(long)]
+    pub serve: bool,
 }
 
 /// The ports of the target's perftest servers.
@@ -146,6 +152,9 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn conform(args: &Args) -> io::Result<Summary> {
+    if args.serve {
+        return conform_serve(args);
+    }
     let chosen: Vec<&Scenario> = SCENARIOS
         .iter()
         .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
@@ -174,6 +183,37 @@ fn conform(args: &Args) -> io::Result<Summary> {
     run_suite(&mut target, &mut link, &chosen, &options, &mut io::stdout())
 }
 
+fn conform_serve(args: &Args) -> io::Result<Summary> {
+    let chosen: Vec<&ServeScenario> = SERVE_SCENARIOS
+        .iter()
+        .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
+        .filter(|s| args.only.is_empty() || args.only.iter().any(|name| name == s.name))
+        .filter(|s| !args.skip.iter().any(|name| name == s.name))
+        .collect();
+    if chosen.is_empty() {
+        return Err(io::Error::other("no scenario selected"));
+    }
+    let mut services: Vec<Service> = chosen.iter().map(|s| s.service).collect();
+    services.dedup();
+    let options = Options {
+        send_size: args.send_size,
+        check: args.check.clone(),
+    };
+    let suite = ServeSuite {
+        server: Server::bind(
+            &services,
+            args.ports.ports(),
+            args.host,
+            Duration::from_secs(args.patience),
+        )?,
+        device: args.device.clone(),
+        pcap: args.pcap.clone(),
+        wait: Duration::from_millis(args.wait),
+        options: &options,
+    };
+    suite.run(&chosen, &mut io::stdout())
+}
+
 /// Opens AF_XDP on the interface towards the target, and learns both stations (a TCP
 /// connection to `service`'s server says which address we leave from, and fills the ARP
 /// entry of the target's MAC; the server sees a client that hung up and starts again).
@@ -185,6 +225,18 @@ pub fn open_link(
     wait: Duration,
 ) -> io::Result<Link> {
     let ours = target.local_address(service)?;
+    link_between(ours, target.host, device, pcap, wait)
+}
+
+/// Opens AF_XDP on the interface with address `ours` (or `device`), towards `theirs`, whose
+/// MAC the kernel's ARP table must already hold (a TCP connection with it fills it).
+pub fn link_between(
+    ours: Ipv4Addr,
+    theirs: Ipv4Addr,
+    device: Option<&str>,
+    pcap: Option<&std::path::Path>,
+    wait: Duration,
+) -> io::Result<Link> {
     let device = devices()?
         .into_iter()
         .find(|d| match device {
@@ -192,7 +244,7 @@ pub fn open_link(
             None => d.ipv4() == Some(ours),
         })
         .ok_or_else(|| io::Error::other(format!("no interface with address {ours}")))?;
-    let their_mac = neighbour_mac(target.host, &device.name)?;
+    let their_mac = neighbour_mac(theirs, &device.name)?;
     let afxdp = AfXdpBackend::open(&device.name, XdpMode::Native)
         .or_else(|_| AfXdpBackend::open(&device.name, XdpMode::Generic))?;
     let backend: Box<dyn Backend> = match pcap {
@@ -207,7 +259,7 @@ pub fn open_link(
         },
         Station {
             mac: their_mac,
-            ip: target.host,
+            ip: theirs,
         },
         wait,
     ))
@@ -307,18 +359,55 @@ pub fn run_suite(
                 Ok(seen) => broken_by.push(format!("{}:{seen}", probe.name)),
                 Err(why) => broken_by.push(format!("{}:{why}", probe.name)),
             }
-            if let Some(check) = &options.check {
-                let status = Command::new("sh").args(["-c", check]).status()?;
-                if !status.success() {
-                    broken_by.push(format!("check:{status}"));
-                }
-            }
+            broken_by.extend(failed_check(options)?);
             if !broken_by.is_empty() {
                 verdict = Verdict::Broke;
             }
         }
+        let line = Line {
+            name: scenario.name,
+            expected: scenario.expected,
+            observed: &observed,
+            verdict,
+            broken_by: &broken_by,
+        };
+        line.write(out, &mut summary)?;
+        if verdict == Verdict::Broke {
+            break;
+        }
+    }
+    summary.write(out)?;
+    Ok(summary)
+}
+
+/// `--check`'s failure, if it failed.
+pub fn failed_check(options: &Options) -> io::Result<Option<String>> {
+    let Some(check) = &options.check else {
+        return Ok(None);
+    };
+    let status = Command::new("sh").args(["-c", check]).status()?;
+    Ok((!status.success()).then(|| format!("check:{status}")))
+}
+
+/// One scenario's result line.
+pub struct Line<'a> {
+    /// The scenario.
+    pub name: &'a str,
+    /// What the specification allows.
+    pub expected: &'a [&'a str],
+    /// What the target did.
+    pub observed: &'a str,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// What failed after the scenario, if it broke the target.
+    pub broken_by: &'a [String],
+}
+
+impl Line<'_> {
+    /// Writes `NAME expected=... observed=... VERDICT [after=...]` and counts it.
+    pub fn write(&self, out: &mut dyn Write, summary: &mut Summary) -> io::Result<()> {
         summary.scenarios += 1;
-        let word = match verdict {
+        let word = match self.verdict {
             Verdict::Pass => {
                 summary.pass += 1;
                 "PASS"
@@ -332,29 +421,31 @@ pub fn run_suite(
                 "BROKE"
             }
         };
-        let why = if broken_by.is_empty() {
+        let why = if self.broken_by.is_empty() {
             String::new()
         } else {
-            format!(" after={}", one_word(&broken_by.join(";")))
+            format!(" after={}", one_word(&self.broken_by.join(";")))
         };
         writeln!(
             out,
             "{} expected={} observed={} {word}{why}",
-            scenario.name,
-            scenario.expected.join("|"),
-            one_word(&observed),
+            self.name,
+            self.expected.join("|"),
+            one_word(self.observed),
         )?;
-        out.flush()?;
-        if verdict == Verdict::Broke {
-            break;
-        }
+        out.flush()
     }
-    writeln!(
-        out,
-        "scenarios={} pass={} deviate={} broke={}",
-        summary.scenarios, summary.pass, summary.deviate, summary.broke
-    )?;
-    Ok(summary)
+}
+
+impl Summary {
+    /// The last line.
+    pub fn write(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "scenarios={} pass={} deviate={} broke={}",
+            self.scenarios, self.pass, self.deviate, self.broke
+        )
+    }
 }
 
 /// `text` with its whitespace made underscores, so that a result line splits on spaces.
