@@ -34,13 +34,13 @@ pub mod target;
 use conn::Conn;
 use link::{Link, Station};
 use scenarios::{baseline, Scenario, RECEIVES_AT_MOST, SCENARIOS};
-use serve::{ServeScenario, ServeSuite, Server, SERVE_SCENARIOS};
+use serve::{ServeSuite, Server, SERVE_SCENARIOS};
 use target::{Local, Perftest, Ports, Service, Target};
 
-/// Arguments of `roce conform`.
+/// How `roce conform`, `roce fuzz` and `roce replay` reach the target's perftest programs.
 #[derive(clap::Args)]
-pub struct Args {
-    /// The target (its perftest servers' address).
+pub struct Reach {
+    /// The target (its perftest servers' address; with `--serve`, its clients').
     pub host: Ipv4Addr,
     /// The interface towards the target (default: the one whose address the connection
     /// to it leaves from).
@@ -48,6 +48,31 @@ pub struct Args {
     pub device: Option<String>,
     #[command(flatten)]
     pub ports: PortArgs,
+    /// The send server's message size (its `-s`).
+    #[arg(long, default_value_t = 64)]
+    pub send_size: usize,
+    /// Seconds a server (or client) may take to come back before the target counts as
+    /// broken.
+    #[arg(long, default_value_t = 15)]
+    pub patience: u64,
+}
+
+impl Reach {
+    /// The target's perftest servers.
+    pub fn perftest(&self) -> Perftest {
+        Perftest {
+            host: self.host,
+            ports: self.ports.ports(),
+            patience: Duration::from_secs(self.patience),
+        }
+    }
+}
+
+/// Arguments of `roce conform`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub reach: Reach,
     /// Only the scenarios of these services (comma-separated; default all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub service: Vec<Service>,
@@ -57,15 +82,9 @@ pub struct Args {
     /// Not the scenarios with these names (one that broke the target, to run the rest).
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
-    /// The send server's message size (its `-s`).
-    #[arg(long, default_value_t = 64)]
-    pub send_size: usize,
     /// Milliseconds to wait for an answer that may not come.
     #[arg(long, default_value_t = 200)]
     pub wait: u64,
-    /// Seconds a server may take to come back before the target counts as broken.
-    #[arg(long, default_value_t = 15)]
-    pub patience: u64,
     /// A command (run by `sh -c`) whose failure after a scenario means the target broke.
     #[arg(long, value_name = "CMD")]
     pub check: Option<String>,
@@ -151,62 +170,66 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
+impl Args {
+    /// The scenarios of `all` that `--service`, `--only` and `--skip` select (`what` says a
+    /// scenario's service and name).
+    fn chosen<'a, T>(
+        &self,
+        all: &'a [T],
+        what: fn(&T) -> (Service, &str),
+    ) -> io::Result<Vec<&'a T>> {
+        let chosen: Vec<&T> = all
+            .iter()
+            .filter(|s| {
+                let (service, name) = what(s);
+                (self.service.is_empty() || self.service.contains(&service))
+                    && (self.only.is_empty() || self.only.iter().any(|n| n == name))
+                    && !self.skip.iter().any(|n| n == name)
+            })
+            .collect();
+        if chosen.is_empty() {
+            return Err(io::Error::other("no scenario selected"));
+        }
+        Ok(chosen)
+    }
+}
+
 fn conform(args: &Args) -> io::Result<Summary> {
     if args.serve {
         return conform_serve(args);
     }
-    let chosen: Vec<&Scenario> = SCENARIOS
-        .iter()
-        .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
-        .filter(|s| args.only.is_empty() || args.only.iter().any(|name| name == s.name))
-        .filter(|s| !args.skip.iter().any(|name| name == s.name))
-        .collect();
-    if chosen.is_empty() {
-        return Err(io::Error::other("no scenario selected"));
-    }
-    let mut target = Perftest {
-        host: args.host,
-        ports: args.ports.ports(),
-        patience: Duration::from_secs(args.patience),
-    };
+    let chosen = args.chosen(SCENARIOS, |s| (s.service, s.name))?;
+    let mut target = args.reach.perftest();
     let mut link = open_link(
         &target,
         chosen[0].service,
-        args.device.as_deref(),
+        args.reach.device.as_deref(),
         args.pcap.as_deref(),
         Duration::from_millis(args.wait),
     )?;
     let options = Options {
-        send_size: args.send_size,
+        send_size: args.reach.send_size,
         check: args.check.clone(),
     };
     run_suite(&mut target, &mut link, &chosen, &options, &mut io::stdout())
 }
 
 fn conform_serve(args: &Args) -> io::Result<Summary> {
-    let chosen: Vec<&ServeScenario> = SERVE_SCENARIOS
-        .iter()
-        .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
-        .filter(|s| args.only.is_empty() || args.only.iter().any(|name| name == s.name))
-        .filter(|s| !args.skip.iter().any(|name| name == s.name))
-        .collect();
-    if chosen.is_empty() {
-        return Err(io::Error::other("no scenario selected"));
-    }
+    let chosen = args.chosen(SERVE_SCENARIOS, |s| (s.service, s.name))?;
     let mut services: Vec<Service> = chosen.iter().map(|s| s.service).collect();
     services.dedup();
     let options = Options {
-        send_size: args.send_size,
+        send_size: args.reach.send_size,
         check: args.check.clone(),
     };
     let suite = ServeSuite {
         server: Server::bind(
             &services,
-            args.ports.ports(),
-            args.host,
-            Duration::from_secs(args.patience),
+            args.reach.ports.ports(),
+            args.reach.host,
+            Duration::from_secs(args.reach.patience),
         )?,
-        device: args.device.clone(),
+        device: args.reach.device.clone(),
         pcap: args.pcap.clone(),
         wait: Duration::from_millis(args.wait),
         options: &options,
@@ -344,35 +367,17 @@ pub fn run_suite(
 ) -> io::Result<Summary> {
     let mut summary = Summary::default();
     for scenario in scenarios {
-        let (observed, mut verdict) = match conduct(target, link, scenario, options)? {
-            Ok(observed) if scenario.expected.contains(&observed.as_str()) => {
-                (observed, Verdict::Pass)
-            }
-            Ok(observed) => (observed, Verdict::Deviates),
-            Err(why) => (why, Verdict::Broke),
-        };
-        let mut broken_by = Vec::new();
-        if verdict != Verdict::Broke {
+        let outcome = conduct(target, link, scenario, options)?;
+        let line = Line::judge(scenario.name, scenario.expected, outcome, |_| {
             let probe = baseline(scenario.service);
-            match conduct(target, link, probe, options)? {
-                Ok(seen) if probe.expected.contains(&seen.as_str()) => {}
-                Ok(seen) => broken_by.push(format!("{}:{seen}", probe.name)),
-                Err(why) => broken_by.push(format!("{}:{why}", probe.name)),
-            }
-            broken_by.extend(failed_check(options)?);
-            if !broken_by.is_empty() {
-                verdict = Verdict::Broke;
-            }
-        }
-        let line = Line {
-            name: scenario.name,
-            expected: scenario.expected,
-            observed: &observed,
-            verdict,
-            broken_by: &broken_by,
-        };
+            let seen = conduct(target, link, probe, options)?;
+            Ok(failed_probe(probe.name, probe.expected, seen)
+                .into_iter()
+                .chain(failed_check(options)?)
+                .collect())
+        })?;
         line.write(out, &mut summary)?;
-        if verdict == Verdict::Broke {
+        if line.verdict == Verdict::Broke {
             break;
         }
     }
@@ -389,6 +394,14 @@ pub fn failed_check(options: &Options) -> io::Result<Option<String>> {
     Ok((!status.success()).then(|| format!("check:{status}")))
 }
 
+/// What failed in a liveness probe named `name`, if it did not see what it `expected`.
+pub fn failed_probe(name: &str, expected: &[&str], seen: Result<String, String>) -> Option<String> {
+    match seen {
+        Ok(seen) if expected.contains(&seen.as_str()) => None,
+        Ok(seen) | Err(seen) => Some(format!("{name}:{seen}")),
+    }
+}
+
 /// One scenario's result line.
 pub struct Line<'a> {
     /// The scenario.
@@ -396,14 +409,44 @@ pub struct Line<'a> {
     /// What the specification allows.
     pub expected: &'a [&'a str],
     /// What the target did.
-    pub observed: &'a str,
+    pub observed: String,
     /// The verdict.
     pub verdict: Verdict,
     /// What failed after the scenario, if it broke the target.
-    pub broken_by: &'a [String],
+    pub broken_by: Vec<String>,
 }
 
-impl Line<'_> {
+impl<'a> Line<'a> {
+    /// The verdict on `outcome` (an observation, or why no connection could be made):
+    /// unless that broke it already, `after` (given the observation) says what fails
+    /// after the scenario, which makes it BROKE.
+    pub fn judge(
+        name: &'a str,
+        expected: &'a [&'a str],
+        outcome: Result<String, String>,
+        after: impl FnOnce(&str) -> io::Result<Vec<String>>,
+    ) -> io::Result<Line<'a>> {
+        let (observed, mut verdict) = match outcome {
+            Ok(observed) if expected.contains(&observed.as_str()) => (observed, Verdict::Pass),
+            Ok(observed) => (observed, Verdict::Deviates),
+            Err(why) => (why, Verdict::Broke),
+        };
+        let mut broken_by = Vec::new();
+        if verdict != Verdict::Broke {
+            broken_by = after(&observed)?;
+            if !broken_by.is_empty() {
+                verdict = Verdict::Broke;
+            }
+        }
+        Ok(Line {
+            name,
+            expected,
+            observed,
+            verdict,
+            broken_by,
+        })
+    }
+
     /// Writes `NAME expected=... observed=... VERDICT [after=...]` and counts it.
     pub fn write(&self, out: &mut dyn Write, summary: &mut Summary) -> io::Result<()> {
         summary.scenarios += 1;
@@ -431,7 +474,7 @@ impl Line<'_> {
             "{} expected={} observed={} {word}{why}",
             self.name,
             self.expected.join("|"),
-            one_word(self.observed),
+            one_word(&self.observed),
         )?;
         out.flush()
     }

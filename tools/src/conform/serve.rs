@@ -16,7 +16,9 @@ use roce_wire::{atomic_ack_eth, Frame, FrameError, FrameRepr, Opcode, Psn};
 
 use super::link::{Damage, Link, Packet};
 use super::target::{Local, Remote, Service};
-use super::{failed_check, fresh_local, link_between, Line, Options, Summary, Verdict};
+use super::{
+    failed_check, failed_probe, fresh_local, link_between, Line, Options, Summary, Verdict,
+};
 use crate::perf::exchange::KeyMsg;
 
 /// How long a retransmission after a dropped answer (the requester's local ACK timeout,
@@ -547,37 +549,19 @@ impl ServeSuite<'_> {
         let mut link = None;
         let mut summary = Summary::default();
         for scenario in scenarios {
-            let (observed, mut verdict) = match self.conduct(&mut link, scenario)? {
-                Ok(observed) if scenario.expected.contains(&observed.as_str()) => {
-                    (observed, Verdict::Pass)
-                }
-                Ok(observed) => (observed, Verdict::Deviates),
-                Err(why) => (why, Verdict::Broke),
-            };
-            let mut broken_by = Vec::new();
-            if verdict != Verdict::Broke {
+            let outcome = self.conduct(&mut link, scenario)?;
+            let line = Line::judge(scenario.name, scenario.expected, outcome, |observed| {
+                let mut failed = Vec::new();
                 if !observed.ends_with(",done") {
                     let probe = serve_baseline(scenario.service);
-                    match self.conduct(&mut link, probe)? {
-                        Ok(seen) if probe.expected.contains(&seen.as_str()) => {}
-                        Ok(seen) => broken_by.push(format!("{}:{seen}", probe.name)),
-                        Err(why) => broken_by.push(format!("{}:{why}", probe.name)),
-                    }
+                    let seen = self.conduct(&mut link, probe)?;
+                    failed.extend(failed_probe(probe.name, probe.expected, seen));
                 }
-                broken_by.extend(failed_check(self.options)?);
-                if !broken_by.is_empty() {
-                    verdict = Verdict::Broke;
-                }
-            }
-            let line = Line {
-                name: scenario.name,
-                expected: scenario.expected,
-                observed: &observed,
-                verdict,
-                broken_by: &broken_by,
-            };
+                failed.extend(failed_check(self.options)?);
+                Ok(failed)
+            })?;
             line.write(out, &mut summary)?;
-            if verdict == Verdict::Broke {
+            if line.verdict == Verdict::Broke {
                 break;
             }
         }
