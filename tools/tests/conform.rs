@@ -14,14 +14,14 @@ use roce_provider::netns::{is_root, needs_root, prerequisite, veth, Netns};
 
 use common::text;
 
-/// A `while :; do roce perf ...; done` loop in a namespace, stopped (with the server it is
-/// running) on drop.
-struct ServerLoop<'a> {
+/// A `while :; do roce perf ...; done` loop in a namespace (servers, or clients of
+/// `--serve`), stopped (with the program it is running) on drop.
+struct PerfLoop<'a> {
     ns: &'a Netns,
     shell: Child,
 }
 
-impl<'a> ServerLoop<'a> {
+impl<'a> PerfLoop<'a> {
     fn start(ns: &'a Netns, flags: &str) -> Self {
         let roce = env!("CARGO_BIN_EXE_roce");
         let script = format!("while :; do timeout 60 {roce} perf {flags} >/dev/null 2>&1; done");
@@ -30,11 +30,11 @@ impl<'a> ServerLoop<'a> {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        ServerLoop { ns, shell }
+        PerfLoop { ns, shell }
     }
 }
 
-impl Drop for ServerLoop<'_> {
+impl Drop for PerfLoop<'_> {
     fn drop(&mut self) {
         let _ = self.shell.kill();
         let _ = self.shell.wait();
@@ -106,7 +106,7 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
     let mut seen = Vec::new();
     for (service, flags) in servers {
         // One server process owns the namespace's RoCE port at a time: one service per run.
-        let server = ServerLoop::start(&b, flags);
+        let server = PerfLoop::start(&b, flags);
         let mut args = vec!["--service", service, "10.85.0.2"];
         if service == "atomic" {
             args.extend(["--pcap", pcap.path().to_str().unwrap()]);
@@ -128,7 +128,11 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
     seen.sort();
     assert_eq!(
         seen,
-        documented.keys().cloned().collect::<Vec<_>>(),
+        documented
+            .keys()
+            .filter(|name| !name.starts_with(REQUESTER))
+            .cloned()
+            .collect::<Vec<_>>(),
         "every documented scenario ran, once, and only those"
     );
     assert!(seen.len() >= 30);
@@ -142,6 +146,55 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
     for opcode in ["RC_FETCH_ADD", "RC_COMPARE_SWAP", "RC_ATOMIC_ACKNOWLEDGE"] {
         assert!(summary.contains(opcode), "{summary}");
     }
+}
+
+/// The names of the requester scenarios (`roce conform --serve`).
+const REQUESTER: &str = "requester_";
+
+/// The perftest clients `--serve` wants, by service: one request at a time, five in all.
+const CLIENTS: [(&str, &str); 4] = [
+    ("write", "write_bw -s 64 -n 5 -t 1 -p 18515"),
+    ("read", "read_bw -s 64 -n 5 -t 1 -p 18516"),
+    ("atomic", "atomic_bw -n 5 -t 1 -p 18517"),
+    ("send", "send_bw -s 64 -n 5 -t 1 -p 18518"),
+];
+
+#[test]
+fn every_requester_scenario_against_our_stack_behaves_as_documented() {
+    if !needs_root("every_requester_scenario_against_our_stack") {
+        return;
+    }
+    let documented = documented(OURS);
+    let a = Netns::create("roce-serve-a").unwrap();
+    let b = Netns::create("roce-serve-b").unwrap();
+    veth((&a, "sa", "10.84.0.1/24"), (&b, "sb", "10.84.0.2/24"), 1500).unwrap();
+    let mut seen = Vec::new();
+    for (service, flags) in CLIENTS {
+        // Our perf clients in a connect to the tool serving in b, one service at a time.
+        let clients = PerfLoop::start(&a, &format!("{flags} 10.84.0.2"));
+        let output = Command::new("ip")
+            .args(["netns", "exec", &b.name, "timeout", "300"])
+            .arg(env!("CARGO_BIN_EXE_roce"))
+            .args(["conform", "--serve", "--service", service, "10.84.0.1"])
+            .output()
+            .unwrap();
+        drop(clients);
+        let out = text(&output);
+        assert!(output.status.success(), "{service}:\n{out}");
+        let last = out.lines().rfind(|l| l.starts_with("scenarios=")).unwrap();
+        assert!(last.ends_with(" broke=0"), "{service}: {last}\n{out}");
+        seen.extend(check_lines(&out, &documented));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        documented
+            .keys()
+            .filter(|name| name.starts_with(REQUESTER))
+            .cloned()
+            .collect::<Vec<_>>(),
+        "every documented requester scenario ran, once, and only those"
+    );
 }
 
 #[test]
@@ -160,7 +213,7 @@ fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
         ("send", "send_bw -p 18518 -s 64 -n 5"),
     ];
     for (service, flags) in servers {
-        let server = ServerLoop::start(&b, flags);
+        let server = PerfLoop::start(&b, flags);
         let output = Command::new("ip")
             .args(["netns", "exec", &a.name, "timeout", "300"])
             .arg(env!("CARGO_BIN_EXE_roce"))
@@ -267,6 +320,24 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let out = text(&output);
     assert!(output.status.success(), "{out}");
     assert!(out.contains("scenarios=54 "), "{out}");
+    assert!(out.contains(" broke=0"), "{out}");
+    check_lines(&out, &documented(RXE));
+
+    // The target as requester: the VM's perftest clients connect to `--serve` here.
+    for (_, flags) in CLIENTS {
+        let looping = format!(
+            "while :; do timeout 10 ib_{flags} -d rxe0 -x 1 10.88.0.1 >/dev/null 2>&1; \
+             sleep 0.2; done"
+        );
+        let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
+        assert!(spawned.status.success(), "{}", text(&spawned));
+    }
+    // These two break rxe's kernel (docs/conformance.md): everything else.
+    let skip = "requester_read_truncated_aeth,requester_read_response_middle";
+    let output = roce(&["conform", "--serve", "--wait", "300", "--skip", skip]);
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("scenarios=15 "), "{out}");
     assert!(out.contains(" broke=0"), "{out}");
     check_lines(&out, &documented(RXE));
 

@@ -12,9 +12,8 @@
 //! anchor says which server, and QPN, PSN, rkey and address are moved to the new one).
 
 use std::io;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use roce_provider::capture::{read_frames, write_frames, CapturedFrame};
@@ -26,19 +25,14 @@ use roce_wire::{ExtHeader, Opcode, Psn};
 use super::conn::Conn;
 use super::link::{fix_lengths, Answer, Damage, Link, Packet, BTH_AT, IP_AT};
 use super::scenarios::baseline;
-use super::target::{Local, Perftest, Service, Target};
-use super::{conduct, open_link, use_up_receives, Options, PortArgs};
+use super::target::{Local, Service, Target};
+use super::{conduct, failed_check, open_link, use_up_receives, Options, Reach};
 
 /// Arguments of `roce fuzz`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The target (its perftest servers' address).
-    pub host: Ipv4Addr,
-    /// The interface towards the target (default: the one the connection leaves from).
-    #[arg(short = 'd', long = "ib-dev")]
-    pub device: Option<String>,
     #[command(flatten)]
-    pub ports: PortArgs,
+    pub reach: Reach,
     /// Only these services (comma-separated; default all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub service: Vec<Service>,
@@ -54,15 +48,9 @@ pub struct Args {
     /// Mutated packets per connection (and between liveness checks).
     #[arg(long, default_value_t = 32)]
     pub batch: u64,
-    /// The send server's message size (its `-s`).
-    #[arg(long, default_value_t = 64)]
-    pub send_size: usize,
     /// Milliseconds to wait for an answer after each packet.
     #[arg(long, default_value_t = 20)]
     pub wait: u64,
-    /// Seconds a server may take to come back before the target counts as broken.
-    #[arg(long, default_value_t = 15)]
-    pub patience: u64,
     /// A command (run by `sh -c`) whose failure after a batch is a finding.
     #[arg(long, value_name = "CMD")]
     pub check: Option<String>,
@@ -79,22 +67,11 @@ pub struct Args {
 pub struct ReplayArgs {
     /// A finding of `roce fuzz`.
     pub file: PathBuf,
-    /// The target.
-    pub host: Ipv4Addr,
-    /// The interface towards the target.
-    #[arg(short = 'd', long = "ib-dev")]
-    pub device: Option<String>,
     #[command(flatten)]
-    pub ports: PortArgs,
-    /// The send server's message size (its `-s`).
-    #[arg(long, default_value_t = 64)]
-    pub send_size: usize,
+    pub reach: Reach,
     /// Milliseconds to wait for an answer after each packet.
     #[arg(long, default_value_t = 200)]
     pub wait: u64,
-    /// Seconds a server may take to come back.
-    #[arg(long, default_value_t = 15)]
-    pub patience: u64,
     /// A command (run by `sh -c`) whose failure afterwards means the target broke.
     #[arg(long, value_name = "CMD")]
     pub check: Option<String>,
@@ -189,15 +166,11 @@ pub fn run(args: &Args) -> ExitCode {
     } else {
         args.service.clone()
     };
-    let mut target = Perftest {
-        host: args.host,
-        ports: args.ports.ports(),
-        patience: Duration::from_secs(args.patience),
-    };
+    let mut target = args.reach.perftest();
     let link = open_link(
         &target,
         services[0],
-        args.device.as_deref(),
+        args.reach.device.as_deref(),
         args.pcap.as_deref(),
         Duration::from_millis(args.wait),
     );
@@ -216,7 +189,7 @@ pub fn run(args: &Args) -> ExitCode {
         batch: args.batch.max(1),
         services,
         options: Options {
-            send_size: args.send_size,
+            send_size: args.reach.send_size,
             check: args.check.clone(),
         },
         findings: args.findings.clone(),
@@ -344,11 +317,7 @@ fn alive(
         conduct(target, link, probe, options)?,
         Ok(seen) if probe.expected.contains(&seen.as_str())
     );
-    let checked = match &options.check {
-        Some(check) => Command::new("sh").args(["-c", check]).status()?.success(),
-        None => true,
-    };
-    Ok(works && checked)
+    Ok(works && failed_check(options)?.is_none())
 }
 
 fn save(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {
@@ -655,20 +624,16 @@ fn replay_file(args: &ReplayArgs) -> io::Result<bool> {
         .first()
         .and_then(|frame| Anchor::of(frame))
         .ok_or_else(|| io::Error::other("the first frame is not a finding's anchor"))?;
-    let mut target = Perftest {
-        host: args.host,
-        ports: args.ports.ports(),
-        patience: Duration::from_secs(args.patience),
-    };
+    let mut target = args.reach.perftest();
     let mut link = open_link(
         &target,
         from.service,
-        args.device.as_deref(),
+        args.reach.device.as_deref(),
         None,
         Duration::from_millis(args.wait),
     )?;
     let options = Options {
-        send_size: args.send_size,
+        send_size: args.reach.send_size,
         check: args.check.clone(),
     };
     replay(&mut target, &mut link, &frames, &options, &mut io::stdout())

@@ -349,14 +349,27 @@ impl Link {
     /// Collects the answers to our QP `qpn`: waits until `wanted` have come (then a little
     /// longer, for any extra), or [`wait`](Self::wait) has passed.
     pub fn observe(&mut self, qpn: u32, wanted: usize) -> io::Result<Vec<Answer>> {
+        let wait = self.wait;
+        self.collect(wanted, wait, &mut |frame| Answer::decode(frame, qpn))
+    }
+
+    /// Collects what `decode` makes of the frames that arrive (it returns `None` for those
+    /// it ignores): waits until `wanted` have come (then a fifth of [`wait`](Self::wait)
+    /// longer, for any extra), or `wait` has passed.
+    pub fn collect<T>(
+        &mut self,
+        wanted: usize,
+        wait: Duration,
+        decode: &mut dyn FnMut(&[u8]) -> Option<T>,
+    ) -> io::Result<Vec<T>> {
         let started = Instant::now();
-        let mut deadline = started + self.wait;
-        let mut answers = Vec::new();
+        let mut deadline = started + wait;
+        let mut seen = Vec::new();
         loop {
             while let Some(len) = self.backend.recv(&mut self.rx)? {
-                if let Some(answer) = Answer::decode(&self.rx[..len], qpn) {
-                    answers.push(answer);
-                    if answers.len() == wanted && wanted > 0 {
+                if let Some(item) = decode(&self.rx[..len]) {
+                    seen.push(item);
+                    if seen.len() == wanted && wanted > 0 {
                         // Extras (a second NAK, a duplicate response) come right after.
                         deadline = deadline.min(Instant::now() + self.wait / 5);
                     }
@@ -364,7 +377,7 @@ impl Link {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Ok(answers);
+                return Ok(seen);
             }
             self.backend
                 .wait(Some((deadline - now).min(Duration::from_millis(5))))?;

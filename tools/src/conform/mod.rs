@@ -28,17 +28,19 @@ pub mod link;
 #[cfg(test)]
 mod memory;
 pub mod scenarios;
+pub mod serve;
 pub mod target;
 
 use conn::Conn;
 use link::{Link, Station};
 use scenarios::{baseline, Scenario, RECEIVES_AT_MOST, SCENARIOS};
+use serve::{ServeSuite, Server, SERVE_SCENARIOS};
 use target::{Local, Perftest, Ports, Service, Target};
 
-/// Arguments of `roce conform`.
+/// How `roce conform`, `roce fuzz` and `roce replay` reach the target's perftest programs.
 #[derive(clap::Args)]
-pub struct Args {
-    /// The target (its perftest servers' address).
+pub struct Reach {
+    /// The target (its perftest servers' address; with `--serve`, its clients').
     pub host: Ipv4Addr,
     /// The interface towards the target (default: the one whose address the connection
     /// to it leaves from).
@@ -46,6 +48,31 @@ pub struct Args {
     pub device: Option<String>,
     #[command(flatten)]
     pub ports: PortArgs,
+    /// The send server's message size (its `-s`).
+    #[arg(long, default_value_t = 64)]
+    pub send_size: usize,
+    /// Seconds a server (or client) may take to come back before the target counts as
+    /// broken.
+    #[arg(long, default_value_t = 15)]
+    pub patience: u64,
+}
+
+impl Reach {
+    /// The target's perftest servers.
+    pub fn perftest(&self) -> Perftest {
+        Perftest {
+            host: self.host,
+            ports: self.ports.ports(),
+            patience: Duration::from_secs(self.patience),
+        }
+    }
+}
+
+/// Arguments of `roce conform`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub reach: Reach,
     /// Only the scenarios of these services (comma-separated; default all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub service: Vec<Service>,
@@ -55,21 +82,19 @@ pub struct Args {
     /// Not the scenarios with these names (one that broke the target, to run the rest).
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
-    /// The send server's message size (its `-s`).
-    #[arg(long, default_value_t = 64)]
-    pub send_size: usize,
     /// Milliseconds to wait for an answer that may not come.
     #[arg(long, default_value_t = 200)]
     pub wait: u64,
-    /// Seconds a server may take to come back before the target counts as broken.
-    #[arg(long, default_value_t = 15)]
-    pub patience: u64,
     /// A command (run by `sh -c`) whose failure after a scenario means the target broke.
     #[arg(long, value_name = "CMD")]
     pub check: Option<String>,
     /// Write every frame sent and received to this pcap file.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
+    /// The target as requester: serve its perftest clients (`-s 64 -n 5 -t 1`, looping,
+    /// connecting to us from HOST) on the same ports, with the requester's scenarios.
+    #[arg(long)]
+    pub serve: bool,
 }
 
 /// The ports of the target's perftest servers.
@@ -145,33 +170,71 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-fn conform(args: &Args) -> io::Result<Summary> {
-    let chosen: Vec<&Scenario> = SCENARIOS
-        .iter()
-        .filter(|s| args.service.is_empty() || args.service.contains(&s.service))
-        .filter(|s| args.only.is_empty() || args.only.iter().any(|name| name == s.name))
-        .filter(|s| !args.skip.iter().any(|name| name == s.name))
-        .collect();
-    if chosen.is_empty() {
-        return Err(io::Error::other("no scenario selected"));
+impl Args {
+    /// The scenarios of `all` that `--service`, `--only` and `--skip` select (`what` says a
+    /// scenario's service and name).
+    fn chosen<'a, T>(
+        &self,
+        all: &'a [T],
+        what: fn(&T) -> (Service, &str),
+    ) -> io::Result<Vec<&'a T>> {
+        let chosen: Vec<&T> = all
+            .iter()
+            .filter(|s| {
+                let (service, name) = what(s);
+                (self.service.is_empty() || self.service.contains(&service))
+                    && (self.only.is_empty() || self.only.iter().any(|n| n == name))
+                    && !self.skip.iter().any(|n| n == name)
+            })
+            .collect();
+        if chosen.is_empty() {
+            return Err(io::Error::other("no scenario selected"));
+        }
+        Ok(chosen)
     }
-    let mut target = Perftest {
-        host: args.host,
-        ports: args.ports.ports(),
-        patience: Duration::from_secs(args.patience),
-    };
+}
+
+fn conform(args: &Args) -> io::Result<Summary> {
+    if args.serve {
+        return conform_serve(args);
+    }
+    let chosen = args.chosen(SCENARIOS, |s| (s.service, s.name))?;
+    let mut target = args.reach.perftest();
     let mut link = open_link(
         &target,
         chosen[0].service,
-        args.device.as_deref(),
+        args.reach.device.as_deref(),
         args.pcap.as_deref(),
         Duration::from_millis(args.wait),
     )?;
     let options = Options {
-        send_size: args.send_size,
+        send_size: args.reach.send_size,
         check: args.check.clone(),
     };
     run_suite(&mut target, &mut link, &chosen, &options, &mut io::stdout())
+}
+
+fn conform_serve(args: &Args) -> io::Result<Summary> {
+    let chosen = args.chosen(SERVE_SCENARIOS, |s| (s.service, s.name))?;
+    let mut services: Vec<Service> = chosen.iter().map(|s| s.service).collect();
+    services.dedup();
+    let options = Options {
+        send_size: args.reach.send_size,
+        check: args.check.clone(),
+    };
+    let suite = ServeSuite {
+        server: Server::bind(
+            &services,
+            args.reach.ports.ports(),
+            args.reach.host,
+            Duration::from_secs(args.reach.patience),
+        )?,
+        device: args.reach.device.clone(),
+        pcap: args.pcap.clone(),
+        wait: Duration::from_millis(args.wait),
+        options: &options,
+    };
+    suite.run(&chosen, &mut io::stdout())
 }
 
 /// Opens AF_XDP on the interface towards the target, and learns both stations (a TCP
@@ -185,6 +248,18 @@ pub fn open_link(
     wait: Duration,
 ) -> io::Result<Link> {
     let ours = target.local_address(service)?;
+    link_between(ours, target.host, device, pcap, wait)
+}
+
+/// Opens AF_XDP on the interface with address `ours` (or `device`), towards `theirs`, whose
+/// MAC the kernel's ARP table must already hold (a TCP connection with it fills it).
+pub fn link_between(
+    ours: Ipv4Addr,
+    theirs: Ipv4Addr,
+    device: Option<&str>,
+    pcap: Option<&std::path::Path>,
+    wait: Duration,
+) -> io::Result<Link> {
     let device = devices()?
         .into_iter()
         .find(|d| match device {
@@ -192,7 +267,7 @@ pub fn open_link(
             None => d.ipv4() == Some(ours),
         })
         .ok_or_else(|| io::Error::other(format!("no interface with address {ours}")))?;
-    let their_mac = neighbour_mac(target.host, &device.name)?;
+    let their_mac = neighbour_mac(theirs, &device.name)?;
     let afxdp = AfXdpBackend::open(&device.name, XdpMode::Native)
         .or_else(|_| AfXdpBackend::open(&device.name, XdpMode::Generic))?;
     let backend: Box<dyn Backend> = match pcap {
@@ -207,7 +282,7 @@ pub fn open_link(
         },
         Station {
             mac: their_mac,
-            ip: target.host,
+            ip: theirs,
         },
         wait,
     ))
@@ -292,33 +367,90 @@ pub fn run_suite(
 ) -> io::Result<Summary> {
     let mut summary = Summary::default();
     for scenario in scenarios {
-        let (observed, mut verdict) = match conduct(target, link, scenario, options)? {
-            Ok(observed) if scenario.expected.contains(&observed.as_str()) => {
-                (observed, Verdict::Pass)
-            }
+        let outcome = conduct(target, link, scenario, options)?;
+        let line = Line::judge(scenario.name, scenario.expected, outcome, |_| {
+            let probe = baseline(scenario.service);
+            let seen = conduct(target, link, probe, options)?;
+            Ok(failed_probe(probe.name, probe.expected, seen)
+                .into_iter()
+                .chain(failed_check(options)?)
+                .collect())
+        })?;
+        line.write(out, &mut summary)?;
+        if line.verdict == Verdict::Broke {
+            break;
+        }
+    }
+    summary.write(out)?;
+    Ok(summary)
+}
+
+/// `--check`'s failure, if it failed.
+pub fn failed_check(options: &Options) -> io::Result<Option<String>> {
+    let Some(check) = &options.check else {
+        return Ok(None);
+    };
+    let status = Command::new("sh").args(["-c", check]).status()?;
+    Ok((!status.success()).then(|| format!("check:{status}")))
+}
+
+/// What failed in a liveness probe named `name`, if it did not see what it `expected`.
+pub fn failed_probe(name: &str, expected: &[&str], seen: Result<String, String>) -> Option<String> {
+    match seen {
+        Ok(seen) if expected.contains(&seen.as_str()) => None,
+        Ok(seen) | Err(seen) => Some(format!("{name}:{seen}")),
+    }
+}
+
+/// One scenario's result line.
+pub struct Line<'a> {
+    /// The scenario.
+    pub name: &'a str,
+    /// What the specification allows.
+    pub expected: &'a [&'a str],
+    /// What the target did.
+    pub observed: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// What failed after the scenario, if it broke the target.
+    pub broken_by: Vec<String>,
+}
+
+impl<'a> Line<'a> {
+    /// The verdict on `outcome` (an observation, or why no connection could be made):
+    /// unless that broke it already, `after` (given the observation) says what fails
+    /// after the scenario, which makes it BROKE.
+    pub fn judge(
+        name: &'a str,
+        expected: &'a [&'a str],
+        outcome: Result<String, String>,
+        after: impl FnOnce(&str) -> io::Result<Vec<String>>,
+    ) -> io::Result<Line<'a>> {
+        let (observed, mut verdict) = match outcome {
+            Ok(observed) if expected.contains(&observed.as_str()) => (observed, Verdict::Pass),
             Ok(observed) => (observed, Verdict::Deviates),
             Err(why) => (why, Verdict::Broke),
         };
         let mut broken_by = Vec::new();
         if verdict != Verdict::Broke {
-            let probe = baseline(scenario.service);
-            match conduct(target, link, probe, options)? {
-                Ok(seen) if probe.expected.contains(&seen.as_str()) => {}
-                Ok(seen) => broken_by.push(format!("{}:{seen}", probe.name)),
-                Err(why) => broken_by.push(format!("{}:{why}", probe.name)),
-            }
-            if let Some(check) = &options.check {
-                let status = Command::new("sh").args(["-c", check]).status()?;
-                if !status.success() {
-                    broken_by.push(format!("check:{status}"));
-                }
-            }
+            broken_by = after(&observed)?;
             if !broken_by.is_empty() {
                 verdict = Verdict::Broke;
             }
         }
+        Ok(Line {
+            name,
+            expected,
+            observed,
+            verdict,
+            broken_by,
+        })
+    }
+
+    /// Writes `NAME expected=... observed=... VERDICT [after=...]` and counts it.
+    pub fn write(&self, out: &mut dyn Write, summary: &mut Summary) -> io::Result<()> {
         summary.scenarios += 1;
-        let word = match verdict {
+        let word = match self.verdict {
             Verdict::Pass => {
                 summary.pass += 1;
                 "PASS"
@@ -332,29 +464,31 @@ pub fn run_suite(
                 "BROKE"
             }
         };
-        let why = if broken_by.is_empty() {
+        let why = if self.broken_by.is_empty() {
             String::new()
         } else {
-            format!(" after={}", one_word(&broken_by.join(";")))
+            format!(" after={}", one_word(&self.broken_by.join(";")))
         };
         writeln!(
             out,
             "{} expected={} observed={} {word}{why}",
-            scenario.name,
-            scenario.expected.join("|"),
-            one_word(&observed),
+            self.name,
+            self.expected.join("|"),
+            one_word(&self.observed),
         )?;
-        out.flush()?;
-        if verdict == Verdict::Broke {
-            break;
-        }
+        out.flush()
     }
-    writeln!(
-        out,
-        "scenarios={} pass={} deviate={} broke={}",
-        summary.scenarios, summary.pass, summary.deviate, summary.broke
-    )?;
-    Ok(summary)
+}
+
+impl Summary {
+    /// The last line.
+    pub fn write(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "scenarios={} pass={} deviate={} broke={}",
+            self.scenarios, self.pass, self.deviate, self.broke
+        )
+    }
 }
 
 /// `text` with its whitespace made underscores, so that a result line splits on spaces.
