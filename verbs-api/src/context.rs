@@ -56,10 +56,10 @@ impl Context {
         endpoint.enable_cm(cm_config(device, seed, port_mtu));
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
-        let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.progress)?);
+        let shared = Arc::new(Shared::new(engine, device.clone(), kind)?);
         let thread = match options.progress {
             Progress::Caller => None,
-            progress => Some(engine_thread::spawn(&shared, progress)?),
+            progress => Some(engine_thread::spawn(&shared, progress, options.spin)?),
         };
         Ok(Context { shared, thread })
     }

@@ -112,11 +112,21 @@ fn open_options() -> Result<OpenOptions, String> {
             ))
         }
     };
+    let defaults = OpenOptions::default();
+    // How long the engine thread polls after its last work before it sleeps.
+    let spin = match std::env::var("ROCE_SPIN_US") {
+        Err(_) => defaults.spin,
+        Ok(micros) => micros
+            .parse()
+            .map(Duration::from_micros)
+            .map_err(|_| format!("ROCE_SPIN_US={micros}: expected microseconds"))?,
+    };
     Ok(OpenOptions {
         backend,
         progress,
+        spin,
         pcap: std::env::var_os("ROCE_PCAP").map(Into::into),
-        ..OpenOptions::default()
+        ..defaults
     })
 }
 
