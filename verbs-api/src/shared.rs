@@ -51,8 +51,12 @@ impl Shared {
         engine: Engine<Box<dyn Backend>>,
         device: Device,
         kind: BackendKind,
+        async_fd: Option<OwnedFd>,
     ) -> io::Result<Shared> {
-        let async_events = Arc::new(EventQueue::new()?);
+        let async_events = Arc::new(match async_fd {
+            Some(fd) => EventQueue::with_fd(fd),
+            None => EventQueue::new()?,
+        });
         Ok(Shared {
             core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
             device,
