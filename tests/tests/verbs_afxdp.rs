@@ -80,7 +80,7 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
         backend: backend(),
         progress: Progress::Events,
         seed: None,
-        pcap: None,
+        ..OpenOptions::default()
     };
     let ctx = Context::open(device, options).unwrap();
     let pd = ctx.alloc_pd().unwrap();

@@ -359,8 +359,8 @@ fn open_side(generic: bool, pcap: Option<&std::path::Path>) -> io::Result<Side> 
     let options = OpenOptions {
         backend: BackendChoice::AfXdp(mode),
         progress: Progress::Caller,
-        seed: None,
         pcap: pcap.map(std::path::Path::to_path_buf),
+        ..OpenOptions::default()
     };
     let ctx = Context::open(&device, options)?;
     let pd = ctx.alloc_pd()?;

@@ -44,8 +44,8 @@ pub fn open_device(
             BackendChoice::Auto
         },
         progress,
-        seed: None,
         pcap: args.pcap.as_deref().map(Path::to_path_buf),
+        ..OpenOptions::default()
     };
     let ctx = Context::open(&device, options)?;
     if let BackendKind::Udp {

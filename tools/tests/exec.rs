@@ -609,3 +609,47 @@ fn qps_of_one_device_reach_each_other_and_themselves_without_the_wire() {
         .count();
     assert_eq!(roce, 0, "RoCE frames on the wire: {}", pcap.display());
 }
+
+#[test]
+fn async_fd_signals_a_qp_error_and_answers_eagain_when_non_blocking() {
+    let test = "async_fd_signals_a_qp_error_and_answers_eagain_when_non_blocking";
+    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("roce-exec-async-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let binary = dir.join("async_events");
+    let compiled = Command::new("gcc")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/c/async_events.c"
+        ))
+        .arg("-o")
+        .arg(&binary)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{}", text(&compiled));
+    // The peer's address answers ARP, but nothing there speaks RoCE.
+    let (a, _b) = two_namespaces(1500);
+    // Both kinds of engine thread; without one, nothing moves while a program polls the fd.
+    let runs: Vec<Output> = ["events", "busy"]
+        .iter()
+        .map(|progress| {
+            exec_in(&a, &[binary.to_str().unwrap(), "ea", "10.83.0.2"])
+                .env("ROCE_PROGRESS", progress)
+                .output()
+                .unwrap()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    for (progress, run) in ["events", "busy"].iter().zip(&runs) {
+        assert!(
+            run.status.success() && text(run).contains("ok"),
+            "ROCE_PROGRESS={progress}: {}",
+            text(run)
+        );
+    }
+}

@@ -58,10 +58,10 @@ impl Context {
         tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
-        let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.progress)?);
+        let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.async_fd)?);
         let thread = match options.progress {
             Progress::Caller => None,
-            progress => Some(engine_thread::spawn(&shared, progress)?),
+            progress => Some(engine_thread::spawn(&shared, progress, options.spin)?),
         };
         Ok(Context { shared, thread })
     }
@@ -123,9 +123,11 @@ impl Context {
         Ok(self.shared.async_events.pop())
     }
 
-    /// An fd that polls readable while async events wait (`ibv_context`'s `async_fd`):
-    /// epoll it, then take them with [`try_get_async_event`](Self::try_get_async_event).
-    /// With [`Progress::Caller`] events arrive only while something drives the engine.
+    /// An eventfd that polls readable while async events wait (`ibv_context`'s
+    /// `async_fd`; [`OpenOptions::async_fd`] if given): the engine signals it as it queues
+    /// an event. Epoll it, then take them with
+    /// [`try_get_async_event`](Self::try_get_async_event). With [`Progress::Caller`] events
+    /// arrive only while something drives the engine.
     pub fn async_fd(&self) -> BorrowedFd<'_> {
         self.shared.async_events.as_fd()
     }

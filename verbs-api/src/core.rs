@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use roce_provider::backend::Backend;
-use roce_provider::engine::Engine;
+use roce_provider::engine::{Engine, EngineStats};
 use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
@@ -33,6 +33,9 @@ pub(crate) struct Core {
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
     pub(crate) cm: CmRoutes,
+    /// The count of [`Shared::posted`](crate::shared::Shared::posted) the last hand-over
+    /// covered: while it stands, the submission queues hold nothing new.
+    handed_over: u64,
 }
 
 impl Core {
@@ -48,6 +51,7 @@ impl Core {
             async_events,
             iova: IovaSpace::default(),
             cm: CmRoutes::default(),
+            handed_over: 0,
         }
     }
 
@@ -115,14 +119,21 @@ impl Core {
         }
     }
 
-    /// One round of the engine: admitted work in, every waiting frame, due timers, every
-    /// packet ready, completions out.
-    pub(crate) fn drive(&mut self) -> io::Result<()> {
-        self.submit(Instant::now());
+    /// One round of the engine: admitted work in (when the count of posts, `posted`, moved
+    /// since the last round), every waiting frame, due timers, every packet ready,
+    /// completions out. Says whether work moved: posts handed over, frames in or out.
+    pub(crate) fn drive(&mut self, posted: u64) -> io::Result<bool> {
+        let handing_over = posted != self.handed_over;
+        if handing_over {
+            self.handed_over = posted;
+            self.submit(Instant::now());
+        }
+        let frames = |stats: &EngineStats| stats.rx_frames + stats.tx_frames + stats.tx_full;
+        let before = frames(&self.engine.stats);
         let result = self.engine.poll();
         self.refresh_gates();
         self.deliver();
-        result
+        result.map(|()| handing_over || frames(&self.engine.stats) != before)
     }
 
     /// Hands every QP's admitted work to the endpoint, in order (they were checked against

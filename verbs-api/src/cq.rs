@@ -106,7 +106,17 @@ impl Cq {
         if self.inner.queue.overflowed.load(Ordering::Acquire) {
             return Err(Error::CqOverflow);
         }
-        let count = self.take(max, out)?;
+        let mut count = self.take(max, out)?;
+        if count == 0 && !shared.caller_drives() {
+            // Nothing yet: drive a round here if the engine is free, as a caller-driven
+            // context would, so a program that polls takes its frames without waiting
+            // for the engine thread to be woken (or scheduled, on a busy machine).
+            if let Some(mut core) = shared.try_lock() {
+                shared.drive(&mut core)?;
+                drop(core);
+                count = self.take(max, out)?;
+            }
+        }
         if count < max && self.inner.queue.backlog.load(Ordering::Acquire) {
             // This queue ran dry with more waiting in the engine's CQ: fetch them now, or a
             // program that drains before waiting for an event would wait for ever.

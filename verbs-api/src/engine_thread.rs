@@ -18,14 +18,19 @@ const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 
-/// Starts the thread that drives `shared`'s engine as `progress` says, named after the
-/// device; stop it with [`Shared::request_stop`] and join it.
-pub(crate) fn spawn(shared: &Arc<Shared>, progress: Progress) -> io::Result<JoinHandle<()>> {
+/// Starts the thread that drives `shared`'s engine as `progress` says (an
+/// [`Events`](Progress::Events) thread polling for `spin` after its last work before it
+/// sleeps), named after the device; stop it with [`Shared::request_stop`] and join it.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    progress: Progress,
+    spin: Duration,
+) -> io::Result<JoinHandle<()>> {
     shared.set_thread_running(true);
     let for_thread = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
         .name(format!("roce-{}", shared.device.name))
-        .spawn(move || run(&for_thread, progress));
+        .spawn(move || run(&for_thread, progress, spin));
     if spawned.is_err() {
         shared.set_thread_running(false);
     }
@@ -45,7 +50,7 @@ impl Drop for FailOnPanic<'_> {
 }
 
 /// The background thread.
-fn run(shared: &Shared, progress: Progress) {
+fn run(shared: &Shared, progress: Progress, spin: Duration) {
     let _guard = FailOnPanic(shared);
     // A duplicate of the backend's fd, to sleep on without holding the lock.
     let readiness = match shared.engine_lock() {
@@ -63,23 +68,40 @@ fn run(shared: &Shared, progress: Progress) {
             return;
         }
     };
+    let mut last_work = Instant::now();
     while !shared.stop_requested() {
-        let next_timer = {
+        let posted = shared.posted();
+        let (worked, next_timer) = {
             let Some(mut core) = shared.engine_lock() else {
                 shared.fail(io::Error::other("a thread panicked inside a verbs call"));
                 return;
             };
-            if let Err(error) = core.drive() {
-                drop(core);
-                shared.fail(error);
-                return;
+            match core.drive(posted) {
+                Ok(worked) => (worked, core.engine.poll_timeout()),
+                Err(error) => {
+                    drop(core);
+                    shared.fail(error);
+                    return;
+                }
             }
-            core.engine.poll_timeout()
         };
-        match progress {
-            Progress::BusyPoll => std::thread::yield_now(),
-            _ => sleep(shared, readiness.as_ref(), next_timer),
+        if progress == Progress::BusyPoll {
+            std::thread::yield_now();
+            continue;
         }
+        // Spin a while after work: the next frame or post (a reply, the program's next
+        // request) usually comes within microseconds, sooner than a wake-up would.
+        let now = Instant::now();
+        if worked {
+            last_work = now;
+        }
+        if now.saturating_duration_since(last_work) < spin {
+            std::thread::yield_now();
+            continue;
+        }
+        shared.sleep_unless_posted(posted, || {
+            sleep(shared, readiness.as_ref(), next_timer);
+        });
     }
 }
 

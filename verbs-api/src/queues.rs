@@ -29,10 +29,16 @@ pub(crate) type ChannelEvents = EventQueue<CqId>;
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> io::Result<EventQueue<T>> {
         let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        Ok(EventQueue {
+        Ok(EventQueue::with_fd(fd))
+    }
+
+    /// A queue that signals `fd`, an eventfd (blocking or not: it is read only when its
+    /// counter is known to be non-zero).
+    pub(crate) fn with_fd(fd: OwnedFd) -> EventQueue<T> {
+        EventQueue {
             fd,
             events: Mutex::new(VecDeque::new()),
-        })
+        }
     }
 
     pub(crate) fn push(&self, event: T) {
@@ -46,13 +52,14 @@ impl<T> EventQueue<T> {
 
     pub(crate) fn pop(&self) -> Option<T> {
         let mut events = self.events.lock().ok()?;
-        let event = events.pop_front();
+        let event = events.pop_front()?;
         if events.is_empty() {
-            // Drain the counter so the fd polls readable only while events wait.
+            // Drain the counter so the fd polls readable only while events wait. It is
+            // non-zero (every push wrote it), so the read never blocks.
             let mut counter = [0u8; 8];
             let _ = rustix::io::read(&self.fd, &mut counter);
         }
-        event
+        Some(event)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use roce_provider::backend::Backend;
@@ -18,7 +18,6 @@ use crate::core::Core;
 use crate::device::Device;
 use crate::error::Error;
 use crate::limits;
-use crate::options::Progress;
 use crate::queues::EventQueue;
 
 /// State shared by a context and every object made from it.
@@ -26,13 +25,18 @@ pub(crate) struct Shared {
     core: Mutex<Core>,
     pub(crate) device: Device,
     pub(crate) kind: BackendKind,
-    pub(crate) progress: Progress,
     pub(crate) neighbours: Neighbours,
     /// The async events the engine reports, readable without the lock.
     pub(crate) async_events: Arc<EventQueue<AsyncEvent>>,
     /// Set while the background thread runs; otherwise callers drive the engine.
     thread_running: AtomicBool,
     stop: AtomicBool,
+    /// Counts the posts (and other work) handed to the engine without its lock; the engine
+    /// hands queued work over only when it moved.
+    posted: AtomicU64,
+    /// Set while the background thread sleeps (or is about to): only then does a post
+    /// write `wake`.
+    sleeping: AtomicBool,
     /// Written to wake a sleeping background thread (a post, or stopping).
     wake: OwnedFd,
     /// The error that stopped the engine, if one did.
@@ -47,18 +51,22 @@ impl Shared {
         engine: Engine<Box<dyn Backend>>,
         device: Device,
         kind: BackendKind,
-        progress: Progress,
+        async_fd: Option<OwnedFd>,
     ) -> io::Result<Shared> {
-        let async_events = Arc::new(EventQueue::new()?);
+        let async_events = Arc::new(match async_fd {
+            Some(fd) => EventQueue::with_fd(fd),
+            None => EventQueue::new()?,
+        });
         Ok(Shared {
             core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
             device,
             async_events,
             neighbours: kind.neighbours(),
             kind,
-            progress,
             thread_running: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            posted: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
@@ -69,6 +77,12 @@ impl Shared {
     pub(crate) fn lock(&self) -> Result<MutexGuard<'_, Core>, Error> {
         self.check_running()?;
         self.core.lock().map_err(|_| Error::Poisoned)
+    }
+
+    /// The lock if nobody holds it (the engine thread may be driving), and the engine runs.
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Core>> {
+        self.check_running().ok()?;
+        self.core.try_lock().ok()
     }
 
     /// The lock for the engine thread, which drives until told to stop whether or not a
@@ -123,7 +137,16 @@ impl Shared {
 
     /// [`Core::drive`], recording a failure for every later call.
     pub(crate) fn drive(&self, core: &mut Core) -> Result<(), Error> {
-        core.drive().map_err(|error| self.fail(error))
+        core.drive(self.posted())
+            .map(drop)
+            .map_err(|error| self.fail(error))
+    }
+
+    /// How many times work was handed over without the lock ([`wake`](Self::wake)).
+    pub(crate) fn posted(&self) -> u64 {
+        // SeqCst, against `sleep_unless_posted`'s store of `sleeping`: either the thread
+        // sees the new count, or the poster sees it sleeping.
+        self.posted.load(Ordering::SeqCst)
     }
 
     /// Records `error` as what stopped the engine (the first one stays) and returns it.
@@ -136,11 +159,23 @@ impl Shared {
         Error::EngineFailed(why)
     }
 
-    /// After work was admitted without the lock: make the engine thread take it.
+    /// After work was admitted without the lock: make the engine thread take it, waking it
+    /// if it sleeps (a spinning or busy thread sees the count move).
     pub(crate) fn wake(&self) {
-        if self.progress == Progress::Events {
+        self.posted.fetch_add(1, Ordering::SeqCst);
+        if self.sleeping.load(Ordering::SeqCst) {
             self.wake_thread();
         }
+    }
+
+    /// Runs `sleep` unless work was posted since the count `seen` (what the engine's last
+    /// round handed over); a post that comes during `sleep` writes the wake-up fd.
+    pub(crate) fn sleep_unless_posted(&self, seen: u64, sleep: impl FnOnce()) {
+        self.sleeping.store(true, Ordering::SeqCst);
+        if self.posted() == seen {
+            sleep();
+        }
+        self.sleeping.store(false, Ordering::Release);
     }
 
     fn wake_thread(&self) {

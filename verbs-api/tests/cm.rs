@@ -46,7 +46,7 @@ fn pair() -> (Context, Context) {
             backend: BackendChoice::Custom(Box::new(wire), addressing),
             progress: Progress::Events,
             seed: Some([seed; 32]),
-            pcap: None,
+            ..OpenOptions::default()
         };
         Context::open(&device(mac, ip), options).expect("open")
     };

@@ -57,7 +57,7 @@ fn queried_limits_are_the_enforced_ones() {
         backend: BackendChoice::Custom(Box::new(wire), addressing),
         progress: Progress::Caller,
         seed: Some([1; 32]),
-        pcap: None,
+        ..OpenOptions::default()
     };
     let ctx = Context::open(&device, options).unwrap();
     let max_cqe = attr.max_cqe as usize;

@@ -60,7 +60,7 @@ fn pair(progress: Progress, fault: f64) -> (Context, Context) {
             backend: BackendChoice::Custom(backend, addressing),
             progress,
             seed: Some([seed as u8; 32]),
-            pcap: None,
+            ..OpenOptions::default()
         };
         Context::open(&device("mem", mac, ip), options).expect("open")
     };
@@ -658,7 +658,7 @@ fn ud_over_ipv6_fills_the_grh_with_the_ipv6_header() {
             backend: BackendChoice::Custom(Box::new(wire), addressing),
             progress: Progress::Events,
             seed: Some([seed; 32]),
-            pcap: None,
+            ..OpenOptions::default()
         };
         let ctx = Context::open(&device, options).unwrap();
         ctx.add_neighbour6(peer_v6, peer_mac).unwrap();

@@ -42,7 +42,7 @@ fn open(wire: roce_provider::memory::MemoryBackend, me: u8, peer: u8) -> Context
         backend: BackendChoice::Custom(Box::new(wire), addressing),
         progress: Progress::Events,
         seed: Some([me; 32]),
-        pcap: None,
+        ..OpenOptions::default()
     };
     Context::open(&device, options).expect("open")
 }

@@ -41,7 +41,7 @@ fn context(wire: MemoryBackend, me: u8, peer: u8) -> Context {
         backend: BackendChoice::Custom(Box::new(wire), addressing),
         progress: Progress::Events,
         seed: Some([me; 32]),
-        pcap: None,
+        ..OpenOptions::default()
     };
     Context::open(&device, options).expect("open")
 }

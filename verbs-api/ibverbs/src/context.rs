@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use roce_cabi::set_errno;
 use roce_verbs::{AsyncEvent, BackendChoice, OpenOptions, PortState, Progress, XdpMode};
-use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::event::{eventfd, EventfdFlags};
 use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
 
 use crate::abi::*;
@@ -37,6 +37,8 @@ pub(crate) struct Context {
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
     /// Each SRQ by id, as its limit event names it (a `srq::Srq`).
     pub(crate) srqs: Mutex<HashMap<roce_verbs::SrqId, usize>>,
+    /// `ibv_context.async_fd`: an eventfd, blocking until the caller makes it
+    /// `O_NONBLOCK` (as rdma-core's), that the engine signals while async events wait.
     async_fd: OwnedFd,
     _holder: Arc<DeviceLock>,
 }
@@ -85,9 +87,11 @@ impl Context {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
         }
-        let options = open_options().map_err(|why| {
+        let mut options = open_options().map_err(|why| {
             roce_verbs::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, why))
         })?;
+        // The engine signals the fd the caller already holds as `async_fd`.
+        options.async_fd = Some(self.async_fd.try_clone()?);
         let engine = roce_verbs::Context::open(&self.device, options)?;
         Ok(self.engine.get_or_init(|| engine))
     }
@@ -118,11 +122,21 @@ fn open_options() -> Result<OpenOptions, String> {
             ))
         }
     };
+    let defaults = OpenOptions::default();
+    // How long the engine thread polls after its last work before it sleeps.
+    let spin = match std::env::var("ROCE_SPIN_US") {
+        Err(_) => defaults.spin,
+        Ok(micros) => micros
+            .parse()
+            .map(Duration::from_micros)
+            .map_err(|_| format!("ROCE_SPIN_US={micros}: expected microseconds"))?,
+    };
     Ok(OpenOptions {
         backend,
         progress,
+        spin,
         pcap: std::env::var_os("ROCE_PCAP").map(Into::into),
-        ..OpenOptions::default()
+        ..defaults
     })
 }
 
@@ -608,10 +622,14 @@ pub(crate) unsafe extern "C" fn get_async_event(
     }
     let nonblocking = is_nonblocking(&ours.async_fd);
     loop {
-        match ours
-            .verbs()
-            .and_then(roce_verbs::Context::try_get_async_event)
-        {
+        let next = ours.verbs().and_then(|verbs| {
+            if nonblocking {
+                verbs.try_get_async_event()
+            } else {
+                verbs.get_async_event(None).map(Some)
+            }
+        });
+        match next {
             Ok(Some(happened)) => {
                 let Some((event_type, element)) = ours.element_of(&happened) else {
                     continue;
@@ -625,14 +643,9 @@ pub(crate) unsafe extern "C" fn get_async_event(
                 };
                 return 0;
             }
-            Ok(None) if nonblocking => {
+            Ok(None) => {
                 set_errno(EAGAIN);
                 return -1;
-            }
-            Ok(None) => {
-                let slice = Timespec::try_from(Duration::from_millis(10)).ok();
-                let mut fds = [PollFd::new(&ours.async_fd, PollFlags::IN)];
-                let _ = poll(&mut fds, slice.as_ref());
             }
             Err(error) => {
                 set_errno(crate::errno_of(&error));
