@@ -35,6 +35,8 @@ fn build_libraries() {
             "-p",
             "roce-ibverbs",
             "-p",
+            "roce-rdmacm",
+            "-p",
             "roce-mlx5",
             "-p",
             "roce-efa",
