@@ -12,24 +12,38 @@ use crate::abi::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr};
 const ENODEV: c_int = 19;
 const ENOSYS: c_int = 38;
 
+type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
+type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
+type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type AllocPd = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type CreateCompChannel = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type DestroyCompChannel = unsafe extern "C" fn(*mut c_void) -> c_int;
+type CreateCq =
+    unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void;
+type DestroyCq = unsafe extern "C" fn(*mut c_void) -> c_int;
+type CreateQp = unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type VerbsContext = unsafe extern "C" fn(*mut c_void, usize) -> *const roce_verbs::Context;
+
 /// The `libibverbs.so.1` calls this library makes. The library is ours (the private
 /// `roce_rdmacm_verbs_context` is required), so `rdma_cm_id.verbs`, `.pd` and `.qp` are
 /// objects of the same library the program's own `ibv_*` calls reach.
 pub(crate) struct Verbs {
-    pub(crate) get_device_list: unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void,
-    pub(crate) free_device_list: unsafe extern "C" fn(*mut *mut c_void),
-    pub(crate) get_device_name: unsafe extern "C" fn(*mut c_void) -> *const c_char,
-    pub(crate) open_device: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
-    pub(crate) alloc_pd: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
-    pub(crate) create_comp_channel: unsafe extern "C" fn(*mut c_void) -> *mut c_void,
-    pub(crate) destroy_comp_channel: unsafe extern "C" fn(*mut c_void) -> c_int,
-    pub(crate) create_cq:
-        unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void,
-    pub(crate) destroy_cq: unsafe extern "C" fn(*mut c_void) -> c_int,
-    pub(crate) create_qp: unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp,
-    pub(crate) modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
-    pub(crate) destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
-    verbs_context: unsafe extern "C" fn(*mut c_void, usize) -> *const roce_verbs::Context,
+    pub(crate) get_device_list: GetDeviceList,
+    pub(crate) free_device_list: FreeDeviceList,
+    pub(crate) get_device_name: GetDeviceName,
+    pub(crate) open_device: OpenDevice,
+    pub(crate) alloc_pd: AllocPd,
+    pub(crate) create_comp_channel: CreateCompChannel,
+    pub(crate) destroy_comp_channel: DestroyCompChannel,
+    pub(crate) create_cq: CreateCq,
+    pub(crate) destroy_cq: DestroyCq,
+    pub(crate) create_qp: CreateQp,
+    pub(crate) modify_qp: ModifyQp,
+    pub(crate) destroy_qp: DestroyQp,
+    verbs_context: VerbsContext,
 }
 
 /// Our libibverbs, loaded once; errno `ENOSYS` when the one on the library path is not ours.
@@ -76,19 +90,43 @@ fn load() -> Result<Verbs, String> {
     // field's type spells (verbs.h); the hook is ours (ibverbs/src/rdmacm_hook.rs).
     unsafe {
         Ok(Verbs {
-            get_device_list: core::mem::transmute(find(c"ibv_get_device_list", None)?),
-            free_device_list: core::mem::transmute(find(c"ibv_free_device_list", None)?),
-            get_device_name: core::mem::transmute(find(c"ibv_get_device_name", None)?),
-            open_device: core::mem::transmute(find(c"ibv_open_device", None)?),
-            alloc_pd: core::mem::transmute(find(c"ibv_alloc_pd", None)?),
-            create_comp_channel: core::mem::transmute(find(c"ibv_create_comp_channel", None)?),
-            destroy_comp_channel: core::mem::transmute(find(c"ibv_destroy_comp_channel", None)?),
-            create_cq: core::mem::transmute(find(c"ibv_create_cq", None)?),
-            destroy_cq: core::mem::transmute(find(c"ibv_destroy_cq", None)?),
-            create_qp: core::mem::transmute(find(c"ibv_create_qp", None)?),
-            modify_qp: core::mem::transmute(find(c"ibv_modify_qp", None)?),
-            destroy_qp: core::mem::transmute(find(c"ibv_destroy_qp", None)?),
-            verbs_context: core::mem::transmute(find(
+            get_device_list: core::mem::transmute::<*mut c_void, GetDeviceList>(find(
+                c"ibv_get_device_list",
+                None,
+            )?),
+            free_device_list: core::mem::transmute::<*mut c_void, FreeDeviceList>(find(
+                c"ibv_free_device_list",
+                None,
+            )?),
+            get_device_name: core::mem::transmute::<*mut c_void, GetDeviceName>(find(
+                c"ibv_get_device_name",
+                None,
+            )?),
+            open_device: core::mem::transmute::<*mut c_void, OpenDevice>(find(
+                c"ibv_open_device",
+                None,
+            )?),
+            alloc_pd: core::mem::transmute::<*mut c_void, AllocPd>(find(c"ibv_alloc_pd", None)?),
+            create_comp_channel: core::mem::transmute::<*mut c_void, CreateCompChannel>(find(
+                c"ibv_create_comp_channel",
+                None,
+            )?),
+            destroy_comp_channel: core::mem::transmute::<*mut c_void, DestroyCompChannel>(find(
+                c"ibv_destroy_comp_channel",
+                None,
+            )?),
+            create_cq: core::mem::transmute::<*mut c_void, CreateCq>(find(c"ibv_create_cq", None)?),
+            destroy_cq: core::mem::transmute::<*mut c_void, DestroyCq>(find(
+                c"ibv_destroy_cq",
+                None,
+            )?),
+            create_qp: core::mem::transmute::<*mut c_void, CreateQp>(find(c"ibv_create_qp", None)?),
+            modify_qp: core::mem::transmute::<*mut c_void, ModifyQp>(find(c"ibv_modify_qp", None)?),
+            destroy_qp: core::mem::transmute::<*mut c_void, DestroyQp>(find(
+                c"ibv_destroy_qp",
+                None,
+            )?),
+            verbs_context: core::mem::transmute::<*mut c_void, VerbsContext>(find(
                 c"roce_rdmacm_verbs_context",
                 Some(c"ROCE_RDMACM_PRIVATE"),
             )?),
