@@ -181,6 +181,18 @@ pub(crate) struct Event {
     private_data: Vec<u8>,
 }
 
+impl Event {
+    /// `RDMA_CM_EVENT_*`, and the status.
+    pub(crate) fn what(&self) -> (c_int, c_int) {
+        (self.raw.event, self.raw.status)
+    }
+
+    /// The id it is for (a new id for a connect request).
+    pub(crate) fn id(&self) -> *mut rdma_cm_id {
+        self.raw.id
+    }
+}
+
 /// `rdma_create_event_channel`.
 pub(crate) extern "C" fn create_event_channel() -> *mut rdma_event_channel {
     if !crate::verbs::any_device() {

@@ -17,6 +17,8 @@ use crate::verbs::{self, Opened};
 
 const EINVAL: c_int = 22;
 const EOPNOTSUPP: c_int = 95;
+const ECONNREFUSED: c_int = 111;
+const ETIMEDOUT: c_int = 110;
 
 /// Depth of the CQs `rdma_create_qp` makes when the caller gives none.
 const DEFAULT_CQ_DEPTH: c_int = 64;
@@ -46,6 +48,11 @@ struct Inner {
     request: Option<Request>,
     /// CQs and channels `rdma_create_qp` made, which `rdma_destroy_qp` destroys.
     made: Vec<(unsafe extern "C" fn(*mut c_void) -> c_int, *mut c_void)>,
+    /// A synchronous id's own channel (`rdma_create_id` with none): its calls wait for
+    /// their event.
+    own_channel: Option<Box<Channel>>,
+    /// What `rdma_create_ep` gave a passive endpoint for the QPs of its requests.
+    ep_qp: Option<(*mut c_void, ibv_qp_init_attr)>,
 }
 
 impl Id {
@@ -163,6 +170,43 @@ impl Id {
     fn cm<'a>(inner: &'a MutexGuard<'_, Inner>) -> Result<&'a CmId, c_int> {
         inner.cm.as_ref().ok_or(EINVAL)
     }
+
+    /// Makes the id synchronous: its own channel, its events moved there.
+    fn make_synchronous(&self) -> Result<(), c_int> {
+        let channel = Channel::new()?;
+        let mut inner = self.lock()?;
+        let old = self.channel(&mut inner)?;
+        if let Some(cm) = &inner.cm {
+            cm.migrate(&channel.channel)
+                .map_err(|error| crate::fail("rdma_migrate_id", &error))?;
+            old.unregister(cm.handle());
+            channel.register(cm.handle(), self);
+        }
+        self.raw(&mut inner).channel = channel.as_raw();
+        inner.own_channel = Some(channel);
+        Ok(())
+    }
+
+    /// For a synchronous id, waits for the event its call brings: `expected`, else the
+    /// errno rdma-core gives (`ECONNREFUSED` for a reject, `ETIMEDOUT` when unreachable).
+    fn complete(&self, expected: c_int) -> Result<(), c_int> {
+        let channel = {
+            let inner = self.lock()?;
+            match &inner.own_channel {
+                Some(channel) => core::ptr::from_ref::<Channel>(channel),
+                None => return Ok(()),
+            }
+        };
+        // SAFETY: the id's own channel lives as long as the id, which the caller holds.
+        let event = unsafe { &*channel }.next()?;
+        match event.what() {
+            (code, _) if code == expected => Ok(()),
+            (8, _) => Err(ECONNREFUSED),
+            (7, _) => Err(ETIMEDOUT),
+            (_, status) if status < 0 => Err(-status),
+            _ => Err(EINVAL),
+        }
+    }
 }
 
 /// Reads a `sockaddr` the program passes.
@@ -262,8 +306,8 @@ fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&Id) -> Result<(), c_int>) -> c_i
     }
 }
 
-/// `rdma_create_id`: RC ids (`RDMA_PS_TCP`, `RDMA_PS_IB`) only; a NULL channel (the
-/// synchronous mode) is not offered yet.
+/// `rdma_create_id`: RC ids (`RDMA_PS_TCP`) only. With no channel the id is synchronous:
+/// its calls wait for their event, as rdma-core's do.
 pub(crate) unsafe extern "C" fn create_id(
     channel: *mut rdma_event_channel,
     id: *mut *mut rdma_cm_id,
@@ -361,7 +405,8 @@ pub(crate) unsafe extern "C" fn resolve_addr(
             raw.route.addr.ibaddr.dgid = dgid;
             raw.route.addr.ibaddr.pkey = 0xFFFF;
         }
-        Ok(())
+        drop(inner);
+        ours.complete(0)
     })
 }
 
@@ -371,7 +416,9 @@ pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: 
         let inner = ours.lock()?;
         Id::cm(&inner)?
             .resolve_route()
-            .map_err(|error| crate::fail("rdma_resolve_route", &error))
+            .map_err(|error| crate::fail("rdma_resolve_route", &error))?;
+        drop(inner);
+        ours.complete(2)
     })
 }
 
@@ -460,6 +507,9 @@ pub(crate) unsafe extern "C" fn create_qp(
         if qp.is_null() {
             return Err(crate::errno());
         }
+        // As ibv_create_qp does to its argument: the caps granted.
+        // SAFETY: the caller's init attr, checked not null above.
+        unsafe { (*attr).cap = init.cap };
         let mut attr = ibv_qp_attr {
             qp_state: IBV_QPS_INIT,
             port_num: 1,
@@ -543,7 +593,8 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         if let Some(local) = cm.local_addr() {
             ours.raw(&mut inner).route.addr.src_addr = to_storage(local);
         }
-        Ok(())
+        drop(inner);
+        ours.complete(9)
     })
 }
 
@@ -566,7 +617,9 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         };
         Id::cm(&inner)?
             .accept_qp_num(qpn, &param)
-            .map_err(|error| crate::fail("rdma_accept", &error))
+            .map_err(|error| crate::fail("rdma_accept", &error))?;
+        drop(inner);
+        ours.complete(9)
     })
 }
 
@@ -723,4 +776,119 @@ pub(crate) unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut c_void
 pub(crate) unsafe extern "C" fn free_devices(list: *mut *mut c_void) {
     // SAFETY: a list from `rdma_get_devices` (calloc), freed once; the devices stay open.
     unsafe { libc::free(list.cast()) };
+}
+
+/// `rdma_create_ep`: a synchronous id from `rdma_getaddrinfo`'s answer: a passive one bound
+/// to its source (its requests get QPs as `attr` says), an active one with its address and
+/// route resolved and, given `attr`, its QP.
+pub(crate) unsafe extern "C" fn create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut c_void,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller passes an rdma_getaddrinfo answer.
+    let Some(info) = (unsafe { res.as_ref() }) else {
+        set_errno(EINVAL);
+        return -1;
+    };
+    if id.is_null() {
+        set_errno(EINVAL);
+        return -1;
+    }
+    let mut made = core::ptr::null_mut();
+    // SAFETY: no channel: a synchronous id.
+    if unsafe {
+        create_id(
+            core::ptr::null_mut(),
+            &mut made,
+            core::ptr::null_mut(),
+            info.ai_port_space,
+        )
+    } != 0
+    {
+        return -1;
+    }
+    let done = if info.ai_flags & RAI_PASSIVE != 0 {
+        // SAFETY: an id just made and the answer's source address.
+        let bound = unsafe { bind_addr(made, info.ai_src_addr) };
+        if bound == 0 {
+            // SAFETY: the id just made.
+            if let (Some(ours), Some(attr)) =
+                (unsafe { Id::from_raw(made) }, unsafe { attr.as_ref() })
+            {
+                if let Ok(mut inner) = ours.lock() {
+                    inner.ep_qp = Some((pd, *attr));
+                }
+            }
+        }
+        bound
+    } else {
+        // SAFETY: an id just made and the answer's addresses; the QP attr is the caller's.
+        unsafe {
+            let mut done = resolve_addr(made, info.ai_src_addr, info.ai_dst_addr, 2000);
+            if done == 0 {
+                done = resolve_route(made, 2000);
+            }
+            if done == 0 && !attr.is_null() {
+                done = create_qp(made, pd, attr);
+            }
+            done
+        }
+    };
+    if done != 0 {
+        let errno = crate::errno();
+        // SAFETY: the id just made, not handed out.
+        unsafe { destroy_id(made) };
+        set_errno(errno);
+        return -1;
+    }
+    // SAFETY: checked not null; the caller's out pointer.
+    unsafe { *id = made };
+    0
+}
+
+/// `rdma_destroy_ep`: the id's QP (and what `rdma_create_qp` made for it), then the id.
+pub(crate) unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: the caller passes an id of ours, not used after.
+    unsafe {
+        destroy_qp(id);
+        destroy_id(id);
+    }
+}
+
+/// `rdma_get_request`: waits on a synchronous listener for a connect request; the new id
+/// is synchronous too and, after `rdma_create_ep` with a QP attr, has its QP.
+pub(crate) unsafe extern "C" fn get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    with_id(listen, |listener| {
+        if id.is_null() {
+            return Err(EINVAL);
+        }
+        let (channel, ep_qp) = {
+            let inner = listener.lock()?;
+            let channel = inner.own_channel.as_deref().ok_or(EINVAL)?;
+            (core::ptr::from_ref::<Channel>(channel), inner.ep_qp)
+        };
+        // SAFETY: the listener's own channel lives as long as the listener.
+        let event = unsafe { &*channel }.next()?;
+        if event.what().0 != 4 {
+            return Err(EINVAL);
+        }
+        let made = event.id();
+        // SAFETY: the new id the request made.
+        let ours = unsafe { Id::from_raw(made) }.ok_or(EINVAL)?;
+        ours.make_synchronous()?;
+        if let Some((pd, mut attr)) = ep_qp {
+            // SAFETY: the new id, the PD and attr `rdma_create_ep` was given.
+            if unsafe { create_qp(made, pd, &mut attr) } != 0 {
+                return Err(crate::errno());
+            }
+        }
+        // SAFETY: checked not null; the caller's out pointer.
+        unsafe { *id = made };
+        Ok(())
+    })
 }

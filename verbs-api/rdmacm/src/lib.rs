@@ -20,7 +20,7 @@
 //! - **Ids** take the device of their address at `rdma_bind_addr` or `rdma_resolve_addr`
 //!   (one opened context per device and process, kept open). RC (`RDMA_PS_TCP`) only.
 //! - **Errors**: -1 with errno, as rdma-core. What is not offered fails with `ENOSYS`
-//!   (rsockets, multicast) or `EOPNOTSUPP` (UD ids, synchronous ids, SRQs, ECE), and says
+//!   (rsockets, multicast) or `EOPNOTSUPP` (UD ids, SRQs, ECE), and says
 //!   why on stderr with `ROCE_LOG` set. `rpoll`/`rselect` are `poll`/`select`: with no
 //!   rsockets every fd is a plain one (rping, ucmatose and udaddy import `rpoll`).
 
@@ -62,14 +62,14 @@ export!("rdma_freeaddrinfo" @ "RDMACM_1.0" => addrinfo::freeaddrinfo);
 export!("rdma_notify" @ "RDMACM_1.0" => id::establish);
 export!("rdma_establish" @ "RDMACM_1.2" => id::establish);
 export!("rdma_init_qp_attr" @ "RDMACM_1.2" => id::init_qp_attr);
+export!("rdma_create_ep" @ "RDMACM_1.0" => id::create_ep);
+export!("rdma_destroy_ep" @ "RDMACM_1.0" => id::destroy_ep);
+export!("rdma_get_request" @ "RDMACM_1.0" => id::get_request);
 // Not offered yet: fail cleanly.
 export!("rdma_create_qp_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_create_srq" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_create_srq_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_destroy_srq" @ "RDMACM_1.0" => unsupported::nothing);
-export!("rdma_create_ep" @ "RDMACM_1.0" => unsupported::eopnotsupp);
-export!("rdma_destroy_ep" @ "RDMACM_1.0" => unsupported::nothing);
-export!("rdma_get_request" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_join_multicast" @ "RDMACM_1.0" => unsupported::enosys);
 export!("rdma_leave_multicast" @ "RDMACM_1.0" => unsupported::enosys);
 export!("rdma_join_multicast_ex" @ "RDMACM_1.1" => unsupported::enosys);
