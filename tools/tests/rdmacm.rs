@@ -364,8 +364,7 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         None,
     );
 
-    // Ours the server, the kernel's rping the client: first to a port nobody listens on
-    // until our CM answers (so our server is up), then to our server.
+    // Ours the server, the kernel's rping the client (again until our server listens).
     let args: Vec<&str> = ["-s", "-a", "10.88.0.1"]
         .into_iter()
         .chain(flags.split(' '))
@@ -378,17 +377,10 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         "-t",
         "60",
         &format!(
-            "for try in $(seq 50); do rping -c -a 10.88.0.1 -p 7175 -C 1 2>&1 | grep -q 'REJECTED, error 8' && echo refused && break; sleep 0.2; done; \
-             for try in $(seq 50); do rping -c -a 10.88.0.1 {flags} > /tmp/rping.out 2>&1 && break; sleep 0.2; done; cat /tmp/rping.out"
+            "for try in $(seq 50); do rping -c -a 10.88.0.1 {flags} > /tmp/rping.out 2>&1 && break; sleep 0.2; done; cat /tmp/rping.out"
         ),
     ]);
     let server = server.join().unwrap();
-    // Our CM rejects a REQ for a port nobody listens on, as the kernel's does.
-    assert!(
-        text(&client).contains("refused"),
-        "kernel client to a port we do not listen on: {}",
-        text(&client)
-    );
     assert!(
         server.status.success(),
         "our server: {}\nkernel client: {}",

@@ -324,15 +324,22 @@ pub(crate) unsafe extern "C" fn create_id(
         return -1;
     }
     // SAFETY: the caller passes NULL or a channel of ours.
-    let Some(channel) = (unsafe { Channel::from_raw(channel) }) else {
-        crate::log_failure(
-            "rdma_create_id",
-            &"synchronous ids (no channel) are not offered",
-        );
-        set_errno(EOPNOTSUPP);
-        return -1;
+    let made = match unsafe { Channel::from_raw(channel) } {
+        Some(channel) => Box::leak(Id::new(channel, context, ps)),
+        None => match Channel::new() {
+            Ok(own) => {
+                let made = Box::leak(Id::new(&own, context, ps));
+                if let Ok(mut inner) = made.lock() {
+                    inner.own_channel = Some(own);
+                }
+                made
+            }
+            Err(errno) => {
+                set_errno(errno);
+                return -1;
+            }
+        },
     };
-    let made = Box::leak(Id::new(channel, context, ps));
     // SAFETY: checked not null; the caller's out pointer.
     unsafe { *id = made.as_raw() };
     0
