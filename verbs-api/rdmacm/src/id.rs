@@ -816,6 +816,11 @@ pub(crate) unsafe extern "C" fn create_ep(
     {
         return -1;
     }
+    // As rdma-core: the QP's type is the answer's (programs leave it zero).
+    // SAFETY: the caller passes NULL or a QP init attr.
+    if let Some(attr) = unsafe { attr.as_mut() } {
+        attr.qp_type = u32::try_from(info.ai_qp_type).unwrap_or(IBV_QPT_RC);
+    }
     let done = if info.ai_flags & RAI_PASSIVE != 0 {
         // SAFETY: an id just made and the answer's source address.
         let bound = unsafe { bind_addr(made, info.ai_src_addr) };
