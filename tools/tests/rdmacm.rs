@@ -1,7 +1,9 @@
 //! Debian's rdma_cm programs (rdmacm-utils), unmodified, over our `librdmacm.so.1` and
 //! `libibverbs.so.1` through `roce exec`: every librdmacm symbol they import exists with its
-//! version, `rping` talks to itself between two namespaces over AF_XDP with every byte
-//! checked, and the event channel and the calls not offered answer as rdma-core defines.
+//! version, `rping`, `rdma_server`/`rdma_client` and `ucmatose` talk to themselves between
+//! two namespaces over AF_XDP (rping with every byte checked), `rping` talks to the rxe VM's
+//! kernel CM in both roles, and the event channel and the calls not offered answer as
+//! rdma-core defines.
 //!
 //! Needs root (namespaces, AF_XDP) and Debian's `rdmacm-utils` (and `gcc` for the C
 //! program); in CI a missing prerequisite fails the test, elsewhere it is skipped.
@@ -188,6 +190,67 @@ fn rping_talks_to_itself_between_namespaces() {
         let said = text(output);
         assert!(output.status.success(), "{side}: {said}");
         check_pings(side, &said, prefix, count, Some(4096));
+    }
+}
+
+/// A client in `a` against the server `server` already spawned in `b`: again while the
+/// server is not listening yet (rejected), a bounded number of times; both must succeed.
+fn pair_in(a: &Netns, b: &Netns, server: &[&str], client: &[&str]) -> (Output, Output) {
+    let server = exec_in(b, server).spawn().unwrap();
+    let server = thread::spawn(move || server.wait_with_output().unwrap());
+    let mut last = None;
+    for _ in 0..50 {
+        let output = exec_in(a, client).output().unwrap();
+        let said = text(&output);
+        let refused = said.contains("REJECTED") || said.contains("refused");
+        last = Some(output);
+        if !refused {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    (last.expect("tried at least once"), server.join().unwrap())
+}
+
+#[test]
+fn rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces() {
+    let test = "rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces";
+    if !root_and(test, &["rdma_server", "rdma_client", "ucmatose"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    // Synchronous ids, rdma_create_ep/rdma_get_request and rdma_verbs.h's helpers.
+    let (client, server) = pair_in(
+        &a,
+        &b,
+        &["rdma_server", "-s", "10.85.0.2"],
+        &["rdma_client", "-s", "10.85.0.2"],
+    );
+    assert!(
+        client.status.success() && text(&client).contains("rdma_client: end 0"),
+        "{}",
+        text(&client)
+    );
+    assert!(
+        server.status.success() && text(&server).contains("rdma_server: end 0"),
+        "{}",
+        text(&server)
+    );
+    // Four connections on one channel, data both ways, disconnects.
+    let (client, server) = pair_in(
+        &a,
+        &b,
+        &["ucmatose", "-b", "10.85.0.2", "-c", "4"],
+        &["ucmatose", "-s", "10.85.0.2", "-c", "4"],
+    );
+    for (side, output) in [("client", &client), ("server", &server)] {
+        let said = text(output);
+        assert!(
+            output.status.success()
+                && said.contains("test complete")
+                && said.contains("return status 0"),
+            "ucmatose {side}: {said}"
+        );
     }
 }
 
