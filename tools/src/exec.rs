@@ -1,6 +1,6 @@
 //! `roce exec`: runs an unmodified program linked against rdma-core over our libraries
-//! (`libibverbs.so.1` and the `libmlx5.so.1`/`libefa.so.1` stubs), by putting them first on
-//! the library path. Nothing is installed system-wide.
+//! (`libibverbs.so.1`, `librdmacm.so.1` and the `libmlx5.so.1`/`libefa.so.1` stubs), by
+//! putting them first on the library path. Nothing is installed system-wide.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 /// The libraries a program finds under their SONAMEs: (SONAME, what cargo builds).
-const LIBRARIES: [(&str, &str); 3] = [
+const LIBRARIES: [(&str, &str); 4] = [
     ("libibverbs.so.1", "libibverbs.so"),
+    ("librdmacm.so.1", "librdmacm.so"),
     ("libmlx5.so.1", "libmlx5.so"),
     ("libefa.so.1", "libefa.so"),
 ];
@@ -65,7 +66,7 @@ fn soname_dir(built: &Path) -> Result<PathBuf, String> {
         let target = built.join(file);
         if !target.exists() {
             return Err(format!(
-                "{} not found; build the libraries first: cargo build --release -p roce-ibverbs -p roce-mlx5 -p roce-efa",
+                "{} not found; build the libraries first: cargo build --release -p roce-ibverbs -p roce-rdmacm -p roce-mlx5 -p roce-efa",
                 target.display()
             ));
         }

@@ -9,43 +9,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 
-use common::{build_libraries, built_dir, installed, text, wait_for_listener};
-
-/// `roce exec PROGRAM ARGS...` inside `ns`, bounded to a minute.
-fn exec_in(ns: &Netns, program: &[&str]) -> Command {
-    build_libraries();
-    let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", &ns.name, "timeout", "60"])
-        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--"])
-        .args(program)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// `name@VERSION` of every dynamic symbol of `file` that is undefined (imports) or defined
-/// (exports), from readelf.
-fn dynamic_symbols(file: &Path, defined: bool) -> Vec<String> {
-    let output = Command::new("readelf")
-        .args(["--dyn-syms", "-W"])
-        .arg(file)
-        .output()
-        .expect("readelf (binutils)");
-    assert!(output.status.success(), "readelf {}", file.display());
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let (section, name) = (words.get(6)?, words.get(7)?);
-            ((*section == "UND") != defined).then(|| name.replace("@@", "@"))
-        })
-        .collect()
-}
+use common::{
+    build_libraries, built_dir, dynamic_symbols, exec_in, installed, text, wait_for_listener,
+};
 
 #[test]
 fn every_versioned_symbol_debian_programs_import_is_exported() {

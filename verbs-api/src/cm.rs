@@ -11,8 +11,9 @@
 //! either:  disconnect (Disconnected on both sides; the QPs go to ERR)
 //! ```
 //!
-//! An event channel belongs to one context (rdma_cm's spans devices; an id takes the device
-//! its address resolves to). Ids are RC (`RDMA_PS_TCP`) only for now. Resolution is
+//! An event channel spans devices, as rdma_cm's does: [`EventChannel::new`] belongs to none,
+//! and each id is created on the context of its device ([`Context::create_id`]; a C face
+//! picks the device an address belongs to). Ids are RC (`RDMA_PS_TCP`) only for now. Resolution is
 //! synchronous (it finishes before the call returns) but reported as events, as rdma_cm
 //! does: the source is the device's address of the destination's family and the peer's MAC
 //! comes from the kernel's neighbour table (or the caller's, for a custom backend).
@@ -20,9 +21,10 @@
 //! caller's private data; a connect request hands the caller only what follows it.
 
 use std::fmt;
+use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use roce_transport::cm::{
@@ -40,7 +42,6 @@ use crate::mr::Pd;
 use crate::qp::{Qp, QpInitAttr};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
-use crate::wait;
 use crate::{AccessFlags, PathMtu, QpAttr, QpState, QpType};
 
 /// Private data a connect carries after rdma_cm's header (`RDMA_MAX_PRIVATE_DATA` for a REQ
@@ -56,10 +57,18 @@ const EINVAL: i32 = 22;
 /// IP hop limit of connections (the kernel's default TTL for RoCE paths).
 const HOP_LIMIT: u8 = 64;
 
-/// An event channel (`rdma_event_channel`): its fd polls readable while events wait.
+/// How long a wait for a CM event sleeps before looking at the devices again.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// How long one round of a caller-driven wait sleeps in the backend.
+const CALLER_WAIT_SLICE: Duration = Duration::from_millis(1);
+
+/// An event channel (`rdma_event_channel`): its fd polls readable while events wait. It
+/// belongs to no device: its ids' contexts report to it.
 pub struct EventChannel {
-    shared: Arc<Shared>,
     queue: Arc<EventQueue<Notice>>,
+    /// The contexts of its ids: a caller-driven one is driven while waiting; the first is
+    /// where [`create_id`](Self::create_id) makes ids.
+    contexts: Mutex<Vec<Weak<Shared>>>,
 }
 
 /// What `rdma_connect` and `rdma_accept` take (`struct rdma_conn_param`, RC fields).
@@ -178,46 +187,133 @@ pub struct CmEvent {
 }
 
 impl Context {
-    /// Creates an event channel (`rdma_create_event_channel`) for this device's CM ids.
+    /// Creates an event channel (`rdma_create_event_channel`) whose
+    /// [`create_id`](EventChannel::create_id) makes ids on this device.
     pub fn create_event_channel(&self) -> Result<EventChannel, Error> {
-        Ok(EventChannel {
-            shared: Arc::clone(self.shared()),
-            queue: Arc::new(EventQueue::new()?),
-        })
+        let channel = EventChannel::new()?;
+        channel.attach(self.shared())?;
+        Ok(channel)
     }
-}
 
-impl EventChannel {
-    /// Creates an RC id (`rdma_create_id` with `RDMA_PS_TCP`) whose events come here.
-    pub fn create_id(&self) -> Result<CmId, Error> {
-        let number = self.shared.lock()?.cm.new_id();
+    /// Creates an RC id (`rdma_create_id` with `RDMA_PS_TCP`) on this device whose events go
+    /// to `channel`.
+    pub fn create_id(&self, channel: &EventChannel) -> Result<CmId, Error> {
+        channel.attach(self.shared())?;
+        let number = self.shared().lock()?.cm.new_id();
         Ok(CmId::new(
-            &self.shared,
-            &self.queue,
+            self.shared(),
+            &channel.queue,
             number,
             IdState::default(),
         ))
     }
+}
+
+impl EventChannel {
+    /// An event channel of no device (`rdma_create_event_channel`).
+    pub fn new() -> Result<EventChannel, Error> {
+        Ok(EventChannel {
+            queue: Arc::new(EventQueue::new()?),
+            contexts: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Remembers a context whose ids report here (once).
+    fn attach(&self, shared: &Arc<Shared>) -> Result<(), Error> {
+        let mut contexts = self.contexts.lock().map_err(|_| Error::Poisoned)?;
+        contexts.retain(|context| context.strong_count() > 0);
+        if !contexts
+            .iter()
+            .any(|context| std::ptr::eq(context.as_ptr(), Arc::as_ptr(shared)))
+        {
+            contexts.push(Arc::downgrade(shared));
+        }
+        Ok(())
+    }
+
+    fn contexts(&self) -> Result<Vec<Arc<Shared>>, Error> {
+        let contexts = self.contexts.lock().map_err(|_| Error::Poisoned)?;
+        Ok(contexts.iter().filter_map(Weak::upgrade).collect())
+    }
+
+    /// Creates an RC id (`rdma_create_id` with `RDMA_PS_TCP`) on the device of the channel's
+    /// first id, or the one [`Context::create_event_channel`] made it for.
+    pub fn create_id(&self) -> Result<CmId, Error> {
+        let shared = self
+            .contexts()?
+            .into_iter()
+            .next()
+            .ok_or(Error::InvalidArgument(
+                "a channel of no device: use Context::create_id",
+            ))?;
+        let number = shared.lock()?.cm.new_id();
+        Ok(CmId::new(&shared, &self.queue, number, IdState::default()))
+    }
 
     /// Waits for the next event (`rdma_get_cm_event`): `None` waits for ever; a timeout
-    /// gives [`Error::TimedOut`].
+    /// gives [`Error::TimedOut`]. A context nobody else drives is driven meanwhile.
     pub fn get_cm_event(&self, timeout: Option<Duration>) -> Result<CmEvent, Error> {
-        let notice = wait::next_event(&self.shared, &self.queue, timeout)?;
-        Ok(self.event(notice))
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        loop {
+            if let Some(event) = self.try_get_cm_event()? {
+                return Ok(event);
+            }
+            let left = deadline.map(|at| at.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Err(Error::TimedOut);
+            }
+            let driven = self.contexts()?;
+            let driven: Vec<_> = driven
+                .iter()
+                .filter(|shared| shared.caller_drives())
+                .collect();
+            let slice = if driven.is_empty() {
+                WAIT_SLICE
+            } else {
+                CALLER_WAIT_SLICE
+            };
+            let slice = left.map_or(slice, |left| left.min(slice));
+            if let Some(shared) = driven.first() {
+                // Sleep in one backend; the others are driven by `try_get_cm_event`.
+                let mut core = shared.lock()?;
+                let waited = core.engine.run_once(slice);
+                shared.drive(&mut core)?;
+                waited?;
+                continue;
+            }
+            // In slices, so a failed engine is noticed.
+            let timeout = rustix::event::Timespec::try_from(slice).map_err(|_| Error::TimedOut)?;
+            let mut fds = [rustix::event::PollFd::new(
+                &*self.queue,
+                rustix::event::PollFlags::IN,
+            )];
+            match rustix::event::poll(&mut fds, Some(&timeout)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(error) => return Err(io::Error::from(error).into()),
+            }
+        }
     }
 
     /// The next event if one waits, without blocking (`rdma_get_cm_event` on an
     /// `O_NONBLOCK` fd; `None` is its `EAGAIN`).
     pub fn try_get_cm_event(&self) -> Result<Option<CmEvent>, Error> {
-        if self.shared.caller_drives() {
-            let mut core = self.shared.lock()?;
-            self.shared.drive(&mut core)?;
+        for shared in self.contexts()? {
+            if shared.caller_drives() {
+                let mut core = shared.lock()?;
+                shared.drive(&mut core)?;
+            }
+            shared.check_running()?;
         }
-        self.shared.check_running()?;
-        Ok(self.queue.pop().map(|notice| self.event(notice)))
+        while let Some(notice) = self.queue.pop() {
+            if let Some(event) = self.event(notice) {
+                return Ok(Some(event));
+            }
+        }
+        Ok(None)
     }
 
-    fn event(&self, notice: Notice) -> CmEvent {
+    /// The event a notice tells; none for a request whose device is closed.
+    fn event(&self, notice: Notice) -> Option<CmEvent> {
         let kind = match notice.what {
             What::AddrResolved => CmEventKind::AddrResolved,
             What::AddrError(errno) => CmEventKind::AddrError(errno),
@@ -228,7 +324,11 @@ impl EventChannel {
                 new_id,
                 conn,
                 request,
-            } => CmEventKind::ConnectRequest(Box::new(self.request(new_id, conn, &request))),
+                shared,
+            } => {
+                let shared = shared.upgrade()?;
+                CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
+            }
             What::Cm(event) => match *event {
                 TransportEvent::Established { .. } => CmEventKind::Established,
                 TransportEvent::Unreachable { .. } => CmEventKind::Unreachable,
@@ -246,14 +346,20 @@ impl EventChannel {
                 _ => CmEventKind::ConnectError,
             },
         };
-        CmEvent {
+        Some(CmEvent {
             id: notice.id,
             kind,
-        }
+        })
     }
 
     /// The passive id of a REQ, and what the listener is told of it.
-    fn request(&self, number: u64, conn: ConnId, request: &Request) -> ConnectRequest {
+    fn request(
+        &self,
+        shared: &Arc<Shared>,
+        number: u64,
+        conn: ConnId,
+        request: &Request,
+    ) -> ConnectRequest {
         let req = &request.req;
         let header = cma::Packet::new_checked(&req.private_data[..])
             .and_then(|packet| cma::Repr::parse(&packet))
@@ -277,19 +383,19 @@ impl EventChannel {
             // Our side is the destination of the request.
             src: dst,
             dst: src,
-            sgid_index: self
-                .shared
+            sgid_index: shared
                 .device
                 .gids
                 .iter()
                 .position(|gid| *gid == request.local_gid),
             dgid: Some(request.remote_gid),
             conn: Some(conn),
+            remote_qpn: Some(req.local_qpn),
             ..IdState::default()
         };
         let skip = if header.is_some() { cma::HEADER_LEN } else { 0 };
         ConnectRequest {
-            id: CmId::new(&self.shared, &self.queue, number, state),
+            id: CmId::new(shared, &self.queue, number, state),
             private_data: req.private_data[skip..].to_vec(),
             responder_resources: req.responder_resources,
             initiator_depth: req.initiator_depth,
@@ -325,6 +431,7 @@ struct IdState {
     conn: Option<ConnId>,
     listening: Option<ServiceId>,
     qpn: Option<u32>,
+    remote_qpn: Option<u32>,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -332,7 +439,8 @@ struct IdState {
 /// disconnected, a listener stops listening.
 pub struct CmId {
     shared: Arc<Shared>,
-    queue: Arc<EventQueue<Notice>>,
+    /// Its channel's queue ([`migrate`](Self::migrate) changes it).
+    queue: Mutex<Arc<EventQueue<Notice>>>,
     number: u64,
     state: Mutex<IdState>,
 }
@@ -346,7 +454,7 @@ impl CmId {
     ) -> CmId {
         CmId {
             shared: Arc::clone(shared),
-            queue: Arc::clone(queue),
+            queue: Mutex::new(Arc::clone(queue)),
             number,
             state: Mutex::new(state),
         }
@@ -371,11 +479,54 @@ impl CmId {
         self.state.lock().map_err(|_| Error::Poisoned)
     }
 
+    fn queue(&self) -> Result<Arc<EventQueue<Notice>>, Error> {
+        Ok(Arc::clone(
+            &*self.queue.lock().map_err(|_| Error::Poisoned)?,
+        ))
+    }
+
     fn tell(&self, what: What) {
-        self.queue.push(Notice {
+        if let Ok(queue) = self.queue() {
+            queue.push(Notice {
+                id: self.number,
+                what,
+            });
+        }
+    }
+
+    /// Our GID and the peer's, once the address is resolved or the request came.
+    pub fn gids(&self) -> Option<([u8; 16], [u8; 16])> {
+        let state = self.state().ok()?;
+        Some((self.shared.device.gids[state.sgid_index?], state.dgid?))
+    }
+
+    /// The peer's QP number (the REQ's or the REP's), once known.
+    pub fn remote_qpn(&self) -> Option<u32> {
+        self.state().ok()?.remote_qpn
+    }
+
+    /// Sends this id's events, from now on, to `channel` (`rdma_migrate_id`). Events
+    /// already waiting on the old channel stay there.
+    pub fn migrate(&self, channel: &EventChannel) -> Result<(), Error> {
+        channel.attach(&self.shared)?;
+        let mut queue = self.queue.lock().map_err(|_| Error::Poisoned)?;
+        let mut core = self.shared.lock()?;
+        let cm = &mut core.cm;
+        let routes = cm.listeners.values_mut().chain(cm.conns.values_mut());
+        for route in routes.filter(|route| route.id == self.number) {
+            route.queue = Arc::clone(&channel.queue);
+        }
+        *queue = Arc::clone(&channel.queue);
+        Ok(())
+    }
+
+    fn route(&self, qpn: Option<u32>) -> Result<Route, Error> {
+        Ok(Route {
             id: self.number,
-            what,
-        });
+            queue: self.queue()?,
+            qpn,
+            shared: Arc::downgrade(&self.shared),
+        })
     }
 
     /// The index of our GID for a peer of `ip`'s family: the IPv4-mapped GID of the device's
@@ -480,12 +631,7 @@ impl CmId {
             .cm()
             .ok_or(Error::Gone)?
             .listen(service_id, backlog)?;
-        let route = Route {
-            id: self.number,
-            queue: Arc::clone(&self.queue),
-            qpn: None,
-        };
-        core.cm.listeners.insert(service_id, route);
+        core.cm.listeners.insert(service_id, self.route(None)?);
         state.listening = Some(service_id);
         Ok(())
     }
@@ -514,6 +660,13 @@ impl CmId {
     /// follows, or [`CmEventKind::Rejected`] / [`CmEventKind::Unreachable`].
     pub fn connect(&self, qp: &Qp, param: &ConnParam) -> Result<(), Error> {
         self.check_qp(qp)?;
+        self.connect_qp_num(qp.qp_num(), param)
+    }
+
+    /// [`connect`](Self::connect) for the QP numbered `qpn` of this id's context (for C
+    /// faces, whose QP objects are their own).
+    pub fn connect_qp_num(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.check_qp_num(qpn)?;
         if param.private_data.len() > MAX_CONNECT_PRIVATE_DATA {
             return Err(Error::InvalidArgument("private data beyond 56 bytes"));
         }
@@ -556,7 +709,7 @@ impl CmId {
             local_gid,
             sgid_index: index as u8,
             remote_gid: dgid,
-            qpn: qp.qp_num(),
+            qpn,
             service_type: ServiceType::Rc,
             path_mtu: self
                 .shared
@@ -580,14 +733,9 @@ impl CmId {
                 .cm()
                 .ok_or(Error::Gone)?
                 .connect(Instant::now(), &params, &private)?;
-        let route = Route {
-            id: self.number,
-            queue: Arc::clone(&self.queue),
-            qpn: Some(qp.qp_num()),
-        };
-        core.cm.conns.insert(conn, route);
+        core.cm.conns.insert(conn, self.route(Some(qpn))?);
         state.conn = Some(conn);
-        state.qpn = Some(qp.qp_num());
+        state.qpn = Some(qpn);
         drop(state);
         self.shared.kick(&mut core)
     }
@@ -596,6 +744,13 @@ impl CmId {
     /// RTS and the REP leaves; [`CmEventKind::Established`] follows the peer's RTU.
     pub fn accept(&self, qp: &Qp, param: &ConnParam) -> Result<(), Error> {
         self.check_qp(qp)?;
+        self.accept_qp_num(qp.qp_num(), param)
+    }
+
+    /// [`accept`](Self::accept) for the QP numbered `qpn` of this id's context (for C
+    /// faces).
+    pub fn accept_qp_num(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.check_qp_num(qpn)?;
         let mut state = self.state()?;
         let (Some(conn), Some(dgid), Some(index)) = (state.conn, state.dgid, state.sgid_index)
         else {
@@ -605,7 +760,7 @@ impl CmId {
         // lock, as it may take a while).
         self.shared.resolve(dgid)?;
         let params = AcceptParams {
-            qpn: qp.qp_num(),
+            qpn,
             sgid_index: index as u8,
             responder_resources: param.responder_resources,
             initiator_depth: param.initiator_depth,
@@ -619,7 +774,7 @@ impl CmId {
         let endpoint = core.endpoint();
         let cm = endpoint.cm().ok_or(Error::Gone)?;
         let attrs = cm.accept(now, conn, &params, &param.private_data)?;
-        let applied = apply_qp_attrs(endpoint, now, qp.qp_num(), &attrs);
+        let applied = apply_qp_attrs(endpoint, now, qpn, &attrs);
         if let Err(error) = applied {
             if let Some(cm) = endpoint.cm() {
                 cm.destroy(conn);
@@ -629,9 +784,9 @@ impl CmId {
         }
         core.refresh_gates();
         if let Some(route) = core.cm.conns.get_mut(&conn) {
-            route.qpn = Some(qp.qp_num());
+            route.qpn = Some(qpn);
         }
-        state.qpn = Some(qp.qp_num());
+        state.qpn = Some(qpn);
         drop(state);
         self.shared.kick(&mut core)
     }
@@ -680,6 +835,13 @@ impl CmId {
             return Err(Error::Unsupported("CM ids for other than RC QPs"));
         }
         Ok(())
+    }
+
+    fn check_qp_num(&self, qpn: u32) -> Result<(), Error> {
+        match self.shared.lock()?.endpoint().qp_state(qpn) {
+            Some(_) => Ok(()),
+            None => Err(Error::InvalidArgument("no such QP on this id's device")),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! the QP to ERR.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId};
@@ -13,6 +13,7 @@ use roce_transport::qp_state::{ModifyQpError, QpAttr, QpState};
 use roce_transport::Endpoint;
 
 use crate::queues::{EventQueue, Submission};
+use crate::shared::Shared;
 
 /// What a CM id's channel is told: the id (its number) and what happened.
 #[derive(Debug, Clone)]
@@ -33,6 +34,8 @@ pub(crate) enum What {
         new_id: u64,
         conn: ConnId,
         request: Box<ConnectRequest>,
+        /// The listener's context, where the new id lives.
+        shared: Weak<Shared>,
     },
     /// The REP could not be applied to the QP (`RDMA_CM_EVENT_CONNECT_ERROR`).
     ConnectError,
@@ -45,6 +48,8 @@ pub(crate) struct Route {
     pub(crate) id: u64,
     pub(crate) queue: Arc<EventQueue<Notice>>,
     pub(crate) qpn: Option<u32>,
+    /// The context the id lives on (its requests make ids there).
+    pub(crate) shared: Weak<Shared>,
 }
 
 impl Route {
@@ -98,6 +103,7 @@ impl CmRoutes {
                         new_id,
                         conn,
                         request: Box::new(request),
+                        shared: listener.shared.clone(),
                     });
                 }
                 CmEvent::ConnectResponse { conn, qp, .. } => {

@@ -314,3 +314,38 @@ fn an_unresolvable_peer_is_an_address_error() {
     let error = id.connect(&a.qp, &ConnParam::default()).unwrap_err();
     assert_eq!(error.errno(), 22);
 }
+
+/// A channel of no device hears ids of both contexts (as rdma_cm's), and an id migrated to
+/// another channel is heard there from then on, its QP still connected by the CM.
+#[test]
+fn a_channel_spans_devices_and_migrated_ids_report_to_their_new_channel() {
+    let (ctx_a, ctx_b) = pair();
+    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    let shared = EventChannel::new().unwrap();
+    let listener = ctx_b.create_id(&shared).unwrap();
+    listener
+        .bind_addr(SocketAddr::new(IP_B.into(), PORT))
+        .unwrap();
+    listener.listen(4).unwrap();
+    let active = ctx_a.create_id(&shared).unwrap();
+    active
+        .resolve_addr(SocketAddr::new(IP_B.into(), PORT))
+        .unwrap();
+    expect(&shared, &active, 0);
+
+    let moved = EventChannel::new().unwrap();
+    active.migrate(&moved).unwrap();
+    active.resolve_route().unwrap();
+    expect(&moved, &active, 2);
+    assert!(!readable(shared.as_fd()), "nothing for the old channel");
+
+    active.connect(&a.qp, &ConnParam::default()).unwrap();
+    let event = expect(&shared, &listener, 4);
+    let CmEventKind::ConnectRequest(request) = event.kind else {
+        unreachable!("code 4 is a connect request")
+    };
+    request.id.accept(&b.qp, &ConnParam::default()).unwrap();
+    expect(&moved, &active, 9);
+    expect(&shared, &request.id, 9);
+    assert_eq!(a.qp.state().unwrap(), QpState::Rts);
+}

@@ -75,6 +75,8 @@ pub fn build_libraries() {
             "-p",
             "roce-ibverbs",
             "-p",
+            "roce-rdmacm",
+            "-p",
             "roce-mlx5",
             "-p",
             "roce-efa",
@@ -90,4 +92,36 @@ pub fn build_libraries() {
 /// Whether Debian installed `program`.
 pub fn installed(program: &str) -> bool {
     Path::new("/usr/bin").join(program).exists()
+}
+
+/// `roce exec PROGRAM ARGS...` inside `ns`, bounded to a minute.
+pub fn exec_in(ns: &Netns, program: &[&str]) -> Command {
+    build_libraries();
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", &ns.name, "timeout", "60"])
+        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--"])
+        .args(program)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// `name@VERSION` of every dynamic symbol of `file` that is undefined (imports) or defined
+/// (exports), from readelf.
+pub fn dynamic_symbols(file: &Path, defined: bool) -> Vec<String> {
+    let output = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(file)
+        .output()
+        .expect("readelf (binutils)");
+    assert!(output.status.success(), "readelf {}", file.display());
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let (section, name) = (words.get(6)?, words.get(7)?);
+            ((*section == "UND") != defined).then(|| name.replace("@@", "@"))
+        })
+        .collect()
 }

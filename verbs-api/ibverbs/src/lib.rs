@@ -32,6 +32,7 @@ mod ops;
 mod pd;
 mod post;
 mod qp;
+mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
@@ -113,6 +114,8 @@ export!("ibv_query_qp_data_in_order" @ "IBVERBS_1.14" => unsupported::zero);
 export!("ibv_copy_ah_attr_from_kern" @ "IBVERBS_1.1" => unsupported::nothing);
 export!("ibv_copy_qp_attr_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
 export!("ibv_copy_path_rec_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
+// For our librdmacm.so.1 only.
+export!("roce_rdmacm_verbs_context" @ "ROCE_RDMACM_PRIVATE" => rdmacm_hook::verbs_context);
 
 /// Failures for what this device does not do.
 mod unsupported {

@@ -1,0 +1,3 @@
+fn main() {
+    roce_cabi::link_cdylib("librdmacm.map", "librdmacm.so.1");
+}

@@ -1,0 +1,251 @@
+//! rdma_cma.h's structs as Debian's librdmacm-dev 44 lays them out (x86_64; offsets from
+//! pahole in verbs-abi.md §5.1), and the few verbs.h structs this library reads or writes.
+
+#![allow(non_camel_case_types)]
+
+use core::ffi::{c_char, c_int, c_void};
+
+use libc::sockaddr_storage;
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct rdma_ib_addr`: aligned to 8 as C aligns it (`union ibv_gid` has a 64-bit member).
+#[repr(C, align(8))]
+pub struct rdma_ib_addr {
+    pub sgid: [u8; 16],
+    pub dgid: [u8; 16],
+    pub pkey: u16,
+}
+
+/// `struct rdma_addr`: the source and destination as `sockaddr_storage` unions.
+#[repr(C)]
+pub struct rdma_addr {
+    pub src_addr: sockaddr_storage,
+    pub dst_addr: sockaddr_storage,
+    pub ibaddr: rdma_ib_addr,
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut c_void,
+    pub num_paths: c_int,
+}
+
+/// `struct rdma_cm_id` (416 bytes).
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut c_void,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut ibv_qp,
+    pub route: rdma_route,
+    pub ps: c_int,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut c_void,
+    pub send_cq: *mut c_void,
+    pub recv_cq_channel: *mut c_void,
+    pub recv_cq: *mut c_void,
+    pub srq: *mut c_void,
+    pub pd: *mut c_void,
+    pub qp_type: c_int,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_cm_event` (80 bytes): `param` is the union of `rdma_conn_param` and the
+/// 56-byte `rdma_ud_param`.
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: c_int,
+    pub status: c_int,
+    pub param: EventParam,
+}
+
+/// The `param` union of `rdma_cm_event`.
+#[repr(C)]
+pub union EventParam {
+    pub conn: rdma_conn_param,
+    pub ud: [u64; 7],
+}
+
+/// `struct rdma_addrinfo` (96 bytes).
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: libc::socklen_t,
+    pub ai_dst_len: libc::socklen_t,
+    pub ai_src_addr: *mut libc::sockaddr,
+    pub ai_dst_addr: *mut libc::sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+/// The head of `struct ibv_qp` (verbs.h), as far as this library reads it.
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut c_void,
+    pub qp_context: *mut c_void,
+    pub pd: *mut c_void,
+    pub send_cq: *mut c_void,
+    pub recv_cq: *mut c_void,
+    pub srq: *mut c_void,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: u32,
+    pub qp_type: u32,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut c_void,
+    pub recv_cq: *mut c_void,
+    pub srq: *mut c_void,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_ah_attr`: `grh` aligned to 8 as C aligns it.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_int,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `IBV_QPT_RC`, `IBV_QPT_UD`.
+pub const IBV_QPT_RC: u32 = 2;
+pub const IBV_QPT_UD: u32 = 4;
+/// `IBV_QPS_INIT`.
+pub const IBV_QPS_INIT: u32 = 1;
+/// `IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT`.
+pub const INIT_MASK: c_int = 1 | (1 << 3) | (1 << 4) | (1 << 5);
+
+/// `RDMA_PS_TCP`, `RDMA_PS_UDP`, `RDMA_PS_IB`, `RDMA_PS_IPOIB`.
+pub const RDMA_PS_TCP: c_int = 0x0106;
+pub const RDMA_PS_UDP: c_int = 0x0111;
+
+pub const RAI_PASSIVE: c_int = 1;
+pub const RAI_NUMERICHOST: c_int = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    /// The sizes and offsets pahole gives for Debian's rdma_cma.h (verbs-abi.md §5.1).
+    #[test]
+    fn layouts_match_rdma_cma_h() {
+        assert_eq!(size_of::<rdma_cm_id>(), 416);
+        assert_eq!(offset_of!(rdma_cm_id, route), 32);
+        assert_eq!(size_of::<rdma_route>(), 312);
+        assert_eq!(offset_of!(rdma_route, path_rec), 296);
+        assert_eq!(offset_of!(rdma_addr, ibaddr), 256);
+        assert_eq!(offset_of!(rdma_cm_id, ps), 344);
+        assert_eq!(offset_of!(rdma_cm_id, port_num), 348);
+        assert_eq!(offset_of!(rdma_cm_id, event), 352);
+        assert_eq!(offset_of!(rdma_cm_id, pd), 400);
+        assert_eq!(offset_of!(rdma_cm_id, qp_type), 408);
+        assert_eq!(size_of::<rdma_cm_event>(), 80);
+        assert_eq!(offset_of!(rdma_cm_event, param), 24);
+        assert_eq!(size_of::<rdma_conn_param>(), 24);
+        assert_eq!(offset_of!(rdma_conn_param, qp_num), 16);
+        assert_eq!(size_of::<rdma_addrinfo>(), 96);
+        assert_eq!(offset_of!(rdma_addrinfo, ai_src_addr), 24);
+        assert_eq!(offset_of!(rdma_addrinfo, ai_next), 88);
+        assert_eq!(offset_of!(ibv_qp, qp_num), 52);
+        assert_eq!(size_of::<ibv_qp_init_attr>(), 64);
+    }
+}

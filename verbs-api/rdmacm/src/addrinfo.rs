@@ -1,0 +1,107 @@
+//! `rdma_getaddrinfo` / `rdma_freeaddrinfo`: libc's `getaddrinfo` in rdma_cm's shape. There
+//! is no route information to give on RoCE (no SA), so the result carries addresses only:
+//! the source for a passive lookup (`RAI_PASSIVE`), else the destination.
+
+use core::ffi::{c_char, c_int};
+
+use crate::abi::*;
+
+/// `rdma_getaddrinfo`: 0, or libc's `EAI_*` code.
+pub(crate) unsafe extern "C" fn getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    if res.is_null() {
+        return libc::EAI_SYSTEM;
+    }
+    // SAFETY: the caller passes NULL or hints.
+    let hints = unsafe { hints.as_ref() };
+    let flags = hints.map_or(0, |hints| hints.ai_flags);
+    let port_space = match hints.map(|hints| hints.ai_port_space) {
+        Some(0) | None => RDMA_PS_TCP,
+        Some(space) => space,
+    };
+    // SAFETY: all-zero is a valid addrinfo (no hints).
+    let mut wanted: libc::addrinfo = unsafe { core::mem::zeroed() };
+    wanted.ai_family = hints.map_or(libc::AF_UNSPEC, |hints| hints.ai_family);
+    wanted.ai_socktype = if port_space == RDMA_PS_UDP {
+        libc::SOCK_DGRAM
+    } else {
+        libc::SOCK_STREAM
+    };
+    if flags & RAI_PASSIVE != 0 {
+        wanted.ai_flags |= libc::AI_PASSIVE;
+    }
+    if flags & RAI_NUMERICHOST != 0 {
+        wanted.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    let mut found = core::ptr::null_mut();
+    // SAFETY: the caller's NUL-terminated strings (or NULL), our hints, an out pointer.
+    let status = unsafe { libc::getaddrinfo(node, service, &wanted, &mut found) };
+    if status != 0 {
+        return status;
+    }
+    // SAFETY: getaddrinfo succeeded: `found` is a list of at least one entry.
+    let first = unsafe { &*found };
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: Box<libc::sockaddr_storage> = Box::new(unsafe { core::mem::zeroed() });
+    let len = usize::try_from(first.ai_addrlen)
+        .unwrap_or(0)
+        .min(core::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: `ai_addr` holds `ai_addrlen` bytes; the storage is larger.
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            first.ai_addr.cast::<u8>(),
+            core::ptr::from_mut(&mut *storage).cast::<u8>(),
+            len,
+        )
+    };
+    let family = first.ai_family;
+    // SAFETY: the list getaddrinfo returned, freed once.
+    unsafe { libc::freeaddrinfo(found) };
+    let addr = Box::into_raw(storage).cast::<libc::sockaddr>();
+    let len = libc::socklen_t::try_from(len).unwrap_or(0);
+    let passive = flags & RAI_PASSIVE != 0;
+    let info = Box::new(rdma_addrinfo {
+        ai_flags: flags,
+        ai_family: family,
+        ai_qp_type: if port_space == RDMA_PS_UDP {
+            IBV_QPT_UD as c_int
+        } else {
+            IBV_QPT_RC as c_int
+        },
+        ai_port_space: port_space,
+        ai_src_len: if passive { len } else { 0 },
+        ai_dst_len: if passive { 0 } else { len },
+        ai_src_addr: if passive { addr } else { core::ptr::null_mut() },
+        ai_dst_addr: if passive { core::ptr::null_mut() } else { addr },
+        ai_src_canonname: core::ptr::null_mut(),
+        ai_dst_canonname: core::ptr::null_mut(),
+        ai_route_len: 0,
+        ai_route: core::ptr::null_mut(),
+        ai_connect_len: 0,
+        ai_connect: core::ptr::null_mut(),
+        ai_next: core::ptr::null_mut(),
+    });
+    // SAFETY: checked not null; the caller's out pointer.
+    unsafe { *res = Box::into_raw(info) };
+    0
+}
+
+/// `rdma_freeaddrinfo`.
+pub(crate) unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut next = res;
+    while !next.is_null() {
+        // SAFETY: an entry `rdma_getaddrinfo` made, freed once.
+        let info = unsafe { Box::from_raw(next) };
+        for addr in [info.ai_src_addr, info.ai_dst_addr] {
+            if !addr.is_null() {
+                // SAFETY: the storage `rdma_getaddrinfo` boxed for it.
+                drop(unsafe { Box::from_raw(addr.cast::<libc::sockaddr_storage>()) });
+            }
+        }
+        next = info.ai_next;
+    }
+}

@@ -1,0 +1,180 @@
+//! A drop-in `librdmacm.so.1`: rdma-core's connection manager API (rdma_cma.h, version
+//! nodes `RDMACM_1.0` … `RDMACM_1.3`) over `roce-verbs`' CM, so that unmodified rdma_cm
+//! programs (`rping`, `ucmatose`, perftest's `-R`) run over roce-xdp. `roce exec` puts it
+//! beside our `libibverbs.so.1`.
+//!
+//! **How it meets libibverbs.** The objects an `rdma_cm_id` holds (`verbs`, `pd`, `qp`,
+//! CQs) are our libibverbs' own: the program passes them to `ibv_*` calls, so they must be.
+//! This library makes them through libibverbs' C API (found with `dlopen`, so a program that
+//! links only librdmacm still loads), and asks libibverbs, through one private export
+//! (`roce_rdmacm_verbs_context@ROCE_RDMACM_PRIVATE`), for the `roce_verbs::Context` behind
+//! an `ibv_context`: the CM runs on that context's endpoint (QP 1), beside the QPs it
+//! connects, and its QP state changes reach the QPs the program posts to. The alternative,
+//! one library exporting both APIs, would give the program one file under two SONAMEs;
+//! this keeps each library what its name says at the cost of one rule: both come from the
+//! same build, which shares one compiled `roce-verbs` (the hook refuses a caller whose
+//! `roce_verbs::Context` has another size; `roce exec` always places a matching pair).
+//!
+//! - **Channels** belong to no device and have a real fd (`poll` it; `O_NONBLOCK` makes
+//!   `rdma_get_cm_event` fail with `EAGAIN`).
+//! - **Ids** take the device of their address at `rdma_bind_addr` or `rdma_resolve_addr`
+//!   (one opened context per device and process, kept open). RC (`RDMA_PS_TCP`) only.
+//! - **Errors**: -1 with errno, as rdma-core. What is not offered fails with `ENOSYS`
+//!   (rsockets, multicast) or `EOPNOTSUPP` (UD ids, SRQs, ECE), and says
+//!   why on stderr with `ROCE_LOG` set. `rpoll`/`rselect` are `poll`/`select`: with no
+//!   rsockets every fd is a plain one (rping, ucmatose and udaddy import `rpoll`).
+
+mod abi;
+mod addrinfo;
+mod channel;
+mod id;
+mod verbs;
+
+use roce_cabi::export;
+
+// Version nodes as rdma-core 44's librdmacm.map gives them (verbs-abi.md §2); every symbol
+// of the real library is here, so every Debian program loads.
+export!("rdma_create_event_channel" @ "RDMACM_1.0" => channel::create_event_channel);
+export!("rdma_destroy_event_channel" @ "RDMACM_1.0" => channel::destroy_event_channel);
+export!("rdma_get_cm_event" @ "RDMACM_1.0" => channel::get_cm_event);
+export!("rdma_ack_cm_event" @ "RDMACM_1.0" => channel::ack_cm_event);
+export!("rdma_event_str" @ "RDMACM_1.0" => channel::event_str);
+export!("rdma_create_id" @ "RDMACM_1.0" => id::create_id);
+export!("rdma_destroy_id" @ "RDMACM_1.0" => id::destroy_id);
+export!("rdma_bind_addr" @ "RDMACM_1.0" => id::bind_addr);
+export!("rdma_resolve_addr" @ "RDMACM_1.0" => id::resolve_addr);
+export!("rdma_resolve_route" @ "RDMACM_1.0" => id::resolve_route);
+export!("rdma_listen" @ "RDMACM_1.0" => id::listen);
+export!("rdma_create_qp" @ "RDMACM_1.0" => id::create_qp);
+export!("rdma_destroy_qp" @ "RDMACM_1.0" => id::destroy_qp);
+export!("rdma_connect" @ "RDMACM_1.0" => id::connect);
+export!("rdma_accept" @ "RDMACM_1.0" => id::accept);
+export!("rdma_reject" @ "RDMACM_1.0" => id::reject);
+export!("rdma_disconnect" @ "RDMACM_1.0" => id::disconnect);
+export!("rdma_migrate_id" @ "RDMACM_1.0" => id::migrate_id);
+export!("rdma_set_option" @ "RDMACM_1.0" => id::set_option);
+export!("rdma_get_src_port" @ "RDMACM_1.0" => id::get_src_port);
+export!("rdma_get_dst_port" @ "RDMACM_1.0" => id::get_dst_port);
+export!("rdma_get_devices" @ "RDMACM_1.0" => id::get_devices);
+export!("rdma_free_devices" @ "RDMACM_1.0" => id::free_devices);
+export!("rdma_getaddrinfo" @ "RDMACM_1.0" => addrinfo::getaddrinfo);
+export!("rdma_freeaddrinfo" @ "RDMACM_1.0" => addrinfo::freeaddrinfo);
+export!("rdma_notify" @ "RDMACM_1.0" => id::establish);
+export!("rdma_establish" @ "RDMACM_1.2" => id::establish);
+export!("rdma_init_qp_attr" @ "RDMACM_1.2" => id::init_qp_attr);
+export!("rdma_create_ep" @ "RDMACM_1.0" => id::create_ep);
+export!("rdma_destroy_ep" @ "RDMACM_1.0" => id::destroy_ep);
+export!("rdma_get_request" @ "RDMACM_1.0" => id::get_request);
+// Not offered yet: fail cleanly.
+export!("rdma_create_qp_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
+export!("rdma_create_srq" @ "RDMACM_1.0" => unsupported::eopnotsupp);
+export!("rdma_create_srq_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
+export!("rdma_destroy_srq" @ "RDMACM_1.0" => unsupported::nothing);
+export!("rdma_join_multicast" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rdma_leave_multicast" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rdma_join_multicast_ex" @ "RDMACM_1.1" => unsupported::enosys);
+export!("rdma_get_remote_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
+export!("rdma_set_local_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
+export!("rdma_reject_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
+// rsockets: no rsocket exists, so every fd is a plain one.
+export!("rpoll" @ "RDMACM_1.0" => unsupported::rpoll);
+export!("rselect" @ "RDMACM_1.0" => unsupported::rselect);
+export!("rsocket" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rbind" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rlisten" @ "RDMACM_1.0" => unsupported::enosys);
+export!("raccept" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rconnect" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rshutdown" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rclose" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rrecv" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rrecvfrom" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rrecvmsg" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rsend" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rsendto" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rsendmsg" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rread" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rreadv" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rwrite" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rwritev" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rgetpeername" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rgetsockname" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rsetsockopt" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rgetsockopt" @ "RDMACM_1.0" => unsupported::enosys);
+export!("rfcntl" @ "RDMACM_1.0" => unsupported::enosys);
+export!("riomap" @ "RDMACM_1.0" => unsupported::enosys);
+export!("riounmap" @ "RDMACM_1.0" => unsupported::enosys);
+export!("riowrite" @ "RDMACM_1.0" => unsupported::enosys);
+
+/// Failures for what this library does not offer, and the rsocket calls that pass through.
+mod unsupported {
+    use core::ffi::c_int;
+
+    use roce_cabi::{set_errno, EOPNOTSUPP};
+
+    const ENOSYS: c_int = 38;
+
+    /// -1 (as `int`, `ssize_t` or `off_t`: the full register) with errno `ENOSYS`; NULL for
+    /// the calls returning a pointer.
+    pub extern "C" fn enosys() -> isize {
+        set_errno(ENOSYS);
+        -1
+    }
+
+    /// -1 with errno `EOPNOTSUPP`.
+    pub extern "C" fn eopnotsupp() -> isize {
+        set_errno(EOPNOTSUPP);
+        -1
+    }
+
+    /// For calls returning nothing.
+    pub extern "C" fn nothing() {}
+
+    /// `rpoll`: `poll`, as rsockets pass plain fds through.
+    pub unsafe extern "C" fn rpoll(
+        fds: *mut libc::pollfd,
+        count: libc::nfds_t,
+        timeout: c_int,
+    ) -> c_int {
+        // SAFETY: the caller's poll arguments, passed on unchanged.
+        unsafe { libc::poll(fds, count, timeout) }
+    }
+
+    /// `rselect`: `select`, as rsockets pass plain fds through.
+    pub unsafe extern "C" fn rselect(
+        count: c_int,
+        read: *mut libc::fd_set,
+        write: *mut libc::fd_set,
+        except: *mut libc::fd_set,
+        timeout: *mut libc::timeval,
+    ) -> c_int {
+        // SAFETY: the caller's select arguments, passed on unchanged.
+        unsafe { libc::select(count, read, write, except, timeout) }
+    }
+}
+
+/// Says on stderr why a call failed, when `ROCE_LOG` is set: C programs only see errno.
+pub(crate) fn log_failure(call: &str, why: &dyn std::fmt::Display) {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ENABLED.get_or_init(|| std::env::var_os("ROCE_LOG").is_some()) {
+        eprintln!("librdmacm (roce-xdp): {call}: {why}");
+    }
+}
+
+/// rdma-core's errno for a `roce-verbs` error, said on stderr with `ROCE_LOG`.
+pub(crate) fn fail(call: &str, error: &roce_verbs::Error) -> core::ffi::c_int {
+    use roce_verbs::Error;
+    log_failure(call, error);
+    match error {
+        Error::Io(error) => error.raw_os_error().unwrap_or(5),
+        Error::Unsupported(_) => roce_cabi::EOPNOTSUPP,
+        Error::TimedOut => 110,
+        Error::NoNeighbour(_) | Error::NoNeighbour6(_) => 113,
+        Error::EngineFailed(_) | Error::Poisoned => 5,
+        _ => 22,
+    }
+}
+
+/// The calling thread's errno (what a libibverbs call left).
+pub(crate) fn errno() -> core::ffi::c_int {
+    roce_cabi::errno()
+}
