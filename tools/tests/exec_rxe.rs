@@ -136,6 +136,8 @@ const CASES: &[Case] = &[
     perftest("ib_write_bw", &["-m", "1024", "-n", "20"], Rxe, "65536", "20"),
     pingpong("ibv_uc_pingpong", &["-s", "4096", "-n", "20"], Ours, 4096, 20),
     pingpong("ibv_ud_pingpong", &["-s", "1024", "-n", "20"], Rxe, 1024, 20),
+    pingpong("ibv_srq_pingpong", &["-q", "4", "-s", "4096", "-n", "20"], Ours, 4096, 20),
+    pingpong("ibv_srq_pingpong", &["-q", "4", "-s", "4096", "-n", "20"], Rxe, 4096, 20),
     // Path MTU 4096 (the ports' MTU, perftest's default).
     pingpong("ibv_rc_pingpong", &["-m", "4096", "-s", "65536", "-n", "20"], Ours, 65536, 20),
     pingpong("ibv_rc_pingpong", &["-m", "4096", "-e", "-n", "20"], Rxe, 4096, 20),
