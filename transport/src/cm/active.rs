@@ -7,14 +7,15 @@ use roce_wire::cm::{mra, path, private_data, rej, rep, req, rtu, Message, Messag
 use roce_wire::mad;
 
 use super::attrs::{self, Negotiated};
+use super::common::Common;
 use super::connection::{ConnState, Connection, RemoteKey};
-use super::{Cm, CmError, CmEvent, ConnId, ConnectParams};
+use super::event::{CmError, CmEvent};
+use super::ids::ConnId;
+use super::params::ConnectParams;
 use crate::qp_state::AddressVector;
 
-impl Cm {
-    /// Active side: sends a REQ. Events follow: [`CmEvent::ConnectResponse`],
-    /// [`CmEvent::Rejected`] or [`CmEvent::Unreachable`].
-    pub fn connect(
+impl Common {
+    pub(super) fn connect(
         &mut self,
         now: Instant,
         params: &ConnectParams,
@@ -84,9 +85,7 @@ impl Cm {
         Ok(ConnId(id))
     }
 
-    /// Active side: after [`CmEvent::ConnectResponse`] (and the QP moved to RTS), sends the
-    /// RTU; [`CmEvent::Established`] follows.
-    pub fn establish(&mut self, conn: ConnId) -> Result<(), CmError> {
+    pub(super) fn establish(&mut self, conn: ConnId) -> Result<(), CmError> {
         let c = self
             .conns
             .get_mut(&conn.0)

@@ -38,12 +38,15 @@
 //! connection has one deadline (resend or end of time-wait); [`Cm::poll_timeout`] takes the
 //! earliest by a scan, cheap at the rate connections are made.
 //!
-//! This module keeps the tables, the dispatch and the timers; the protocol is in `active`
-//! (REQ out, REP in, RTU out, MRA in), `passive` (REQ in, REP out, RTU in), `teardown`
-//! (DREQ/DREP, REJ, destroy) and `sidr`; `attrs` derives the QP attributes.
+//! This module is the coordinator: the public interface and the dispatch of received MADs.
+//! The tables, timers and sending are in `common`; the protocol is in `active` (REQ out,
+//! REP in, RTU out, MRA in), `passive` (REQ in, REP out, RTU in), `teardown` (DREQ/DREP,
+//! REJ, destroy) and `sidr`, each working on `common`'s state and importing nothing from
+//! this module; `attrs` derives the QP attributes.
 
 mod active;
 mod attrs;
+mod common;
 mod connection;
 mod event;
 mod ids;
@@ -52,14 +55,10 @@ mod passive;
 mod sidr;
 mod teardown;
 
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rand_chacha::ChaCha12Rng;
-use rand_core::{Rng, SeedableRng};
-use roce_wire::cm::{self, time_to_ms, Message};
-use roce_wire::{mad, Psn};
-use rustc_hash::FxHashMap;
+use roce_wire::cm::{self, Message};
+use roce_wire::mad;
 
 pub use attrs::QpAttrs;
 pub use connection::ConnState;
@@ -68,72 +67,43 @@ pub use ids::{ConnId, Gid};
 pub use params::{AcceptParams, CmConfig, ConnectParams, SidrReply};
 pub use roce_wire::cm::ServiceId;
 
-use connection::{Connection, RemoteKey};
-
-#[derive(Debug, Clone, Copy)]
-struct Listener {
-    backlog: usize,
-    pending: usize,
-}
+use common::{Common, Listener};
 
 /// A communication manager for one port.
 #[derive(Debug)]
 pub struct Cm {
-    config: CmConfig,
-    rng: ChaCha12Rng,
-    /// XORed into a counter to form communication IDs, as the kernel randomises its IDs.
-    id_operand: u32,
-    next_id: u32,
-    /// High half of the transaction IDs we start.
-    tid_high: u32,
-    conns: FxHashMap<u32, Connection>,
-    remotes: FxHashMap<RemoteKey, u32>,
-    listeners: FxHashMap<ServiceId, Listener>,
-    transmits: VecDeque<MadTransmit>,
-    events: VecDeque<CmEvent>,
-    stats: CmStats,
+    common: Common,
 }
 
 impl Cm {
     /// A CM with no connections and no listeners.
     pub fn new(config: CmConfig) -> Cm {
-        let mut rng = ChaCha12Rng::from_seed(config.seed);
         Cm {
-            id_operand: rng.next_u32(),
-            tid_high: rng.next_u32(),
-            rng,
-            config,
-            next_id: 0,
-            conns: FxHashMap::default(),
-            remotes: FxHashMap::default(),
-            listeners: FxHashMap::default(),
-            transmits: VecDeque::new(),
-            events: VecDeque::new(),
-            stats: CmStats::default(),
+            common: Common::new(config),
         }
     }
 
     /// The counters.
     pub fn stats(&self) -> CmStats {
-        self.stats
+        self.common.stats
     }
 
     /// The state of a connection, while the CM knows it.
     pub fn state(&self, conn: ConnId) -> Option<ConnState> {
-        self.conns.get(&conn.0).map(|c| c.state)
+        self.common.conns.get(&conn.0).map(|c| c.state)
     }
 
     /// Number of connections held, time-wait included.
     pub fn connection_count(&self) -> usize {
-        self.conns.len()
+        self.common.conns.len()
     }
 
     /// Accepts REQs and SIDR_REQs for `service_id`, holding at most `backlog` unanswered.
     pub fn listen(&mut self, service_id: ServiceId, backlog: usize) -> Result<(), CmError> {
-        if self.listeners.contains_key(&service_id) {
+        if self.common.listeners.contains_key(&service_id) {
             return Err(CmError::AddressInUse);
         }
-        self.listeners.insert(
+        self.common.listeners.insert(
             service_id,
             Listener {
                 backlog,
@@ -145,144 +115,139 @@ impl Cm {
 
     /// Stops listening; later REQs for the service are rejected.
     pub fn stop_listening(&mut self, service_id: ServiceId) {
-        self.listeners.remove(&service_id);
+        self.common.listeners.remove(&service_id);
     }
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        self.common.conns.values().filter_map(|c| c.deadline).min()
     }
 
     /// The next MAD to send.
     pub fn poll_transmit(&mut self) -> Option<MadTransmit> {
-        self.transmits.pop_front()
+        self.common.transmits.pop_front()
     }
 
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
-        let event = self.events.pop_front();
+        let event = self.common.events.pop_front();
         if let Some(event) = &event {
             tracing::debug!(?event, "CM event");
         }
         event
     }
 
-    fn alloc_id(&mut self) -> Result<u32, CmError> {
-        if self.conns.len() >= self.config.max_connections {
-            return Err(CmError::TooManyConnections);
-        }
-        // At most `max_connections` IDs are taken, so this finds a free one quickly.
-        loop {
-            self.next_id = self.next_id.wrapping_add(1);
-            let id = self.next_id ^ self.id_operand;
-            if id != 0 && !self.conns.contains_key(&id) {
-                return Ok(id);
-            }
-        }
+    /// Active side: sends a REQ. Events follow: [`CmEvent::ConnectResponse`],
+    /// [`CmEvent::Rejected`] or [`CmEvent::Unreachable`].
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        params: &ConnectParams,
+        private: &[u8],
+    ) -> Result<ConnId, CmError> {
+        self.common.connect(now, params, private)
     }
 
-    fn new_tid(&self, local_id: u32) -> u64 {
-        (u64::from(self.tid_high) << 32) | u64::from(local_id)
+    /// Active side: after [`CmEvent::ConnectResponse`] (and the QP moved to RTS), sends the
+    /// RTU; [`CmEvent::Established`] follows.
+    pub fn establish(&mut self, conn: ConnId) -> Result<(), CmError> {
+        self.common.establish(conn)
     }
 
-    fn random_psn(&mut self) -> Psn {
-        Psn::new(self.rng.next_u32())
+    /// Passive side: accepts a [`CmEvent::ConnectRequest`] with a REP. Returns the attributes
+    /// to move our QP to INIT, RTR and RTS before the REP reaches the peer.
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        params: &AcceptParams,
+        private: &[u8],
+    ) -> Result<QpAttrs, CmError> {
+        self.common.accept(now, conn, params, private)
     }
 
-    fn ms(exponent: u8) -> Duration {
-        Duration::from_millis(time_to_ms(exponent))
+    /// Passive side: refuses a [`CmEvent::ConnectRequest`] (`rdma_reject`): a REJ with reason
+    /// "consumer defined" and `private` as its private data.
+    pub fn reject(&mut self, now: Instant, conn: ConnId, private: &[u8]) -> Result<(), CmError> {
+        self.common.reject(now, conn, private)
     }
 
-    fn emit(transaction_id: u64, message: Message) -> [u8; mad::MAD_LEN] {
-        let mut bytes = [0; mad::MAD_LEN];
-        cm::Repr {
-            transaction_id,
-            message,
-        }
-        .emit(&mut mad::Packet::new_unchecked(&mut bytes[..]));
-        bytes
+    /// Passive side: the QP received its first packet before the RTU (the verbs
+    /// `IBV_EVENT_COMM_EST`); the connection is established as if the RTU had come.
+    pub fn notify_comm_established(&mut self, conn: ConnId) {
+        self.common.notify_comm_established(conn);
     }
 
-    fn send(&mut self, local_gid: Gid, remote_gid: Gid, mad: [u8; mad::MAD_LEN]) {
-        self.transmits.push_back(MadTransmit {
-            local_gid,
-            remote_gid,
-            mad,
-        });
+    /// Active UD side: sends a SIDR_REQ for `service_id` (`rdma_resolve_route` +
+    /// `rdma_connect` on a UDP-space id). [`CmEvent::SidrResolved`],
+    /// [`CmEvent::SidrRejected`] or [`CmEvent::Unreachable`] follows.
+    pub fn resolve_service(
+        &mut self,
+        now: Instant,
+        service_id: ServiceId,
+        local_gid: Gid,
+        remote_gid: Gid,
+        private: &[u8],
+    ) -> Result<ConnId, CmError> {
+        self.common
+            .resolve_service(now, service_id, local_gid, remote_gid, private)
     }
 
-    fn send_on(&mut self, id: u32, mad: [u8; mad::MAD_LEN]) {
-        if let Some(conn) = self.conns.get(&id) {
-            let (local, remote) = (conn.local_gid, conn.remote_gid);
-            self.send(local, remote, mad);
-        }
+    /// Passive UD side: answers a [`CmEvent::SidrRequest`].
+    pub fn sidr_reply(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reply: &SidrReply,
+        private: &[u8],
+    ) -> Result<(), CmError> {
+        self.common.sidr_reply(now, conn, reply, private)
     }
 
-    fn remove(&mut self, id: u32) {
-        self.release_listener_slot(id);
-        if let Some(conn) = self.conns.remove(&id) {
-            if let Some(key) = conn.remote_key {
-                if self.remotes.get(&key) == Some(&id) {
-                    self.remotes.remove(&key);
-                }
-            }
-        }
+    /// Either side: sends a DREQ (`rdma_disconnect`); [`CmEvent::Disconnected`] follows when
+    /// the DREP comes or the retries run out. A connection already disconnecting or closed is
+    /// left alone.
+    pub fn disconnect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        private: &[u8],
+    ) -> Result<(), CmError> {
+        self.common.disconnect(now, conn, private)
     }
 
-    /// The application answered a request (or it is gone): it no longer counts against its
-    /// listener's backlog.
-    fn release_listener_slot(&mut self, id: u32) {
-        let Some(conn) = self.conns.get_mut(&id) else {
-            return;
-        };
-        if std::mem::take(&mut conn.pending_on_listener) {
-            if let Some(listener) = self.listeners.get_mut(&conn.service_id) {
-                listener.pending = listener.pending.saturating_sub(1);
-            }
-        }
-    }
-
-    fn timewait(&self, ack_timeout: u8) -> Duration {
-        Self::ms(ack_timeout.max(self.config.packet_life_time + 1))
+    /// Forgets a connection at once (`rdma_destroy_id`): an unanswered request is rejected,
+    /// an established connection gets one DREQ.
+    pub fn destroy(&mut self, conn: ConnId) {
+        self.common.destroy(conn);
     }
 
     /// Takes a MAD QP1 received from `remote_gid` on our `local_gid`. What is not a CM
     /// message, or fits no connection, is dropped and counted in [`CmStats`].
     pub fn handle_mad(&mut self, now: Instant, local_gid: Gid, remote_gid: Gid, bytes: &[u8]) {
         let Ok(repr) = mad::Packet::new_checked(bytes).and_then(|p| cm::Repr::parse(&p)) else {
-            self.stats.malformed += 1;
+            self.common.stats.malformed += 1;
             return;
         };
         let tid = repr.transaction_id;
+        let c = &mut self.common;
         match repr.message {
-            Message::Req(m) => self.on_req(local_gid, remote_gid, tid, m),
-            Message::Mra(m) => self.on_mra(now, m),
-            Message::Rej(m) => self.on_rej(now, m),
-            Message::Rep(m) => self.on_rep(m),
-            Message::Rtu(m) => self.on_rtu(m),
-            Message::Dreq(m) => self.on_dreq(now, local_gid, remote_gid, tid, m),
-            Message::Drep(m) => self.on_drep(now, m),
-            Message::SidrReq(m) => self.on_sidr_req(now, local_gid, remote_gid, tid, m),
-            Message::SidrRep(m) => self.on_sidr_rep(m),
-        }
-    }
-
-    /// The connection a message addressed to `our_id` from `their_id` belongs to.
-    fn matching(&self, our_id: u32, their_id: u32) -> Option<&Connection> {
-        let c = self.conns.get(&our_id)?;
-        (c.remote_comm_id == 0 || c.remote_comm_id == their_id).then_some(c)
-    }
-
-    fn resend_last_reply(&mut self, id: u32) {
-        if let Some(mad) = self.conns.get(&id).and_then(|c| c.last_reply) {
-            self.stats.duplicates += 1;
-            self.send_on(id, mad);
+            Message::Req(m) => c.on_req(local_gid, remote_gid, tid, m),
+            Message::Mra(m) => c.on_mra(now, m),
+            Message::Rej(m) => c.on_rej(now, m),
+            Message::Rep(m) => c.on_rep(m),
+            Message::Rtu(m) => c.on_rtu(m),
+            Message::Dreq(m) => c.on_dreq(now, local_gid, remote_gid, tid, m),
+            Message::Drep(m) => c.on_drep(now, m),
+            Message::SidrReq(m) => c.on_sidr_req(now, local_gid, remote_gid, tid, m),
+            Message::SidrRep(m) => c.on_sidr_rep(m),
         }
     }
 
     /// Resends what is unanswered, gives up what ran out of retries, ends time-waits.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut due: Vec<u32> = self
+            .common
             .conns
             .iter()
             .filter(|(_, c)| c.deadline.is_some_and(|deadline| deadline <= now))
@@ -290,50 +255,7 @@ impl Cm {
             .collect();
         due.sort_unstable();
         for id in due {
-            self.expire(now, id);
-        }
-    }
-
-    fn expire(&mut self, now: Instant, id: u32) {
-        let Some(c) = self.conns.get_mut(&id) else {
-            return;
-        };
-        c.deadline = None;
-        if c.state == ConnState::TimeWait {
-            let report = c.report_timewait_exit;
-            self.remove(id);
-            if report {
-                self.events
-                    .push_back(CmEvent::TimewaitExit { conn: ConnId(id) });
-            }
-            return;
-        }
-        let Some(outstanding) = c.outstanding.as_mut() else {
-            return;
-        };
-        if outstanding.retries_left > 0 {
-            outstanding.retries_left -= 1;
-            let mad = outstanding.mad;
-            c.deadline = Some(now + outstanding.timeout);
-            self.stats.retransmits += 1;
-            self.send_on(id, mad);
-            return;
-        }
-        let (state, ack_timeout) = (c.state, c.ack_timeout);
-        match state {
-            ConnState::DreqSent => {
-                let wait = self.timewait(ack_timeout);
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.enter_timewait(now, wait, true);
-                }
-                self.events
-                    .push_back(CmEvent::Disconnected { conn: ConnId(id) });
-            }
-            _ => {
-                self.remove(id);
-                self.events
-                    .push_back(CmEvent::Unreachable { conn: ConnId(id) });
-            }
+            self.common.expire(now, id);
         }
     }
 }

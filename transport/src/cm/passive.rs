@@ -9,18 +9,19 @@ use roce_wire::cm::{self, mra, private_data, rej, rep, req, rtu, Message, Messag
 use roce_wire::mad;
 
 use super::attrs::{self, Negotiated, QpAttrs};
+use super::common::{Common, Listener};
 use super::connection::{ConnState, Connection, RemoteKey};
-use super::{AcceptParams, Cm, CmError, CmEvent, ConnId, ConnectRequest, Gid, Listener};
+use super::event::{CmError, CmEvent, ConnectRequest};
+use super::ids::{ConnId, Gid};
+use super::params::AcceptParams;
 use crate::qp_state::AddressVector;
 
 /// Service timeout an MRA announces for a REQ the application has not answered yet
 /// (rdma_cm's `CMA_CM_MRA_SETTING`: 4.096 µs × 2^24, about 69 s).
 const MRA_SERVICE_TIMEOUT: u8 = 24;
 
-impl Cm {
-    /// Passive side: accepts a [`CmEvent::ConnectRequest`] with a REP. Returns the attributes
-    /// to move our QP to INIT, RTR and RTS before the REP reaches the peer.
-    pub fn accept(
+impl Common {
+    pub(super) fn accept(
         &mut self,
         now: Instant,
         conn: ConnId,
@@ -92,9 +93,12 @@ impl Cm {
         Ok(negotiated.qp_attrs())
     }
 
-    /// Passive side: refuses a [`CmEvent::ConnectRequest`] (`rdma_reject`): a REJ with reason
-    /// "consumer defined" and `private` as its private data.
-    pub fn reject(&mut self, now: Instant, conn: ConnId, private: &[u8]) -> Result<(), CmError> {
+    pub(super) fn reject(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        private: &[u8],
+    ) -> Result<(), CmError> {
         let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
         let wait = self.timewait(0);
         let c = self
@@ -116,9 +120,7 @@ impl Cm {
         Ok(())
     }
 
-    /// Passive side: the QP received its first packet before the RTU (the verbs
-    /// `IBV_EVENT_COMM_EST`); the connection is established as if the RTU had come.
-    pub fn notify_comm_established(&mut self, conn: ConnId) {
+    pub(super) fn notify_comm_established(&mut self, conn: ConnId) {
         if let Some(c) = self.conns.get_mut(&conn.0) {
             if c.state == ConnState::RepSent {
                 c.answered();

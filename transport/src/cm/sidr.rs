@@ -3,22 +3,22 @@
 use std::time::{Duration, Instant};
 
 use roce_wire::cm::sidr_rep::SidrStatus;
-use roce_wire::cm::{private_data, sidr_rep, sidr_req, Message};
+use roce_wire::cm::{private_data, sidr_rep, sidr_req, Message, ServiceId};
 use roce_wire::mad;
 
+use super::common::Common;
 use super::connection::{ConnState, Connection, RemoteKey};
-use super::{Cm, CmError, CmEvent, ConnId, Gid, ServiceId, SidrReply};
+use super::event::{CmError, CmEvent};
+use super::ids::{ConnId, Gid};
+use super::params::SidrReply;
 
-impl Cm {
+impl Common {
     /// How long an answered SIDR_REQ is remembered: past the requester's next resend.
     pub(super) fn sidr_linger(&self) -> Duration {
         Self::ms(self.config.cm_response_timeout) * 2
     }
 
-    /// Active UD side: sends a SIDR_REQ for `service_id` (`rdma_resolve_route` +
-    /// `rdma_connect` on a UDP-space id). [`CmEvent::SidrResolved`],
-    /// [`CmEvent::SidrRejected`] or [`CmEvent::Unreachable`] follows.
-    pub fn resolve_service(
+    pub(super) fn resolve_service(
         &mut self,
         now: Instant,
         service_id: ServiceId,
@@ -51,8 +51,7 @@ impl Cm {
         Ok(ConnId(id))
     }
 
-    /// Passive UD side: answers a [`CmEvent::SidrRequest`].
-    pub fn sidr_reply(
+    pub(super) fn sidr_reply(
         &mut self,
         now: Instant,
         conn: ConnId,

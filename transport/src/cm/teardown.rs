@@ -6,14 +6,13 @@ use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::{drep, dreq, private_data, rej, Message, MessageKind};
 use roce_wire::mad;
 
+use super::common::Common;
 use super::connection::{ConnState, Connection};
-use super::{Cm, CmError, CmEvent, ConnId, Gid};
+use super::event::{CmError, CmEvent};
+use super::ids::{ConnId, Gid};
 
-impl Cm {
-    /// Either side: sends a DREQ (`rdma_disconnect`); [`CmEvent::Disconnected`] follows when
-    /// the DREP comes or the retries run out. A connection already disconnecting or closed is
-    /// left alone.
-    pub fn disconnect(
+impl Common {
+    pub(super) fn disconnect(
         &mut self,
         now: Instant,
         conn: ConnId,
@@ -49,9 +48,7 @@ impl Cm {
         Ok(())
     }
 
-    /// Forgets a connection at once (`rdma_destroy_id`): an unanswered request is rejected,
-    /// an established connection gets one DREQ.
-    pub fn destroy(&mut self, conn: ConnId) {
+    pub(super) fn destroy(&mut self, conn: ConnId) {
         let Some(c) = self.conns.get(&conn.0) else {
             return;
         };
