@@ -59,6 +59,19 @@ pub enum PathMtu {
 }
 
 impl PathMtu {
+    /// The MTU of an IB path MTU code (`enum ibv_mtu`, a CM message's path MTU field), if the
+    /// code is one.
+    pub const fn from_code(code: u32) -> Option<PathMtu> {
+        Some(match code {
+            1 => PathMtu::Mtu256,
+            2 => PathMtu::Mtu512,
+            3 => PathMtu::Mtu1024,
+            4 => PathMtu::Mtu2048,
+            5 => PathMtu::Mtu4096,
+            _ => return None,
+        })
+    }
+
     /// Payload bytes per packet.
     pub const fn bytes(self) -> usize {
         128 << self as usize
@@ -705,5 +718,12 @@ mod tests {
         assert_eq!(PathMtu::Mtu256.bytes(), 256);
         assert_eq!(PathMtu::Mtu1024.bytes(), 1024);
         assert_eq!(PathMtu::Mtu4096.bytes(), 4096);
+    }
+
+    #[test]
+    fn path_mtu_codes() {
+        assert_eq!(PathMtu::from_code(3), Some(PathMtu::Mtu1024));
+        assert_eq!(PathMtu::from_code(0), None);
+        assert_eq!(PathMtu::from_code(6), None);
     }
 }

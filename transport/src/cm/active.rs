@@ -12,7 +12,7 @@ use super::connection::{ConnState, Connection, RemoteKey};
 use super::event::{CmError, CmEvent};
 use super::ids::ConnId;
 use super::params::ConnectParams;
-use crate::qp_state::AddressVector;
+use crate::qp_state::{AddressVector, PathMtu};
 
 impl Common {
     pub(super) fn connect(
@@ -140,7 +140,7 @@ impl Common {
                     self.send_on(id, mad);
                     return;
                 }
-                let Some(path_mtu) = attrs::path_mtu(request.path_mtu) else {
+                let Some(path_mtu) = PathMtu::from_code(request.path_mtu.into()) else {
                     return;
                 };
                 let ack_timeout =

@@ -93,18 +93,6 @@ pub(crate) fn ack_timeout(ca_ack_delay: u8, packet_life_time: u8) -> u8 {
     timeout.min(31)
 }
 
-/// The IB path MTU enum of a CM message, if it is one.
-pub(crate) fn path_mtu(code: u8) -> Option<PathMtu> {
-    Some(match code {
-        1 => PathMtu::Mtu256,
-        2 => PathMtu::Mtu512,
-        3 => PathMtu::Mtu1024,
-        4 => PathMtu::Mtu2048,
-        5 => PathMtu::Mtu4096,
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,12 +107,5 @@ mod tests {
         assert_eq!(ack_timeout(20, 19), 21);
         assert_eq!(ack_timeout(31, 31), 31);
         assert_eq!(ack_timeout(0, 0), 2);
-    }
-
-    #[test]
-    fn path_mtu_codes() {
-        assert_eq!(path_mtu(3), Some(PathMtu::Mtu1024));
-        assert_eq!(path_mtu(0), None);
-        assert_eq!(path_mtu(6), None);
     }
 }

@@ -8,13 +8,13 @@ use roce_wire::cm::req::ServiceType;
 use roce_wire::cm::{self, mra, private_data, rej, rep, req, rtu, Message, MessageKind};
 use roce_wire::mad;
 
-use super::attrs::{self, Negotiated, QpAttrs};
+use super::attrs::{Negotiated, QpAttrs};
 use super::common::{Common, Listener};
 use super::connection::{ConnState, Connection, RemoteKey};
 use super::event::{CmError, CmEvent, ConnectRequest};
 use super::ids::{ConnId, Gid};
 use super::params::AcceptParams;
-use crate::qp_state::AddressVector;
+use crate::qp_state::{AddressVector, PathMtu};
 
 /// Service timeout an MRA announces for a REQ the application has not answered yet
 /// (rdma_cm's `CMA_CM_MRA_SETTING`: 4.096 µs × 2^24, about 69 s).
@@ -39,7 +39,7 @@ impl Common {
             (ConnState::ReqReceived | ConnState::MraReqSent, Some(request)) => request,
             _ => return Err(CmError::InvalidState(c.state)),
         };
-        let path_mtu = attrs::path_mtu(request.path_mtu)
+        let path_mtu = PathMtu::from_code(request.path_mtu.into())
             .ok_or(CmError::InvalidState(c.state))?
             .min(config.max_path_mtu);
         let reply = rep::Repr {
@@ -202,7 +202,7 @@ impl Common {
             );
             return;
         }
-        if attrs::path_mtu(request.path_mtu).is_none() {
+        if PathMtu::from_code(request.path_mtu.into()).is_none() {
             self.reject_req(
                 local_gid,
                 remote_gid,

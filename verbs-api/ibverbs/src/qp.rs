@@ -317,17 +317,6 @@ fn state_value(state: QpState) -> u32 {
     }
 }
 
-fn path_mtu(value: u32) -> Option<PathMtu> {
-    Some(match value {
-        1 => PathMtu::Mtu256,
-        2 => PathMtu::Mtu512,
-        3 => PathMtu::Mtu1024,
-        4 => PathMtu::Mtu2048,
-        5 => PathMtu::Mtu4096,
-        _ => return None,
-    })
-}
-
 /// The address vector of an `ibv_ah_attr`; RoCE needs the GRH (`is_global`). The DLID is
 /// ignored (UCX puts a UDP source port there) and the flow label cut to its 20 bits.
 fn address_vector(attr: &ibv_ah_attr) -> Result<AddressVector, &'static str> {
@@ -396,7 +385,7 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
             .then(|| address_vector(&attr.ah_attr))
             .transpose()?,
         path_mtu: given(PATH_MTU)
-            .then(|| path_mtu(attr.path_mtu).ok_or("path_mtu"))
+            .then(|| PathMtu::from_code(attr.path_mtu).ok_or("path_mtu"))
             .transpose()?,
         dest_qp_num: given(DEST_QPN).then_some(attr.dest_qp_num),
         timeout: given(TIMEOUT).then_some(attr.timeout),
