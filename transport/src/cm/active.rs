@@ -3,11 +3,11 @@
 use std::time::Instant;
 
 use roce_wire::cm::rej::RejectReason;
-use roce_wire::cm::{mra, path, private_data, rej, rep, req, rtu, Message, MessageKind};
+use roce_wire::cm::{mra, path, rej, rep, req, rtu, Message, MessageKind};
 use roce_wire::mad;
 
 use super::attrs::{self, Negotiated};
-use super::common::Common;
+use super::common::{private_data, Common};
 use super::connection::{ConnState, Connection, RemoteKey};
 use super::event::{CmError, CmEvent};
 use super::ids::ConnId;
@@ -21,7 +21,7 @@ impl Common {
         params: &ConnectParams,
         private: &[u8],
     ) -> Result<ConnId, CmError> {
-        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let private_data = private_data(private)?;
         let id = self.alloc_id()?;
         let ack_timeout =
             attrs::ack_timeout(self.config.ca_ack_delay, self.config.packet_life_time);

@@ -17,6 +17,11 @@ use super::event::{CmError, CmEvent, CmStats, MadTransmit};
 use super::ids::{ConnId, Gid};
 use super::params::CmConfig;
 
+/// The caller's private data as a message's private data field of length `N`.
+pub(super) fn private_data<const N: usize>(private: &[u8]) -> Result<[u8; N], CmError> {
+    cm::private_data(private).map_err(|_| CmError::PrivateDataTooLong)
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Listener {
     pub backlog: usize,

@@ -5,11 +5,11 @@ use std::time::Instant;
 
 use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::req::ServiceType;
-use roce_wire::cm::{self, mra, private_data, rej, rep, req, rtu, Message, MessageKind};
+use roce_wire::cm::{self, mra, rej, rep, req, rtu, Message, MessageKind};
 use roce_wire::mad;
 
 use super::attrs::{Negotiated, QpAttrs};
-use super::common::{Common, Listener};
+use super::common::{private_data, Common, Listener};
 use super::connection::{ConnState, Connection, RemoteKey};
 use super::event::{CmError, CmEvent, ConnectRequest};
 use super::ids::{ConnId, Gid};
@@ -28,7 +28,7 @@ impl Common {
         params: &AcceptParams,
         private: &[u8],
     ) -> Result<QpAttrs, CmError> {
-        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let private_data = private_data(private)?;
         let rq_psn = self.random_psn();
         let config = self.config;
         let c = self
@@ -99,7 +99,7 @@ impl Common {
         conn: ConnId,
         private: &[u8],
     ) -> Result<(), CmError> {
-        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let private_data = private_data(private)?;
         let wait = self.timewait(0);
         let c = self
             .conns

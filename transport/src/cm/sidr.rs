@@ -3,10 +3,10 @@
 use std::time::{Duration, Instant};
 
 use roce_wire::cm::sidr_rep::SidrStatus;
-use roce_wire::cm::{private_data, sidr_rep, sidr_req, Message, ServiceId};
+use roce_wire::cm::{sidr_rep, sidr_req, Message, ServiceId};
 use roce_wire::mad;
 
-use super::common::Common;
+use super::common::{private_data, Common};
 use super::connection::{ConnState, Connection, RemoteKey};
 use super::event::{CmError, CmEvent};
 use super::ids::{ConnId, Gid};
@@ -26,7 +26,7 @@ impl Common {
         remote_gid: Gid,
         private: &[u8],
     ) -> Result<ConnId, CmError> {
-        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let private_data = private_data(private)?;
         let id = self.alloc_id()?;
         let tid = self.new_tid(id);
         let mad = Self::emit(
@@ -58,7 +58,7 @@ impl Common {
         reply: &SidrReply,
         private: &[u8],
     ) -> Result<(), CmError> {
-        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let private_data = private_data(private)?;
         let wait = self.sidr_linger();
         let c = self
             .conns

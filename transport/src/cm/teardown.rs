@@ -3,10 +3,10 @@
 use std::time::Instant;
 
 use roce_wire::cm::rej::RejectReason;
-use roce_wire::cm::{drep, dreq, private_data, rej, Message, MessageKind};
+use roce_wire::cm::{drep, dreq, rej, Message, MessageKind};
 use roce_wire::mad;
 
-use super::common::Common;
+use super::common::{private_data, Common};
 use super::connection::{ConnState, Connection};
 use super::event::{CmError, CmEvent};
 use super::ids::{ConnId, Gid};
@@ -18,7 +18,7 @@ impl Common {
         conn: ConnId,
         private: &[u8],
     ) -> Result<(), CmError> {
-        let private_data = private_data(private).map_err(|_| CmError::PrivateDataTooLong)?;
+        let private_data = private_data(private)?;
         let tid = self.new_tid(conn.0);
         let timeout =
             Self::ms(self.config.packet_life_time) * 2 + Self::ms(self.config.cm_response_timeout);
