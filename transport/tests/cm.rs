@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 use roce_transport::cm::{
-    AcceptParams, Cm, CmConfig, CmEvent, ConnId, ConnState, ConnectParams, Gid, QpAttrs, SidrReply,
+    AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnState, ConnectParams, Gid, QpAttrs,
+    SidrReply,
 };
 use roce_transport::qp_state::PathMtu;
 use roce_wire::cm::rej::RejectReason;
@@ -658,6 +659,40 @@ fn sidr_resolves_a_ud_service_and_reports_a_missing_one() {
             ..
         }
     ));
+}
+
+#[test]
+fn private_data_longer_than_the_field_is_refused_before_anything_is_sent() {
+    let now = Instant::now();
+    let mut cm = Cm::new(config(A));
+    let longest = [7; wire_cm::req::PRIVATE_DATA_LEN];
+    assert_eq!(
+        cm.connect(
+            now,
+            &connect_params(),
+            &[7; wire_cm::req::PRIVATE_DATA_LEN + 1]
+        ),
+        Err(CmError::PrivateDataTooLong)
+    );
+    assert_eq!(
+        cm.resolve_service(
+            now,
+            UDP_SERVICE,
+            gid(1),
+            gid(2),
+            &[7; wire_cm::sidr_req::PRIVATE_DATA_LEN + 1]
+        ),
+        Err(CmError::PrivateDataTooLong)
+    );
+    assert_eq!(cm.connection_count(), 0);
+    assert!(cm.poll_transmit().is_none());
+    assert!(cm.connect(now, &connect_params(), &longest).is_ok());
+    assert_eq!(cm.connection_count(), 1);
+    let sent = cm.poll_transmit().expect("the REQ");
+    let Message::Req(req) = parse(&sent.mad).message else {
+        panic!("not a REQ");
+    };
+    assert_eq!(req.private_data, longest);
 }
 
 #[test]
