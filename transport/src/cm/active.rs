@@ -86,10 +86,7 @@ impl Common {
     }
 
     pub(super) fn establish(&mut self, conn: ConnId) -> Result<(), CmError> {
-        let c = self
-            .conns
-            .get_mut(&conn.0)
-            .ok_or(CmError::UnknownConnection)?;
+        let c = self.connection(conn)?;
         if c.state != ConnState::RepReceived {
             return Err(CmError::InvalidState(c.state));
         }

@@ -64,6 +64,13 @@ impl Common {
         }
     }
 
+    /// The connection a caller names, or why it cannot be used.
+    pub(super) fn connection(&mut self, conn: ConnId) -> Result<&mut Connection, CmError> {
+        self.conns
+            .get_mut(&conn.0)
+            .ok_or(CmError::UnknownConnection)
+    }
+
     pub(super) fn alloc_id(&mut self) -> Result<u32, CmError> {
         if self.conns.len() >= self.config.max_connections {
             return Err(CmError::TooManyConnections);

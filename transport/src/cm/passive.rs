@@ -31,10 +31,7 @@ impl Common {
         let private_data = private_data(private)?;
         let rq_psn = self.random_psn();
         let config = self.config;
-        let c = self
-            .conns
-            .get_mut(&conn.0)
-            .ok_or(CmError::UnknownConnection)?;
+        let c = self.connection(conn)?;
         let request = match (c.state, c.req) {
             (ConnState::ReqReceived | ConnState::MraReqSent, Some(request)) => request,
             _ => return Err(CmError::InvalidState(c.state)),
@@ -101,10 +98,7 @@ impl Common {
     ) -> Result<(), CmError> {
         let private_data = private_data(private)?;
         let wait = self.timewait(0);
-        let c = self
-            .conns
-            .get_mut(&conn.0)
-            .ok_or(CmError::UnknownConnection)?;
+        let c = self.connection(conn)?;
         if !matches!(c.state, ConnState::ReqReceived | ConnState::MraReqSent) {
             return Err(CmError::InvalidState(c.state));
         }

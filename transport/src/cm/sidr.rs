@@ -60,10 +60,7 @@ impl Common {
     ) -> Result<(), CmError> {
         let private_data = private_data(private)?;
         let wait = self.sidr_linger();
-        let c = self
-            .conns
-            .get_mut(&conn.0)
-            .ok_or(CmError::UnknownConnection)?;
+        let c = self.connection(conn)?;
         if c.state != ConnState::SidrReqReceived {
             return Err(CmError::InvalidState(c.state));
         }

@@ -23,10 +23,7 @@ impl Common {
         let timeout =
             Self::ms(self.config.packet_life_time) * 2 + Self::ms(self.config.cm_response_timeout);
         let retries = self.config.max_cm_retries;
-        let c = self
-            .conns
-            .get_mut(&conn.0)
-            .ok_or(CmError::UnknownConnection)?;
+        let c = self.connection(conn)?;
         match c.state {
             ConnState::Established | ConnState::RepSent => {}
             ConnState::DreqSent | ConnState::TimeWait => return Ok(()),
