@@ -23,9 +23,9 @@
 //! [header](roce_wire::cm::cma) in a REQ is the caller's to write and read.
 //!
 //! Timing, as the kernel CM: a REQ is resent every 2 × packet lifetime + the peer's response
-//! time (4.096 µs × 2^n, converted with [`time_to_ms`]), up to `max_cm_retries` times, then
-//! the connection is [unreachable](CmEvent::Unreachable); a REP every response time the REQ
-//! announced, as often as the REQ allows; a DREQ like a REQ. An MRA
+//! time (4.096 µs × 2^n, converted with [`time_to_ms`](roce_wire::cm::time_to_ms)), up to
+//! `max_cm_retries` times, then the connection is [unreachable](CmEvent::Unreachable); a REP
+//! every response time the REQ announced, as often as the REQ allows; a DREQ like a REQ. An MRA
 //! stretches the wait to its service timeout. After a disconnect (or a reject) a connection
 //! waits one local ACK timeout in time-wait, answering duplicates, before it is forgotten;
 //! a REQ from a peer connection still known draws a REJ "stale connection".
