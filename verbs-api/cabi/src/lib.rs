@@ -1,5 +1,5 @@
 //! What roce-xdp's drop-in C libraries (`libibverbs.so.1`, the `libmlx5.so.1` and
-//! `libefa.so.1` stubs) share.
+//! `libefa.so.1` stubs, `librdmacm.so.1`) share, and their layout tests' C probe ([`probe`]).
 //!
 //! Every rdma-core program is linked `BIND_NOW` against versioned symbols
 //! (`ibv_reg_mr@IBVERBS_1.1`), so each export must carry its version node as the default
@@ -7,6 +7,8 @@
 //! and a second version script cannot override it, so [`export!`] defines the symbol in
 //! assembly as a jump to the Rust function and binds it with `.symver`. The library's build
 //! script still passes a version script that defines the nodes and their order.
+
+pub mod probe;
 
 /// Exports `$name` with default version `$version`, as a jump to the `extern "C"` function
 /// `$f` (which must have the C signature callers expect of `$name`).

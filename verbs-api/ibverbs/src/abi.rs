@@ -570,38 +570,13 @@ pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
 #[cfg(test)]
 mod layout_tests {
     use super::*;
-    use core::mem::{offset_of, size_of};
+    use core::mem::offset_of;
 
     /// One row per C expression: `sizeof(struct X)` or `offsetof(struct X, field)`, with
     /// our value.
     fn rows() -> Vec<(String, usize)> {
         let mut rows = Vec::new();
-        macro_rules! size {
-            ($t:ident) => {
-                rows.push((
-                    format!("sizeof(struct {})", stringify!($t)),
-                    size_of::<$t>(),
-                ));
-            };
-        }
-        macro_rules! at {
-            ($t:ident, $($field:ident).+ = $value:expr) => {
-                rows.push((
-                    format!("offsetof(struct {}, {})", stringify!($t), stringify!($($field).+)),
-                    $value,
-                ));
-            };
-        }
-        // Each struct: its size, then the offset of each field named.
-        macro_rules! layout {
-            ($($t:ident { $($field:ident),* })*) => {
-                $(
-                    size!($t);
-                    $(at!($t, $field = offset_of!($t, $field));)*
-                )*
-            };
-        }
-        layout! {
+        rows.extend(roce_cabi::layout_rows! {
             ibv_device { node_type, transport_type, name, dev_name, dev_path, ibdev_path }
             ibv_context_ops {
                 alloc_mw, bind_mw, dealloc_mw, poll_cq, req_notify_cq, post_srq_recv, post_send,
@@ -650,7 +625,7 @@ mod layout_tests {
             ibv_ah { context, pd, handle }
             ibv_sge { addr, length, lkey }
             ibv_send_wr { wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr }
-        }
+        });
         // The union members and the fields our struct names otherwise.
         let wr = offset_of!(ibv_send_wr, wr);
         for (member, value) in [
@@ -676,7 +651,7 @@ mod layout_tests {
         ] {
             rows.push((format!("offsetof(struct ibv_send_wr, {member})"), value));
         }
-        layout! {
+        rows.extend(roce_cabi::layout_rows! {
             ibv_recv_wr { wr_id, next, sg_list, num_sge }
             ibv_wc {
                 wr_id, status, opcode, vendor_err, byte_len, imm_data, qp_num, src_qp, wc_flags,
@@ -699,7 +674,7 @@ mod layout_tests {
             ibv_srq_attr { max_wr, max_sge, srq_limit }
             ibv_srq_init_attr { srq_context, attr }
             ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
-        }
+        });
         rows
     }
 
@@ -707,23 +682,10 @@ mod layout_tests {
     /// headers and compares. Needs gcc and /usr/include/infiniband/verbs.h.
     #[test]
     fn layouts_match_the_installed_verbs_h() {
-        let rows = rows();
-        let Some(c_values) = crate::test_support::c_values(
+        roce_cabi::probe::assert_layouts(
             "#include <stddef.h>\n#include <infiniband/verbs.h>\n",
-            &rows
-                .iter()
-                .map(|(expr, _)| expr.as_str())
-                .collect::<Vec<_>>(),
-        ) else {
-            return;
-        };
-        let mismatches: Vec<String> = rows
-            .iter()
-            .zip(&c_values)
-            .filter(|((_, ours), theirs)| ours != *theirs)
-            .map(|((expr, ours), theirs)| format!("{expr}: ours {ours}, C {theirs}"))
-            .collect();
-        assert!(mismatches.is_empty(), "{mismatches:#?}");
+            &rows(),
+        );
         assert_eq!(
             offset_of!(verbs_context, context),
             320,

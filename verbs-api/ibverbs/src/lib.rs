@@ -36,8 +36,6 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
-#[cfg(test)]
-mod test_support;
 
 use roce_cabi::export;
 

@@ -223,29 +223,75 @@ pub const RAI_NUMERICHOST: c_int = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::mem::{offset_of, size_of};
+    use core::mem::offset_of;
 
-    /// The sizes and offsets pahole gives for Debian's rdma_cma.h (verbs-abi.md §5.1).
+    /// Compiles a program printing each row's C value against Debian's librdmacm-dev
+    /// headers (`rdma/rdma_cma.h`) and compares.
     #[test]
-    fn layouts_match_rdma_cma_h() {
-        assert_eq!(size_of::<rdma_cm_id>(), 416);
-        assert_eq!(offset_of!(rdma_cm_id, route), 32);
-        assert_eq!(size_of::<rdma_route>(), 312);
-        assert_eq!(offset_of!(rdma_route, path_rec), 296);
-        assert_eq!(offset_of!(rdma_addr, ibaddr), 256);
-        assert_eq!(offset_of!(rdma_cm_id, ps), 344);
-        assert_eq!(offset_of!(rdma_cm_id, port_num), 348);
-        assert_eq!(offset_of!(rdma_cm_id, event), 352);
-        assert_eq!(offset_of!(rdma_cm_id, pd), 400);
-        assert_eq!(offset_of!(rdma_cm_id, qp_type), 408);
-        assert_eq!(size_of::<rdma_cm_event>(), 80);
-        assert_eq!(offset_of!(rdma_cm_event, param), 24);
-        assert_eq!(size_of::<rdma_conn_param>(), 24);
-        assert_eq!(offset_of!(rdma_conn_param, qp_num), 16);
-        assert_eq!(size_of::<rdma_addrinfo>(), 96);
-        assert_eq!(offset_of!(rdma_addrinfo, ai_src_addr), 24);
-        assert_eq!(offset_of!(rdma_addrinfo, ai_next), 88);
-        assert_eq!(offset_of!(ibv_qp, qp_num), 52);
-        assert_eq!(size_of::<ibv_qp_init_attr>(), 64);
+    fn layouts_match_the_installed_rdma_cma_h() {
+        let mut rows = roce_cabi::layout_rows! {
+            rdma_event_channel { fd }
+            rdma_ib_addr { sgid, dgid, pkey }
+            rdma_route { addr, path_rec, num_paths }
+            rdma_cm_id {
+                verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel,
+                send_cq, recv_cq_channel, recv_cq, srq, pd, qp_type
+            }
+            rdma_conn_param {
+                private_data, private_data_len, responder_resources, initiator_depth,
+                flow_control, retry_count, rnr_retry_count, srq, qp_num
+            }
+            rdma_cm_event { id, listen_id, event, status, param }
+            rdma_addrinfo {
+                ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len,
+                ai_src_addr, ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len,
+                ai_route, ai_connect_len, ai_connect, ai_next
+            }
+            ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
+            ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+            ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
+            ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
+            ibv_qp_attr {
+                qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,
+                dest_qp_num, qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index,
+                alt_pkey_index, en_sqd_async_notify, sq_draining, max_rd_atomic,
+                max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry
+            }
+        };
+        // Unions, and the head of `struct ibv_qp` (the only part of it we read).
+        for (expr, ours) in [
+            (
+                "sizeof(struct rdma_addr)",
+                core::mem::size_of::<rdma_addr>(),
+            ),
+            (
+                "offsetof(struct rdma_addr, src_addr)",
+                offset_of!(rdma_addr, src_addr),
+            ),
+            (
+                "offsetof(struct rdma_addr, dst_addr)",
+                offset_of!(rdma_addr, dst_addr),
+            ),
+            (
+                "offsetof(struct rdma_addr, addr.ibaddr)",
+                offset_of!(rdma_addr, ibaddr),
+            ),
+            (
+                "offsetof(struct ibv_qp, qp_num)",
+                offset_of!(ibv_qp, qp_num),
+            ),
+            ("offsetof(struct ibv_qp, state)", offset_of!(ibv_qp, state)),
+            (
+                "offsetof(struct ibv_qp, qp_type)",
+                offset_of!(ibv_qp, qp_type),
+            ),
+            ("offsetof(struct ibv_qp, srq)", offset_of!(ibv_qp, srq)),
+        ] {
+            rows.push((expr.to_string(), ours));
+        }
+        roce_cabi::probe::assert_layouts(
+            "#include <stddef.h>\n#include <rdma/rdma_cma.h>\n",
+            &rows,
+        );
     }
 }
