@@ -8,6 +8,7 @@
 //! assembly as a jump to the Rust function and binds it with `.symver`. The library's build
 //! script still passes a version script that defines the nodes and their order.
 
+pub mod abi;
 pub mod probe;
 
 /// Exports `$name` with default version `$version`, as a jump to the `extern "C"` function

@@ -7,6 +7,8 @@ use core::ffi::{c_char, c_int, c_void};
 
 use libc::sockaddr_storage;
 
+pub use roce_cabi::abi::{ibv_qp_attr, ibv_qp_cap};
+
 /// `struct rdma_event_channel`.
 #[repr(C)]
 pub struct rdma_event_channel {
@@ -125,17 +127,6 @@ pub struct ibv_qp {
     pub qp_type: u32,
 }
 
-/// `struct ibv_qp_cap`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct ibv_qp_cap {
-    pub max_send_wr: u32,
-    pub max_recv_wr: u32,
-    pub max_send_sge: u32,
-    pub max_recv_sge: u32,
-    pub max_inline_data: u32,
-}
-
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -147,62 +138,6 @@ pub struct ibv_qp_init_attr {
     pub cap: ibv_qp_cap,
     pub qp_type: u32,
     pub sq_sig_all: c_int,
-}
-
-/// `struct ibv_ah_attr`: `grh` aligned to 8 as C aligns it.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct ibv_ah_attr {
-    pub grh: ibv_global_route,
-    pub dlid: u16,
-    pub sl: u8,
-    pub src_path_bits: u8,
-    pub static_rate: u8,
-    pub is_global: u8,
-    pub port_num: u8,
-}
-
-/// `struct ibv_global_route`.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Default)]
-pub struct ibv_global_route {
-    pub dgid: [u8; 16],
-    pub flow_label: u32,
-    pub sgid_index: u8,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-}
-
-/// `struct ibv_qp_attr`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct ibv_qp_attr {
-    pub qp_state: u32,
-    pub cur_qp_state: u32,
-    pub path_mtu: u32,
-    pub path_mig_state: u32,
-    pub qkey: u32,
-    pub rq_psn: u32,
-    pub sq_psn: u32,
-    pub dest_qp_num: u32,
-    pub qp_access_flags: c_int,
-    pub cap: ibv_qp_cap,
-    pub ah_attr: ibv_ah_attr,
-    pub alt_ah_attr: ibv_ah_attr,
-    pub pkey_index: u16,
-    pub alt_pkey_index: u16,
-    pub en_sqd_async_notify: u8,
-    pub sq_draining: u8,
-    pub max_rd_atomic: u8,
-    pub max_dest_rd_atomic: u8,
-    pub min_rnr_timer: u8,
-    pub port_num: u8,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub alt_port_num: u8,
-    pub alt_timeout: u8,
-    pub rate_limit: u32,
 }
 
 /// `IBV_QPT_RC`, `IBV_QPT_UD`.
@@ -247,16 +182,7 @@ mod tests {
                 ai_src_addr, ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len,
                 ai_route, ai_connect_len, ai_connect, ai_next
             }
-            ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data }
             ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
-            ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class }
-            ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num }
-            ibv_qp_attr {
-                qp_state, cur_qp_state, path_mtu, path_mig_state, qkey, rq_psn, sq_psn,
-                dest_qp_num, qp_access_flags, cap, ah_attr, alt_ah_attr, pkey_index,
-                alt_pkey_index, en_sqd_async_notify, sq_draining, max_rd_atomic,
-                max_dest_rd_atomic, min_rnr_timer, port_num, timeout, retry_cnt, rnr_retry
-            }
         };
         // Unions, and the head of `struct ibv_qp` (the only part of it we read).
         for (expr, ours) in [
