@@ -128,7 +128,6 @@ impl World {
     }
 
     fn act(&mut self, action: Action) {
-        let now = self.sim.now;
         match action {
             Action::Post {
                 from_b,
@@ -137,114 +136,24 @@ impl World {
                 len,
                 local,
                 remote,
-            } => {
-                let side = usize::from(from_b);
-                let kind = usize::from(qp) % QPS;
-                let peer_key = self.key[1 - side];
-                let remote_addr = BASE + u64::from(remote);
-                let rkey = peer_key;
-                let op = match op % 7 {
-                    0 => SendOp::Send,
-                    1 => SendOp::SendWithImm(u32::from(len)),
-                    2 => SendOp::RdmaWrite { remote_addr, rkey },
-                    3 => SendOp::RdmaWriteWithImm {
-                        remote_addr,
-                        rkey,
-                        imm: 7,
-                    },
-                    4 => SendOp::RdmaRead { remote_addr, rkey },
-                    5 => SendOp::FetchAdd {
-                        remote_addr,
-                        rkey,
-                        add: 1,
-                    },
-                    _ => SendOp::CompareSwap {
-                        remote_addr,
-                        rkey,
-                        compare: 0,
-                        swap: 1,
-                    },
-                };
-                let length = if op.is_atomic() {
-                    8
-                } else {
-                    u32::from(len) % 8192
-                };
-                let wr = SendWr {
-                    wr_id: self.next_id,
-                    op,
-                    sg_list: [Sge {
-                        addr: BASE + u64::from(local),
-                        length,
-                        lkey: self.key[side],
-                    }]
-                    .into(),
-                    inline_data: Vec::new(),
-                    flags: SendFlags::SIGNALED,
-                    ud: (kind == 2).then(|| UdDest {
-                        av: self.sim.av_of(1 - side),
-                        remote_qpn: self.qpn[1 - side][2],
-                        remote_qkey: UD_QKEY,
-                    }),
-                };
-                self.next_id += 1;
-                let _ = self.sim.nodes[side]
-                    .endpoint
-                    .post_send(now, self.qpn[side][kind], &wr);
-            }
+            } => self.post(
+                usize::from(from_b),
+                usize::from(qp) % QPS,
+                op,
+                len,
+                local,
+                remote,
+            ),
             Action::Receive { on_b, qp, len, at } => {
-                let side = usize::from(on_b);
-                let kind = usize::from(qp) % QPS;
-                let wr = RecvWr {
-                    wr_id: self.next_id,
-                    sg_list: [Sge {
-                        addr: BASE + u64::from(at),
-                        length: u32::from(len) % 8192,
-                        lkey: self.key[side],
-                    }]
-                    .into(),
-                };
-                self.next_id += 1;
-                let _ = self.sim.nodes[side]
-                    .endpoint
-                    .post_recv(now, self.qpn[side][kind], &wr);
+                self.receive(usize::from(on_b), usize::from(qp) % QPS, len, at)
             }
-            Action::Step { from_b, deliver } => {
-                let side = usize::from(from_b);
-                let Some(transmit) = self.sim.nodes[side].endpoint.poll_transmit(now) else {
-                    return;
-                };
-                let ip = |n: usize| Ipv4Addr::new(10, 0, 0, n as u8 + 1);
-                let mac = |n: usize| [2, 0, 0, 0, 0, n as u8 + 1];
-                let Some(repr) = transmit.ipv4_frame(mac(side), ip(side), mac(1 - side)) else {
-                    return;
-                };
-                let mut bytes = vec![0u8; repr.buffer_len()];
-                if repr.emit(&mut bytes).is_err() {
-                    return;
-                }
-                if deliver {
-                    self.deliver(1 - side, &bytes);
-                }
-                if self.kept.len() == KEPT {
-                    self.kept.remove(0);
-                }
-                self.kept.push(bytes);
-            }
+            Action::Step { from_b, deliver } => self.step(usize::from(from_b), deliver),
             Action::Replay {
                 to_b,
                 which,
                 at,
                 xor,
-            } => {
-                if self.kept.is_empty() {
-                    return;
-                }
-                let mut bytes = self.kept[usize::from(which) % self.kept.len()].clone();
-                let at = usize::from(at) % bytes.len();
-                bytes[at] ^= xor;
-                self.deliver(usize::from(to_b), &bytes);
-            }
+            } => self.replay(usize::from(to_b), which, at, xor),
             Action::Tick { micros } => {
                 self.sim.now += Duration::from_micros(u64::from(micros % 2_000_000));
                 let now = self.sim.now;
@@ -253,19 +162,9 @@ impl World {
                 }
             }
             Action::Fail { on_b, qp } => {
-                let side = usize::from(on_b);
-                let kind = usize::from(qp) % QPS;
-                let attr = QpAttr {
-                    state: Some(QpState::Err),
-                    ..QpAttr::default()
-                };
-                let _ = self.sim.nodes[side]
-                    .endpoint
-                    .modify_qp(now, self.qpn[side][kind], &attr);
+                self.modify(usize::from(on_b), usize::from(qp) % QPS, QpState::Err)
             }
             Action::Modify { on_b, qp, state } => {
-                let side = usize::from(on_b);
-                let kind = usize::from(qp) % QPS;
                 let states = [
                     QpState::Reset,
                     QpState::Init,
@@ -275,17 +174,11 @@ impl World {
                     QpState::Sqe,
                     QpState::Err,
                 ];
-                let attr = QpAttr {
-                    state: Some(states[usize::from(state) % states.len()]),
-                    ..QpAttr::default()
-                };
-                let _ = self.sim.nodes[side]
-                    .endpoint
-                    .modify_qp(now, self.qpn[side][kind], &attr);
+                let state = states[usize::from(state) % states.len()];
+                self.modify(usize::from(on_b), usize::from(qp) % QPS, state)
             }
             Action::Destroy { on_b, qp } => {
-                let side = usize::from(on_b);
-                let kind = usize::from(qp) % QPS;
+                let (side, kind) = (usize::from(on_b), usize::from(qp) % QPS);
                 self.sim.nodes[side]
                     .endpoint
                     .destroy_qp(self.qpn[side][kind]);
@@ -293,6 +186,126 @@ impl World {
         }
         self.check_completions();
         self.check_backlog();
+    }
+
+    /// A signaled send work request of operation `op % 7` on `side`'s QP of `kind`.
+    fn post(&mut self, side: usize, kind: usize, op: u8, len: u16, local: u16, remote: u16) {
+        let remote_addr = BASE + u64::from(remote);
+        let rkey = self.key[1 - side];
+        let op = match op % 7 {
+            0 => SendOp::Send,
+            1 => SendOp::SendWithImm(u32::from(len)),
+            2 => SendOp::RdmaWrite { remote_addr, rkey },
+            3 => SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm: 7,
+            },
+            4 => SendOp::RdmaRead { remote_addr, rkey },
+            5 => SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add: 1,
+            },
+            _ => SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare: 0,
+                swap: 1,
+            },
+        };
+        let length = if op.is_atomic() {
+            8
+        } else {
+            u32::from(len) % 8192
+        };
+        let wr = SendWr {
+            wr_id: self.next_id,
+            op,
+            sg_list: [Sge {
+                addr: BASE + u64::from(local),
+                length,
+                lkey: self.key[side],
+            }]
+            .into(),
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: (kind == 2).then(|| UdDest {
+                av: self.sim.av_of(1 - side),
+                remote_qpn: self.qpn[1 - side][2],
+                remote_qkey: UD_QKEY,
+            }),
+        };
+        self.next_id += 1;
+        let now = self.sim.now;
+        let _ = self.sim.nodes[side]
+            .endpoint
+            .post_send(now, self.qpn[side][kind], &wr);
+    }
+
+    /// A receive on `side`'s QP of `kind`.
+    fn receive(&mut self, side: usize, kind: usize, len: u16, at: u16) {
+        let wr = RecvWr {
+            wr_id: self.next_id,
+            sg_list: [Sge {
+                addr: BASE + u64::from(at),
+                length: u32::from(len) % 8192,
+                lkey: self.key[side],
+            }]
+            .into(),
+        };
+        self.next_id += 1;
+        let now = self.sim.now;
+        let _ = self.sim.nodes[side]
+            .endpoint
+            .post_recv(now, self.qpn[side][kind], &wr);
+    }
+
+    /// One packet `side` has to send, delivered to the other side or lost, and kept.
+    fn step(&mut self, side: usize, deliver: bool) {
+        let now = self.sim.now;
+        let Some(transmit) = self.sim.nodes[side].endpoint.poll_transmit(now) else {
+            return;
+        };
+        let ip = |n: usize| Ipv4Addr::new(10, 0, 0, n as u8 + 1);
+        let mac = |n: usize| [2, 0, 0, 0, 0, n as u8 + 1];
+        let Some(repr) = transmit.ipv4_frame(mac(side), ip(side), mac(1 - side)) else {
+            return;
+        };
+        let mut bytes = vec![0u8; repr.buffer_len()];
+        if repr.emit(&mut bytes).is_err() {
+            return;
+        }
+        if deliver {
+            self.deliver(1 - side, &bytes);
+        }
+        if self.kept.len() == KEPT {
+            self.kept.remove(0);
+        }
+        self.kept.push(bytes);
+    }
+
+    /// A kept packet with one byte changed, to `side`.
+    fn replay(&mut self, side: usize, which: u8, at: u16, xor: u8) {
+        if self.kept.is_empty() {
+            return;
+        }
+        let mut bytes = self.kept[usize::from(which) % self.kept.len()].clone();
+        let at = usize::from(at) % bytes.len();
+        bytes[at] ^= xor;
+        self.deliver(side, &bytes);
+    }
+
+    /// `side`'s QP of `kind` asked to go to `state`, with no further attributes.
+    fn modify(&mut self, side: usize, kind: usize, state: QpState) {
+        let attr = QpAttr {
+            state: Some(state),
+            ..QpAttr::default()
+        };
+        let now = self.sim.now;
+        let _ = self.sim.nodes[side]
+            .endpoint
+            .modify_qp(now, self.qpn[side][kind], &attr);
     }
 
     /// What a responder has queued to send stays within its bound, which the number of
