@@ -11,7 +11,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
 
@@ -193,25 +193,6 @@ fn rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces() {
     }
 }
 
-/// Waits until perftest's server in `ns` listens on its TCP port (perftest meets its peer
-/// there before and after the rdma_cm exchange), a bounded time; fails with what the server
-/// said if it exits first.
-fn perftest_listening(ns: &Netns, mut server: Child, args: &[&str]) -> Child {
-    for _ in 0..1500 {
-        let listening = ns.run(&["ss", "-Hltn", "sport = :18515"]).unwrap();
-        if !listening.stdout.is_empty() {
-            return server;
-        }
-        if server.try_wait().unwrap().is_some() {
-            let said = text(&server.wait_with_output().unwrap());
-            panic!("{args:?} server exited before listening: {said}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let _ = server.kill();
-    panic!("{args:?} server never listened");
-}
-
 #[test]
 fn perftest_connects_with_rdma_cm_between_namespaces() {
     let test = "perftest_connects_with_rdma_cm_between_namespaces";
@@ -221,14 +202,10 @@ fn perftest_connects_with_rdma_cm_between_namespaces() {
     }
     let (a, b) = two_namespaces();
     for program in programs {
-        // `-R`: the QPs are made with rdma_create_qp_ex on the ids and connected by
-        // rdma_connect/rdma_accept; perftest's TCP socket only synchronises the two sides.
+        // `-R`: perftest exchanges its keys over one rdma_cm connection, then makes the
+        // test's QPs with rdma_create_qp_ex and connects them over a second.
         let args = [program, "-R", "-F", "-s", "4096", "-n", "100"];
-        let server = perftest_listening(&b, exec_in(&b, &args).spawn().unwrap(), &args);
-        let client = exec_in(&a, &[&args[..], &["10.85.0.2"]].concat())
-            .output()
-            .unwrap();
-        let server = server.wait_with_output().unwrap();
+        let (client, server) = pair_in(&a, &b, &args, &[&args[..], &["10.85.0.2"]].concat());
         for (side, output) in [("client", &client), ("server", &server)] {
             let said = text(output);
             assert!(
