@@ -194,29 +194,6 @@ fn rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces() {
 }
 
 #[test]
-fn perftest_connects_with_rdma_cm_between_namespaces() {
-    let test = "perftest_connects_with_rdma_cm_between_namespaces";
-    let programs = ["ib_write_bw", "ib_send_lat", "ib_read_bw", "ib_send_bw"];
-    if !root_and(test, &programs) {
-        return;
-    }
-    let (a, b) = two_namespaces();
-    for program in programs {
-        // `-R`: perftest exchanges its keys over one rdma_cm connection, then makes the
-        // test's QPs with rdma_create_qp_ex and connects them over a second.
-        let args = [program, "-R", "-F", "-s", "4096", "-n", "100"];
-        let (client, server) = pair_in(&a, &b, &args, &[&args[..], &["10.85.0.2"]].concat());
-        for (side, output) in [("client", &client), ("server", &server)] {
-            let said = text(output);
-            assert!(
-                output.status.success() && common::has_row(&said, "4096", "100"),
-                "{args:?} {side}: {said}"
-            );
-        }
-    }
-}
-
-#[test]
 fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
     let test = "the_event_channel_and_what_is_not_offered_answer_as_rdma_core";
     let gcc = Command::new("gcc").arg("--version").output().is_ok();
