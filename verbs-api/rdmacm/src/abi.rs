@@ -140,6 +140,32 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `struct ibv_qp_init_attr_ex` up to `pd`: what `rdma_create_qp_ex` reads or fills; the
+/// rest stays the caller's, passed on to libibverbs in place.
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut c_void,
+    pub recv_cq: *mut c_void,
+    pub srq: *mut c_void,
+    pub cap: ibv_qp_cap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut c_void,
+}
+
+/// `IBV_QP_INIT_ATTR_PD`.
+pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+
+/// `verbs_context.create_qp_ex`, the op behind verbs.h's inline `ibv_create_qp_ex`.
+pub type CreateQpEx = unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+
+/// Where `verbs_context.create_qp_ex` sits before the `ibv_context` that ends the
+/// `verbs_context` (then `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`, a
+/// placeholder and `sz`: 7 words).
+pub const CREATE_QP_EX_BEFORE_CONTEXT: usize = 56;
+
 /// `IBV_QPT_RC`, `IBV_QPT_UD`.
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UD: u32 = 4;
@@ -212,6 +238,15 @@ mod tests {
                 offset_of!(ibv_qp, qp_type),
             ),
             ("offsetof(struct ibv_qp, srq)", offset_of!(ibv_qp, srq)),
+            // The head of `struct ibv_qp_init_attr_ex` (the part rdma_create_qp_ex reads).
+            (
+                "offsetof(struct ibv_qp_init_attr_ex, comp_mask)",
+                offset_of!(ibv_qp_init_attr_ex, comp_mask),
+            ),
+            (
+                "offsetof(struct ibv_qp_init_attr_ex, pd)",
+                offset_of!(ibv_qp_init_attr_ex, pd),
+            ),
         ] {
             rows.push((expr.to_string(), ours));
         }

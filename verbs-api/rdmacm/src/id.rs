@@ -444,6 +444,14 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, backlog: c_int) -> c
     })
 }
 
+/// The PD and CQs a QP of the id is made with: the caller's, else the id's PD (allocated
+/// once) and new CQs.
+struct QpParts {
+    pd: *mut c_void,
+    send_cq: *mut c_void,
+    recv_cq: *mut c_void,
+}
+
 /// `rdma_create_qp`: an RC QP through our libibverbs, in INIT (P_Key index 0, port 1, no
 /// remote access until the CM exchange sets it), with the id's PD and new CQs where the
 /// caller gives none; `id->qp` is set.
@@ -455,83 +463,165 @@ pub(crate) unsafe extern "C" fn create_qp(
     with_id(id, |ours| {
         // SAFETY: the caller passes an init attr.
         let mut init = unsafe { attr.as_ref() }.copied().ok_or(EINVAL)?;
-        if init.qp_type != IBV_QPT_RC {
-            crate::log_failure("rdma_create_qp", &"only RC QPs are offered");
-            return Err(EOPNOTSUPP);
-        }
-        let verbs = verbs::verbs()?;
-        let mut inner = ours.lock()?;
-        let device = inner.device.ok_or(EINVAL)?;
-        let pd = match (pd.is_null(), ours.raw(&mut inner).pd.is_null()) {
-            (false, _) => pd,
-            (true, false) => ours.raw(&mut inner).pd,
-            (true, true) => {
-                // SAFETY: an open context of our libibverbs.
-                let made = unsafe { (verbs.alloc_pd)(device.ibv) };
-                if made.is_null() {
-                    return Err(crate::errno());
-                }
-                made
-            }
+        let caller = QpParts {
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
         };
-        ours.raw(&mut inner).pd = pd;
-        for send in [true, false] {
-            let cq = if send {
-                &mut init.send_cq
-            } else {
-                &mut init.recv_cq
-            };
-            if !cq.is_null() {
-                continue;
-            }
+        attach_qp(
+            ours,
+            "rdma_create_qp",
+            init.qp_type,
+            caller,
+            |verbs, _, parts| {
+                init.send_cq = parts.send_cq;
+                init.recv_cq = parts.recv_cq;
+                // SAFETY: a PD of our libibverbs and a complete init attr.
+                let qp = unsafe { (verbs.create_qp)(parts.pd, &mut init) };
+                // As ibv_create_qp does to its argument: the caps granted.
+                // SAFETY: the caller's init attr, checked not null above.
+                unsafe { (*attr).cap = init.cap };
+                qp
+            },
+        )
+    })
+}
+
+/// `rdma_create_qp_ex` (perftest's `-R` uses it for the work request builders): as
+/// `rdma_create_qp`, through the device's `create_qp_ex` op, with the caller's extended
+/// attributes (`attr->pd` the id's when the caller gives none).
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes a writable init attr, used only within this call.
+        let init = unsafe { attr.as_mut() }.ok_or(EINVAL)?;
+        let pd = if init.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            core::ptr::null_mut()
+        } else {
+            init.pd
+        };
+        let caller = QpParts {
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+        };
+        attach_qp(
+            ours,
+            "rdma_create_qp_ex",
+            init.qp_type,
+            caller,
+            |_, device, parts| {
+                init.send_cq = parts.send_cq;
+                init.recv_cq = parts.recv_cq;
+                init.pd = parts.pd;
+                init.comp_mask |= IBV_QP_INIT_ATTR_PD;
+                // SAFETY: our libibverbs' contexts are `verbs_context`s (verbs.h's layout), so
+                // the op sits at this fixed distance before the `ibv_context`.
+                let create = unsafe {
+                    device
+                        .ibv
+                        .cast::<u8>()
+                        .sub(CREATE_QP_EX_BEFORE_CONTEXT)
+                        .cast::<Option<CreateQpEx>>()
+                        .read()
+                };
+                match create {
+                    // SAFETY: the device's own op, its context and a complete init attr.
+                    Some(create) => unsafe { create(device.ibv, init) },
+                    None => {
+                        set_errno(EOPNOTSUPP);
+                        core::ptr::null_mut()
+                    }
+                }
+            },
+        )
+    })
+}
+
+/// What `rdma_create_qp` and `rdma_create_qp_ex` share: RC only, the id's PD and new CQs
+/// where `caller` has none, the QP `make` creates moved to INIT and set as `id->qp`.
+fn attach_qp(
+    ours: &Id,
+    call: &str,
+    qp_type: u32,
+    caller: QpParts,
+    make: impl FnOnce(&verbs::Verbs, Opened, &QpParts) -> *mut ibv_qp,
+) -> Result<(), c_int> {
+    if qp_type != IBV_QPT_RC {
+        crate::log_failure(call, &"only RC QPs are offered");
+        return Err(EOPNOTSUPP);
+    }
+    let verbs = verbs::verbs()?;
+    let mut inner = ours.lock()?;
+    let device = inner.device.ok_or(EINVAL)?;
+    let pd = match (caller.pd.is_null(), ours.raw(&mut inner).pd.is_null()) {
+        (false, _) => caller.pd,
+        (true, false) => ours.raw(&mut inner).pd,
+        (true, true) => {
             // SAFETY: an open context of our libibverbs.
-            let comp = unsafe { (verbs.create_comp_channel)(device.ibv) };
-            if comp.is_null() {
-                return Err(crate::errno());
-            }
-            inner.made.push((verbs.destroy_comp_channel, comp));
-            // SAFETY: an open context and its channel.
-            let made = unsafe {
-                (verbs.create_cq)(device.ibv, DEFAULT_CQ_DEPTH, ours.as_raw().cast(), comp, 0)
-            };
+            let made = unsafe { (verbs.alloc_pd)(device.ibv) };
             if made.is_null() {
                 return Err(crate::errno());
             }
-            // The CQ goes before its channel.
-            inner.made.insert(0, (verbs.destroy_cq, made));
-            *cq = made;
-            let raw = ours.raw(&mut inner);
-            if send {
-                raw.send_cq = made;
-                raw.send_cq_channel = comp;
-            } else {
-                raw.recv_cq = made;
-                raw.recv_cq_channel = comp;
-            }
+            made
         }
-        // SAFETY: a PD of our libibverbs and a complete init attr.
-        let qp = unsafe { (verbs.create_qp)(pd, &mut init) };
-        if qp.is_null() {
+    };
+    ours.raw(&mut inner).pd = pd;
+    let mut parts = QpParts { pd, ..caller };
+    for send in [true, false] {
+        let cq = if send {
+            &mut parts.send_cq
+        } else {
+            &mut parts.recv_cq
+        };
+        if !cq.is_null() {
+            continue;
+        }
+        // SAFETY: an open context of our libibverbs.
+        let comp = unsafe { (verbs.create_comp_channel)(device.ibv) };
+        if comp.is_null() {
             return Err(crate::errno());
         }
-        // As ibv_create_qp does to its argument: the caps granted.
-        // SAFETY: the caller's init attr, checked not null above.
-        unsafe { (*attr).cap = init.cap };
-        let mut attr = ibv_qp_attr {
-            qp_state: IBV_QPS_INIT,
-            port_num: 1,
-            ..ibv_qp_attr::default()
+        inner.made.push((verbs.destroy_comp_channel, comp));
+        // SAFETY: an open context and its channel.
+        let made = unsafe {
+            (verbs.create_cq)(device.ibv, DEFAULT_CQ_DEPTH, ours.as_raw().cast(), comp, 0)
         };
-        // SAFETY: the QP just made, and a complete attr.
-        let moved = unsafe { (verbs.modify_qp)(qp, &mut attr, INIT_MASK) };
-        if moved != 0 {
-            // SAFETY: the QP just made, not handed out.
-            unsafe { (verbs.destroy_qp)(qp) };
-            return Err(moved);
+        if made.is_null() {
+            return Err(crate::errno());
         }
-        ours.raw(&mut inner).qp = qp;
-        Ok(())
-    })
+        // The CQ goes before its channel.
+        inner.made.insert(0, (verbs.destroy_cq, made));
+        *cq = made;
+        let raw = ours.raw(&mut inner);
+        if send {
+            raw.send_cq = made;
+            raw.send_cq_channel = comp;
+        } else {
+            raw.recv_cq = made;
+            raw.recv_cq_channel = comp;
+        }
+    }
+    let qp = make(verbs, device, &parts);
+    if qp.is_null() {
+        return Err(crate::errno());
+    }
+    let mut attr = ibv_qp_attr {
+        qp_state: IBV_QPS_INIT,
+        port_num: 1,
+        ..ibv_qp_attr::default()
+    };
+    // SAFETY: the QP just made, and a complete attr.
+    let moved = unsafe { (verbs.modify_qp)(qp, &mut attr, INIT_MASK) };
+    if moved != 0 {
+        // SAFETY: the QP just made, not handed out.
+        unsafe { (verbs.destroy_qp)(qp) };
+        return Err(moved);
+    }
+    ours.raw(&mut inner).qp = qp;
+    Ok(())
 }
 
 /// `rdma_destroy_qp`: the id's QP, and the CQs `rdma_create_qp` made for it.

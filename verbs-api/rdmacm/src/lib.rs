@@ -46,6 +46,7 @@ export!("rdma_resolve_addr" @ "RDMACM_1.0" => id::resolve_addr);
 export!("rdma_resolve_route" @ "RDMACM_1.0" => id::resolve_route);
 export!("rdma_listen" @ "RDMACM_1.0" => id::listen);
 export!("rdma_create_qp" @ "RDMACM_1.0" => id::create_qp);
+export!("rdma_create_qp_ex" @ "RDMACM_1.0" => id::create_qp_ex);
 export!("rdma_destroy_qp" @ "RDMACM_1.0" => id::destroy_qp);
 export!("rdma_connect" @ "RDMACM_1.0" => id::connect);
 export!("rdma_accept" @ "RDMACM_1.0" => id::accept);
@@ -66,7 +67,6 @@ export!("rdma_create_ep" @ "RDMACM_1.0" => id::create_ep);
 export!("rdma_destroy_ep" @ "RDMACM_1.0" => id::destroy_ep);
 export!("rdma_get_request" @ "RDMACM_1.0" => id::get_request);
 // Not offered yet: fail cleanly.
-export!("rdma_create_qp_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_create_srq" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_create_srq_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_destroy_srq" @ "RDMACM_1.0" => unsupported::nothing);
