@@ -15,16 +15,16 @@ use roce_provider::netns::{is_root, needs_root, prerequisite, veth, Netns};
 use common::text;
 
 /// A `while :; do roce perf ...; done` loop in a namespace (servers, or clients of
-/// `--serve`), stopped (with the program it is running) on drop.
+/// `--serve`; or `roce pingpong`), stopped (with the program it is running) on drop.
 struct PerfLoop<'a> {
     ns: &'a Netns,
     shell: Child,
 }
 
 impl<'a> PerfLoop<'a> {
-    fn start(ns: &'a Netns, flags: &str) -> Self {
+    fn start(ns: &'a Netns, command: &str) -> Self {
         let roce = env!("CARGO_BIN_EXE_roce");
-        let script = format!("while :; do timeout 60 {roce} perf {flags} >/dev/null 2>&1; done");
+        let script = format!("while :; do timeout 60 {roce} {command} >/dev/null 2>&1; done");
         let shell = Command::new("ip")
             .args(["netns", "exec", &ns.name, "sh", "-c", &script])
             .stdin(Stdio::null())
@@ -98,10 +98,11 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
     veth((&a, "ca", "10.85.0.1/24"), (&b, "cb", "10.85.0.2/24"), 1500).unwrap();
     let pcap = tempfile::NamedTempFile::new().unwrap();
     let servers = [
-        ("write", "write_bw -p 18515"),
-        ("read", "read_bw -p 18516"),
-        ("atomic", "atomic_bw -p 18517"),
-        ("send", "send_bw -p 18518 -s 64 -n 5"),
+        ("write", "perf write_bw -p 18515"),
+        ("read", "perf read_bw -p 18516"),
+        ("atomic", "perf atomic_bw -p 18517"),
+        ("send", "perf send_bw -p 18518 -s 64 -n 5"),
+        ("ud", "pingpong --ud -p 18519 -s 64 -n 1"),
     ];
     let mut seen = Vec::new();
     for (service, flags) in servers {
@@ -153,10 +154,10 @@ const REQUESTER: &str = "requester_";
 
 /// The perftest clients `--serve` wants, by service: one request at a time, five in all.
 const CLIENTS: [(&str, &str); 4] = [
-    ("write", "write_bw -s 64 -n 5 -t 1 -p 18515"),
-    ("read", "read_bw -s 64 -n 5 -t 1 -p 18516"),
-    ("atomic", "atomic_bw -n 5 -t 1 -p 18517"),
-    ("send", "send_bw -s 64 -n 5 -t 1 -p 18518"),
+    ("write", "perf write_bw -s 64 -n 5 -t 1 -p 18515"),
+    ("read", "perf read_bw -s 64 -n 5 -t 1 -p 18516"),
+    ("atomic", "perf atomic_bw -n 5 -t 1 -p 18517"),
+    ("send", "perf send_bw -s 64 -n 5 -t 1 -p 18518"),
 ];
 
 #[test]
@@ -207,10 +208,10 @@ fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
     veth((&a, "fa", "10.86.0.1/24"), (&b, "fb", "10.86.0.2/24"), 1500).unwrap();
     let findings = tempfile::tempdir().unwrap();
     let servers = [
-        ("write", "write_bw -p 18515"),
-        ("read", "read_bw -p 18516"),
-        ("atomic", "atomic_bw -p 18517"),
-        ("send", "send_bw -p 18518 -s 64 -n 5"),
+        ("write", "perf write_bw -p 18515"),
+        ("read", "perf read_bw -p 18516"),
+        ("atomic", "perf atomic_bw -p 18517"),
+        ("send", "perf send_bw -p 18518 -s 64 -n 5"),
     ];
     for (service, flags) in servers {
         let server = PerfLoop::start(&b, flags);
@@ -295,6 +296,8 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
         "ib_read_bw -p 18516",
         "ib_atomic_bw -p 18517",
         "ib_send_bw -p 18518 -s 64 -n 5",
+        // A server whose message never came gives up, so the next connection finds one.
+        "timeout 10 ibv_ud_pingpong -p 18519 -s 64 -n 1 -g 1",
     ] {
         let looping = format!("while :; do {server} -d rxe0 -x 1 >/dev/null 2>&1; done");
         let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
@@ -319,7 +322,7 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let output = roce(&["conform", "--wait", "300", "--skip", "pad_beyond_payload"]);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
-    assert!(out.contains("scenarios=54 "), "{out}");
+    assert!(out.contains("scenarios=56 "), "{out}");
     assert!(out.contains(" broke=0"), "{out}");
     check_lines(&out, &documented(RXE));
 
