@@ -292,14 +292,14 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let started = vm.run(&["start", "1"]);
     assert!(started.status.success(), "{}", text(&started));
     for server in [
-        "ib_write_bw -p 18515",
-        "ib_read_bw -p 18516",
-        "ib_atomic_bw -p 18517",
-        "ib_send_bw -p 18518 -s 64 -n 5",
+        "ib_write_bw -x 1 -p 18515",
+        "ib_read_bw -x 1 -p 18516",
+        "ib_atomic_bw -x 1 -p 18517",
+        "ib_send_bw -x 1 -p 18518 -s 64 -n 5",
         // A server whose message never came gives up, so the next connection finds one.
-        "timeout 10 ibv_ud_pingpong -p 18519 -s 64 -n 1 -g 1",
+        "timeout 10 ibv_ud_pingpong -g 1 -p 18519 -s 64 -n 1",
     ] {
-        let looping = format!("while :; do {server} -d rxe0 -x 1 >/dev/null 2>&1; done");
+        let looping = format!("while :; do {server} -d rxe0 >/dev/null 2>&1; done");
         let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
         assert!(spawned.status.success(), "{}", text(&spawned));
     }
