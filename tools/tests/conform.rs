@@ -154,10 +154,10 @@ const REQUESTER: &str = "requester_";
 
 /// The perftest clients `--serve` wants, by service: one request at a time, five in all.
 const CLIENTS: [(&str, &str); 4] = [
-    ("write", "perf write_bw -s 64 -n 5 -t 1 -p 18515"),
-    ("read", "perf read_bw -s 64 -n 5 -t 1 -p 18516"),
-    ("atomic", "perf atomic_bw -n 5 -t 1 -p 18517"),
-    ("send", "perf send_bw -s 64 -n 5 -t 1 -p 18518"),
+    ("write", "write_bw -s 64 -n 5 -t 1 -p 18515"),
+    ("read", "read_bw -s 64 -n 5 -t 1 -p 18516"),
+    ("atomic", "atomic_bw -n 5 -t 1 -p 18517"),
+    ("send", "send_bw -s 64 -n 5 -t 1 -p 18518"),
 ];
 
 #[test]
@@ -172,7 +172,7 @@ fn every_requester_scenario_against_our_stack_behaves_as_documented() {
     let mut seen = Vec::new();
     for (service, flags) in CLIENTS {
         // Our perf clients in a connect to the tool serving in b, one service at a time.
-        let clients = PerfLoop::start(&a, &format!("{flags} 10.84.0.2"));
+        let clients = PerfLoop::start(&a, &format!("perf {flags} 10.84.0.2"));
         let output = Command::new("ip")
             .args(["netns", "exec", &b.name, "timeout", "300"])
             .arg(env!("CARGO_BIN_EXE_roce"))
