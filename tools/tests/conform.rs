@@ -15,16 +15,16 @@ use roce_provider::netns::{is_root, needs_root, prerequisite, veth, Netns};
 use common::text;
 
 /// A `while :; do roce perf ...; done` loop in a namespace (servers, or clients of
-/// `--serve`), stopped (with the program it is running) on drop.
+/// `--serve`; or `roce pingpong`), stopped (with the program it is running) on drop.
 struct PerfLoop<'a> {
     ns: &'a Netns,
     shell: Child,
 }
 
 impl<'a> PerfLoop<'a> {
-    fn start(ns: &'a Netns, flags: &str) -> Self {
+    fn start(ns: &'a Netns, command: &str) -> Self {
         let roce = env!("CARGO_BIN_EXE_roce");
-        let script = format!("while :; do timeout 60 {roce} perf {flags} >/dev/null 2>&1; done");
+        let script = format!("while :; do timeout 60 {roce} {command} >/dev/null 2>&1; done");
         let shell = Command::new("ip")
             .args(["netns", "exec", &ns.name, "sh", "-c", &script])
             .stdin(Stdio::null())
@@ -98,10 +98,11 @@ fn every_scenario_against_our_stack_passes_or_deviates_as_documented() {
     veth((&a, "ca", "10.85.0.1/24"), (&b, "cb", "10.85.0.2/24"), 1500).unwrap();
     let pcap = tempfile::NamedTempFile::new().unwrap();
     let servers = [
-        ("write", "write_bw -p 18515"),
-        ("read", "read_bw -p 18516"),
-        ("atomic", "atomic_bw -p 18517"),
-        ("send", "send_bw -p 18518 -s 64 -n 5"),
+        ("write", "perf write_bw -p 18515"),
+        ("read", "perf read_bw -p 18516"),
+        ("atomic", "perf atomic_bw -p 18517"),
+        ("send", "perf send_bw -p 18518 -s 64 -n 5"),
+        ("ud", "pingpong --ud -p 18519 -s 64 -n 1"),
     ];
     let mut seen = Vec::new();
     for (service, flags) in servers {
@@ -171,7 +172,7 @@ fn every_requester_scenario_against_our_stack_behaves_as_documented() {
     let mut seen = Vec::new();
     for (service, flags) in CLIENTS {
         // Our perf clients in a connect to the tool serving in b, one service at a time.
-        let clients = PerfLoop::start(&a, &format!("{flags} 10.84.0.2"));
+        let clients = PerfLoop::start(&a, &format!("perf {flags} 10.84.0.2"));
         let output = Command::new("ip")
             .args(["netns", "exec", &b.name, "timeout", "300"])
             .arg(env!("CARGO_BIN_EXE_roce"))
@@ -207,10 +208,10 @@ fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
     veth((&a, "fa", "10.86.0.1/24"), (&b, "fb", "10.86.0.2/24"), 1500).unwrap();
     let findings = tempfile::tempdir().unwrap();
     let servers = [
-        ("write", "write_bw -p 18515"),
-        ("read", "read_bw -p 18516"),
-        ("atomic", "atomic_bw -p 18517"),
-        ("send", "send_bw -p 18518 -s 64 -n 5"),
+        ("write", "perf write_bw -p 18515"),
+        ("read", "perf read_bw -p 18516"),
+        ("atomic", "perf atomic_bw -p 18517"),
+        ("send", "perf send_bw -p 18518 -s 64 -n 5"),
     ];
     for (service, flags) in servers {
         let server = PerfLoop::start(&b, flags);
@@ -291,12 +292,14 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let started = vm.run(&["start", "1"]);
     assert!(started.status.success(), "{}", text(&started));
     for server in [
-        "ib_write_bw -p 18515",
-        "ib_read_bw -p 18516",
-        "ib_atomic_bw -p 18517",
-        "ib_send_bw -p 18518 -s 64 -n 5",
+        "ib_write_bw -x 1 -p 18515",
+        "ib_read_bw -x 1 -p 18516",
+        "ib_atomic_bw -x 1 -p 18517",
+        "ib_send_bw -x 1 -p 18518 -s 64 -n 5",
+        // A server whose message never came gives up, so the next connection finds one.
+        "timeout 10 ibv_ud_pingpong -g 1 -p 18519 -s 64 -n 1",
     ] {
-        let looping = format!("while :; do {server} -d rxe0 -x 1 >/dev/null 2>&1; done");
+        let looping = format!("while :; do {server} -d rxe0 >/dev/null 2>&1; done");
         let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
         assert!(spawned.status.success(), "{}", text(&spawned));
     }
@@ -319,7 +322,7 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let output = roce(&["conform", "--wait", "300", "--skip", "pad_beyond_payload"]);
     let out = text(&output);
     assert!(output.status.success(), "{out}");
-    assert!(out.contains("scenarios=54 "), "{out}");
+    assert!(out.contains("scenarios=56 "), "{out}");
     assert!(out.contains(" broke=0"), "{out}");
     check_lines(&out, &documented(RXE));
 

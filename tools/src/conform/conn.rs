@@ -102,7 +102,7 @@ impl<'a> Conn<'a> {
     pub fn ud_send(&self, at: i32, len: usize) -> Packet {
         let mut packet = self.send(Opcode::UdSendOnly, at, len);
         packet.ext.deth = Some(deth::Repr {
-            qkey: 0x1111_1111,
+            qkey: UD_QKEY,
             src_qpn: self.local.qpn,
         });
         packet
@@ -197,6 +197,9 @@ impl<'a> Conn<'a> {
         shown.join("+")
     }
 }
+
+/// The Q_Key of the pingpong programs' UD QPs, which our UD sends carry.
+pub const UD_QKEY: u32 = 0x1111_1111;
 
 /// Recognisable payload bytes, different for each PSN offset.
 fn pattern(len: usize, at: i32) -> Vec<u8> {

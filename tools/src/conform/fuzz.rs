@@ -166,6 +166,11 @@ pub fn run(args: &Args) -> ExitCode {
     } else {
         args.service.clone()
     };
+    if services.contains(&Service::Ud) {
+        // Its liveness needs a pong per connection, which mutated traffic rarely earns.
+        eprintln!("roce fuzz: the UD service is for `roce conform` only");
+        return ExitCode::from(2);
+    }
     let mut target = args.reach.perftest();
     let link = open_link(
         &target,
@@ -339,6 +344,7 @@ fn anchor_packet(conn: &Conn, service: Service) -> Packet {
         Service::Read => conn.read(0, 64),
         Service::Atomic => conn.atomic(Opcode::RcFetchAdd, 0),
         Service::Send => conn.send(Opcode::RcSendOnly, 0, conn.send_size),
+        Service::Ud => conn.ud_send(0, conn.send_size),
     }
 }
 
@@ -365,6 +371,7 @@ fn family(service: Service) -> &'static [Opcode] {
             Opcode::RcSendLastWithInvalidate,
             Opcode::RcSendOnlyWithInvalidate,
         ],
+        Service::Ud => &[Opcode::UdSendOnly, Opcode::UdSendOnlyWithImmediate],
     }
 }
 

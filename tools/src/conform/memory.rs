@@ -109,6 +109,9 @@ impl Drop for MemoryTarget {
 
 impl Target for MemoryTarget {
     fn connect(&mut self, service: Service, local: &Local) -> io::Result<Box<dyn Session>> {
+        if service == Service::Ud {
+            return Err(io::Error::other("no UD QP in memory"));
+        }
         let mut engine = self
             .engine
             .lock()
@@ -333,11 +336,16 @@ fn verdict_of<'a>(out: &'a str, name: &str) -> &'a str {
 
 #[test]
 fn our_transport_in_memory_passes_all_but_the_documented_deviations() {
-    let all: Vec<&Scenario> = SCENARIOS.iter().collect();
+    // The UD scenarios need a pingpong server's UD QP, which this target does not play
+    // (tools/tests/conform.rs runs them against `roce pingpong --ud`).
+    let all: Vec<&Scenario> = SCENARIOS
+        .iter()
+        .filter(|scenario| scenario.service != Service::Ud)
+        .collect();
     let (summary, out) = MemoryTarget::suite(|backend| backend, &all);
-    assert_eq!(summary.scenarios, SCENARIOS.len(), "{out}");
+    assert_eq!(summary.scenarios, all.len(), "{out}");
     assert_eq!(summary.broke, 0, "{out}");
-    for scenario in SCENARIOS {
+    for scenario in all {
         let expected = if scenario.name.starts_with("reserved_opcode") {
             "DEVIATES"
         } else {

@@ -112,6 +112,9 @@ pub struct PortArgs {
     /// `ib_send_bw`'s port.
     #[arg(long, default_value_t = 18518)]
     pub send_port: u16,
+    /// `ibv_ud_pingpong`'s port (its message size is `--send-size`).
+    #[arg(long, default_value_t = 18519)]
+    pub ud_port: u16,
 }
 
 impl PortArgs {
@@ -122,6 +125,7 @@ impl PortArgs {
             read: self.read_port,
             atomic: self.atomic_port,
             send: self.send_port,
+            ud: self.ud_port,
         }
     }
 }

@@ -14,7 +14,7 @@ use std::io;
 use roce_wire::aeth::{CreditCount, NakCode, RnrTimer, Syndrome};
 use roce_wire::Opcode;
 
-use super::conn::Conn;
+use super::conn::{Conn, UD_QKEY};
 use super::link::{Damage, Packet};
 use super::target::Service;
 
@@ -44,6 +44,23 @@ fn one(c: &mut Conn, packet: Packet) -> io::Result<String> {
     c.step(&[packet], 1)
 }
 
+/// A UD SEND the pingpong server accepts (its message: `--send-size` bytes of 0x7b) with
+/// Q_Key `qkey`; the server's answer shows as its opcode alone (its PSNs are its own).
+fn ud_step(c: &mut Conn, qkey: u32) -> io::Result<String> {
+    let mut packet = c.ud_send(0, c.send_size);
+    packet.payload = vec![0x7b; c.send_size];
+    if let Some(deth) = packet.ext.deth.as_mut() {
+        deth.qkey = qkey;
+    }
+    let wanted = usize::from(qkey == UD_QKEY);
+    let seen = c.step(&[packet], wanted)?;
+    Ok(seen
+        .split('+')
+        .map(|answer| answer.split('@').next().unwrap_or(answer))
+        .collect::<Vec<_>>()
+        .join("+"))
+}
+
 /// The baseline of each service: what a normal run does once. Also the liveness probe.
 pub fn baseline(service: Service) -> &'static Scenario {
     let name = match service {
@@ -51,6 +68,7 @@ pub fn baseline(service: Service) -> &'static Scenario {
         Service::Read => "read_only",
         Service::Atomic => "fetch_add",
         Service::Send => "send_only",
+        Service::Ud => "ud_send",
     };
     SCENARIOS
         .iter()
@@ -248,6 +266,24 @@ pub static SCENARIOS: &[Scenario] = &[
         run: |c| {
             let packet = c.ud_send(0, LEN);
             dropped_then_write(c, packet)
+        },
+    },
+    // UD: a datagram whose Q_Key is not the QP's is dropped silently (9.6.1.1.3); the
+    // QP still delivers the next, correct one (the server answers it).
+    Scenario {
+        name: "ud_send",
+        service: Service::Ud,
+        expected: &["UD_SEND_ONLY"],
+        run: |c| ud_step(c, UD_QKEY),
+    },
+    Scenario {
+        name: "ud_wrong_qkey",
+        service: Service::Ud,
+        expected: &["none,UD_SEND_ONLY"],
+        run: |c| {
+            let dropped = ud_step(c, UD_QKEY ^ 0x8000)?;
+            let then = ud_step(c, UD_QKEY)?;
+            Ok(format!("{dropped},{then}"))
         },
     },
     Scenario {

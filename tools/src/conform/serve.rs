@@ -331,6 +331,7 @@ impl Server {
                     Service::Read => ports.read,
                     Service::Atomic => ports.atomic,
                     Service::Send => ports.send,
+                    Service::Ud => ports.ud,
                 };
                 let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
                 listener.set_nonblocking(true)?;
@@ -576,7 +577,8 @@ pub fn serve_baseline(service: Service) -> &'static ServeScenario {
         Service::Write => "requester_write",
         Service::Read => "requester_read",
         Service::Atomic => "requester_atomic",
-        Service::Send => "requester_send",
+        // No requester scenario uses UD: its sends are as good a probe as any.
+        Service::Send | Service::Ud => "requester_send",
     };
     SERVE_SCENARIOS
         .iter()

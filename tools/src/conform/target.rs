@@ -21,6 +21,9 @@ pub enum Service {
     Atomic,
     /// `ib_send_bw`.
     Send,
+    /// A UD QP: `ibv_ud_pingpong -s SIZE -n 1` (or `roce pingpong --ud`), which speaks the
+    /// pingpong programs' exchange instead of perftest's.
+    Ud,
 }
 
 /// Our side of a connection, as announced to the target.
@@ -74,6 +77,8 @@ pub struct Ports {
     pub atomic: u16,
     /// `ib_send_bw`'s.
     pub send: u16,
+    /// `ibv_ud_pingpong`'s.
+    pub ud: u16,
 }
 
 /// perftest servers on `host`.
@@ -109,6 +114,7 @@ impl Perftest {
             Service::Read => self.ports.read,
             Service::Atomic => self.ports.atomic,
             Service::Send => self.ports.send,
+            Service::Ud => self.ports.ud,
         }
     }
 
@@ -132,6 +138,9 @@ impl Perftest {
 
 impl Target for Perftest {
     fn connect(&mut self, service: Service, local: &Local) -> io::Result<Box<dyn Session>> {
+        if service == Service::Ud {
+            return pingpong_exchange(self.dial(service)?, local);
+        }
         let mut session = PerftestSession {
             stream: self.dial(service)?,
             service,
@@ -220,4 +229,52 @@ impl Session for PerftestSession {
         self.handshake()?;
         self.stream.write_all(b"done\0")
     }
+}
+
+/// The UD QP of an `ibv_ud_pingpong` server: its receives are posted before the exchange,
+/// and it answers the first message that reaches it with one of its own.
+struct PingpongSession(Remote);
+
+impl Session for PingpongSession {
+    fn remote(&self) -> Remote {
+        self.0
+    }
+
+    fn close(self: Box<Self>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The pingpong programs' exchange as the client: `LID:QPN:PSN:GID` (52 bytes) each way,
+/// then `done`.
+fn pingpong_exchange(mut stream: TcpStream, local: &Local) -> io::Result<Box<dyn Session>> {
+    let gid: String = local.gid.iter().map(|b| format!("{b:02x}")).collect();
+    let mine = format!(
+        "{:04x}:{:06x}:{:06x}:{gid}",
+        0,
+        local.qpn,
+        local.psn.value()
+    );
+    let mut wire = [0u8; 52];
+    wire[..mine.len()].copy_from_slice(mine.as_bytes());
+    stream.write_all(&wire)?;
+    stream.read_exact(&mut wire)?;
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "bad pingpong address");
+    let text = std::str::from_utf8(&wire).map_err(|_| bad())?;
+    let mut fields = text.split(':').skip(1);
+    let mut number = || {
+        fields
+            .next()
+            .and_then(|field| u32::from_str_radix(field, 16).ok())
+            .ok_or_else(bad)
+    };
+    let (qpn, psn) = (number()?, number()?);
+    stream.write_all(b"done\0")?;
+    Ok(Box::new(PingpongSession(Remote {
+        qpn: qpn & 0xFF_FFFF,
+        psn: Psn::new(psn),
+        rkey: 0,
+        vaddr: 0,
+        mtu: PATH_MTU,
+    })))
 }
