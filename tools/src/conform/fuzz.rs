@@ -257,41 +257,26 @@ pub fn fuzz(
         };
         report.connections += 1;
         let mut conn = Conn::new(link, session.remote(), local, config.options.send_size);
-        let mut sent = Vec::new();
-        let mut bad_answers = 0;
-        let anchor = conn.emit(&anchor_packet(&conn, service))?;
-        conn.exchange_bytes(&anchor, 1)?;
-        sent.push(anchor);
-        let mut in_batch = 0;
-        // A mutation that cannot be emitted is skipped; rare, so a few tries each suffice.
-        for _ in 0..4 * config.batch {
-            if in_batch == config.batch || out_of_time(&report) {
-                break;
-            }
-            let Ok(bytes) = conn.emit(&mutate(&mut rng, &conn, service)) else {
-                continue;
-            };
-            in_batch += 1;
-            let answers = conn.exchange_bytes(&bytes, 1)?;
-            sent.push(bytes);
-            report.packets += 1;
-            bad_answers += answers
-                .iter()
-                .filter(|a| matches!(a, Answer::BadIcrc | Answer::Malformed))
-                .count();
-            progress(&report);
-        }
+        let batch = send_batch(
+            &mut conn,
+            &mut rng,
+            service,
+            config,
+            &mut report,
+            &out_of_time,
+            progress,
+        )?;
         if service == Service::Send {
             use_up_receives(&mut conn)?;
         }
         let _ = session.close();
         let alive = alive(target, link, service, &config.options)?;
-        if bad_answers > 0 || !alive {
+        if batch.bad_answers > 0 || !alive {
             report.findings += 1;
             let path = config
                 .findings
                 .join(format!("finding-{}-{}.pcap", config.seed, report.findings));
-            save(&path, &sent)?;
+            save(&path, &batch.sent)?;
             eprintln!(
                 "roce fuzz: finding {} ({}): {}",
                 report.findings,
@@ -375,36 +360,56 @@ fn family(service: Service) -> &'static [Opcode] {
     }
 }
 
+/// What one connection's batch sent (its anchor first) and how many answers were malformed.
+struct Batch {
+    sent: Vec<Vec<u8>>,
+    bad_answers: usize,
+}
+
+/// The anchor, then up to `config.batch` mutated packets on one connection.
+fn send_batch(
+    conn: &mut Conn,
+    rng: &mut Rng,
+    service: Service,
+    config: &Config,
+    report: &mut Report,
+    out_of_time: &dyn Fn(&Report) -> bool,
+    progress: &mut dyn FnMut(&Report),
+) -> io::Result<Batch> {
+    let mut batch = Batch {
+        sent: Vec::new(),
+        bad_answers: 0,
+    };
+    let anchor = conn.emit(&anchor_packet(conn, service))?;
+    conn.exchange_bytes(&anchor, 1)?;
+    batch.sent.push(anchor);
+    let mut in_batch = 0;
+    // A mutation that cannot be emitted is skipped; rare, so a few tries each suffice.
+    for _ in 0..4 * config.batch {
+        if in_batch == config.batch || out_of_time(report) {
+            break;
+        }
+        let Ok(bytes) = conn.emit(&mutate(rng, conn, service)) else {
+            continue;
+        };
+        in_batch += 1;
+        let answers = conn.exchange_bytes(&bytes, 1)?;
+        batch.sent.push(bytes);
+        report.packets += 1;
+        batch.bad_answers += answers
+            .iter()
+            .filter(|a| matches!(a, Answer::BadIcrc | Answer::Malformed))
+            .count();
+        progress(report);
+    }
+    Ok(batch)
+}
+
 /// One mutated packet for the connection's current state.
 pub fn mutate(rng: &mut Rng, conn: &Conn, service: Service) -> Packet {
-    let opcode = match rng.below(100) {
-        0..=69 => rng.pick(family(service)),
-        70..=79 => rng.pick(&[
-            Opcode::RcAcknowledge,
-            Opcode::RcAtomicAcknowledge,
-            Opcode::RcRdmaReadResponseFirst,
-            Opcode::RcRdmaReadResponseMiddle,
-            Opcode::RcRdmaReadResponseLast,
-            Opcode::RcRdmaReadResponseOnly,
-        ]),
-        _ => rng.pick(Opcode::ALL),
-    };
-    let at = match rng.below(100) {
-        0..=59 => conn.next,
-        60..=89 => conn.next + rng.below(7) as i32 - 3,
-        90..=97 => conn.next - 1 - rng.below(64) as i32,
-        _ => rng.next() as i32,
-    };
-    let mtu = conn.remote.mtu;
-    let len = match rng.below(8) {
-        0 => 0,
-        1 => 1 + rng.below(8) as usize,
-        2 => mtu - 1,
-        3 => mtu,
-        4 => mtu + 1,
-        5 => conn.send_size,
-        _ => rng.below(2 * mtu as u64) as usize,
-    };
+    let opcode = pick_opcode(rng, service);
+    let at = pick_psn(rng, conn);
+    let len = pick_len(rng, conn);
     let mut packet = conn.packet(opcode, at);
     if opcode.info().has_payload {
         packet.payload = (0..len).map(|i| i as u8 ^ 0x5A).collect();
@@ -416,6 +421,64 @@ pub fn mutate(rng: &mut Rng, conn: &Conn, service: Service) -> Packet {
     if rng.chance(3) {
         packet.bth.pkey = rng.next() as u16;
     }
+    let aim = pick_aim(rng, conn, len);
+    for header in opcode.info().headers {
+        add_header(rng, conn, &mut packet, *header, &aim);
+    }
+    add_damage(rng, &mut packet, len);
+    packet
+}
+
+/// Mostly the service's own opcodes, some responses, and now and then any opcode.
+fn pick_opcode(rng: &mut Rng, service: Service) -> Opcode {
+    match rng.below(100) {
+        0..=69 => rng.pick(family(service)),
+        70..=79 => rng.pick(&[
+            Opcode::RcAcknowledge,
+            Opcode::RcAtomicAcknowledge,
+            Opcode::RcRdmaReadResponseFirst,
+            Opcode::RcRdmaReadResponseMiddle,
+            Opcode::RcRdmaReadResponseLast,
+            Opcode::RcRdmaReadResponseOnly,
+        ]),
+        _ => rng.pick(Opcode::ALL),
+    }
+}
+
+/// Mostly the expected PSN, often one near it, sometimes a duplicate or anything.
+fn pick_psn(rng: &mut Rng, conn: &Conn) -> i32 {
+    match rng.below(100) {
+        0..=59 => conn.next,
+        60..=89 => conn.next + rng.below(7) as i32 - 3,
+        90..=97 => conn.next - 1 - rng.below(64) as i32,
+        _ => rng.next() as i32,
+    }
+}
+
+/// A payload length around the edges that matter: empty, tiny, the path MTU and either side.
+fn pick_len(rng: &mut Rng, conn: &Conn) -> usize {
+    let mtu = conn.remote.mtu;
+    match rng.below(8) {
+        0 => 0,
+        1 => 1 + rng.below(8) as usize,
+        2 => mtu - 1,
+        3 => mtu,
+        4 => mtu + 1,
+        5 => conn.send_size,
+        _ => rng.below(2 * mtu as u64) as usize,
+    }
+}
+
+/// Where a RETH or AtomicETH points, with which key and length.
+struct Aim {
+    address: u64,
+    rkey: u32,
+    dma_length: u32,
+}
+
+/// Mostly the target's own region and key, sometimes a flipped key bit, an address far off
+/// or at the end of the address space, or a length that disagrees with the payload.
+fn pick_aim(rng: &mut Rng, conn: &Conn, len: usize) -> Aim {
     let rkey = if rng.chance(85) {
         conn.remote.rkey
     } else {
@@ -427,7 +490,6 @@ pub fn mutate(rng: &mut Rng, conn: &Conn, service: Service) -> Packet {
         2 => u64::MAX - rng.below(4096),
         _ => 8 * rng.below(64),
     };
-    let address = conn.remote.vaddr.wrapping_add(offset);
     let dma_length = match rng.below(4) {
         0 => rng.next() as u32,
         1 => (len as u32)
@@ -435,65 +497,82 @@ pub fn mutate(rng: &mut Rng, conn: &Conn, service: Service) -> Packet {
             .wrapping_sub(2),
         _ => len as u32,
     };
-    for header in opcode.info().headers {
-        match header {
-            ExtHeader::Reth => {
-                packet.ext.reth = Some(reth::Repr {
-                    virtual_address: address,
-                    rkey,
-                    dma_length,
-                })
-            }
-            ExtHeader::Aeth => {
-                let syndrome = match rng.below(4) {
-                    0 => Syndrome::RnrNak(RnrTimer::new(rng.below(32) as u8)),
-                    1 => Syndrome::Nak(rng.pick(&[
-                        NakCode::PsnSequenceError,
-                        NakCode::InvalidRequest,
-                        NakCode::RemoteAccessError,
-                        NakCode::RemoteOperationalError,
-                    ])),
-                    _ => Syndrome::Ack(CreditCount::UNLIMITED),
-                };
-                packet.ext.aeth = Some(aeth::Repr {
-                    syndrome,
-                    msn: rng.next() as u32 & 0xFF_FFFF,
-                });
-            }
-            ExtHeader::Deth => {
-                packet.ext.deth = Some(deth::Repr {
-                    qkey: rng.next() as u32,
-                    src_qpn: conn.local.qpn,
-                })
-            }
-            ExtHeader::ImmDt => {
-                packet.ext.immdt = Some(immdt::Repr {
-                    immediate: rng.next() as u32,
-                })
-            }
-            ExtHeader::Ieth => packet.ext.ieth = Some(ieth::Repr { rkey }),
-            ExtHeader::AtomicEth => {
-                packet.ext.atomic_eth = Some(atomic_eth::Repr {
-                    virtual_address: address,
-                    rkey,
-                    swap_add: rng.next(),
-                    compare: rng.next(),
-                })
-            }
-            ExtHeader::AtomicAckEth => {
-                packet.ext.atomic_ack_eth = Some(atomic_ack_eth::Repr {
-                    original: rng.next(),
-                })
-            }
-            ExtHeader::Feth => {
-                packet.ext.feth = Some(feth::Repr {
-                    selectivity_level: rng.below(4) as u8,
-                    placement_type: rng.below(4) as u8,
-                })
-            }
-            ExtHeader::Cnp => packet.ext.cnp = Some(cnp::Repr),
-        }
+    Aim {
+        address: conn.remote.vaddr.wrapping_add(offset),
+        rkey,
+        dma_length,
     }
+}
+
+/// The extension header `header` the opcode carries, filled from `aim` or at random.
+fn add_header(rng: &mut Rng, conn: &Conn, packet: &mut Packet, header: ExtHeader, aim: &Aim) {
+    let Aim {
+        address,
+        rkey,
+        dma_length,
+    } = *aim;
+    match header {
+        ExtHeader::Reth => {
+            packet.ext.reth = Some(reth::Repr {
+                virtual_address: address,
+                rkey,
+                dma_length,
+            })
+        }
+        ExtHeader::Aeth => {
+            let syndrome = match rng.below(4) {
+                0 => Syndrome::RnrNak(RnrTimer::new(rng.below(32) as u8)),
+                1 => Syndrome::Nak(rng.pick(&[
+                    NakCode::PsnSequenceError,
+                    NakCode::InvalidRequest,
+                    NakCode::RemoteAccessError,
+                    NakCode::RemoteOperationalError,
+                ])),
+                _ => Syndrome::Ack(CreditCount::UNLIMITED),
+            };
+            packet.ext.aeth = Some(aeth::Repr {
+                syndrome,
+                msn: rng.next() as u32 & 0xFF_FFFF,
+            });
+        }
+        ExtHeader::Deth => {
+            packet.ext.deth = Some(deth::Repr {
+                qkey: rng.next() as u32,
+                src_qpn: conn.local.qpn,
+            })
+        }
+        ExtHeader::ImmDt => {
+            packet.ext.immdt = Some(immdt::Repr {
+                immediate: rng.next() as u32,
+            })
+        }
+        ExtHeader::Ieth => packet.ext.ieth = Some(ieth::Repr { rkey }),
+        ExtHeader::AtomicEth => {
+            packet.ext.atomic_eth = Some(atomic_eth::Repr {
+                virtual_address: address,
+                rkey,
+                swap_add: rng.next(),
+                compare: rng.next(),
+            })
+        }
+        ExtHeader::AtomicAckEth => {
+            packet.ext.atomic_ack_eth = Some(atomic_ack_eth::Repr {
+                original: rng.next(),
+            })
+        }
+        ExtHeader::Feth => {
+            packet.ext.feth = Some(feth::Repr {
+                selectivity_level: rng.below(4) as u8,
+                placement_type: rng.below(4) as u8,
+            })
+        }
+        ExtHeader::Cnp => packet.ext.cnp = Some(cnp::Repr),
+    }
+}
+
+/// Up to two damages after the headers are built (ICRC recomputed unless the damage is
+/// to the ICRC), and a pad count beyond a short payload.
+fn add_damage(rng: &mut Rng, packet: &mut Packet, len: usize) {
     if len < 4 && rng.chance(30) {
         // A pad count beyond the payload: a length that goes negative when computed.
         packet.damage.push(Damage::PadCount(1 + rng.below(3) as u8));
@@ -508,7 +587,6 @@ pub fn mutate(rng: &mut Rng, conn: &Conn, service: Service) -> Packet {
         };
         packet.damage.push(damage);
     }
-    packet
 }
 
 /// What a finding's first frame (its anchor) says about the connection it was made on.
