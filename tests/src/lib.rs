@@ -3,6 +3,7 @@
 
 pub mod netcheck;
 pub mod rdma;
+pub mod rxe_vm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -8,13 +8,12 @@
 //! Needs root and the rxe-peer tool (CI has both); take /tmp/roce-net.lock around it.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use roce_provider::netns::{self, is_root, prerequisite};
+use roce_provider::netns;
+use roce_tests::rxe_vm::{text, vm};
 use roce_verbs::{
     AccessFlags, BackendChoice, CmEventKind, ConnParam, Context, Cq, Device, EventChannel, Mr,
     OpenOptions, Progress, QpCaps, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge,
@@ -35,43 +34,6 @@ const CLIENT_LEN: usize = 64;
 const INFO_LEN: usize = 16;
 /// Our copy of the client's buffer (rping's largest `-S` is 64 KiB).
 const BUF_LEN: usize = 65536;
-
-/// The rxe-peer tool: `RXE_PEER_SCRIPT`, else beside the repository (../shared).
-fn rxe_peer() -> Option<PathBuf> {
-    let script = std::env::var_os("RXE_PEER_SCRIPT").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh"),
-        PathBuf::from,
-    );
-    script.exists().then_some(script)
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "status {:?}\n{}{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-/// The VM, stopped again however the test ends.
-struct Vm(PathBuf);
-
-impl Vm {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("bash")
-            .arg(&self.0)
-            .args(args)
-            .output()
-            .expect("run rxe-peer.sh")
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.run(&["stop"]);
-    }
-}
 
 fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
     SendWr {
@@ -319,21 +281,9 @@ fn connect_as_client(server: SocketAddr) -> Result<usize, String> {
 #[test]
 fn rping_in_the_rxe_vm_against_our_cm_in_both_roles() {
     let test = "rping_in_the_rxe_vm_against_our_cm_in_both_roles";
-    if !prerequisite(test, "root", is_root()) {
-        return;
-    }
-    let Some(script) = rxe_peer() else {
-        prerequisite(test, "../shared/rxe-peer/rxe-peer.sh", false);
+    let Some(vm) = vm(test, "1500") else {
         return;
     };
-    let vm = Vm(script);
-    let _ = vm.run(&["stop"]);
-    let started = vm.run(&["start", "1"]);
-    assert!(
-        started.status.success(),
-        "rxe-peer start:\n{}",
-        text(&started)
-    );
 
     let (ready_tx, ready_rx) = mpsc::channel();
     let server = thread::spawn(move || serve(ready_tx));

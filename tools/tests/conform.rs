@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use roce_provider::netns::{is_root, needs_root, prerequisite, veth, Netns};
+use roce_provider::netns::{needs_root, veth, Netns};
 
 use common::text;
+use roce_tests::rxe_vm::vm;
 
 /// A `while :; do roce perf ...; done` loop in a namespace (servers, or clients of
 /// `--serve`; or `roce pingpong`), stopped (with the program it is running) on drop.
@@ -247,50 +248,11 @@ fn fuzzing_our_stack_for_a_bounded_count_finds_nothing() {
     assert_eq!(std::fs::read_dir(findings.path()).unwrap().count(), 0);
 }
 
-/// rxe-peer's script (../shared/rxe-peer next to the repository, or `$RXE_PEER` for a
-/// checkout elsewhere), when it is there.
-fn rxe_peer() -> Option<PathBuf> {
-    let script = std::env::var_os("RXE_PEER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh")
-        });
-    script.exists().then_some(script)
-}
-
-/// VM 1 of rxe-peer, powered off (with its namespaces removed) on drop.
-struct Vm(PathBuf);
-
-impl Vm {
-    fn run(&self, args: &[&str]) -> std::process::Output {
-        Command::new("bash")
-            .arg(&self.0)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.run(&["stop"]);
-    }
-}
-
 #[test]
 fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
-    let script = rxe_peer().filter(|_| is_root());
-    let needs = "root and ../shared/rxe-peer";
-    if !prerequisite("every_scenario_against_rxe", needs, script.is_some()) {
+    let Some(vm) = vm("every_scenario_against_rxe", "1500") else {
         return;
-    }
-    let Some(script) = script else { return };
-    let vm = Vm(script.clone());
-    let built = vm.run(&["build"]);
-    assert!(built.status.success(), "{}", text(&built));
-    let _ = vm.run(&["stop"]);
-    let started = vm.run(&["start", "1"]);
-    assert!(started.status.success(), "{}", text(&started));
+    };
     for server in [
         "ib_write_bw -x 1 -p 18515",
         "ib_read_bw -x 1 -p 18516",
@@ -306,7 +268,7 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     // The VM's kernel log must stay free of oopses and warnings.
     let check = format!(
         "bash {} exec 1 -t 30 '! dmesg | grep -E \"BUG|WARNING|Oops|general protection\"'",
-        script.display()
+        vm.script().display()
     );
     let roce = |args: &[&str]| {
         Command::new("ip")

@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use roce_provider::netns::{needs_root, prerequisite};
 
-use common::rxe::{last_frames, recovery_by_sender, vm, Vm};
+use common::rxe::{last_frames, recovery_by_sender};
 use common::{build_libraries, has_row, installed, text};
+use roce_tests::rxe_vm::{vm, Vm};
 
 /// Our side's capture of the current case (cases take turns).
 const OUR_PCAP: &str = "/tmp/roce-exec-rxe.pcap";

@@ -10,12 +10,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
 
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
+use roce_tests::rxe_vm::vm;
 
 use common::{build_libraries, built_dir, dynamic_symbols, exec_in, installed, text};
 
@@ -228,32 +229,6 @@ fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
     );
 }
 
-/// The rxe-peer tool beside the repository (../shared).
-fn rxe_peer() -> Option<PathBuf> {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh");
-    script.exists().then_some(script)
-}
-
-/// The rxe VM, stopped again however the test ends.
-struct Vm(PathBuf);
-
-impl Vm {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("bash")
-            .arg(&self.0)
-            .args(args)
-            .output()
-            .expect("run rxe-peer.sh")
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = self.run(&["stop"]);
-    }
-}
-
 /// `rping` over our libraries in the VM's host namespace (`host0`, 10.88.0.1).
 fn rping_in_host(args: &[&str]) -> Command {
     build_libraries();
@@ -294,18 +269,9 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
     if !root_and(test, &["rping"]) {
         return;
     }
-    let Some(script) = rxe_peer() else {
-        prerequisite(test, "../shared/rxe-peer/rxe-peer.sh", false);
+    let Some(vm) = vm(test, "1500") else {
         return;
     };
-    let vm = Vm(script);
-    let _ = vm.run(&["stop"]);
-    let started = vm.run(&["start", "1"]);
-    assert!(
-        started.status.success(),
-        "rxe-peer start: {}",
-        text(&started)
-    );
     let (count, size) = (100, 4096);
     let flags = format!("-v -V -C {count} -S {size}");
 

@@ -15,8 +15,9 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
-use common::rxe::{captured_frames, last_frames, recovery_by_sender, vm, Vm};
+use common::rxe::{captured_frames, last_frames, recovery_by_sender};
 use common::{has_row, text};
+use roce_tests::rxe_vm::{vm, Vm};
 
 const ITERS: &str = "50";
 

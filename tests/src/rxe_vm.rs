@@ -1,0 +1,104 @@
+//! The rxe VM (../shared/rxe-peer): Linux soft-RoCE and rdma-core in QEMU, reached from the
+//! `rxe-host` namespace (`host0`, 10.88.0.1); VM 1 is 10.88.0.11. Used by this crate's tests
+//! and the tools' (one way to find, start and stop it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use roce_provider::netns::{is_root, prerequisite};
+
+/// The rxe-peer script: `$RXE_PEER`, else ../shared/rxe-peer next to the repository.
+fn rxe_peer() -> Option<PathBuf> {
+    let script = std::env::var_os("RXE_PEER").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/rxe-peer/rxe-peer.sh"),
+        PathBuf::from,
+    );
+    script.exists().then_some(script)
+}
+
+/// A program's exit status, stdout and stderr, for failure messages.
+pub fn text(output: &Output) -> String {
+    format!(
+        "status {:?}\n{}{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// VM 1, powered off (with its bridge's loss removed) when dropped.
+pub struct Vm(PathBuf);
+
+impl Vm {
+    /// The rxe-peer script, for commands that run it themselves.
+    pub fn script(&self) -> &Path {
+        &self.0
+    }
+
+    /// `rxe-peer.sh ARGS...`.
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new("bash")
+            .arg(&self.0)
+            .args(args)
+            .output()
+            .expect("run rxe-peer.sh")
+    }
+
+    /// (Re)starts VM 1 with the given netdev MTU (9000 gives rxe path MTU 4096).
+    pub fn start(&self, mtu: &str) {
+        let _ = self.run(&["stop"]);
+        let started = Command::new("bash")
+            .arg(&self.0)
+            .args(["start", "1"])
+            .env("RXE_MTU", mtu)
+            .output()
+            .expect("run rxe-peer.sh start");
+        assert!(
+            started.status.success(),
+            "rxe-peer start (MTU {mtu}):\n{}",
+            text(&started)
+        );
+    }
+
+    /// Starts `command` in the VM in the background, bounded to `seconds`; its job id.
+    pub fn spawn(&self, seconds: u32, command: &str) -> String {
+        let job = self.run(&["spawn", "1", "-t", &seconds.to_string(), command]);
+        assert!(
+            job.status.success(),
+            "rxe-peer spawn {command}:\n{}",
+            text(&job)
+        );
+        String::from_utf8_lossy(&job.stdout).trim().to_string()
+    }
+
+    /// What a job [`spawn`](Self::spawn)ed said, once it ended (or `seconds` passed).
+    pub fn wait(&self, job: &str, seconds: u32) -> Output {
+        self.run(&["wait", "1", job, &seconds.to_string()])
+    }
+
+    /// Runs `command` in the VM, bounded to `seconds`.
+    pub fn exec(&self, seconds: u32, command: &str) -> Output {
+        self.run(&["exec", "1", "-t", &seconds.to_string(), command])
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.run(&["loss", "0"]);
+        let _ = self.run(&["stop"]);
+    }
+}
+
+/// The VM, built and started with netdev MTU `mtu`, or `None` (and a SKIPPED line) when
+/// this is not root or the script is missing; in CI either is a failure.
+pub fn vm(test: &str, mtu: &str) -> Option<Vm> {
+    let script = rxe_peer().filter(|_| is_root());
+    if !prerequisite(test, "root and ../shared/rxe-peer", script.is_some()) {
+        return None;
+    }
+    let vm = Vm(script?);
+    let built = vm.run(&["build"]);
+    assert!(built.status.success(), "rxe-peer build:\n{}", text(&built));
+    vm.start(mtu);
+    Some(vm)
+}
