@@ -14,7 +14,8 @@ use std::process::{Command, Output};
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 
 use common::{
-    build_libraries, built_dir, dynamic_symbols, exec_in, installed, text, wait_for_listener,
+    build_libraries, built_dir, can_compile_c, compile_c, dynamic_symbols, exec_in, installed,
+    text, wait_for_listener, VERBS_H,
 };
 
 #[test]
@@ -375,46 +376,18 @@ fn ibv_uc_and_ud_pingpong_talk_to_themselves_between_namespaces() {
 #[test]
 fn the_str_helpers_say_what_rdma_core_says() {
     let test = "the_str_helpers_say_what_rdma_core_says";
-    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
-    let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    if !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+    if !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
     build_libraries();
-    let dir = std::env::temp_dir().join(format!("roce-exec-str-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let source = dir.join("strs.c");
-    std::fs::write(
-        &source,
-        r#"#include <stdio.h>
-#include <infiniband/verbs.h>
-int main(void) {
-    for (int i = 0; i < 30; i++) printf("wc %d %s\n", i, ibv_wc_status_str(i));
-    for (int i = 0; i < 25; i++) printf("event %d %s\n", i, ibv_event_type_str(i));
-    for (int i = -1; i < 10; i++) printf("node %d %s\n", i, ibv_node_type_str(i));
-    for (int i = 0; i < 8; i++) printf("port %d %s\n", i, ibv_port_state_str(i));
-    return 0;
-}
-"#,
-    )
-    .unwrap();
-    let binary = dir.join("strs");
-    let compiled = Command::new("gcc")
-        .arg(&source)
-        .arg("-o")
-        .arg(&binary)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(compiled.status.success(), "{}", text(&compiled));
+    let strs = compile_c("strs", &["-libverbs"]);
     // Debian's libibverbs, then ours in its place.
-    let theirs = Command::new(&binary).output().unwrap();
+    let theirs = Command::new(&strs.binary).output().unwrap();
     let ours = Command::new(env!("CARGO_BIN_EXE_roce"))
         .args(["exec", "--"])
-        .arg(&binary)
+        .arg(&strs.binary)
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(theirs.status.success() && ours.status.success());
     assert_eq!(text(&ours), text(&theirs));
 }
@@ -422,30 +395,12 @@ int main(void) {
 #[test]
 fn error_paths_answer_as_rdma_core_defines_them() {
     let test = "error_paths_answer_as_rdma_core_defines_them";
-    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
-    let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+    if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("roce-exec-errors-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let binary = dir.join("error_paths");
-    let compiled = Command::new("gcc")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/c/error_paths.c"
-        ))
-        .arg("-o")
-        .arg(&binary)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(compiled.status.success(), "{}", text(&compiled));
+    let program = compile_c("error_paths", &["-libverbs"]);
     let (a, _b) = two_namespaces(1500);
-    let run = exec_in(&a, &[binary.to_str().unwrap(), "ea"])
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    let run = exec_in(&a, &[program.path(), "ea"]).output().unwrap();
     assert!(
         run.status.success() && text(&run).contains("ok"),
         "{}",
@@ -541,24 +496,13 @@ fn roce_stats_prints_the_counters_when_a_device_is_closed() {
 #[test]
 fn qps_of_one_device_reach_each_other_and_themselves_without_the_wire() {
     let test = "qps_of_one_device_reach_each_other_and_themselves_without_the_wire";
-    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
-    let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+    if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let binary = dir.path().join("loopback");
-    let compiled = Command::new("gcc")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/loopback.c"))
-        .arg("-o")
-        .arg(&binary)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(compiled.status.success(), "{}", text(&compiled));
+    let program = compile_c("loopback", &["-libverbs"]);
     let (a, _b) = two_namespaces(1500);
-    let pcap = dir.path().join("loopback.pcap");
-    let run = exec_in(&a, &[binary.to_str().unwrap(), "ea"])
+    let pcap = program.dir.path().join("loopback.pcap");
+    let run = exec_in(&a, &[program.path(), "ea"])
         .env("ROCE_PCAP", &pcap)
         .output()
         .unwrap();
@@ -583,38 +527,22 @@ fn qps_of_one_device_reach_each_other_and_themselves_without_the_wire() {
 #[test]
 fn async_fd_signals_a_qp_error_and_answers_eagain_when_non_blocking() {
     let test = "async_fd_signals_a_qp_error_and_answers_eagain_when_non_blocking";
-    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
-    let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+    if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("roce-exec-async-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let binary = dir.join("async_events");
-    let compiled = Command::new("gcc")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/c/async_events.c"
-        ))
-        .arg("-o")
-        .arg(&binary)
-        .arg("-libverbs")
-        .output()
-        .unwrap();
-    assert!(compiled.status.success(), "{}", text(&compiled));
+    let program = compile_c("async_events", &["-libverbs"]);
     // The peer's address answers ARP, but nothing there speaks RoCE.
     let (a, _b) = two_namespaces(1500);
     // Both kinds of engine thread; without one, nothing moves while a program polls the fd.
     let runs: Vec<Output> = ["events", "busy"]
         .iter()
         .map(|progress| {
-            exec_in(&a, &[binary.to_str().unwrap(), "ea", "10.83.0.2"])
+            exec_in(&a, &[program.path(), "ea", "10.83.0.2"])
                 .env("ROCE_PROGRESS", progress)
                 .output()
                 .unwrap()
         })
         .collect();
-    let _ = std::fs::remove_dir_all(&dir);
     for (progress, run) in ["events", "busy"].iter().zip(&runs) {
         assert!(
             run.status.success() && text(run).contains("ok"),

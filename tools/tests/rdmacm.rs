@@ -18,7 +18,9 @@ use std::time::Duration;
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 use roce_tests::rxe_vm::vm;
 
-use common::{build_libraries, built_dir, dynamic_symbols, exec_in, installed, text};
+use common::{
+    build_libraries, built_dir, can_compile_c, compile_c, dynamic_symbols, exec_in, installed, text,
+};
 
 fn root_and(test: &str, programs: &[&str]) -> bool {
     needs_root(test)
@@ -197,31 +199,16 @@ fn rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces() {
 #[test]
 fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
     let test = "the_event_channel_and_what_is_not_offered_answer_as_rdma_core";
-    let gcc = Command::new("gcc").arg("--version").output().is_ok();
-    let debian = Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1").exists();
-    if !needs_root(test) || !prerequisite(test, "gcc and librdmacm1", gcc && debian) {
+    let debian = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+    if !needs_root(test) || !can_compile_c(test, "gcc and librdmacm1", debian) {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("roce-rdmacm-paths-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let binary = dir.join("rdmacm_paths");
     // Linked against Debian's librdmacm for its symbol versions; run over ours.
-    let compiled = Command::new("gcc")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/c/rdmacm_paths.c"
-        ))
-        .arg("-o")
-        .arg(&binary)
-        .arg("/usr/lib/x86_64-linux-gnu/librdmacm.so.1")
-        .output()
-        .unwrap();
-    assert!(compiled.status.success(), "{}", text(&compiled));
+    let program = compile_c("rdmacm_paths", &[debian]);
     let (a, _b) = two_namespaces();
-    let run = exec_in(&a, &[binary.to_str().unwrap(), "10.85.0.2"])
+    let run = exec_in(&a, &[program.path(), "10.85.0.2"])
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         run.status.success() && String::from_utf8_lossy(&run.stdout).ends_with("ok\n"),
         "{}",

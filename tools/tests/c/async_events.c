@@ -7,22 +7,10 @@
  * ibv_get_async_event. Prints "ok" and exits 0 when every check holds; otherwise names
  * the first that failed. Usage: async_events DEVICE PEER_IPV4 */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdio.h>
-#include <string.h>
 #include <unistd.h>
-#include <infiniband/verbs.h>
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, \
-				#cond, errno);                                   \
-			return 1;                                                \
-		}                                                                \
-	} while (0)
+#include "common.h"
 
 static char buf[4096];
 
@@ -90,16 +78,7 @@ int main(int argc, char **argv)
 	CHECK(argc == 3 && inet_pton(AF_INET, argv[2], &peer) == 1);
 	/* A hang fails the run rather than the test's timeout. */
 	alarm(30);
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_device *device = NULL;
-	CHECK(list);
-	for (int i = 0; list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			device = list[i];
-	CHECK(device);
-	struct ibv_context *ctx = ibv_open_device(device);
-	CHECK(ctx);
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_device(argv[1]);
 
 	int flags = fcntl(ctx->async_fd, F_GETFL);
 	/* Blocking until the caller says otherwise, as rdma-core's. */

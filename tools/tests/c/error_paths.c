@@ -1,34 +1,13 @@
 /* Error paths of our libibverbs as rdma-core defines them, run on one device without
  * traffic. Prints "ok" and exits 0 when every check holds; otherwise names the first
  * that failed. Usage: error_paths DEVICE */
-#include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <infiniband/verbs.h>
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, \
-				#cond, errno);                                   \
-			return 1;                                                \
-		}                                                                \
-	} while (0)
+#include "common.h"
 
 int main(int argc, char **argv)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_device *device = NULL;
-	CHECK(list && argc == 2);
-	for (int i = 0; list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			device = list[i];
-	CHECK(device);
-	struct ibv_context *ctx = ibv_open_device(device);
-	CHECK(ctx);
-	ibv_free_device_list(list);
+	CHECK(argc == 2);
+	struct ibv_context *ctx = open_device(argv[1]);
 
 	struct ibv_port_attr port;
 	CHECK(ibv_query_port(ctx, 1, &port) == 0 && port.link_layer == IBV_LINK_LAYER_ETHERNET);

@@ -3,22 +3,9 @@
  * connected to itself through its link-local IPv6 GID (index 0). SEND/receive, RDMA WRITE, RDMA READ, FETCH_AND_ADD and
  * CMP_AND_SWAP, every byte checked. Prints "ok" and exits 0 when every check holds;
  * otherwise names the first that failed. Usage: loopback DEVICE */
-#include <errno.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <time.h>
-#include <infiniband/verbs.h>
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "FAILED line %d: %s (errno %d)\n", __LINE__, \
-				#cond, errno);                                   \
-			exit(1);                                                 \
-		}                                                                \
-	} while (0)
+#include "common.h"
 
 enum { SIZE = 8192, MSG = 4096 };
 #define ALL_ACCESS                                                                  \
@@ -188,16 +175,8 @@ static void exchange(struct side *s, struct side *peer, unsigned seed)
 
 int main(int argc, char **argv)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_device *device = NULL;
-	CHECK(list && argc == 2);
-	for (int i = 0; list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			device = list[i];
-	CHECK(device);
-	struct ibv_context *ctx = ibv_open_device(device);
-	CHECK(ctx);
-	ibv_free_device_list(list);
+	CHECK(argc == 2);
+	struct ibv_context *ctx = open_device(argv[1]);
 	CHECK(ibv_query_gid(ctx, 1, 0, &gids[0]) == 0 && ibv_query_gid(ctx, 1, 1, &gids[1]) == 0);
 	pd = ibv_alloc_pd(ctx);
 	CHECK(pd);

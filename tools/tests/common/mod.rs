@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use roce_provider::netns::Netns;
+use roce_provider::netns::{prerequisite, Netns};
 
 /// `roce TOOL ARGS...` inside `ns`, bounded to a minute, with its output captured.
 pub fn roce_in(ns: &Netns, tool: &str, args: &[&str]) -> Command {
@@ -125,3 +125,48 @@ pub fn dynamic_symbols(file: &Path, defined: bool) -> Vec<String> {
         })
         .collect()
 }
+
+/// Whether gcc runs and `dev_file` (a header or library the program needs) is installed;
+/// says SKIPPED, or fails in CI, naming `packages` when not.
+pub fn can_compile_c(test: &str, packages: &str, dev_file: &str) -> bool {
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    prerequisite(test, packages, gcc && Path::new(dev_file).exists())
+}
+
+/// A C program of `tests/c`, compiled into a temporary folder (removed when dropped).
+pub struct CProgram {
+    pub dir: tempfile::TempDir,
+    pub binary: PathBuf,
+}
+
+impl CProgram {
+    /// The binary's path, as a program argument.
+    pub fn path(&self) -> &str {
+        self.binary.to_str().expect("a UTF-8 temporary path")
+    }
+}
+
+/// `tests/c/NAME.c` compiled by gcc and linked with `libs` (`-lNAME` or a library's path).
+pub fn compile_c(name: &str, libs: &[&str]) -> CProgram {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(format!("{name}.c"));
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let binary = dir.path().join(name);
+    let compiled = Command::new("gcc")
+        .arg(&source)
+        .arg("-o")
+        .arg(&binary)
+        .args(libs)
+        .output()
+        .expect("run gcc");
+    assert!(
+        compiled.status.success(),
+        "gcc {name}.c: {}",
+        text(&compiled)
+    );
+    CProgram { dir, binary }
+}
+
+/// libibverbs-dev's header, which the libibverbs C programs need.
+pub const VERBS_H: &str = "/usr/include/infiniband/verbs.h";
