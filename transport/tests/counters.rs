@@ -3,8 +3,8 @@
 //! wire are logged, so each count is checked against what happened.
 
 use roce_transport::cq::WcStatus;
-use roce_transport::qp_state::{PathMtu, QpType};
-use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
+use roce_transport::qp_state::QpType;
+use roce_transport::sim::{RetryConfig, Sim};
 use roce_transport::wr::SendOp;
 use roce_transport::Counters;
 use roce_wire::aeth::{NakCode, Syndrome};
@@ -13,20 +13,9 @@ use roce_wire::Opcode;
 mod common;
 use common::*;
 
-fn retry(retry_cnt: u8, rnr_retry: u8) -> RetryConfig {
-    RetryConfig {
-        retry_cnt,
-        rnr_retry,
-        ..RetryConfig::default()
-    }
-}
-
 /// A clean two-node network with one connected RC pair from A to B, MTU 1024.
-fn pair(retry: RetryConfig) -> (Sim, u32, u32) {
-    let mut sim = Sim::new(LinkConfig::default(), 11);
-    assert_eq!((sim.add_node(), sim.add_node()), (A, B));
-    let pair = sim.connect(A, B, QpType::Rc, PathMtu::Mtu1024, retry);
-    (sim, pair.a.1, pair.b.1)
+fn rc_pair(retry: RetryConfig) -> (Sim, u32, u32) {
+    pair(11, QpType::Rc, retry)
 }
 
 fn counters(sim: &Sim, node: usize) -> Counters {
@@ -47,7 +36,7 @@ fn sent_and_delivered(log: &Log, from: usize) -> (u64, u64) {
 /// the last two packets again, which B sees as duplicates.
 #[test]
 fn loss_counts_sequence_errors_retries_and_duplicates() {
-    let (mut sim, qa, qb) = pair(retry(7, 7));
+    let (mut sim, qa, qb) = rc_pair(retry(7, 7));
     let mut third_dropped = false;
     let mut ack_dropped = false;
     let log = tap(&mut sim, move |frame, before| {
@@ -63,13 +52,7 @@ fn loss_counts_sequence_errors_retries_and_duplicates() {
         }
         false
     });
-    let data = pattern(4096, 3);
-    let key = sim.reg(A, SRC, &data);
-    let dst = sim.reg(B, DST, &[0; 4096]);
-    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 4096, dst)))
-        .unwrap();
-    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 4096, key)))
-        .unwrap();
+    let (data, dst) = post_send_into_recv(&mut sim, (qa, qb), 4096, 3);
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]
@@ -123,7 +106,7 @@ fn loss_counts_sequence_errors_retries_and_duplicates() {
 /// but not a sequence error.
 #[test]
 fn a_nak_at_a_message_boundary_is_only_a_retry() {
-    let (mut sim, qa, qb) = pair(retry(7, 7));
+    let (mut sim, qa, qb) = rc_pair(retry(7, 7));
     let mut dropped = false;
     tap(&mut sim, move |frame, before| {
         let second = frame.from == A && before.iter().filter(|s| s.from == A).count() == 1;
@@ -151,7 +134,7 @@ fn a_nak_at_a_message_boundary_is_only_a_retry() {
 /// No receive posted until B has sent two RNR NAKs: A counts them received, B sent.
 #[test]
 fn rnr_naks_are_counted_on_both_sides() {
-    let (mut sim, qa, qb) = pair(retry(7, 7));
+    let (mut sim, qa, qb) = rc_pair(retry(7, 7));
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &pattern(100, 5));
     let dst = sim.reg(B, DST, &[0; 100]);
@@ -185,7 +168,7 @@ fn rnr_naks_are_counted_on_both_sides() {
 /// rnr_retry 1 and no receive ever: the second RNR NAK fails the SEND.
 #[test]
 fn rnr_retry_exhaustion_is_counted() {
-    let (mut sim, qa, _) = pair(retry(7, 1));
+    let (mut sim, qa, _) = rc_pair(retry(7, 1));
     let key = sim.reg(A, SRC, &pattern(100, 6));
     sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
         .unwrap();
@@ -203,14 +186,9 @@ fn rnr_retry_exhaustion_is_counted() {
 /// RETRY_EXC_ERR; B saw the three resends as duplicates.
 #[test]
 fn retry_exhaustion_is_counted() {
-    let (mut sim, qa, qb) = pair(retry(3, 7));
+    let (mut sim, qa, qb) = rc_pair(retry(3, 7));
     tap(&mut sim, |frame, _| frame.from == B);
-    let key = sim.reg(A, SRC, &pattern(100, 7));
-    let dst = sim.reg(B, DST, &[0; 100]);
-    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 100, dst)))
-        .unwrap();
-    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
-        .unwrap();
+    post_send_into_recv(&mut sim, (qa, qb), 100, 7);
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::RetryExceeded)]

@@ -7,23 +7,16 @@
 use roce_transport::cq::WcStatus;
 use roce_transport::endpoint::AsyncEvent;
 use roce_transport::qp_state::{PathMtu, QpAttr, QpState, QpType};
-use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
+use roce_transport::sim::Sim;
 use roce_transport::wr::SendOp;
 use roce_wire::{ExtRepr, Opcode};
 
 mod common;
 use common::*;
 
-fn pair(retry_cnt: u8, rnr_retry: u8) -> (Sim, u32, u32) {
-    let mut sim = Sim::new(LinkConfig::default(), 5);
-    assert_eq!((sim.add_node(), sim.add_node()), (A, B));
-    let retry = RetryConfig {
-        retry_cnt,
-        rnr_retry,
-        ..RetryConfig::default()
-    };
-    let pair = sim.connect(A, B, QpType::Rc, PathMtu::Mtu1024, retry);
-    (sim, pair.a.1, pair.b.1)
+/// A clean two-node network with one connected RC pair from A to B, MTU 1024.
+fn rc_pair(retry_cnt: u8, rnr_retry: u8) -> (Sim, u32, u32) {
+    pair(5, QpType::Rc, retry(retry_cnt, rnr_retry))
 }
 
 fn events(sim: &mut Sim, node: usize) -> Vec<AsyncEvent> {
@@ -40,7 +33,7 @@ fn send_status(sim: &mut Sim, qa: u32) -> WcStatus {
 
 #[test]
 fn rnr_retries_exhausted_is_qp_fatal_with_rnr_retry_exc_err() {
-    let (mut sim, qa, _) = pair(7, 1);
+    let (mut sim, qa, _) = rc_pair(7, 1);
     assert_eq!(send_status(&mut sim, qa), WcStatus::RnrRetryExceeded);
     settle(&mut sim);
     assert_eq!(
@@ -56,7 +49,7 @@ fn rnr_retries_exhausted_is_qp_fatal_with_rnr_retry_exc_err() {
 
 #[test]
 fn retries_exhausted_is_qp_fatal_with_retry_exc_err() {
-    let (mut sim, qa, _) = pair(1, 7);
+    let (mut sim, qa, _) = rc_pair(1, 7);
     tap(&mut sim, |frame, _| frame.from == B);
     assert_eq!(send_status(&mut sim, qa), WcStatus::RetryExceeded);
     settle(&mut sim);
@@ -72,7 +65,7 @@ fn retries_exhausted_is_qp_fatal_with_retry_exc_err() {
 /// A WRITE with a wrong R_Key: REM_ACCESS_ERR and QP fatal at A, an access error at B.
 #[test]
 fn rkey_violation_is_an_access_error_at_the_responder() {
-    let (mut sim, qa, qb) = pair(7, 7);
+    let (mut sim, qa, qb) = rc_pair(7, 7);
     let key = sim.reg(A, SRC, &pattern(100, 2));
     let target = sim.reg(B, DST, &[0; 100]);
     let write = SendOp::RdmaWrite {
@@ -95,7 +88,7 @@ fn rkey_violation_is_an_access_error_at_the_responder() {
 /// A misaligned FETCH_ADD: REM_INV_REQ_ERR and QP fatal at A, a request error at B.
 #[test]
 fn invalid_request_is_a_request_error_at_the_responder() {
-    let (mut sim, qa, qb) = pair(7, 7);
+    let (mut sim, qa, qb) = rc_pair(7, 7);
     let result = sim.reg(A, SRC, &[0; 8]);
     let target = sim.reg(B, DST, &[0; 16]);
     let faa = SendOp::FetchAdd {
@@ -122,7 +115,7 @@ fn invalid_request_is_a_request_error_at_the_responder() {
 /// B now reports a request error, once.
 #[test]
 fn a_forged_request_that_kills_a_qp_says_so() {
-    let (mut sim, qa, qb) = pair(7, 7);
+    let (mut sim, qa, qb) = rc_pair(7, 7);
     let log = tap(&mut sim, |_, _| false);
     let dst = sim.reg(B, DST, &[0; 200]);
     for wr_id in [8, 9] {
@@ -152,7 +145,7 @@ fn a_forged_request_that_kills_a_qp_says_so() {
 /// A SEND gathering through a key A never issued: LOC_PROT_ERR and QP fatal at A.
 #[test]
 fn local_protection_error_is_qp_fatal_with_loc_prot_err() {
-    let (mut sim, qa, _) = pair(7, 7);
+    let (mut sim, qa, _) = rc_pair(7, 7);
     let key = sim.reg(A, SRC, &pattern(100, 3));
     sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key ^ 1)))
         .unwrap();
@@ -166,7 +159,7 @@ fn local_protection_error_is_qp_fatal_with_loc_prot_err() {
 
 #[test]
 fn modify_qp_to_err_raises_nothing() {
-    let (mut sim, qa, _) = pair(7, 7);
+    let (mut sim, qa, _) = rc_pair(7, 7);
     let err = QpAttr {
         state: Some(QpState::Err),
         ..QpAttr::default()

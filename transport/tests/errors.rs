@@ -23,22 +23,6 @@ use roce_wire::{ExtRepr, Opcode, Psn};
 mod common;
 use common::*;
 
-fn retry(retry_cnt: u8, rnr_retry: u8) -> RetryConfig {
-    RetryConfig {
-        retry_cnt,
-        rnr_retry,
-        ..RetryConfig::default()
-    }
-}
-
-/// A clean two-node network with one connected pair of `qp_type` from A to B, MTU 1024.
-fn pair(qp_type: QpType, retry: RetryConfig) -> (Sim, u32, u32) {
-    let mut sim = Sim::new(LinkConfig::default(), 7);
-    assert_eq!((sim.add_node(), sim.add_node()), (A, B));
-    let pair = sim.connect(A, B, qp_type, PathMtu::Mtu1024, retry);
-    (sim, pair.a.1, pair.b.1)
-}
-
 fn stats(sim: &Sim, node: usize, qpn: u32) -> QpStats {
     sim.nodes[node].endpoint.qp_stats(qpn).expect("QP exists")
 }
@@ -61,7 +45,7 @@ fn ack_ext(syndrome: Syndrome) -> ExtRepr {
 /// No receive ever posted, rnr_retry 2: three RNR NAKs, then RNR_RETRY_EXC_ERR, ERR, flushes.
 #[test]
 fn rnr_retry_exhausted() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 2));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 2));
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &pattern(100, 1));
     for wr_id in [1, 2] {
@@ -96,7 +80,7 @@ fn rnr_retry_exhausted() {
 /// A receive posted after two RNR NAKs, within rnr_retry 3: the SEND succeeds with its data.
 #[test]
 fn rnr_retry_not_exhausted() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 3));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 3));
     let data = pattern(1000, 2);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 1000]);
@@ -123,7 +107,7 @@ fn rnr_retry_not_exhausted() {
 /// rnr_retry 7 is infinite: 300 RNR NAKs over ~6 ms, no error, then success once a receive comes.
 #[test]
 fn rnr_retry_7_is_infinite() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(3, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(3, 7));
     let data = pattern(64, 3);
     let key = sim.reg(A, SRC, &data);
     let dst = sim.reg(B, DST, &[0; 64]);
@@ -154,7 +138,7 @@ fn rnr_retry_7_is_infinite() {
 /// Middle packet always lost, retry_cnt 2: sequence NAK, lost PSN sent 1 + 2 times, RETRY_EXC_ERR.
 #[test]
 fn psn_sequence_retry_exhausted() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(2, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(2, 7));
     let log = tap(&mut sim, |frame, _| frame.opcode == Opcode::RcSendMiddle);
     let key = sim.reg(A, SRC, &pattern(3000, 4));
     let dst = sim.reg(B, DST, &[0; 3000]);
@@ -188,17 +172,11 @@ fn psn_sequence_retry_exhausted() {
 /// Middle packet lost once: exactly one sequence NAK, go-back-N resend, success with no timeout.
 #[test]
 fn psn_sequence_retry_not_exhausted() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(2, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(2, 7));
     let log = tap(&mut sim, |frame, before| {
         frame.opcode == Opcode::RcSendMiddle && !before.iter().any(|s| s.dropped)
     });
-    let data = pattern(3000, 5);
-    let key = sim.reg(A, SRC, &data);
-    let dst = sim.reg(B, DST, &[0; 3000]);
-    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 3000, dst)))
-        .unwrap();
-    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 3000, key)))
-        .unwrap();
+    let (data, dst) = post_send_into_recv(&mut sim, (qa, qb), 3000, 5);
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]
@@ -225,7 +203,7 @@ fn psn_sequence_retry_not_exhausted() {
 /// Every ACK lost, retry_cnt 3: 4 timeouts and sends, RETRY_EXC_ERR; B executed the SEND once.
 #[test]
 fn local_ack_timeout_retry_exhausted() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(3, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(3, 7));
     let log = tap(&mut sim, |frame, _| frame.from == B);
     let data = pattern(100, 6);
     let key = sim.reg(A, SRC, &data);
@@ -255,15 +233,9 @@ fn local_ack_timeout_retry_exhausted() {
 /// The first two ACKs lost, retry_cnt 3: two timeouts, two resends, success.
 #[test]
 fn local_ack_timeout_retry_not_exhausted() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(3, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(3, 7));
     let log = tap(&mut sim, drop_first_responses(2));
-    let data = pattern(100, 7);
-    let key = sim.reg(A, SRC, &data);
-    let dst = sim.reg(B, DST, &[0; 100]);
-    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 100, dst)))
-        .unwrap();
-    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
-        .unwrap();
+    let (data, dst) = post_send_into_recv(&mut sim, (qa, qb), 100, 7);
     assert_eq!(
         summary(&wait_send(&mut sim, A, 1)),
         [(1, WcStatus::Success)]
@@ -284,7 +256,7 @@ fn local_ack_timeout_retry_not_exhausted() {
 /// A WRITE with a wrong R_Key: REM_ACCESS_ERR at A, B's QP in ERR, B's memory untouched.
 #[test]
 fn rkey_violation() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &pattern(100, 8));
     let target = sim.reg(B, DST, &[0; 100]);
@@ -315,7 +287,7 @@ fn rkey_violation() {
 /// A WRITE into a region registered without REMOTE_WRITE: REM_ACCESS_ERR, memory untouched.
 #[test]
 fn region_without_remote_write() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let key = sim.reg(A, SRC, &pattern(100, 9));
     let pd = sim.nodes[B].pd;
     let target = sim.nodes[B]
@@ -345,7 +317,7 @@ fn region_without_remote_write() {
 /// A READ at a QP whose access flags lack REMOTE_READ: REM_ACCESS_ERR, nothing read.
 #[test]
 fn qp_without_remote_read() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let back = sim.reg(A, SRC, &[0; 100]);
     let source = sim.reg(B, DST, &pattern(100, 10));
     let only_write = QpAttr {
@@ -373,7 +345,7 @@ fn qp_without_remote_read() {
 /// A two-packet WRITE that runs past the end of its region: REM_ACCESS_ERR, nothing written.
 #[test]
 fn out_of_bounds_write() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let key = sim.reg(A, SRC, &pattern(2000, 11));
     let target = sim.reg(B, DST, &[0; 4096]);
     let write = SendOp::RdmaWrite {
@@ -393,7 +365,7 @@ fn out_of_bounds_write() {
 /// A READ that runs past the end of its region: REM_ACCESS_ERR, nothing read.
 #[test]
 fn out_of_bounds_read() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let back = sim.reg(A, SRC, &[0; 200]);
     let source = sim.reg(B, DST, &pattern(4096, 12));
     let read = SendOp::RdmaRead {
@@ -413,7 +385,7 @@ fn out_of_bounds_read() {
 /// A FETCH_ADD at an address that is not 8-byte aligned: REM_INV_REQ_ERR, target untouched.
 #[test]
 fn misaligned_atomic() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let result = sim.reg(A, SRC, &[0; 8]);
     let target = sim.reg(B, DST, &[0; 16]);
     let faa = SendOp::FetchAdd {
@@ -437,7 +409,7 @@ fn misaligned_atomic() {
 /// An ACK for a PSN A never sent is dropped: no completion, counted, and traffic goes on.
 #[test]
 fn ghost_ack_ignored() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let block = Rc::new(Cell::new(true));
     let blocked = block.clone();
     let log = tap(&mut sim, move |frame, _| frame.from == B && blocked.get());
@@ -484,7 +456,7 @@ fn ghost_ack_ignored() {
 /// SEND_MIDDLE at the expected PSN with no message in progress: NAK invalid request, B in ERR.
 #[test]
 fn unexpected_opcode_naks_invalid_request() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &pattern(100, 14));
     let dst = sim.reg(B, DST, &[0; 200]);
@@ -528,14 +500,9 @@ fn unexpected_opcode_naks_invalid_request() {
 /// A READ response answering a SEND: BAD_RESP_ERR and ERR at the requester.
 #[test]
 fn read_response_to_a_send_is_bad_response() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, |frame, _| frame.from == B);
-    let key = sim.reg(A, SRC, &pattern(100, 15));
-    let dst = sim.reg(B, DST, &[0; 100]);
-    sim.post_recv(B, qb, &recv_wr(9, sge(DST, 100, dst)))
-        .unwrap();
-    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
-        .unwrap();
+    post_send_into_recv(&mut sim, (qa, qb), 100, 15);
     assert!(sim.run_until(STEPS, |_| count(&log, A, Opcode::RcSendOnly) == 1));
     let psn = log.borrow()[0].psn;
 
@@ -557,7 +524,7 @@ fn read_response_to_a_send_is_bad_response() {
 /// A READ response with fewer bytes than the READ asked for: BAD_RESP_ERR, nothing written.
 #[test]
 fn read_response_of_wrong_length_is_bad_response() {
-    let (mut sim, qa, _qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, _qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, |frame, _| frame.from == B);
     let back = sim.reg(A, SRC, &[0; 100]);
     let source = sim.reg(B, DST, &pattern(100, 16));
@@ -592,7 +559,7 @@ fn read_response_of_wrong_length_is_bad_response() {
 /// ERR flushes posted sends (one in flight) and receives in order; later posts flush at once.
 #[test]
 fn err_flushes_everything_in_order() {
-    let (mut sim, qa, _qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, _qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, |_, _| false);
     let key = sim.reg(A, SRC, &[0; 300]);
     let remote = sim.reg(B, DST, &[0; 300]);
@@ -668,7 +635,7 @@ fn err_flushes_everything_in_order() {
 /// A SEND resent after its ACK was lost consumes one receive; the next message gets the next.
 #[test]
 fn duplicate_send_received_once() {
-    let (mut sim, qa, qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, drop_first_responses(1));
     let first = pattern(100, 17);
     let second = pattern(60, 18);
@@ -708,7 +675,7 @@ fn duplicate_send_received_once() {
 /// A WRITE resent after its ACK was lost is not re-executed: bytes B changed meanwhile stay.
 #[test]
 fn duplicate_write_not_executed_twice() {
-    let (mut sim, qa, _qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, _qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, drop_first_responses(1));
     let key = sim.reg(A, SRC, &pattern(200, 19));
     let target = sim.reg(B, DST, &[0; 200]);
@@ -737,7 +704,7 @@ fn duplicate_write_not_executed_twice() {
 /// A READ resent after its response was lost is executed again, on memory as it is now.
 #[test]
 fn duplicate_read_re_executed() {
-    let (mut sim, qa, _qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, _qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, drop_first_responses(1));
     let back = sim.reg(A, SRC, &[0; 200]);
     let source = sim.reg(B, DST, &pattern(200, 20));
@@ -763,7 +730,7 @@ fn duplicate_read_re_executed() {
 /// A FETCH_ADD resent after its response was lost is answered from cache: added once, old value.
 #[test]
 fn duplicate_atomic_answered_from_cache() {
-    let (mut sim, qa, _qb) = pair(QpType::Rc, retry(7, 7));
+    let (mut sim, qa, _qb) = pair(7, QpType::Rc, retry(7, 7));
     let log = tap(&mut sim, drop_first_responses(1));
     let result = sim.reg(A, SRC, &[0; 8]);
     let target = sim.reg(B, DST, &40u64.to_ne_bytes());
@@ -834,7 +801,7 @@ fn cq_overflow_reported() {
 /// UC: a lost middle packet drops that message silently; its receive takes the next message.
 #[test]
 fn uc_lost_middle_packet_drops_the_message() {
-    let (mut sim, qa, qb) = pair(QpType::Uc, RetryConfig::default());
+    let (mut sim, qa, qb) = pair(7, QpType::Uc, RetryConfig::default());
     let log = tap(&mut sim, |frame, before| {
         frame.opcode == Opcode::UcSendMiddle && !before.iter().any(|s| s.dropped)
     });

@@ -6,9 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use roce_transport::cq::WcStatus;
-use roce_transport::qp_state::{PathMtu, QpType};
-use roce_transport::sim::{LinkConfig, Sim};
-use roce_transport::wr::SendOp;
+use roce_transport::qp_state::QpType;
 
 mod common;
 use common::*;
@@ -37,20 +35,12 @@ fn a_lost_packet_shows_as_naks_and_a_retransmission() {
         .with_ansi(false)
         .finish();
     let (qa, lost) = tracing::subscriber::with_default(subscriber, || {
-        let mut sim = Sim::new(LinkConfig::default(), 5);
-        assert_eq!((sim.add_node(), sim.add_node()), (A, B));
-        let pair = sim.connect(A, B, QpType::Rc, PathMtu::Mtu1024, Default::default());
-        let (qa, qb) = (pair.a.1, pair.b.1);
+        let (mut sim, qa, qb) = pair(5, QpType::Rc, Default::default());
         // The third packet of a four-packet SEND, once.
         let log = tap(&mut sim, |frame, before| {
             frame.from == A && before.iter().filter(|s| s.from == A).count() == 2
         });
-        let key = sim.reg(A, SRC, &pattern(4096, 1));
-        let dst = sim.reg(B, DST, &[0; 4096]);
-        sim.post_recv(B, qb, &recv_wr(9, sge(DST, 4096, dst)))
-            .unwrap();
-        sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 4096, key)))
-            .unwrap();
+        post_send_into_recv(&mut sim, (qa, qb), 4096, 1);
         assert_eq!(
             summary(&wait_send(&mut sim, A, 1)),
             [(1, WcStatus::Success)]

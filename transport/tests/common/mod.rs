@@ -9,11 +9,11 @@ use std::net::Ipv4Addr;
 use std::rc::Rc;
 
 use roce_transport::cq::{WcStatus, WorkCompletion};
-use roce_transport::qp_state::QpState;
-use roce_transport::sim::Sim;
+use roce_transport::qp_state::{PathMtu, QpState, QpType};
+use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
 #[allow(unused_imports)] // as dead_code above: not every test binary posts
 pub use roce_transport::wr::signaled;
-use roce_transport::wr::{RecvWr, Sge};
+use roce_transport::wr::{RecvWr, SendOp, Sge};
 use roce_transport::Transmit;
 use roce_wire::aeth::Syndrome;
 use roce_wire::{bth, ExtRepr, FrameRepr, Opcode, Psn};
@@ -180,4 +180,40 @@ pub fn forged_bth(
         ack_req,
         ..bth::Repr::new(opcode, dest_qpn, psn)
     }
+}
+
+/// A [`RetryConfig`] with these retry counts, the rest default.
+pub fn retry(retry_cnt: u8, rnr_retry: u8) -> RetryConfig {
+    RetryConfig {
+        retry_cnt,
+        rnr_retry,
+        ..RetryConfig::default()
+    }
+}
+
+/// A clean two-node network (simulator seed `seed`) with one connected pair of `qp_type`
+/// from A to B, path MTU 1024: the simulator, A's QP and B's. Losses come from a [`tap`].
+pub fn pair(seed: u64, qp_type: QpType, retry: RetryConfig) -> (Sim, u32, u32) {
+    let mut sim = Sim::new(LinkConfig::default(), seed);
+    assert_eq!((sim.add_node(), sim.add_node()), (A, B));
+    let pair = sim.connect(A, B, qp_type, PathMtu::Mtu1024, retry);
+    (sim, pair.a.1, pair.b.1)
+}
+
+/// Posts a receive (wr_id 9) of `len` bytes at B's `DST` and a signaled SEND (wr_id 1) of
+/// `len` pattern bytes (`seed`) from A's `SRC`: the bytes sent and B's region.
+pub fn post_send_into_recv(
+    sim: &mut Sim,
+    (qa, qb): (u32, u32),
+    len: usize,
+    seed: u8,
+) -> (Vec<u8>, u32) {
+    let data = pattern(len, seed);
+    let key = sim.reg(A, SRC, &data);
+    let dst = sim.reg(B, DST, &vec![0; len]);
+    sim.post_recv(B, qb, &recv_wr(9, sge(DST, len, dst)))
+        .unwrap();
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, len, key)))
+        .unwrap();
+    (data, dst)
 }
