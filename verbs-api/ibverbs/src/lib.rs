@@ -20,13 +20,14 @@
 //! Modules import one way, each only from modules below it: `ops` (opening and closing a
 //! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
 //! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
-//! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `logging` and
-//! `strings` below all.
+//! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
+//! and `strings` below all (the crate root only declares, exports and re-exports).
 
 mod abi;
 mod context;
 mod cq;
 mod device;
+mod errno;
 mod logging;
 mod ops;
 mod pd;
@@ -141,29 +142,5 @@ mod unsupported {
     }
 }
 
+pub(crate) use errno::errno_of;
 pub(crate) use logging::failure as log_failure;
-
-/// rdma-core's errno for a `roce-verbs` error.
-pub(crate) fn errno_of(error: &roce_verbs::Error) -> i32 {
-    use roce_verbs::Error;
-    const EINVAL: i32 = 22;
-    match error {
-        Error::Io(error) => error.raw_os_error().unwrap_or(5),
-        Error::Mr(_) | Error::ModifyQp(_) | Error::CreateQp(_) => EINVAL,
-        Error::Post(error) => post_errno(error),
-        Error::Srq(error) => error.errno(),
-        Error::Unsupported(_) => roce_cabi::EOPNOTSUPP,
-        Error::TimedOut => 110,
-        Error::NoNeighbour(_) | Error::NoNeighbour6(_) => 113,
-        Error::EngineFailed(_) | Error::Poisoned => 5,
-        _ => EINVAL,
-    }
-}
-
-/// `ibv_post_send`'s errno: `ENOMEM` for a full queue (as providers return), else `EINVAL`.
-pub(crate) fn post_errno(error: &roce_transport::qp::PostError) -> i32 {
-    match error {
-        roce_transport::qp::PostError::QueueFull => 12,
-        _ => 22,
-    }
-}

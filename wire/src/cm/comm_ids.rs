@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use super::CommIds;
+use super::common::CommIds;
 
 /// Bytes of private data.
 pub const PRIVATE_DATA_LEN: usize = 224;

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::CommIds;
+use super::common::CommIds;
 use crate::{read_u24, write_u24};
 
 /// Bytes of private data.

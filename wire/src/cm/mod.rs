@@ -19,6 +19,7 @@ use crate::{Error, Result};
 
 pub mod cma;
 mod comm_ids;
+mod common;
 pub mod drep;
 pub mod dreq;
 pub mod mra;
@@ -31,6 +32,7 @@ pub mod service_id;
 pub mod sidr_rep;
 pub mod sidr_req;
 
+pub use common::MessageKind;
 pub use service_id::{PortSpace, ServiceId};
 
 /// Management class of the communication manager (`IB_MGMT_CLASS_CM`).
@@ -64,28 +66,6 @@ pub mod attribute {
     pub const APR: u16 = 0x001A;
 }
 
-/// Which message an MRA or REJ refers to (2 bits).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MessageKind {
-    /// The REQ.
-    Req = 0,
-    /// The REP.
-    Rep = 1,
-    /// Anything else (a LAP).
-    Other = 2,
-}
-
-impl MessageKind {
-    fn from_bits(bits: u8) -> Result<MessageKind> {
-        match bits {
-            0 => Ok(MessageKind::Req),
-            1 => Ok(MessageKind::Rep),
-            2 => Ok(MessageKind::Other),
-            _ => Err(Error),
-        }
-    }
-}
-
 /// Converts a CM time exponent (4.096 µs × 2^`exponent`) to whole milliseconds the way the
 /// kernel does (`cm_convert_to_ms`): 2^(exponent − 8), at least 1.
 pub const fn time_to_ms(exponent: u8) -> u64 {
@@ -101,23 +81,6 @@ pub fn private_data<const N: usize>(data: &[u8]) -> Result<[u8; N]> {
         .ok_or(Error)?
         .copy_from_slice(data);
     Ok(field)
-}
-
-/// A length field's value, refused when it is over `max`, the bytes its field has.
-fn length_within(length: u8, max: usize) -> Result<u8> {
-    if usize::from(length) > max {
-        return Err(Error);
-    }
-    Ok(length)
-}
-
-/// The two communication IDs that open most messages, as every `Display` prints them.
-struct CommIds(u32, u32);
-
-impl fmt::Display for CommIds {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "local_id={:#010x} remote_id={:#010x}", self.0, self.1)
-    }
 }
 
 /// One CM message.

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{CommIds, MessageKind};
+use super::common::{CommIds, MessageKind};
 use crate::{bits, set_lone_bits, Result};
 
 /// Bytes of private data.

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{length_within, CommIds, MessageKind};
+use super::common::{length_within, CommIds, MessageKind};
 use crate::{bits, read_u16, set_lone_bits, Result};
 
 /// Bytes of private data.

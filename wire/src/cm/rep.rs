@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::CommIds;
+use super::common::CommIds;
 use crate::Psn;
 
 /// Bytes of private data (`IB_CM_REP_PRIVATE_DATA_SIZE`).

@@ -2,7 +2,8 @@
 
 use core::fmt;
 
-use super::{length_within, ServiceId};
+use super::common::length_within;
+use super::ServiceId;
 use crate::{read_u24, write_u24, Result};
 
 /// Bytes of private data.
