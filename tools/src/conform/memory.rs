@@ -74,6 +74,10 @@ impl MemoryTarget {
                 }
             })
         };
+        let ours = DrivesTheTarget {
+            inner: Box::new(ours),
+            engine: engine.clone(),
+        };
         let link = Link::new(Box::new(ours), OURS, THEIRS, Duration::from_millis(40));
         let target = MemoryTarget {
             engine,
@@ -204,6 +208,57 @@ impl Session for MemorySession {
             .map_err(|_| io::Error::other("poisoned"))?;
         engine.endpoint().destroy_qp(self.remote.qpn);
         Ok(())
+    }
+}
+
+/// Turns the target's engine at most this many times per look for answers (each turn takes
+/// up to a budget of frames in and out; a scenario sends a handful).
+const TURNS_PER_LOOK: usize = 16;
+
+/// Our end of the wire, which lets the target process everything sent to it before each
+/// look for its answers: what the link sees then depends on what was sent, not on when the
+/// target's thread got the CPU (the thread still serves timers in between).
+struct DrivesTheTarget {
+    inner: Box<dyn Backend>,
+    engine: Shared,
+}
+
+impl Backend for DrivesTheTarget {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        {
+            let mut engine = self
+                .engine
+                .lock()
+                .map_err(|_| io::Error::other("poisoned"))?;
+            for _ in 0..TURNS_PER_LOOK {
+                engine.poll()?;
+                // Work left for the next turn shows as a poll timeout that is already due.
+                if engine
+                    .poll_timeout()
+                    .is_none_or(|at| at > Instant::now())
+                {
+                    break;
+                }
+            }
+        }
+        self.inner.receive(budget, handler)
+    }
+
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        self.inner.transmit(len, flow, fill)
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        self.inner.submit()
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.wait(timeout)
     }
 }
 
