@@ -233,10 +233,7 @@ impl Backend for DrivesTheTarget {
             for _ in 0..TURNS_PER_LOOK {
                 engine.poll()?;
                 // Work left for the next turn shows as a poll timeout that is already due.
-                if engine
-                    .poll_timeout()
-                    .is_none_or(|at| at > Instant::now())
-                {
+                if engine.poll_timeout().is_none_or(|at| at > Instant::now()) {
                     break;
                 }
             }

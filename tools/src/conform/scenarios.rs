@@ -753,7 +753,11 @@ mod tests {
         assert_eq!(credits_shown(&codes(&[4, 3, 2, 1, 0]), true), "tracking");
         // Code 5 is 6 receives: 6, then 4 left (code 4), rounded down as the encoding does.
         assert_eq!(credits_shown(&codes(&[5, 4, 3]), false), "tracking");
-        assert_eq!(credits_shown(&codes(&[4, 4, 4, 4, 4]), true), "4/4/4/4/4", "not 0 before RNR");
+        assert_eq!(
+            credits_shown(&codes(&[4, 4, 4, 4, 4]), true),
+            "4/4/4/4/4",
+            "not 0 before RNR"
+        );
         assert_eq!(credits_shown(&codes(&[1, 2]), false), "1/2", "rising");
         assert_eq!(credits_shown(&codes(&[31, 0]), true), "31/0", "mixed");
         assert_eq!(credits_shown(&[], true), "none");
