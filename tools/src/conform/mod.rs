@@ -11,7 +11,7 @@
 //! service, and `--check CMD` must succeed: otherwise the scenario BROKE the target.
 
 use std::io::{self, Write};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -40,8 +40,9 @@ use target::{Local, Perftest, Ports, Service, Target};
 /// How `roce conform`, `roce fuzz` and `roce replay` reach the target's perftest programs.
 #[derive(clap::Args)]
 pub struct Reach {
-    /// The target (its perftest servers' address; with `--serve`, its clients').
-    pub host: Ipv4Addr,
+    /// The target (its perftest servers' address; with `--serve`, its clients'): IPv4, or
+    /// IPv6 that is not link-local (a TCP connection would need the scope).
+    pub host: IpAddr,
     /// The interface towards the target (default: the one whose address the connection
     /// to it leaves from).
     #[arg(short = 'd', long = "ib-dev")]
@@ -258,8 +259,8 @@ pub fn open_link(
 /// Opens AF_XDP on the interface with address `ours` (or `device`), towards `theirs`, whose
 /// MAC the kernel's ARP table must already hold (a TCP connection with it fills it).
 pub fn link_between(
-    ours: Ipv4Addr,
-    theirs: Ipv4Addr,
+    ours: IpAddr,
+    theirs: IpAddr,
     device: Option<&str>,
     pcap: Option<&std::path::Path>,
     wait: Duration,
@@ -268,7 +269,7 @@ pub fn link_between(
         .into_iter()
         .find(|d| match device {
             Some(name) => d.name == name,
-            None => d.ipv4() == Some(ours),
+            None => d.gids.contains(&gid_of(ours)),
         })
         .ok_or_else(|| io::Error::other(format!("no interface with address {ours}")))?;
     let their_mac = neighbour_mac(theirs, &device.name)?;
@@ -292,8 +293,24 @@ pub fn link_between(
     ))
 }
 
-/// The target's MAC from the kernel's ARP table (the TCP connection has just filled it).
-fn neighbour_mac(ip: Ipv4Addr, interface: &str) -> io::Result<[u8; 6]> {
+/// The target's MAC from the kernel's ARP or IPv6 neighbour table (the TCP connection has
+/// just filled it).
+fn neighbour_mac(ip: IpAddr, interface: &str) -> io::Result<[u8; 6]> {
+    let missing = || io::Error::other(format!("no neighbour entry for {ip} on {interface}"));
+    if ip.is_ipv6() {
+        // No /proc file for it: ip(8) asks over netlink, in this thread's namespace.
+        let output = Command::new("ip")
+            .args(["-6", "neigh", "show", &ip.to_string(), "dev", interface])
+            .output()?;
+        return String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let at = words.iter().position(|word| *word == "lladdr")?;
+                roce_verbs::device::parse_mac(words.get(at + 1)?).ok()
+            })
+            .ok_or_else(missing);
+    }
     let table = std::fs::read_to_string("/proc/thread-self/net/arp")?;
     let wanted = ip.to_string();
     table
@@ -308,11 +325,19 @@ fn neighbour_mac(ip: Ipv4Addr, interface: &str) -> io::Result<[u8; 6]> {
                 _ => None,
             }
         })
-        .ok_or_else(|| io::Error::other(format!("no ARP entry for {ip} on {interface}")))
+        .ok_or_else(missing)
+}
+
+/// The RoCEv2 GID of an IP address: an IPv4 one mapped into IPv6, an IPv6 one itself.
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+        IpAddr::V6(ip) => ip.octets(),
+    }
 }
 
 /// A fresh identity for our side of a connection.
-fn fresh_local(ip: Ipv4Addr) -> Local {
+fn fresh_local(ip: IpAddr) -> Local {
     let mut random = [0u8; 8];
     // Without entropy the numbers are merely predictable, which no scenario depends on.
     let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
@@ -321,7 +346,7 @@ fn fresh_local(ip: Ipv4Addr) -> Local {
         // Away from QPs 0 and 1, and from the low numbers stacks hand out first.
         qpn: 0x10_0000 | (word as u32 & 0xF_FFFF),
         psn: roce_wire::Psn::new((word >> 32) as u32),
-        gid: ip.to_ipv6_mapped().octets(),
+        gid: gid_of(ip),
     }
 }
 

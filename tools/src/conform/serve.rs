@@ -8,7 +8,7 @@
 //! completed in error) or `hung`.
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::{self, CreditCount, NakCode, RnrTimer, Syndrome};
@@ -315,7 +315,7 @@ impl<'a> ServeConn<'a> {
 /// The listening side: one TCP listener per service, accepting only the target.
 pub struct Server {
     listeners: Vec<(Service, TcpListener)>,
-    host: Ipv4Addr,
+    host: IpAddr,
     patience: Duration,
 }
 
@@ -324,9 +324,13 @@ impl Server {
     pub fn bind(
         services: &[Service],
         ports: super::target::Ports,
-        host: Ipv4Addr,
+        host: IpAddr,
         patience: Duration,
     ) -> io::Result<Server> {
+        let any = match host {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
         let listeners = services
             .iter()
             .map(|&service| {
@@ -337,7 +341,7 @@ impl Server {
                     Service::Send => ports.send,
                     Service::Ud => ports.ud,
                 };
-                let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
+                let listener = TcpListener::bind((any, port))?;
                 listener.set_nonblocking(true)?;
                 Ok((service, listener))
             })
@@ -371,7 +375,7 @@ impl Server {
         let deadline = Instant::now() + self.patience;
         loop {
             match listener.accept() {
-                Ok((stream, SocketAddr::V4(peer))) if *peer.ip() == self.host => {
+                Ok((stream, peer)) if peer.ip() == self.host => {
                     stream.set_nonblocking(false)?;
                     stream.set_read_timeout(Some(EXCHANGE_STALL))?;
                     stream.set_write_timeout(Some(EXCHANGE_STALL))?;
@@ -512,21 +516,17 @@ impl ServeSuite<'_> {
                 Ok(stream) => stream,
                 Err(error) => return Ok(Err(format!("connect:{error}"))),
             };
-            let (SocketAddr::V4(ours), SocketAddr::V4(theirs)) =
-                (stream.local_addr()?, stream.peer_addr()?)
-            else {
-                return Err(io::Error::other("IPv4 only"));
-            };
+            let (ours, theirs) = (stream.local_addr()?.ip(), stream.peer_addr()?.ip());
             if link.is_none() {
                 *link = Some(link_between(
-                    *ours.ip(),
-                    *theirs.ip(),
+                    ours,
+                    theirs,
                     self.device.as_deref(),
                     self.pcap.as_deref(),
                     self.wait,
                 )?);
             }
-            let local = fresh_local(*ours.ip());
+            let local = fresh_local(ours);
             let mut exchange = Exchange {
                 stream,
                 service: scenario.service,
