@@ -423,6 +423,8 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     assert!(out.contains(" broke=0"), "{out}");
     check_lines(&out, &documented(RXE));
 
+    over_ipv6_against_rxe(&vm, &roce);
+
     let findings = tempfile::tempdir().unwrap();
     let output = roce(&[
         "fuzz",
@@ -443,6 +445,128 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     // rxe may crash on what the fuzzer sends (docs/conformance.md): then it is a finding.
     match last.rsplit(' ').next() {
         Some("status=ok") => assert!(last.starts_with("packets=300 ") && saved == 0, "{out}"),
+        Some("status=FOUND") => assert!(last.contains(" findings=1 ") && saved == 1, "{out}"),
+        _ => panic!("{out}"),
+    }
+}
+
+/// The ports of the IPv6 part against rxe (the IPv4 servers and clients keep theirs).
+const IPV6_PORTS: [&str; 8] = [
+    "--write-port",
+    "18525",
+    "--read-port",
+    "18526",
+    "--atomic-port",
+    "18527",
+    "--send-port",
+    "18528",
+];
+
+/// A bounded part over IPv6 against rxe: ULAs fd88::11 in the VM and fd88::1 on host0,
+/// perftest's servers and clients on GIDs of those (its exchange is IPv4 only, so the tool
+/// reaches them through 10.88.0.11 with `--roce-addr`): some scenarios of each service,
+/// some of `--serve`, and a short fuzz run, all as over IPv4.
+fn over_ipv6_against_rxe(vm: &Vm, roce: &dyn Fn(&[&str]) -> std::process::Output) {
+    let added = vm.run(&[
+        "exec",
+        "1",
+        "-t",
+        "30",
+        "ip -6 addr add fd88::11/64 dev eth0 nodad",
+    ]);
+    assert!(added.status.success(), "{}", text(&added));
+    let host = Command::new("ip")
+        .args([
+            "-n",
+            "rxe-host",
+            "-6",
+            "addr",
+            "add",
+            "fd88::1/64",
+            "dev",
+            "host0",
+            "nodad",
+        ])
+        .output()
+        .unwrap();
+    assert!(host.status.success(), "{}", text(&host));
+    // rxe's GID index of the ULA (rxe-gid knows only the IPv4 and link-local ones).
+    let gid =
+        "$(grep -l '^fd88' /sys/class/infiniband/rxe0/ports/1/gids/* | head -1 | xargs basename)";
+    for server in [
+        "ib_write_bw -p 18525",
+        "ib_read_bw -p 18526",
+        "ib_atomic_bw -p 18527",
+        "ib_send_bw -p 18528 -s 64 -n 5",
+    ] {
+        let looping = format!("while :; do {server} -d rxe0 -x {gid} >/dev/null 2>&1; done");
+        let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
+        assert!(spawned.status.success(), "{}", text(&spawned));
+    }
+    let only = "write_only,psn_ahead,duplicate_write,bad_icrc,truncated_reth,read_only,\
+                read_multi_packet,duplicate_read,fetch_add,duplicate_atomic,send_only,\
+                send_ack_credits,rnr_when_no_receive";
+    let ipv6 = ["--roce-addr", "fd88::11"];
+    let output = roce(
+        &[
+            &["conform", "--wait", "300", "--only", only][..],
+            &ipv6,
+            &IPV6_PORTS,
+        ]
+        .concat(),
+    );
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("scenarios=13 "), "{out}");
+    assert!(out.contains(" broke=0"), "{out}");
+    check_lines(&out, &documented(RXE));
+
+    for (_, flags) in CLIENTS {
+        let flags = flags.replace("-p 1851", "-p 1852");
+        let looping = format!(
+            "while :; do timeout 10 ib_{flags} -d rxe0 -x {gid} 10.88.0.1 >/dev/null 2>&1; \
+             sleep 0.2; done"
+        );
+        let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
+        assert!(spawned.status.success(), "{}", text(&spawned));
+    }
+    let only = "requester_write,requester_nak_sequence,requester_read,requester_atomic,\
+                requester_send,requester_zero_credits";
+    let serve = ["conform", "--serve", "--wait", "300", "--only", only];
+    let output = roce(&[&serve[..], &ipv6, &IPV6_PORTS].concat());
+    let out = text(&output);
+    assert!(output.status.success(), "{out}");
+    assert!(out.contains("scenarios=6 "), "{out}");
+    assert!(out.contains(" broke=0"), "{out}");
+    check_lines(&out, &documented(RXE));
+
+    let findings = tempfile::tempdir().unwrap();
+    let fuzz = [
+        "fuzz",
+        "--seed",
+        "1",
+        "--packets",
+        "64",
+        "--wait",
+        "30",
+        "--findings",
+    ];
+    let output = roce(
+        &[
+            &fuzz[..],
+            &[findings.path().to_str().unwrap()],
+            &ipv6,
+            &IPV6_PORTS,
+        ]
+        .concat(),
+    );
+    let out = text(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let saved = std::fs::read_dir(findings.path()).unwrap().count();
+    // As over IPv4, a crash of rxe's is a finding, not a failure of the tool.
+    match last.rsplit(' ').next() {
+        Some("status=ok") => assert!(last.starts_with("packets=64 ") && saved == 0, "{out}"),
         Some("status=FOUND") => assert!(last.contains(" findings=1 ") && saved == 1, "{out}"),
         _ => panic!("{out}"),
     }

@@ -56,6 +56,12 @@ pub struct Reach {
     /// broken.
     #[arg(long, default_value_t = 15)]
     pub patience: u64,
+    /// The target's RoCE address (its GID's) when it is not HOST: perftest's exchange is
+    /// IPv4 only, so an IPv6 GID (its `-x` naming an IPv6 address's index) is reached through
+    /// HOST's IPv4 exchange. Our frames then go from our own address of that kind on the same
+    /// interface (the link-local one when ADDR is link-local) to the MAC of HOST.
+    #[arg(long, value_name = "ADDR")]
+    pub roce_addr: Option<IpAddr>,
 }
 
 impl Reach {
@@ -63,6 +69,7 @@ impl Reach {
     pub fn perftest(&self) -> Perftest {
         Perftest {
             host: self.host,
+            roce_addr: self.roce_addr,
             ports: self.ports.ports(),
             patience: Duration::from_secs(self.patience),
         }
@@ -235,6 +242,7 @@ fn conform_serve(args: &Args) -> io::Result<Summary> {
             Duration::from_secs(args.reach.patience),
         )?,
         device: args.reach.device.clone(),
+        roce_addr: args.reach.roce_addr,
         pcap: args.pcap.clone(),
         wait: Duration::from_millis(args.wait),
         options: &options,
@@ -253,14 +261,16 @@ pub fn open_link(
     wait: Duration,
 ) -> io::Result<Link> {
     let ours = target.local_address(service)?;
-    link_between(ours, target.host, device, pcap, wait)
+    link_between(ours, target.host, target.roce_addr, device, pcap, wait)
 }
 
 /// Opens AF_XDP on the interface with address `ours` (or `device`), towards `theirs`, whose
-/// MAC the kernel's ARP table must already hold (a TCP connection with it fills it).
+/// MAC the kernel's neighbour table must already hold (a TCP connection with it fills it);
+/// the frames go to `roce_addr` instead of `theirs` when given (see [`Reach::roce_addr`]).
 pub fn link_between(
     ours: IpAddr,
     theirs: IpAddr,
+    roce_addr: Option<IpAddr>,
     device: Option<&str>,
     pcap: Option<&std::path::Path>,
     wait: Duration,
@@ -273,6 +283,10 @@ pub fn link_between(
         })
         .ok_or_else(|| io::Error::other(format!("no interface with address {ours}")))?;
     let their_mac = neighbour_mac(theirs, &device.name)?;
+    let (ours, theirs) = match roce_addr {
+        Some(roce_addr) => (our_roce_addr(&device, roce_addr)?, roce_addr),
+        None => (ours, theirs),
+    };
     let afxdp = AfXdpBackend::open(&device.name, XdpMode::Native)
         .or_else(|_| AfXdpBackend::open(&device.name, XdpMode::Generic))?;
     let backend: Box<dyn Backend> = match pcap {
@@ -326,6 +340,29 @@ fn neighbour_mac(ip: IpAddr, interface: &str) -> io::Result<[u8; 6]> {
             }
         })
         .ok_or_else(missing)
+}
+
+/// Our address on `device` of the kind of the target's RoCE address `theirs`: IPv4, IPv6
+/// link-local (the GID our stack derives from the MAC, as the kernel does), or another IPv6.
+fn our_roce_addr(device: &roce_verbs::Device, theirs: IpAddr) -> io::Result<IpAddr> {
+    let ours = match theirs {
+        IpAddr::V4(_) => device.ipv4().map(IpAddr::V4),
+        IpAddr::V6(theirs) => device
+            .gids
+            .iter()
+            .map(|gid| std::net::Ipv6Addr::from(*gid))
+            .find(|gid| {
+                gid.to_ipv4_mapped().is_none()
+                    && gid.is_unicast_link_local() == theirs.is_unicast_link_local()
+            })
+            .map(IpAddr::V6),
+    };
+    ours.ok_or_else(|| {
+        io::Error::other(format!(
+            "no address of {}'s kind on {}",
+            theirs, device.name
+        ))
+    })
 }
 
 /// The RoCEv2 GID of an IP address: an IPv4 one mapped into IPv6, an IPv6 one itself.

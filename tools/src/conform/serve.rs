@@ -492,6 +492,8 @@ pub struct ServeSuite<'a> {
     pub server: Server,
     /// `-d`.
     pub device: Option<String>,
+    /// `--roce-addr`.
+    pub roce_addr: Option<std::net::IpAddr>,
     /// `--pcap`.
     pub pcap: Option<std::path::PathBuf>,
     /// How long to wait for an answer that may not come.
@@ -521,12 +523,14 @@ impl ServeSuite<'_> {
                 *link = Some(link_between(
                     ours,
                     theirs,
+                    self.roce_addr,
                     self.device.as_deref(),
                     self.pcap.as_deref(),
                     self.wait,
                 )?);
             }
-            let local = fresh_local(ours);
+            // Our GID is the link's address (`--roce-addr` may make it another than `ours`).
+            let local = fresh_local(link.as_ref().map_or(ours, |link| link.ours.ip));
             let mut exchange = Exchange {
                 stream,
                 service: scenario.service,

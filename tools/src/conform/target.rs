@@ -85,6 +85,8 @@ pub struct Ports {
 pub struct Perftest {
     /// The target's address.
     pub host: IpAddr,
+    /// Its RoCE address, when not `host` ([`Reach::roce_addr`](super::Reach::roce_addr)).
+    pub roce_addr: Option<IpAddr>,
     /// Its servers' ports.
     pub ports: Ports,
     /// How long a server may take to (re)start listening before we give up.
