@@ -123,12 +123,18 @@ impl<'a> Conn<'a> {
     /// Sends `packets`, then waits for `wanted` answers (or the link's wait); returns them
     /// as a result line shows them: `ACK@0+NAK_SEQ@1`, or `none`.
     pub fn step(&mut self, packets: &[Packet], wanted: usize) -> io::Result<String> {
+        let answers = self.answers(packets, wanted)?;
+        Ok(self.show(&answers))
+    }
+
+    /// Sends `packets`, then waits for `wanted` answers (or the link's wait); returns them
+    /// undecorated, for a scenario that looks at more than a result line shows.
+    pub fn answers(&mut self, packets: &[Packet], wanted: usize) -> io::Result<Vec<Answer>> {
         self.link.drain()?;
         for packet in packets {
             self.link.send(packet, self.local.qpn)?;
         }
-        let answers = self.link.observe(self.local.qpn, wanted)?;
-        Ok(self.show(&answers))
+        self.link.observe(self.local.qpn, wanted)
     }
 
     /// Sends one packet's bytes (already emitted) and waits for `wanted` answers; returns

@@ -23,7 +23,7 @@ use roce_wire::{atomic_ack_eth, atomic_eth, cnp, deth, feth, ieth, immdt, reth};
 use roce_wire::{ExtHeader, Opcode, Psn};
 
 use super::conn::Conn;
-use super::link::{fix_lengths, Answer, Damage, Link, Packet, BTH_AT, IP_AT};
+use super::link::{fix_lengths, Answer, Damage, Link, Offsets, Packet};
 use super::scenarios::baseline;
 use super::target::{Local, Service, Target};
 use super::{conduct, failed_check, open_link, use_up_receives, Options, Reach};
@@ -244,7 +244,7 @@ pub fn fuzz(
         let local = Local {
             qpn: 0x10_0000 | (rng.next() as u32 & 0xF_FFFF),
             psn: Psn::new(rng.next() as u32),
-            gid: link.ours.ip.to_ipv6_mapped().octets(),
+            gid: super::gid_of(link.ours.ip),
         };
         let session = match target.connect(service, &local) {
             Ok(session) => session,
@@ -613,7 +613,8 @@ fn read_u64(bytes: &[u8], at: usize) -> Option<u64> {
 impl Anchor {
     /// Reads the anchor frame.
     pub fn of(frame: &[u8]) -> Option<Anchor> {
-        let opcode = Opcode::try_from(*frame.get(BTH_AT)?).ok()?;
+        let bth = Offsets::of(frame)?.bth;
+        let opcode = Opcode::try_from(*frame.get(bth)?).ok()?;
         let service = match opcode {
             Opcode::RcRdmaWriteOnly => Service::Write,
             Opcode::RcRdmaReadRequest => Service::Read,
@@ -621,15 +622,15 @@ impl Anchor {
             Opcode::RcSendOnly => Service::Send,
             _ => return None,
         };
-        let ext = BTH_AT + 12;
+        let ext = bth + 12;
         let memory = match service {
             Service::Send => None,
             _ => Some((read_u32(frame, ext + 8)?, read_u64(frame, ext)?)),
         };
         Some(Anchor {
             service,
-            qpn: read_u32(frame, BTH_AT + 4)? & 0xFF_FFFF,
-            psn: Psn::new(read_u32(frame, BTH_AT + 8)? & 0xFF_FFFF),
+            qpn: read_u32(frame, bth + 4)? & 0xFF_FFFF,
+            psn: Psn::new(read_u32(frame, bth + 8)? & 0xFF_FFFF),
             memory,
         })
     }
@@ -638,13 +639,22 @@ impl Anchor {
 /// Moves a frame made on the connection of `from` to that of `to` and to `link`'s
 /// stations: QPN, PSN (by the same offset), rkey and address (by the same change), MACs and
 /// IP addresses; an ICRC that was right is right again, one that was wrong stays as wrong.
+/// The frame keeps its IP family: one of the other family's, or too short for its headers,
+/// goes as it is.
 pub fn retarget(frame: &[u8], from: &Anchor, to: &Anchor, link: &Link) -> Vec<u8> {
     let mut frame = frame.to_vec();
     let len = frame.len();
-    if len < BTH_AT + ICRC_LEN {
+    let Some(at) = Offsets::of(&frame).filter(|at| len >= at.bth + ICRC_LEN) else {
         return frame;
-    }
-    let wrongness = icrc::compute(&frame[IP_AT..len - ICRC_LEN])
+    };
+    let (ours, theirs) = (
+        address_bytes(link.ours.ip, at.ipv6),
+        address_bytes(link.theirs.ip, at.ipv6),
+    );
+    let (Some(ours), Some(theirs)) = (ours, theirs) else {
+        return frame;
+    };
+    let wrongness = icrc::compute(&frame[at.ip..len - ICRC_LEN])
         .map(|computed| {
             let trailer = &frame[len - ICRC_LEN..];
             computed ^ icrc::read([trailer[0], trailer[1], trailer[2], trailer[3]])
@@ -652,22 +662,27 @@ pub fn retarget(frame: &[u8], from: &Anchor, to: &Anchor, link: &Link) -> Vec<u8
         .ok();
     frame[0..6].copy_from_slice(&link.theirs.mac);
     frame[6..12].copy_from_slice(&link.ours.mac);
-    frame[IP_AT + 12..IP_AT + 16].copy_from_slice(&link.ours.ip.octets());
-    frame[IP_AT + 16..IP_AT + 20].copy_from_slice(&link.theirs.ip.octets());
-    let body = len - ICRC_LEN;
-    if body >= BTH_AT + 12 {
-        if read_u32(&frame, BTH_AT + 4).map(|w| w & 0xFF_FFFF) == Some(from.qpn) {
-            frame[BTH_AT + 5..BTH_AT + 8].copy_from_slice(&to.qpn.to_be_bytes()[1..]);
+    let (source, width) = if at.ipv6 {
+        (at.ip + 8, 16)
+    } else {
+        (at.ip + 12, 4)
+    };
+    frame[source..source + width].copy_from_slice(&ours);
+    frame[source + width..source + 2 * width].copy_from_slice(&theirs);
+    let (bth, body) = (at.bth, len - ICRC_LEN);
+    if body >= bth + 12 {
+        if read_u32(&frame, bth + 4).map(|w| w & 0xFF_FFFF) == Some(from.qpn) {
+            frame[bth + 5..bth + 8].copy_from_slice(&to.qpn.to_be_bytes()[1..]);
         }
-        let psn = Psn::new(read_u32(&frame, BTH_AT + 8).unwrap_or(0) & 0xFF_FFFF);
+        let psn = Psn::new(read_u32(&frame, bth + 8).unwrap_or(0) & 0xFF_FFFF);
         let moved = to.psn + (psn.distance(from.psn) as u32);
-        frame[BTH_AT + 9..BTH_AT + 12].copy_from_slice(&moved.value().to_be_bytes()[1..]);
+        frame[bth + 9..bth + 12].copy_from_slice(&moved.value().to_be_bytes()[1..]);
     }
-    let memory_header = Opcode::try_from(frame[BTH_AT])
+    let memory_header = Opcode::try_from(frame[bth])
         .ok()
         .and_then(|opcode| opcode.info().headers.first().copied())
         .filter(|header| matches!(header, ExtHeader::Reth | ExtHeader::AtomicEth));
-    let ext = BTH_AT + 12;
+    let ext = bth + 12;
     if let (Some(_), Some((old_rkey, old_va)), Some((new_rkey, new_va))) =
         (memory_header, from.memory, to.memory)
     {
@@ -681,10 +696,20 @@ pub fn retarget(frame: &[u8], from: &Anchor, to: &Anchor, link: &Link) -> Vec<u8
         }
     }
     fix_lengths(&mut frame);
-    if let (Some(wrongness), Ok(value)) = (wrongness, icrc::compute(&frame[IP_AT..body])) {
+    if let (Some(wrongness), Ok(value)) = (wrongness, icrc::compute(&frame[at.ip..body])) {
         frame[body..].copy_from_slice(&icrc::to_bytes(value ^ wrongness));
     }
     frame
+}
+
+/// `ip`'s bytes as an IPv6 header (`ipv6`) or an IPv4 one carries them, if it is of that
+/// family.
+fn address_bytes(ip: std::net::IpAddr, ipv6: bool) -> Option<Vec<u8>> {
+    match ip {
+        std::net::IpAddr::V4(ip) if !ipv6 => Some(ip.octets().to_vec()),
+        std::net::IpAddr::V6(ip) if ipv6 => Some(ip.octets().to_vec()),
+        _ => None,
+    }
 }
 
 /// Runs `roce replay`.
@@ -737,10 +762,15 @@ pub fn replay(
         .first()
         .and_then(|frame| Anchor::of(frame))
         .ok_or_else(|| io::Error::other("the first frame is not a finding's anchor"))?;
+    if Offsets::of(&frames[0]).map(|at| at.ipv6) != Some(link.ours.ip.is_ipv6()) {
+        return Err(io::Error::other(
+            "the finding was recorded over the other IP family than the target's",
+        ));
+    }
     let local = Local {
         qpn: 0x10_0000 | (from.psn.value() & 0xF_FFFF),
         psn: Psn::new(from.psn.value() ^ 0x55_5555),
-        gid: link.ours.ip.to_ipv6_mapped().octets(),
+        gid: super::gid_of(link.ours.ip),
     };
     let session = target.connect(from.service, &local)?;
     let remote = session.remote();

@@ -4,20 +4,21 @@
 
 use std::fmt;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use roce_provider::backend::Backend;
 use roce_wire::aeth::{NakCode, Syndrome};
-use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr};
+use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::icrc::{self, ICRC_LEN};
 use roce_wire::opcode::Position;
 use roce_wire::{bth, ExtRepr, Frame, FrameError, FrameRepr, Opcode, Psn};
 
-/// Ethernet, IPv4 (no options) and UDP headers: where the BTH starts in what we send.
-pub const BTH_AT: usize = 14 + 20 + 8;
-pub const IP_AT: usize = 14;
-const UDP_AT: usize = 14 + 20;
+/// Ethernet's header, and the 802.1Q tag that may follow it.
+const ETHERNET_LEN: usize = 14;
+const VLAN_TAG_LEN: usize = 4;
+const UDP_LEN: usize = 8;
+const IPV6_LEN: usize = 40;
 /// Largest frame we read back (path MTU 4096 and every header, twice over).
 const MAX_FRAME: usize = 2 * 4096;
 
@@ -26,8 +27,46 @@ const MAX_FRAME: usize = 2 * 4096;
 pub struct Station {
     /// Its MAC.
     pub mac: [u8; 6],
-    /// Its IPv4 address.
-    pub ip: Ipv4Addr,
+    /// Its IP address (both stations of a link have the same family).
+    pub ip: IpAddr,
+}
+
+/// Where a frame's IP, UDP and BTH headers start: after Ethernet and an optional 802.1Q
+/// tag, IPv4 with its options or IPv6 (RoCEv2 puts no extension headers before UDP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offsets {
+    /// The IP header.
+    pub ip: usize,
+    /// The UDP header.
+    pub udp: usize,
+    /// The BTH.
+    pub bth: usize,
+    /// Whether the IP header is IPv6's.
+    pub ipv6: bool,
+}
+
+impl Offsets {
+    /// The offsets of `frame`'s headers, if it is IPv4 or IPv6 far enough to tell.
+    pub fn of(frame: &[u8]) -> Option<Offsets> {
+        let ether_type =
+            |at: usize| Some(u16::from_be_bytes([*frame.get(at)?, *frame.get(at + 1)?]));
+        let (ip, ether_type) = match ether_type(12)? {
+            0x8100 => (ETHERNET_LEN + VLAN_TAG_LEN, ether_type(16)?),
+            other => (ETHERNET_LEN, other),
+        };
+        let (ip_len, ipv6) = match ether_type {
+            0x0800 => (usize::from(frame.get(ip)? & 0x0F) * 4, false),
+            0x86DD => (IPV6_LEN, true),
+            _ => return None,
+        };
+        let udp = ip + ip_len;
+        Some(Offsets {
+            ip,
+            udp,
+            bth: udp + UDP_LEN,
+            ipv6,
+        })
+    }
 }
 
 /// One packet to send: the fields of a well-formed frame, then the damage done to its bytes.
@@ -95,15 +134,25 @@ impl Packet {
                 src: from.mac,
                 vlan: None,
             },
-            ip: IpRepr::V4(Ipv4Repr {
-                src: from.ip,
-                dst: to.ip,
-                dscp: 0,
-                ecn: 0,
-                identification: 0,
-                dont_fragment: true,
-                ttl: 64,
-            }),
+            ip: match (from.ip, to.ip) {
+                (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
+                    src,
+                    dst,
+                    dscp: 0,
+                    ecn: 0,
+                    identification: 0,
+                    dont_fragment: true,
+                    ttl: 64,
+                }),
+                (IpAddr::V6(src), IpAddr::V6(dst)) => IpRepr::V6(Ipv6Repr {
+                    src,
+                    dst,
+                    traffic_class: 0,
+                    flow_label: 0,
+                    hop_limit: 64,
+                }),
+                _ => return Err(io::Error::other("IPv4 and IPv6 stations on one link")),
+            },
             udp_src_port,
             udp_checksum: false,
             bth: self.bth,
@@ -114,18 +163,18 @@ impl Packet {
         frame
             .emit(&mut bytes)
             .map_err(|_| io::Error::other(format!("cannot emit {:?}", self.bth.opcode)))?;
+        let at = Offsets::of(&bytes).ok_or_else(|| io::Error::other("emitted a non-IP frame"))?;
+        let bth = at.bth;
         let mut icrc_mask = 0;
         for damage in &self.damage {
             match *damage {
-                Damage::Opcode(byte) => bytes[BTH_AT] = byte,
+                Damage::Opcode(byte) => bytes[bth] = byte,
                 Damage::PadCount(pad) => {
-                    bytes[BTH_AT + 1] = (bytes[BTH_AT + 1] & !0x30) | ((pad & 3) << 4)
+                    bytes[bth + 1] = (bytes[bth + 1] & !0x30) | ((pad & 3) << 4)
                 }
-                Damage::Tver(tver) => {
-                    bytes[BTH_AT + 1] = (bytes[BTH_AT + 1] & !0x0F) | (tver & 0xF)
-                }
+                Damage::Tver(tver) => bytes[bth + 1] = (bytes[bth + 1] & !0x0F) | (tver & 0xF),
                 Damage::Truncate(keep) => {
-                    let end = (BTH_AT + keep).min(bytes.len() - ICRC_LEN);
+                    let end = (bth + keep).min(bytes.len() - ICRC_LEN);
                     bytes.truncate(end);
                     bytes.extend_from_slice(&[0; ICRC_LEN]);
                 }
@@ -135,27 +184,35 @@ impl Packet {
         fix_lengths(&mut bytes);
         let end = bytes.len() - ICRC_LEN;
         // A BTH too short to mask gets no ICRC at all: the trailer stays zero.
-        if let Ok(value) = icrc::compute(&bytes[IP_AT..end]) {
+        if let Ok(value) = icrc::compute(&bytes[at.ip..end]) {
             bytes[end..].copy_from_slice(&icrc::to_bytes(value ^ icrc_mask));
         }
         Ok(bytes)
     }
 }
 
-/// Rewrites the IPv4 total length, its checksum and the UDP length for the frame's size.
+/// Rewrites the IP length (IPv4's total length and checksum, or IPv6's payload length) and
+/// the UDP length for the frame's size; leaves a frame too short for its headers alone.
 pub fn fix_lengths(bytes: &mut [u8]) {
-    let ip_len = (bytes.len() - IP_AT) as u16;
-    bytes[IP_AT + 2..IP_AT + 4].copy_from_slice(&ip_len.to_be_bytes());
-    let udp_len = (bytes.len() - UDP_AT) as u16;
-    bytes[UDP_AT + 4..UDP_AT + 6].copy_from_slice(&udp_len.to_be_bytes());
-    bytes[IP_AT + 10..IP_AT + 12].fill(0);
-    let sum = bytes[IP_AT..UDP_AT]
+    let Some(at) = Offsets::of(bytes).filter(|at| bytes.len() >= at.bth) else {
+        return;
+    };
+    let udp_len = (bytes.len() - at.udp) as u16;
+    bytes[at.udp + 4..at.udp + 6].copy_from_slice(&udp_len.to_be_bytes());
+    if at.ipv6 {
+        bytes[at.ip + 4..at.ip + 6].copy_from_slice(&udp_len.to_be_bytes());
+        return;
+    }
+    let ip_len = (bytes.len() - at.ip) as u16;
+    bytes[at.ip + 2..at.ip + 4].copy_from_slice(&ip_len.to_be_bytes());
+    bytes[at.ip + 10..at.ip + 12].fill(0);
+    let sum = bytes[at.ip..at.udp]
         .chunks(2)
         .map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]])))
         .sum::<u32>();
     let folded = (sum & 0xFFFF) + (sum >> 16);
     let checksum = !(((folded & 0xFFFF) + (folded >> 16)) as u16);
-    bytes[IP_AT + 10..IP_AT + 12].copy_from_slice(&checksum.to_be_bytes());
+    bytes[at.ip + 10..at.ip + 12].copy_from_slice(&checksum.to_be_bytes());
 }
 
 /// One frame the target sent us, decoded as far as it goes.
@@ -388,46 +445,75 @@ impl Link {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
-    fn station(last: u8) -> Station {
+    /// Station `last` of an IPv4 link, or of an IPv6 one.
+    fn station(last: u8, ipv6: bool) -> Station {
         Station {
             mac: [2, 0, 0, 0, 0, last],
-            ip: Ipv4Addr::new(10, 0, 0, last),
+            ip: if ipv6 {
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(last)))
+            } else {
+                IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+            },
         }
     }
 
     #[test]
     fn damage_keeps_the_frame_consistent_unless_asked_not_to() {
-        let mut packet = Packet::new(Opcode::RcSendOnly, 0x11, Psn::new(5));
-        packet.payload = vec![7; 64];
-        let good = packet.emit(station(1), station(2), 0xC011).unwrap();
-        let frame = Frame::new_checked(&good[..]).unwrap();
-        assert!(frame.check_icrc().is_ok());
+        for (ipv6, bth_at) in [(false, 14 + 20 + 8), (true, 14 + 40 + 8)] {
+            let (from, to) = (station(1, ipv6), station(2, ipv6));
+            let mut packet = Packet::new(Opcode::RcSendOnly, 0x11, Psn::new(5));
+            packet.payload = vec![7; 64];
+            let good = packet.emit(from, to, 0xC011).unwrap();
+            assert_eq!(
+                Offsets::of(&good).map(|at| (at.bth, at.ipv6)),
+                Some((bth_at, ipv6))
+            );
+            let frame = Frame::new_checked(&good[..]).unwrap();
+            assert!(frame.check_icrc().is_ok());
 
-        let cut = packet
-            .clone()
-            .damaged(Damage::Truncate(12 + 10))
-            .emit(station(1), station(2), 0xC011)
-            .unwrap();
-        assert_eq!(cut.len(), BTH_AT + 12 + 10 + ICRC_LEN);
-        let frame = Frame::new_checked(&cut[..]).unwrap();
+            let cut = packet
+                .clone()
+                .damaged(Damage::Truncate(12 + 10))
+                .emit(from, to, 0xC011)
+                .unwrap();
+            assert_eq!(cut.len(), bth_at + 12 + 10 + ICRC_LEN);
+            let frame = Frame::new_checked(&cut[..]).unwrap();
+            assert!(
+                frame.check_icrc().is_ok(),
+                "lengths and ICRC follow the cut"
+            );
+            assert_eq!(frame.payload().len(), 10);
+
+            let reserved = packet
+                .clone()
+                .damaged(Damage::Opcode(0x1F))
+                .emit(from, to, 0xC011)
+                .unwrap();
+            assert_eq!(
+                reserved[bth_at], 0x1F,
+                "the BTH's first byte, for either family"
+            );
+
+            let bad = packet
+                .damaged(Damage::Icrc(1))
+                .emit(from, to, 0xC011)
+                .unwrap();
+            let frame = Frame::new_checked(&bad[..]).unwrap();
+            assert!(frame.check_icrc().is_err());
+            assert_eq!(
+                Answer::decode(&bad, 0x11),
+                Some(Answer::BadIcrc),
+                "a bad ICRC is reported as such"
+            );
+            assert_eq!(Answer::decode(&bad, 0x12), None, "someone else's frame");
+        }
         assert!(
-            frame.check_icrc().is_ok(),
-            "lengths and ICRC follow the cut"
+            Packet::new(Opcode::RcSendOnly, 0x11, Psn::new(5))
+                .emit(station(1, false), station(2, true), 0xC011)
+                .is_err(),
+            "one family per link"
         );
-        assert_eq!(frame.payload().len(), 10);
-
-        let bad = packet
-            .damaged(Damage::Icrc(1))
-            .emit(station(1), station(2), 0xC011)
-            .unwrap();
-        let frame = Frame::new_checked(&bad[..]).unwrap();
-        assert!(frame.check_icrc().is_err());
-        assert_eq!(
-            Answer::decode(&bad, 0x11),
-            Some(Answer::BadIcrc),
-            "a bad ICRC is reported as such"
-        );
-        assert_eq!(Answer::decode(&bad, 0x12), None, "someone else's frame");
     }
 }

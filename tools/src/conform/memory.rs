@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -20,18 +20,20 @@ use roce_transport::{AccessFlags, Endpoint};
 use roce_wire::icrc::{self, ICRC_LEN};
 use roce_wire::{Frame, Opcode, Psn};
 
-use super::link::{Link, Station, BTH_AT};
+use super::link::{Link, Offsets, Station};
 use super::scenarios::{Scenario, SCENARIOS};
 use super::target::{Local, Remote, Service, Session, Target};
 use super::{run_suite, Options, Summary};
 
+const OUR_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const THEIR_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const OURS: Station = Station {
     mac: [2, 0, 0, 0, 0, 1],
-    ip: Ipv4Addr::new(10, 0, 0, 1),
+    ip: IpAddr::V4(OUR_IP),
 };
 const THEIRS: Station = Station {
     mac: [2, 0, 0, 0, 0, 2],
-    ip: Ipv4Addr::new(10, 0, 0, 2),
+    ip: IpAddr::V4(THEIR_IP),
 };
 const BUFFER_AT: u64 = 0x7F00_0000_0000;
 const SEND_SIZE: usize = 64;
@@ -52,8 +54,8 @@ impl MemoryTarget {
         let (ours, theirs) = memory_pair();
         let addressing = Addressing {
             mac: THEIRS.mac,
-            ip: THEIRS.ip,
-            neighbours: HashMap::from([(OURS.ip, OURS.mac)]),
+            ip: THEIR_IP,
+            neighbours: HashMap::from([(OUR_IP, OURS.mac)]),
         };
         let mut endpoint = Endpoint::new([7; 32]);
         endpoint.set_port_mtu(PathMtu::Mtu1024);
@@ -73,6 +75,10 @@ impl MemoryTarget {
                     thread::sleep(Duration::from_micros(200));
                 }
             })
+        };
+        let ours = DrivesTheTarget {
+            inner: Box::new(ours),
+            engine: engine.clone(),
         };
         let link = Link::new(Box::new(ours), OURS, THEIRS, Duration::from_millis(40));
         let target = MemoryTarget {
@@ -207,6 +213,54 @@ impl Session for MemorySession {
     }
 }
 
+/// Turns the target's engine at most this many times per look for answers (each turn takes
+/// up to a budget of frames in and out; a scenario sends a handful).
+const TURNS_PER_LOOK: usize = 16;
+
+/// Our end of the wire, which lets the target process everything sent to it before each
+/// look for its answers: what the link sees then depends on what was sent, not on when the
+/// target's thread got the CPU (the thread still serves timers in between).
+struct DrivesTheTarget {
+    inner: Box<dyn Backend>,
+    engine: Shared,
+}
+
+impl Backend for DrivesTheTarget {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        {
+            let mut engine = self
+                .engine
+                .lock()
+                .map_err(|_| io::Error::other("poisoned"))?;
+            for _ in 0..TURNS_PER_LOOK {
+                engine.poll()?;
+                // Work left for the next turn shows as a poll timeout that is already due.
+                if engine.poll_timeout().is_none_or(|at| at > Instant::now()) {
+                    break;
+                }
+            }
+        }
+        self.inner.receive(budget, handler)
+    }
+
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: &mut dyn FnMut(&mut [u8]) -> usize,
+    ) -> io::Result<()> {
+        self.inner.transmit(len, flow, fill)
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        self.inner.submit()
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.wait(timeout)
+    }
+}
+
 /// The PSN and opcode of a RoCEv2 frame, if it is one.
 fn bth(frame: &[u8]) -> Option<(Opcode, Psn)> {
     let frame = Frame::new_checked(frame).ok()?;
@@ -215,9 +269,12 @@ fn bth(frame: &[u8]) -> Option<(Opcode, Psn)> {
 
 /// Rewrites a frame's PSN and its ICRC to match.
 fn set_psn(frame: &mut [u8], psn: Psn) {
-    frame[BTH_AT + 9..BTH_AT + 12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
+    let Some(at) = Offsets::of(frame) else {
+        return;
+    };
+    frame[at.bth + 9..at.bth + 12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
     let end = frame.len() - ICRC_LEN;
-    if let Ok(value) = icrc::compute(&frame[14..end]) {
+    if let Ok(value) = icrc::compute(&frame[at.ip..end]) {
         frame[end..].copy_from_slice(&icrc::to_bytes(value));
     }
 }

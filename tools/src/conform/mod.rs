@@ -11,7 +11,7 @@
 //! service, and `--check CMD` must succeed: otherwise the scenario BROKE the target.
 
 use std::io::{self, Write};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
@@ -40,8 +40,9 @@ use target::{Local, Perftest, Ports, Service, Target};
 /// How `roce conform`, `roce fuzz` and `roce replay` reach the target's perftest programs.
 #[derive(clap::Args)]
 pub struct Reach {
-    /// The target (its perftest servers' address; with `--serve`, its clients').
-    pub host: Ipv4Addr,
+    /// The target (its perftest servers' address; with `--serve`, its clients'): IPv4, or
+    /// IPv6 that is not link-local (a TCP connection would need the scope).
+    pub host: IpAddr,
     /// The interface towards the target (default: the one whose address the connection
     /// to it leaves from).
     #[arg(short = 'd', long = "ib-dev")]
@@ -55,6 +56,12 @@ pub struct Reach {
     /// broken.
     #[arg(long, default_value_t = 15)]
     pub patience: u64,
+    /// The target's RoCE address (its GID's) when it is not HOST: perftest's exchange is
+    /// IPv4 only, so an IPv6 GID (its `-x` naming an IPv6 address's index) is reached through
+    /// HOST's IPv4 exchange. Our frames then go from our own address of that kind on the same
+    /// interface (the link-local one when ADDR is link-local) to the MAC of HOST.
+    #[arg(long, value_name = "ADDR")]
+    pub roce_addr: Option<IpAddr>,
 }
 
 impl Reach {
@@ -62,6 +69,7 @@ impl Reach {
     pub fn perftest(&self) -> Perftest {
         Perftest {
             host: self.host,
+            roce_addr: self.roce_addr,
             ports: self.ports.ports(),
             patience: Duration::from_secs(self.patience),
         }
@@ -234,6 +242,7 @@ fn conform_serve(args: &Args) -> io::Result<Summary> {
             Duration::from_secs(args.reach.patience),
         )?,
         device: args.reach.device.clone(),
+        roce_addr: args.reach.roce_addr,
         pcap: args.pcap.clone(),
         wait: Duration::from_millis(args.wait),
         options: &options,
@@ -252,14 +261,16 @@ pub fn open_link(
     wait: Duration,
 ) -> io::Result<Link> {
     let ours = target.local_address(service)?;
-    link_between(ours, target.host, device, pcap, wait)
+    link_between(ours, target.host, target.roce_addr, device, pcap, wait)
 }
 
 /// Opens AF_XDP on the interface with address `ours` (or `device`), towards `theirs`, whose
-/// MAC the kernel's ARP table must already hold (a TCP connection with it fills it).
+/// MAC the kernel's neighbour table must already hold (a TCP connection with it fills it);
+/// the frames go to `roce_addr` instead of `theirs` when given (see [`Reach::roce_addr`]).
 pub fn link_between(
-    ours: Ipv4Addr,
-    theirs: Ipv4Addr,
+    ours: IpAddr,
+    theirs: IpAddr,
+    roce_addr: Option<IpAddr>,
     device: Option<&str>,
     pcap: Option<&std::path::Path>,
     wait: Duration,
@@ -268,10 +279,14 @@ pub fn link_between(
         .into_iter()
         .find(|d| match device {
             Some(name) => d.name == name,
-            None => d.ipv4() == Some(ours),
+            None => d.gids.contains(&gid_of(ours)),
         })
         .ok_or_else(|| io::Error::other(format!("no interface with address {ours}")))?;
     let their_mac = neighbour_mac(theirs, &device.name)?;
+    let (ours, theirs) = match roce_addr {
+        Some(roce_addr) => (our_roce_addr(&device, roce_addr)?, roce_addr),
+        None => (ours, theirs),
+    };
     let afxdp = AfXdpBackend::open(&device.name, XdpMode::Native)
         .or_else(|_| AfXdpBackend::open(&device.name, XdpMode::Generic))?;
     let backend: Box<dyn Backend> = match pcap {
@@ -292,8 +307,24 @@ pub fn link_between(
     ))
 }
 
-/// The target's MAC from the kernel's ARP table (the TCP connection has just filled it).
-fn neighbour_mac(ip: Ipv4Addr, interface: &str) -> io::Result<[u8; 6]> {
+/// The target's MAC from the kernel's ARP or IPv6 neighbour table (the TCP connection has
+/// just filled it).
+fn neighbour_mac(ip: IpAddr, interface: &str) -> io::Result<[u8; 6]> {
+    let missing = || io::Error::other(format!("no neighbour entry for {ip} on {interface}"));
+    if ip.is_ipv6() {
+        // No /proc file for it: ip(8) asks over netlink, in this thread's namespace.
+        let output = Command::new("ip")
+            .args(["-6", "neigh", "show", &ip.to_string(), "dev", interface])
+            .output()?;
+        return String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let at = words.iter().position(|word| *word == "lladdr")?;
+                roce_verbs::device::parse_mac(words.get(at + 1)?).ok()
+            })
+            .ok_or_else(missing);
+    }
     let table = std::fs::read_to_string("/proc/thread-self/net/arp")?;
     let wanted = ip.to_string();
     table
@@ -308,11 +339,42 @@ fn neighbour_mac(ip: Ipv4Addr, interface: &str) -> io::Result<[u8; 6]> {
                 _ => None,
             }
         })
-        .ok_or_else(|| io::Error::other(format!("no ARP entry for {ip} on {interface}")))
+        .ok_or_else(missing)
+}
+
+/// Our address on `device` of the kind of the target's RoCE address `theirs`: IPv4, IPv6
+/// link-local (the GID our stack derives from the MAC, as the kernel does), or another IPv6.
+fn our_roce_addr(device: &roce_verbs::Device, theirs: IpAddr) -> io::Result<IpAddr> {
+    let ours = match theirs {
+        IpAddr::V4(_) => device.ipv4().map(IpAddr::V4),
+        IpAddr::V6(theirs) => device
+            .gids
+            .iter()
+            .map(|gid| std::net::Ipv6Addr::from(*gid))
+            .find(|gid| {
+                gid.to_ipv4_mapped().is_none()
+                    && gid.is_unicast_link_local() == theirs.is_unicast_link_local()
+            })
+            .map(IpAddr::V6),
+    };
+    ours.ok_or_else(|| {
+        io::Error::other(format!(
+            "no address of {}'s kind on {}",
+            theirs, device.name
+        ))
+    })
+}
+
+/// The RoCEv2 GID of an IP address: an IPv4 one mapped into IPv6, an IPv6 one itself.
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+        IpAddr::V6(ip) => ip.octets(),
+    }
 }
 
 /// A fresh identity for our side of a connection.
-fn fresh_local(ip: Ipv4Addr) -> Local {
+fn fresh_local(ip: IpAddr) -> Local {
     let mut random = [0u8; 8];
     // Without entropy the numbers are merely predictable, which no scenario depends on.
     let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
@@ -321,7 +383,7 @@ fn fresh_local(ip: Ipv4Addr) -> Local {
         // Away from QPs 0 and 1, and from the low numbers stacks hand out first.
         qpn: 0x10_0000 | (word as u32 & 0xF_FFFF),
         psn: roce_wire::Psn::new((word >> 32) as u32),
-        gid: ip.to_ipv6_mapped().octets(),
+        gid: gid_of(ip),
     }
 }
 

@@ -15,7 +15,7 @@ use roce_wire::aeth::{CreditCount, NakCode, RnrTimer, Syndrome};
 use roce_wire::Opcode;
 
 use super::conn::{Conn, UD_QKEY};
-use super::link::{Damage, Packet};
+use super::link::{Answer, Damage, Packet};
 use super::target::Service;
 
 /// One named scenario.
@@ -670,7 +670,96 @@ pub static SCENARIOS: &[Scenario] = &[
             Ok("ACKs".into())
         },
     },
+    Scenario {
+        name: "send_ack_credits",
+        service: Service::Send,
+        // The AETH credit count of each ACK to a SEND (end-to-end flow control, IBTA
+        // 9.7.7.2): the invalid code 31 (credits not tracked) on every one, or the receives
+        // still posted, rounded down by the encoding: never rising while no receive is
+        // posted, and 0 on the ACK of the SEND that took the last one (the next gets RNR).
+        expected: &["credits=invalid", "credits=tracking"],
+        run: |c| {
+            let mut codes = Vec::new();
+            let mut rnr = false;
+            for at in 0..RECEIVES_AT_MOST {
+                let answers = c.answers(&[c.send(Opcode::RcSendOnly, at, c.send_size)], 1)?;
+                match answers[..] {
+                    [Answer::Ack {
+                        syndrome: Syndrome::Ack(credits),
+                        original: None,
+                        psn,
+                        ..
+                    }] if psn == c.psn(at) => codes.push(credits),
+                    [Answer::Ack {
+                        syndrome: Syndrome::RnrNak(_),
+                        ..
+                    }] => {
+                        rnr = true;
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            Ok(format!("credits={}", credits_shown(&codes, rnr)))
+        },
+    },
 ];
+
+/// How the credit counts of successive ACKs read: `invalid` (all code 31), `tracking` (all
+/// valid and consistent with receives used up one per SEND, 0 last when an RNR NAK
+/// followed), otherwise the codes themselves (`none` without any ACK).
+fn credits_shown(codes: &[CreditCount], rnr: bool) -> String {
+    let counts: Vec<Option<u32>> = codes.iter().map(|code| code.count()).collect();
+    if counts.is_empty() {
+        return "none".into();
+    }
+    if counts.iter().all(Option::is_none) {
+        return "invalid".into();
+    }
+    let valid: Vec<u32> = counts.iter().flatten().copied().collect();
+    let falling = valid.windows(2).all(|pair| pair[1] <= pair[0]);
+    let drained = !rnr || valid.last() == Some(&0);
+    if valid.len() == counts.len() && falling && drained {
+        return "tracking".into();
+    }
+    codes
+        .iter()
+        .map(|code| code.code().to_string())
+        .collect::<Vec<_>>()
+        .join("/")
+}
 
 /// More receives than any perftest send server posts with the `-n` we ask for.
 pub const RECEIVES_AT_MOST: i32 = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codes(counts: &[u8]) -> Vec<CreditCount> {
+        // An ACK's syndrome byte is its credit code (the top three bits 000).
+        counts
+            .iter()
+            .map(|&code| match Syndrome::from_byte(code) {
+                Ok(Syndrome::Ack(credits)) => credits,
+                other => panic!("{code}: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn credits_are_invalid_tracking_or_shown() {
+        assert_eq!(credits_shown(&codes(&[31, 31, 31]), true), "invalid");
+        assert_eq!(credits_shown(&codes(&[4, 3, 2, 1, 0]), true), "tracking");
+        // Code 5 is 6 receives: 6, then 4 left (code 4), rounded down as the encoding does.
+        assert_eq!(credits_shown(&codes(&[5, 4, 3]), false), "tracking");
+        assert_eq!(
+            credits_shown(&codes(&[4, 4, 4, 4, 4]), true),
+            "4/4/4/4/4",
+            "not 0 before RNR"
+        );
+        assert_eq!(credits_shown(&codes(&[1, 2]), false), "1/2", "rising");
+        assert_eq!(credits_shown(&codes(&[31, 0]), true), "31/0", "mixed");
+        assert_eq!(credits_shown(&[], true), "none");
+    }
+}

@@ -8,7 +8,7 @@
 //! completed in error) or `hung`.
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::{self, CreditCount, NakCode, RnrTimer, Syndrome};
@@ -38,6 +38,10 @@ const PATH_MTU: usize = 256;
 const RNR_TIMER: RnrTimer = RnrTimer::new(24);
 /// RNR NAKs in a row (perftest's clients have rnr_retry 7: retry without end).
 const RNR_LOOP: usize = 3;
+/// ACKs advertising zero credits in a row (then honest ones, which restore them).
+const ZERO_CREDIT_ACKS: usize = 2;
+/// Queued connections closed before taking a fresh one (a loop queues one at a time).
+const STALE_AT_MOST: usize = 16;
 /// NAKs of the storm, below perftest's retry_cnt of 7.
 const NAK_STORM: usize = 5;
 
@@ -311,7 +315,7 @@ impl<'a> ServeConn<'a> {
 /// The listening side: one TCP listener per service, accepting only the target.
 pub struct Server {
     listeners: Vec<(Service, TcpListener)>,
-    host: Ipv4Addr,
+    host: IpAddr,
     patience: Duration,
 }
 
@@ -320,9 +324,13 @@ impl Server {
     pub fn bind(
         services: &[Service],
         ports: super::target::Ports,
-        host: Ipv4Addr,
+        host: IpAddr,
         patience: Duration,
     ) -> io::Result<Server> {
+        let any = match host {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
         let listeners = services
             .iter()
             .map(|&service| {
@@ -333,7 +341,7 @@ impl Server {
                     Service::Send => ports.send,
                     Service::Ud => ports.ud,
                 };
-                let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, port))?;
+                let listener = TcpListener::bind((any, port))?;
                 listener.set_nonblocking(true)?;
                 Ok((service, listener))
             })
@@ -345,7 +353,11 @@ impl Server {
         })
     }
 
-    /// The next connection of the target's `service` client.
+    /// The next connection of the target's `service` client, made after this call: a
+    /// client already queued may have waited through the previous scenario, and the loop's
+    /// `timeout` could then end it in the middle of this one (a `failed` that the target's
+    /// requester did not cause). Those are closed: each gives up and its loop starts a
+    /// fresh one.
     fn accept(&self, service: Service) -> io::Result<TcpStream> {
         let listener = self
             .listeners
@@ -353,10 +365,17 @@ impl Server {
             .find(|(s, _)| *s == service)
             .map(|(_, listener)| listener)
             .ok_or_else(|| io::Error::other("no listener for the service"))?;
+        for _ in 0..STALE_AT_MOST {
+            match listener.accept() {
+                Ok(_) => {}
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) => return Err(error),
+            }
+        }
         let deadline = Instant::now() + self.patience;
         loop {
             match listener.accept() {
-                Ok((stream, SocketAddr::V4(peer))) if *peer.ip() == self.host => {
+                Ok((stream, peer)) if peer.ip() == self.host => {
                     stream.set_nonblocking(false)?;
                     stream.set_read_timeout(Some(EXCHANGE_STALL))?;
                     stream.set_write_timeout(Some(EXCHANGE_STALL))?;
@@ -473,6 +492,8 @@ pub struct ServeSuite<'a> {
     pub server: Server,
     /// `-d`.
     pub device: Option<String>,
+    /// `--roce-addr`.
+    pub roce_addr: Option<std::net::IpAddr>,
     /// `--pcap`.
     pub pcap: Option<std::path::PathBuf>,
     /// How long to wait for an answer that may not come.
@@ -497,21 +518,19 @@ impl ServeSuite<'_> {
                 Ok(stream) => stream,
                 Err(error) => return Ok(Err(format!("connect:{error}"))),
             };
-            let (SocketAddr::V4(ours), SocketAddr::V4(theirs)) =
-                (stream.local_addr()?, stream.peer_addr()?)
-            else {
-                return Err(io::Error::other("IPv4 only"));
-            };
+            let (ours, theirs) = (stream.local_addr()?.ip(), stream.peer_addr()?.ip());
             if link.is_none() {
                 *link = Some(link_between(
-                    *ours.ip(),
-                    *theirs.ip(),
+                    ours,
+                    theirs,
+                    self.roce_addr,
                     self.device.as_deref(),
                     self.pcap.as_deref(),
                     self.wait,
                 )?);
             }
-            let local = fresh_local(*ours.ip());
+            // Our GID is the link's address (`--roce-addr` may make it another than `ours`).
+            let local = fresh_local(link.as_ref().map_or(ours, |link| link.ours.ip));
             let mut exchange = Exchange {
                 stream,
                 service: scenario.service,
@@ -796,6 +815,44 @@ pub static SERVE_SCENARIOS: &[ServeScenario] = &[
         service: Service::Send,
         expected: &["SEND@0,done"],
         run: honest,
+    },
+    ServeScenario {
+        name: "requester_zero_credits",
+        service: Service::Send,
+        // Two ACKs that advertise no receive WQEs (AETH credit code 0), then honest ones
+        // (code 31, not tracked). A requester that tracks end-to-end credits still sends one
+        // message at a time without them (the IBTA's limited WQE, 9.7.7.2), one that does not
+        // track them sends as before: either way the next SEND comes, and the run finishes.
+        expected: &["SEND@0,SEND@1,SEND@2,done"],
+        run: |c| {
+            let (shown, mut request) = c.first()?;
+            let mut steps = vec![shown];
+            for _ in 0..ZERO_CREDIT_ACKS {
+                let Some(send) = request else {
+                    return Ok(steps.join(","));
+                };
+                c.accept(&send);
+                let no_credits = c.response(
+                    Opcode::RcAcknowledge,
+                    send.at,
+                    Syndrome::Ack(CreditCount::encode(0)),
+                );
+                c.send(&no_credits)?;
+                let (qpn, base) = (c.local.qpn, c.remote.psn);
+                let seen = c.link.collect(1, RETRANSMIT_WAIT, &mut |frame| {
+                    Seen::decode(frame, qpn, base)
+                })?;
+                steps.push(show(&seen));
+                request = seen.iter().find_map(|seen| match seen {
+                    Seen::Request(request) => Some(*request),
+                    _ => None,
+                });
+            }
+            if let Some(send) = request {
+                c.answer(&send)?;
+            }
+            Ok(steps.join(","))
+        },
     },
     ServeScenario {
         name: "requester_rnr_loop",

@@ -3,7 +3,7 @@
 //! PSN, rkey and address for every connection.
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use roce_wire::Psn;
@@ -84,7 +84,9 @@ pub struct Ports {
 /// perftest servers on `host`.
 pub struct Perftest {
     /// The target's address.
-    pub host: Ipv4Addr,
+    pub host: IpAddr,
+    /// Its RoCE address, when not `host` ([`Reach::roce_addr`](super::Reach::roce_addr)).
+    pub roce_addr: Option<IpAddr>,
     /// Its servers' ports.
     pub ports: Ports,
     /// How long a server may take to (re)start listening before we give up.
@@ -100,12 +102,8 @@ const EXCHANGE_STALL: Duration = Duration::from_secs(10);
 
 impl Perftest {
     /// The local address the connection to `service` would leave from, found by connecting.
-    pub fn local_address(&self, service: Service) -> io::Result<Ipv4Addr> {
-        let stream = self.dial(service)?;
-        match stream.local_addr()? {
-            SocketAddr::V4(address) => Ok(*address.ip()),
-            SocketAddr::V6(_) => Err(io::Error::other("IPv4 only")),
-        }
+    pub fn local_address(&self, service: Service) -> io::Result<IpAddr> {
+        Ok(self.dial(service)?.local_addr()?.ip())
     }
 
     fn port(&self, service: Service) -> u16 {

@@ -32,9 +32,12 @@ pub(super) fn connect(
     if matches!(test, Test::WriteLat | Test::ReadLat) {
         peers = per_qp(oob, &mine)?;
     }
+    // Both sides' GIDs of one family (RoCEv2 over IPv4, or over IPv6), as perftest checks.
+    let ipv4 = |gid: [u8; 16]| Ipv6Addr::from(gid).to_ipv4_mapped().is_some();
     if peers
         .iter()
-        .any(|peer| Ipv6Addr::from(peer.gid).to_ipv4_mapped().is_none())
+        .zip(&mine)
+        .any(|(peer, mine)| ipv4(peer.gid) != ipv4(mine.gid))
     {
         return Err(io::Error::other(
             " Found Incompatibility issue with GID types.",

@@ -2,7 +2,7 @@
 //! barriers, and `done`.
 
 use std::io;
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use roce_verbs::{Context, PathMtu};
@@ -70,7 +70,10 @@ impl<'a> Oob<'a> {
             println!("\n************************************");
             println!("* Waiting for client to connect... *");
             println!("************************************");
-            let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, args.port))?;
+            // IPv6's wildcard takes IPv4 clients too (as mapped addresses) unless the host
+            // has no IPv6 or is set to bindv6only: then IPv4's.
+            let listener = TcpListener::bind((Ipv6Addr::UNSPECIFIED, args.port))
+                .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, args.port)))?;
             listener.accept()?.0
         };
         let engine = Engine {

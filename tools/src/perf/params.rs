@@ -3,7 +3,7 @@
 //! exchange. Every option is checked here, before anything waits for a peer.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use roce_verbs::{Device, PathMtu};
 
@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(value_enum)]
     pub(super) test: Test,
     /// Connect to this server (omit to be the server).
-    pub(super) host: Option<Ipv4Addr>,
+    pub(super) host: Option<IpAddr>,
     /// TCP port of the exchange.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub(super) port: u16,
