@@ -109,8 +109,11 @@ impl DestroyCqError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AsyncEvent {
-    /// A completion found its CQ full; the QP went to ERR (`IBV_EVENT_CQ_ERR`).
+    /// A completion found its CQ full; the CQ is unusable and the QP went to ERR
+    /// (`IBV_EVENT_CQ_ERR` on the CQ, as rxe raises it).
     CqOverflow {
+        /// The CQ that overflowed.
+        cq: CqId,
         /// The QP whose completion was lost.
         qpn: u32,
     },
@@ -784,8 +787,17 @@ impl Endpoint {
 /// them.
 #[inline]
 fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
-    if std::mem::take(&mut qp.cq_overflowed) {
-        events.push(AsyncEvent::CqOverflow { qpn: qp.common.qpn });
+    let full = std::mem::take(&mut qp.cq_overflowed);
+    for (lost, cq) in [
+        (full.send, qp.common.send_cq),
+        (full.recv, qp.common.recv_cq),
+    ] {
+        if lost {
+            events.push(AsyncEvent::CqOverflow {
+                cq: CqId(cq),
+                qpn: qp.common.qpn,
+            });
+        }
     }
     if let Some(failure) = qp.failure.take() {
         let qpn = qp.common.qpn;

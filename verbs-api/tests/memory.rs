@@ -433,7 +433,13 @@ fn cq_overflow_is_an_error_and_an_async_event() {
     // async_fd does, and no longer once it is taken.
     assert!(readable(ctx_a.async_fd(), STALL), "no async event");
     let event = ctx_a.get_async_event(Some(Duration::ZERO)).unwrap();
-    assert_eq!(event, AsyncEvent::CqOverflow { qpn: qp_a.qp_num() });
+    assert_eq!(
+        event,
+        AsyncEvent::CqOverflow {
+            cq: cq_a.id(),
+            qpn: qp_a.qp_num()
+        }
+    );
     assert!(!readable(ctx_a.async_fd(), Duration::ZERO));
     assert!(matches!(
         ctx_a.get_async_event(Some(Duration::from_millis(5))),
@@ -1114,10 +1120,10 @@ fn a_blocked_async_event_waiter_wakes_for_the_event_in_every_progress_mode() {
             stop.store(true, Ordering::Release);
             event
         });
-        let qpn = qp_a.qp_num();
+        let (cq, qpn) = (cq_a.id(), qp_a.qp_num());
         assert_eq!(
             event.unwrap(),
-            AsyncEvent::CqOverflow { qpn },
+            AsyncEvent::CqOverflow { cq, qpn },
             "{progress:?}"
         );
     }

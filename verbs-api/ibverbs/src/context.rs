@@ -567,20 +567,18 @@ pub(crate) extern "C" fn get_pkey_index(_: *mut ibv_context, port: u8, pkey: u16
     }
 }
 
-/// `enum ibv_event_type` values for the events a QP raises.
+/// `enum ibv_event_type` values for the events we raise.
+const IBV_EVENT_CQ_ERR: u32 = 0;
 const IBV_EVENT_QP_FATAL: u32 = 1;
 const IBV_EVENT_QP_REQ_ERR: u32 = 2;
 const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
 const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
 const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
-/// The `ibv_event_type` and QP number of a QP's event. A CQ overflow is reported on the QP
-/// whose completion was lost (`QP_FATAL`): the transport knows the QP, not the `ibv_cq`.
+/// The `ibv_event_type` and QP number of a QP's event.
 fn event_of(event: &AsyncEvent) -> Option<(u32, u32)> {
     Some(match *event {
-        AsyncEvent::QpFatal { qpn, .. } | AsyncEvent::CqOverflow { qpn } => {
-            (IBV_EVENT_QP_FATAL, qpn)
-        }
+        AsyncEvent::QpFatal { qpn, .. } => (IBV_EVENT_QP_FATAL, qpn),
         AsyncEvent::QpRequestError { qpn } => (IBV_EVENT_QP_REQ_ERR, qpn),
         AsyncEvent::QpAccessError { qpn } => (IBV_EVENT_QP_ACCESS_ERR, qpn),
         AsyncEvent::QpLastWqeReached { qpn } => (IBV_EVENT_QP_LAST_WQE_REACHED, qpn),
@@ -589,12 +587,21 @@ fn event_of(event: &AsyncEvent) -> Option<(u32, u32)> {
 }
 
 impl Context {
-    /// The `ibv_event_type` and `element` (our `ibv_qp` or `ibv_srq`) of an async event;
-    /// `None` for events of objects C callers do not see.
+    /// The `ibv_event_type` and `element` (our `ibv_cq`, `ibv_qp` or `ibv_srq`) of an async
+    /// event; `None` for events of objects C callers do not see.
     fn element_of(&self, event: &AsyncEvent) -> Option<(u32, usize)> {
-        if let AsyncEvent::SrqLimitReached { srq } = event {
-            let srqs = self.srqs.lock().ok()?;
-            return Some((IBV_EVENT_SRQ_LIMIT_REACHED, *srqs.get(srq)?));
+        match event {
+            AsyncEvent::SrqLimitReached { srq } => {
+                let srqs = self.srqs.lock().ok()?;
+                return Some((IBV_EVENT_SRQ_LIMIT_REACHED, *srqs.get(srq)?));
+            }
+            // As rxe's `rxe_cq_post`: the CQ's event; the QP's ERR shows in its state and
+            // its flushed completions.
+            AsyncEvent::CqOverflow { cq, .. } => {
+                let cqs = self.cqs.lock().ok()?;
+                return Some((IBV_EVENT_CQ_ERR, *cqs.get(cq)?));
+            }
+            _ => {}
         }
         let (event_type, qpn) = event_of(event)?;
         let qps = self.qps.lock().ok();
