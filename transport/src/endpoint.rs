@@ -150,6 +150,13 @@ pub enum AsyncEvent {
         /// The SRQ.
         srq: SrqId,
     },
+    /// The port's link came up (`IBV_EVENT_PORT_ACTIVE`). The endpoint has no link: the
+    /// device's owner, which watches the interface, raises this and [`PortError`].
+    ///
+    /// [`PortError`]: AsyncEvent::PortError
+    PortActive,
+    /// The port's link went down (`IBV_EVENT_PORT_ERR`); raised by the device's owner.
+    PortError,
 }
 
 /// A device: its memory regions, CQs and QPs.

@@ -792,9 +792,10 @@ fn a_failed_engine_wakes_channel_waiters_and_fails_every_call() {
     cq_a.req_notify(false).unwrap();
     // A waiter with no deadline.
     let waiter = thread::spawn(move || channel.get_cq_event(None));
+    // Registered first: once the engine has failed, registering fails too.
+    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     // B's side of the wire goes away entirely: A's next frame cannot be sent.
     drop((qp_b, cq_b, pd_b, ctx_b));
-    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     // The engine fails when it sends this, or already when it notices the wire gone (then
     // the post is refused): either way the waiter must wake.
     if let Err(failure) = qp_a.post_send([signaled(1, SendOp::Send, buf.sge(0, 8))]) {

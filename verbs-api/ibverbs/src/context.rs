@@ -319,8 +319,7 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
 }
 
 /// `struct ibv_port_attr` of the one port.
-pub(crate) fn port_attr(device: &roce_verbs::Device) -> ibv_port_attr {
-    let port = device.query_port();
+pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
     let active = port.state == PortState::Active;
     ibv_port_attr {
         // IBV_PORT_ACTIVE / IBV_PORT_DOWN.
@@ -377,7 +376,12 @@ unsafe fn write_port_attr(
     if port != 1 || attr.is_null() {
         return EINVAL;
     }
-    let full = port_attr(ours.device());
+    // An open engine watches the link; before that, the state the device was listed with.
+    let port = match ours.engine.get() {
+        Some(engine) => engine.query_port(),
+        None => ours.device().query_port(),
+    };
+    let full = port_attr(port);
     let len = len.min(size_of::<ibv_port_attr>());
     // SAFETY: `full` is a whole struct; `attr` has room for `len` bytes.
     unsafe {
@@ -572,6 +576,10 @@ const IBV_EVENT_CQ_ERR: u32 = 0;
 const IBV_EVENT_QP_FATAL: u32 = 1;
 const IBV_EVENT_QP_REQ_ERR: u32 = 2;
 const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+const IBV_EVENT_PORT_ACTIVE: u32 = 9;
+const IBV_EVENT_PORT_ERR: u32 = 10;
+/// The one port's number, as a port event's `element` (its `port_num`, little-endian).
+const PORT: usize = 1;
 const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
 const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
@@ -601,6 +609,8 @@ impl Context {
                 let cqs = self.cqs.lock().ok()?;
                 return Some((IBV_EVENT_CQ_ERR, *cqs.get(cq)?));
             }
+            AsyncEvent::PortActive => return Some((IBV_EVENT_PORT_ACTIVE, PORT)),
+            AsyncEvent::PortError => return Some((IBV_EVENT_PORT_ERR, PORT)),
             _ => {}
         }
         let (event_type, qpn) = event_of(event)?;
