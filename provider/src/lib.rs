@@ -11,6 +11,7 @@
 //! - [`fault::FaultInjector`] and [`capture::PcapRecorder`]: wrappers over any backend;
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
 //! - [`ceiling`]: the raw AF_XDP ceiling of a link, RoCE-sized frames with no transport;
+//! - [`link::Link`]: whether an interface is up and running (the port state);
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
@@ -26,6 +27,8 @@ pub mod capture;
 pub mod ceiling;
 pub mod engine;
 pub mod fault;
+#[allow(unsafe_code)]
+pub mod link;
 pub mod memory;
 pub mod netns;
 pub mod udp;

@@ -551,3 +551,46 @@ fn async_fd_signals_a_qp_error_and_answers_eagain_when_non_blocking() {
         );
     }
 }
+
+#[test]
+fn the_port_follows_its_interface_down_and_up_with_async_events() {
+    let test = "the_port_follows_its_interface_down_and_up_with_async_events";
+    let headers = Path::new("/usr/include/infiniband/verbs.h").exists();
+    let gcc = Command::new("gcc").arg("--version").output().is_ok();
+    if !needs_root(test) || !prerequisite(test, "gcc and libibverbs-dev", headers && gcc) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("roce-exec-port-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let binary = dir.join("port_events");
+    let compiled = Command::new("gcc")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/c/port_events.c"
+        ))
+        .arg("-o")
+        .arg(&binary)
+        .arg("-libverbs")
+        .output()
+        .unwrap();
+    assert!(compiled.status.success(), "{}", text(&compiled));
+    // The program sets the link of `ea`, in the namespace the test made, down and up.
+    let (a, _b) = two_namespaces(1500);
+    let runs: Vec<Output> = ["events", "busy"]
+        .iter()
+        .map(|progress| {
+            exec_in(&a, &[binary.to_str().unwrap(), "ea"])
+                .env("ROCE_PROGRESS", progress)
+                .output()
+                .unwrap()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    for (progress, run) in ["events", "busy"].iter().zip(&runs) {
+        assert!(
+            run.status.success() && text(run).contains("ok"),
+            "ROCE_PROGRESS={progress}: {}",
+            text(run)
+        );
+    }
+}

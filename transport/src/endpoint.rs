@@ -109,8 +109,11 @@ impl DestroyCqError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AsyncEvent {
-    /// A completion found its CQ full; the QP went to ERR (`IBV_EVENT_CQ_ERR`).
+    /// A completion found its CQ full; the CQ is unusable and the QP went to ERR
+    /// (`IBV_EVENT_CQ_ERR` on the CQ, as rxe raises it).
     CqOverflow {
+        /// The CQ that overflowed.
+        cq: CqId,
         /// The QP whose completion was lost.
         qpn: u32,
     },
@@ -147,6 +150,13 @@ pub enum AsyncEvent {
         /// The SRQ.
         srq: SrqId,
     },
+    /// The port's link came up (`IBV_EVENT_PORT_ACTIVE`). The endpoint has no link: the
+    /// device's owner, which watches the interface, raises this and [`PortError`].
+    ///
+    /// [`PortError`]: AsyncEvent::PortError
+    PortActive,
+    /// The port's link went down (`IBV_EVENT_PORT_ERR`); raised by the device's owner.
+    PortError,
 }
 
 /// A device: its memory regions, CQs and QPs.
@@ -784,8 +794,17 @@ impl Endpoint {
 /// them.
 #[inline]
 fn report_overflow(qp: &mut Qp, events: &mut Vec<AsyncEvent>) {
-    if std::mem::take(&mut qp.cq_overflowed) {
-        events.push(AsyncEvent::CqOverflow { qpn: qp.common.qpn });
+    let full = std::mem::take(&mut qp.cq_overflowed);
+    for (lost, cq) in [
+        (full.send, qp.common.send_cq),
+        (full.recv, qp.common.recv_cq),
+    ] {
+        if lost {
+            events.push(AsyncEvent::CqOverflow {
+                cq: CqId(cq),
+                qpn: qp.common.qpn,
+            });
+        }
     }
     if let Some(failure) = qp.failure.take() {
         let qpn = qp.common.qpn;

@@ -777,13 +777,10 @@ fn cq_overflow_reported() {
         events.extend(sim.nodes[A].endpoint.take_events());
         !events.is_empty()
     }));
-    assert!(
-        events.contains(&AsyncEvent::CqOverflow { qpn: qa }),
-        "{events:?}"
-    );
-    assert!(events
-        .iter()
-        .all(|e| *e == AsyncEvent::CqOverflow { qpn: qa }));
+    // Named by the CQ that overflowed (the send CQ, not the receive CQ) and the QP.
+    let overflow = AsyncEvent::CqOverflow { cq: tiny, qpn: qa };
+    assert!(events.contains(&overflow), "{events:?}");
+    assert!(events.iter().all(|e| *e == overflow), "{events:?}");
     assert_eq!(state(&sim, A, qa), QpState::Err);
     let cq = sim.nodes[A].endpoint.cq(tiny);
     assert!(cq.is_overflowed());

@@ -18,7 +18,7 @@ use roce_transport::Endpoint;
 use crate::backend::{self, BackendKind};
 use crate::channel::CompChannel;
 use crate::cq::Cq;
-use crate::device::Device;
+use crate::device::{Device, PortAttr, PortState};
 use crate::engine_thread;
 use crate::error::Error;
 use crate::mr::Pd;
@@ -73,6 +73,21 @@ impl Context {
     /// The device this context drives.
     pub fn device(&self) -> &Device {
         &self.shared.device
+    }
+
+    /// `ibv_query_port` of the one port, its state as the engine thread last saw the
+    /// interface (the state [`AsyncEvent::PortActive`] and [`AsyncEvent::PortError`]
+    /// report; a caller-driven context has no thread and keeps the state it opened with).
+    pub fn query_port(&self) -> PortAttr {
+        let state = if self.shared.port_up() {
+            PortState::Active
+        } else {
+            PortState::Down
+        };
+        PortAttr {
+            state,
+            ..self.shared.device.query_port()
+        }
     }
 
     /// Which backend carries the frames.

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use roce_provider::link::Link;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
+use crate::backend::BackendKind;
 use crate::options::Progress;
 use crate::shared::Shared;
 
@@ -17,6 +19,11 @@ use crate::shared::Shared;
 const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// How often the thread asks whether the interface is up (the port's state). One ioctl
+/// per interval, on no frame's path, and no later than the longest sleep wakes it anyway;
+/// an rtnetlink subscription would notice sooner but adds a socket to drain and parse in
+/// every mode, for events programs wait for over seconds.
+const LINK_CHECK: Duration = MAX_SLEEP;
 
 /// Starts the thread that drives `shared`'s engine as `progress` says (an
 /// [`Events`](Progress::Events) thread polling for `spin` after its last work before it
@@ -26,11 +33,17 @@ pub(crate) fn spawn(
     progress: Progress,
     spin: Duration,
 ) -> io::Result<JoinHandle<()>> {
+    // Made here, in the opener's network namespace. A backend the caller gave carries no
+    // interface's frames, so no interface's state is its port's.
+    let link = match shared.kind {
+        BackendKind::Custom => None,
+        _ => Some(Link::new(&shared.device.name)?),
+    };
     shared.set_thread_running(true);
     let for_thread = Arc::clone(shared);
     let spawned = std::thread::Builder::new()
         .name(format!("roce-{}", shared.device.name))
-        .spawn(move || run(&for_thread, progress, spin));
+        .spawn(move || run(&for_thread, link.as_ref(), progress, spin));
     if spawned.is_err() {
         shared.set_thread_running(false);
     }
@@ -50,7 +63,7 @@ impl Drop for FailOnPanic<'_> {
 }
 
 /// The background thread.
-fn run(shared: &Shared, progress: Progress, spin: Duration) {
+fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration) {
     let _guard = FailOnPanic(shared);
     // A duplicate of the backend's fd, to sleep on without holding the lock.
     let readiness = match shared.engine_lock() {
@@ -69,6 +82,7 @@ fn run(shared: &Shared, progress: Progress, spin: Duration) {
         }
     };
     let mut last_work = Instant::now();
+    let mut last_link_check = last_work;
     while !shared.stop_requested() {
         let posted = shared.posted();
         let (worked, next_timer) = {
@@ -85,13 +99,18 @@ fn run(shared: &Shared, progress: Progress, spin: Duration) {
                 }
             }
         };
+        let now = Instant::now();
+        if let Some(link) = link.filter(|_| now - last_link_check >= LINK_CHECK) {
+            last_link_check = now;
+            // An interface that vanished is down; its engine fails on its own I/O.
+            shared.set_port_up(link.is_up().unwrap_or(false));
+        }
         if progress == Progress::BusyPoll {
             std::thread::yield_now();
             continue;
         }
         // Spin a while after work: the next frame or post (a reply, the program's next
         // request) usually comes within microseconds, sooner than a wake-up would.
-        let now = Instant::now();
         if worked {
             last_work = now;
         }

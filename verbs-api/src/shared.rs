@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     sleeping: AtomicBool,
     /// Written to wake a sleeping background thread (a post, or stopping).
     wake: OwnedFd,
+    /// Whether the interface was up and running when last looked at (the port's state).
+    port_up: AtomicBool,
     /// The error that stopped the engine, if one did.
     failure: Mutex<Option<String>>,
     /// Whether `failure` is set, readable without a lock.
@@ -59,6 +61,7 @@ impl Shared {
         });
         Ok(Shared {
             core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
+            port_up: AtomicBool::new(device.up),
             device,
             async_events,
             neighbours: kind.neighbours(),
@@ -176,6 +179,24 @@ impl Shared {
             sleep();
         }
         self.sleeping.store(false, Ordering::Release);
+    }
+
+    /// Whether the port is active, as last seen by [`set_port_up`](Self::set_port_up).
+    pub(crate) fn port_up(&self) -> bool {
+        self.port_up.load(Ordering::Acquire)
+    }
+
+    /// Records the interface's state; a change raises `IBV_EVENT_PORT_ACTIVE` or
+    /// `IBV_EVENT_PORT_ERR`, as rxe's netdev notifier does.
+    pub(crate) fn set_port_up(&self, up: bool) {
+        if self.port_up.swap(up, Ordering::AcqRel) != up {
+            tracing::debug!(device = %self.device.name, up, "port state changed");
+            self.async_events.push(if up {
+                AsyncEvent::PortActive
+            } else {
+                AsyncEvent::PortError
+            });
+        }
     }
 
     fn wake_thread(&self) {

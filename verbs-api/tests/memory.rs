@@ -433,7 +433,13 @@ fn cq_overflow_is_an_error_and_an_async_event() {
     // async_fd does, and no longer once it is taken.
     assert!(readable(ctx_a.async_fd(), STALL), "no async event");
     let event = ctx_a.get_async_event(Some(Duration::ZERO)).unwrap();
-    assert_eq!(event, AsyncEvent::CqOverflow { qpn: qp_a.qp_num() });
+    assert_eq!(
+        event,
+        AsyncEvent::CqOverflow {
+            cq: cq_a.id(),
+            qpn: qp_a.qp_num()
+        }
+    );
     assert!(!readable(ctx_a.async_fd(), Duration::ZERO));
     assert!(matches!(
         ctx_a.get_async_event(Some(Duration::from_millis(5))),
@@ -786,9 +792,10 @@ fn a_failed_engine_wakes_channel_waiters_and_fails_every_call() {
     cq_a.req_notify(false).unwrap();
     // A waiter with no deadline.
     let waiter = thread::spawn(move || channel.get_cq_event(None));
+    // Registered first: once the engine has failed, registering fails too.
+    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     // B's side of the wire goes away entirely: A's next frame cannot be sent.
     drop((qp_b, cq_b, pd_b, ctx_b));
-    let buf = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     // The engine fails when it sends this, or already when it notices the wire gone (then
     // the post is refused): either way the waiter must wake.
     if let Err(failure) = qp_a.post_send([signaled(1, SendOp::Send, buf.sge(0, 8))]) {
@@ -1114,10 +1121,10 @@ fn a_blocked_async_event_waiter_wakes_for_the_event_in_every_progress_mode() {
             stop.store(true, Ordering::Release);
             event
         });
-        let qpn = qp_a.qp_num();
+        let (cq, qpn) = (cq_a.id(), qp_a.qp_num());
         assert_eq!(
             event.unwrap(),
-            AsyncEvent::CqOverflow { qpn },
+            AsyncEvent::CqOverflow { cq, qpn },
             "{progress:?}"
         );
     }

@@ -4,8 +4,11 @@
  * does not exist at PEER (an address that answers ARP but runs no RoCE), so its SEND is
  * never acknowledged, its retries run out and it goes to ERR with IBV_EVENT_QP_FATAL: the
  * first event is awaited with poll(2) on a non-blocking fd, the second with a blocking
- * ibv_get_async_event. Prints "ok" and exits 0 when every check holds; otherwise names
- * the first that failed. Usage: async_events DEVICE PEER_IPV4 */
+ * ibv_get_async_event. A third such QP has four SENDs and a send CQ of one entry: the
+ * failed SEND and the three flushed after it overflow that CQ, which raises
+ * IBV_EVENT_CQ_ERR naming it (as rxe's rxe_cq_post), next to the QP's QP_FATAL.
+ * Prints "ok" and exits 0 when every check holds; otherwise names the first that failed.
+ * Usage: async_events DEVICE PEER_IPV4 */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -14,13 +17,14 @@
 
 static char buf[4096];
 
-/* An RC QP in RTS towards QP 0x123 at `peer`, with one SEND posted that nobody will
- * acknowledge (about 4 ms per try, one retry). NULL on failure. */
-static struct ibv_qp *doomed_qp(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_mr *mr,
-				struct in_addr peer)
+/* An RC QP in RTS towards QP 0x123 at `peer`, with `sends` SENDs (wr_id 7, 8, ...)
+ * posted that nobody will acknowledge (about 4 ms per try, one retry). NULL on failure. */
+static struct ibv_qp *doomed_qp(struct ibv_pd *pd, struct ibv_cq *send_cq,
+				struct ibv_cq *recv_cq, struct ibv_mr *mr, struct in_addr peer,
+				int sends)
 {
 	struct ibv_qp_init_attr init = {
-		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.send_cq = send_cq, .recv_cq = recv_cq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
 	};
 	struct ibv_qp *qp = ibv_create_qp(pd, &init);
@@ -64,11 +68,13 @@ static struct ibv_qp *doomed_qp(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv
 					     IBV_QP_MAX_QP_RD_ATOMIC))
 		return NULL;
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
-	struct ibv_send_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1,
-				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
-	struct ibv_send_wr *bad = NULL;
-	if (ibv_post_send(qp, &wr, &bad))
-		return NULL;
+	for (int i = 0; i < sends; i++) {
+		struct ibv_send_wr wr = { .wr_id = 7 + i, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
+		struct ibv_send_wr *bad = NULL;
+		if (ibv_post_send(qp, &wr, &bad))
+			return NULL;
+	}
 	return qp;
 }
 
@@ -100,7 +106,7 @@ int main(int argc, char **argv)
 	errno = 0;
 	CHECK(ibv_get_async_event(ctx, &event) == -1 && errno == EAGAIN);
 
-	struct ibv_qp *first = doomed_qp(pd, cq, mr, peer);
+	struct ibv_qp *first = doomed_qp(pd, cq, cq, mr, peer, 1);
 	CHECK(first);
 	/* The event makes the fd readable (generous: the retries take about 10 ms). */
 	CHECK(poll(&pfd, 1, 20000) == 1 && (pfd.revents & POLLIN));
@@ -116,13 +122,39 @@ int main(int argc, char **argv)
 
 	/* Blocking again: the call itself waits for the second QP's event. */
 	CHECK(fcntl(ctx->async_fd, F_SETFL, flags) == 0);
-	struct ibv_qp *second = doomed_qp(pd, cq, mr, peer);
+	struct ibv_qp *second = doomed_qp(pd, cq, cq, mr, peer, 1);
 	CHECK(second);
 	CHECK(ibv_get_async_event(ctx, &event) == 0);
 	CHECK(event.event_type == IBV_EVENT_QP_FATAL && event.element.qp == second);
 	ibv_ack_async_event(&event);
 
+	/* A CQ of one entry: ibv_create_cq may hold more (ours up to twice as many), so the
+	 * third QP's four completions still overflow it. */
+	struct ibv_cq *tiny = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+	CHECK(tiny && tiny->cqe >= 1 && tiny->cqe < 4);
+	struct ibv_qp *third = doomed_qp(pd, tiny, cq, mr, peer, 4);
+	CHECK(third);
+	int cq_err = 0, qp_fatal = 0;
+	/* Both events, in either order; nothing names another object. */
+	for (int i = 0; i < 2; i++) {
+		CHECK(ibv_get_async_event(ctx, &event) == 0);
+		if (event.event_type == IBV_EVENT_CQ_ERR) {
+			CHECK(event.element.cq == tiny);
+			cq_err++;
+		} else {
+			CHECK(event.event_type == IBV_EVENT_QP_FATAL && event.element.qp == third);
+			qp_fatal++;
+		}
+		ibv_ack_async_event(&event);
+	}
+	CHECK(cq_err == 1 && qp_fatal == 1);
+	struct ibv_qp_attr state;
+	struct ibv_qp_init_attr init_attr;
+	CHECK(ibv_query_qp(third, &state, IBV_QP_STATE, &init_attr) == 0 &&
+	      state.qp_state == IBV_QPS_ERR);
+
 	CHECK(ibv_destroy_qp(first) == 0 && ibv_destroy_qp(second) == 0);
+	CHECK(ibv_destroy_qp(third) == 0 && ibv_destroy_cq(tiny) == 0);
 	CHECK(ibv_destroy_cq(cq) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
 	CHECK(ibv_dealloc_pd(pd) == 0);

@@ -210,8 +210,26 @@ pub(crate) struct Common {
     pub stats: QpStats,
     /// Where its receives come from when not posted to the QP itself.
     pub srq: Option<SrqId>,
-    /// A role's completion found its CQ full; the coordinator moves the QP to ERR.
-    pub cq_full: bool,
+    /// Which CQs a role's completion found full; the coordinator moves the QP to ERR.
+    pub cq_full: FullCqs,
+}
+
+/// Which of a QP's CQs a completion found full (when one CQ serves both queues, only `send`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FullCqs {
+    pub send: bool,
+    pub recv: bool,
+}
+
+impl FullCqs {
+    pub fn any(self) -> bool {
+        self.send || self.recv
+    }
+
+    pub fn add(&mut self, other: FullCqs) {
+        self.send |= other.send;
+        self.recv |= other.recv;
+    }
 }
 
 impl Common {
@@ -244,7 +262,11 @@ impl Common {
     #[inline(always)]
     pub fn complete(&mut self, ctx: &mut Ctx, cq: usize, completion: WorkCompletion) {
         if !push_completion(ctx, cq, completion) {
-            self.cq_full = true;
+            if cq == self.send_cq {
+                self.cq_full.send = true;
+            } else {
+                self.cq_full.recv = true;
+            }
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
-use common::{Common, QpConfig};
+use common::{Common, FullCqs, QpConfig};
 pub(crate) use common::{Ctx, Failure};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
@@ -121,8 +121,8 @@ pub struct ResponderBacklog {
 #[derive(Debug)]
 pub(crate) struct Qp {
     pub common: Common,
-    /// Set when a completion could not be queued; the owner reports it as an async event.
-    pub cq_overflowed: bool,
+    /// The CQs a completion could not be queued on; the owner reports each as an async event.
+    pub cq_overflowed: FullCqs,
     /// Set when the QP went to ERR on its own; the owner reports it as an async event.
     pub failure: Option<Failure>,
     /// Set when a QP on an SRQ entered ERR: it takes no more WQEs from the SRQ, and the
@@ -169,7 +169,7 @@ impl Qp {
                 config: QpConfig::default(),
                 stats: QpStats::default(),
                 srq: None,
-                cq_full: false,
+                cq_full: FullCqs::default(),
             },
             caps: init.caps,
             sq_sig_all: init.sq_sig_all,
@@ -177,7 +177,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
-            cq_overflowed: false,
+            cq_overflowed: FullCqs::default(),
             failure: None,
             last_wqe_reached: false,
         }
@@ -433,8 +433,9 @@ impl Qp {
     /// A completion (the QP's own or a role's) found its CQ full: the QP enters ERR.
     #[inline(always)]
     fn handle_cq_full(&mut self, ctx: &mut Ctx) {
-        if std::mem::take(&mut self.common.cq_full) {
-            self.cq_overflowed = true;
+        let full = std::mem::take(&mut self.common.cq_full);
+        if full.any() {
+            self.cq_overflowed.add(full);
             if self.common.state != QpState::Err {
                 self.enter_error(ctx);
             }

@@ -319,8 +319,7 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
 }
 
 /// `struct ibv_port_attr` of the one port.
-pub(crate) fn port_attr(device: &roce_verbs::Device) -> ibv_port_attr {
-    let port = device.query_port();
+pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
     let active = port.state == PortState::Active;
     ibv_port_attr {
         // IBV_PORT_ACTIVE / IBV_PORT_DOWN.
@@ -377,7 +376,12 @@ unsafe fn write_port_attr(
     if port != 1 || attr.is_null() {
         return EINVAL;
     }
-    let full = port_attr(ours.device());
+    // An open engine watches the link; before that, the state the device was listed with.
+    let port = match ours.engine.get() {
+        Some(engine) => engine.query_port(),
+        None => ours.device().query_port(),
+    };
+    let full = port_attr(port);
     let len = len.min(size_of::<ibv_port_attr>());
     // SAFETY: `full` is a whole struct; `attr` has room for `len` bytes.
     unsafe {
@@ -567,20 +571,22 @@ pub(crate) extern "C" fn get_pkey_index(_: *mut ibv_context, port: u8, pkey: u16
     }
 }
 
-/// `enum ibv_event_type` values for the events a QP raises.
+/// `enum ibv_event_type` values for the events we raise.
+const IBV_EVENT_CQ_ERR: u32 = 0;
 const IBV_EVENT_QP_FATAL: u32 = 1;
 const IBV_EVENT_QP_REQ_ERR: u32 = 2;
 const IBV_EVENT_QP_ACCESS_ERR: u32 = 3;
+const IBV_EVENT_PORT_ACTIVE: u32 = 9;
+const IBV_EVENT_PORT_ERR: u32 = 10;
+/// The one port's number, as a port event's `element` (its `port_num`, little-endian).
+const PORT: usize = 1;
 const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
 const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
-/// The `ibv_event_type` and QP number of a QP's event. A CQ overflow is reported on the QP
-/// whose completion was lost (`QP_FATAL`): the transport knows the QP, not the `ibv_cq`.
+/// The `ibv_event_type` and QP number of a QP's event.
 fn event_of(event: &AsyncEvent) -> Option<(u32, u32)> {
     Some(match *event {
-        AsyncEvent::QpFatal { qpn, .. } | AsyncEvent::CqOverflow { qpn } => {
-            (IBV_EVENT_QP_FATAL, qpn)
-        }
+        AsyncEvent::QpFatal { qpn, .. } => (IBV_EVENT_QP_FATAL, qpn),
         AsyncEvent::QpRequestError { qpn } => (IBV_EVENT_QP_REQ_ERR, qpn),
         AsyncEvent::QpAccessError { qpn } => (IBV_EVENT_QP_ACCESS_ERR, qpn),
         AsyncEvent::QpLastWqeReached { qpn } => (IBV_EVENT_QP_LAST_WQE_REACHED, qpn),
@@ -589,12 +595,23 @@ fn event_of(event: &AsyncEvent) -> Option<(u32, u32)> {
 }
 
 impl Context {
-    /// The `ibv_event_type` and `element` (our `ibv_qp` or `ibv_srq`) of an async event;
-    /// `None` for events of objects C callers do not see.
+    /// The `ibv_event_type` and `element` (our `ibv_cq`, `ibv_qp` or `ibv_srq`) of an async
+    /// event; `None` for events of objects C callers do not see.
     fn element_of(&self, event: &AsyncEvent) -> Option<(u32, usize)> {
-        if let AsyncEvent::SrqLimitReached { srq } = event {
-            let srqs = self.srqs.lock().ok()?;
-            return Some((IBV_EVENT_SRQ_LIMIT_REACHED, *srqs.get(srq)?));
+        match event {
+            AsyncEvent::SrqLimitReached { srq } => {
+                let srqs = self.srqs.lock().ok()?;
+                return Some((IBV_EVENT_SRQ_LIMIT_REACHED, *srqs.get(srq)?));
+            }
+            // As rxe's `rxe_cq_post`: the CQ's event; the QP's ERR shows in its state and
+            // its flushed completions.
+            AsyncEvent::CqOverflow { cq, .. } => {
+                let cqs = self.cqs.lock().ok()?;
+                return Some((IBV_EVENT_CQ_ERR, *cqs.get(cq)?));
+            }
+            AsyncEvent::PortActive => return Some((IBV_EVENT_PORT_ACTIVE, PORT)),
+            AsyncEvent::PortError => return Some((IBV_EVENT_PORT_ERR, PORT)),
+            _ => {}
         }
         let (event_type, qpn) = event_of(event)?;
         let qps = self.qps.lock().ok();
