@@ -404,3 +404,40 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         Some(size),
     );
 }
+
+/// rping `-q`: each side creates its QP with `ibv_create_qp` and moves it through
+/// `rdma_init_qp_attr`'s INIT, RTR and RTS attributes itself; the client hears
+/// CONNECT_RESPONSE and calls `rdma_establish`. Every ping's bytes are checked (`-V`).
+#[test]
+fn rping_moving_its_own_qp_talks_to_itself_between_namespaces() {
+    let test = "rping_moving_its_own_qp_talks_to_itself_between_namespaces";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    let flags = [
+        "-q",
+        "-v",
+        "-V",
+        "-C",
+        "10",
+        "-S",
+        "1024",
+        "-a",
+        "10.85.0.2",
+    ];
+    let (client, server) = pair_in(
+        &a,
+        &b,
+        &[&["rping", "-s"][..], &flags].concat(),
+        &[&["rping", "-c"][..], &flags].concat(),
+    );
+    for (side, output, prefix) in [
+        ("client", &client, "ping data: rdma-ping-"),
+        ("server", &server, "server ping data: rdma-ping-"),
+    ] {
+        let said = text(output);
+        assert!(output.status.success(), "{side}: {said}");
+        check_pings(side, &said, prefix, 10, Some(1024));
+    }
+}

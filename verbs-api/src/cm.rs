@@ -42,7 +42,11 @@ use crate::mr::Pd;
 use crate::qp::{Qp, QpInitAttr};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
-use crate::{AccessFlags, PathMtu, QpAttr, QpState, QpType};
+use crate::{PathMtu, QpType};
+
+mod own_qp;
+
+pub use own_qp::PathRecord;
 
 /// Private data a connect carries after rdma_cm's header (`RDMA_MAX_PRIVATE_DATA` for a REQ
 /// over IP: 92 − 36).
@@ -137,6 +141,10 @@ pub enum CmEventKind {
     RouteError(i32),
     /// `RDMA_CM_EVENT_CONNECT_REQUEST`, on the listening id.
     ConnectRequest(Box<ConnectRequest>),
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the REP came for a QP the program moves itself
+    /// ([`CmId::connect_program_qp`]); it moves it with [`CmId::qp_attr`], then calls
+    /// [`CmId::establish`].
+    ConnectResponse,
     /// `RDMA_CM_EVENT_CONNECT_ERROR`: the peer's answer could not be applied to the QP.
     ConnectError,
     /// `RDMA_CM_EVENT_UNREACHABLE`: the peer never answered.
@@ -166,6 +174,7 @@ impl CmEventKind {
             CmEventKind::RouteResolved => 2,
             CmEventKind::RouteError(_) => 3,
             CmEventKind::ConnectRequest(_) => 4,
+            CmEventKind::ConnectResponse => 5,
             CmEventKind::ConnectError => 6,
             CmEventKind::Unreachable => 7,
             CmEventKind::Rejected { .. } => 8,
@@ -320,6 +329,7 @@ impl EventChannel {
             What::RouteResolved => CmEventKind::RouteResolved,
             What::RouteError(errno) => CmEventKind::RouteError(errno),
             What::ConnectError => CmEventKind::ConnectError,
+            What::ConnectResponse => CmEventKind::ConnectResponse,
             What::Request {
                 new_id,
                 conn,
@@ -526,6 +536,7 @@ impl CmId {
             queue: self.queue()?,
             qpn,
             shared: Arc::downgrade(&self.shared),
+            program_qp: false,
         })
     }
 
@@ -645,13 +656,7 @@ impl CmId {
         }
         let qp = pd.create_qp(attr)?;
         self.check_qp(&qp)?;
-        qp.modify(&QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            access_flags: Some(AccessFlags::empty()),
-            ..QpAttr::default()
-        })?;
+        qp.modify(&own_qp::unconnected_init())?;
         Ok(qp)
     }
 
@@ -666,6 +671,18 @@ impl CmId {
     /// [`connect`](Self::connect) for the QP numbered `qpn` of this id's context (for C
     /// faces, whose QP objects are their own).
     pub fn connect_qp_num(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.connect_as(qpn, param, false)
+    }
+
+    /// [`connect_qp_num`](Self::connect_qp_num) for a QP the program moves itself
+    /// (librdmacm's `rdma_connect` on an id without a QP): the REP is reported as
+    /// [`CmEventKind::ConnectResponse`]; the program moves its QP with
+    /// [`qp_attr`](Self::qp_attr) and calls [`establish`](Self::establish).
+    pub fn connect_program_qp(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.connect_as(qpn, param, true)
+    }
+
+    fn connect_as(&self, qpn: u32, param: &ConnParam, program_qp: bool) -> Result<(), Error> {
         self.check_qp_num(qpn)?;
         if param.private_data.len() > MAX_CONNECT_PRIVATE_DATA {
             return Err(Error::InvalidArgument("private data beyond 56 bytes"));
@@ -733,9 +750,13 @@ impl CmId {
                 .cm()
                 .ok_or(Error::Gone)?
                 .connect(Instant::now(), &params, &private)?;
-        core.cm.conns.insert(conn, self.route(Some(qpn))?);
+        let route = Route {
+            program_qp,
+            ..self.route((!program_qp).then_some(qpn))?
+        };
+        core.cm.conns.insert(conn, route);
         state.conn = Some(conn);
-        state.qpn = Some(qpn);
+        state.qpn = (!program_qp).then_some(qpn);
         drop(state);
         self.shared.kick(&mut core)
     }
@@ -750,6 +771,17 @@ impl CmId {
     /// [`accept`](Self::accept) for the QP numbered `qpn` of this id's context (for C
     /// faces).
     pub fn accept_qp_num(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.accept_as(qpn, param, false)
+    }
+
+    /// [`accept_qp_num`](Self::accept_qp_num) for a QP the program has moved to RTS
+    /// itself with [`qp_attr`](Self::qp_attr) (librdmacm's `rdma_accept` on an id without a
+    /// QP): only the REP leaves; the QP is left alone, then and on a disconnect.
+    pub fn accept_program_qp(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.accept_as(qpn, param, true)
+    }
+
+    fn accept_as(&self, qpn: u32, param: &ConnParam, program_qp: bool) -> Result<(), Error> {
         self.check_qp_num(qpn)?;
         let mut state = self.state()?;
         let (Some(conn), Some(dgid), Some(index)) = (state.conn, state.dgid, state.sgid_index)
@@ -774,6 +806,10 @@ impl CmId {
         let endpoint = core.endpoint();
         let cm = endpoint.cm().ok_or(Error::Gone)?;
         let attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        if program_qp {
+            drop(state);
+            return self.shared.kick(&mut core);
+        }
         let applied = apply_qp_attrs(endpoint, now, qpn, &attrs);
         if let Err(error) = applied {
             if let Some(cm) = endpoint.cm() {

@@ -39,6 +39,8 @@ pub(crate) enum What {
     },
     /// The REP could not be applied to the QP (`RDMA_CM_EVENT_CONNECT_ERROR`).
     ConnectError,
+    /// The REP came for a QP the program moves (`RDMA_CM_EVENT_CONNECT_RESPONSE`).
+    ConnectResponse,
     Cm(Box<CmEvent>),
 }
 
@@ -50,6 +52,10 @@ pub(crate) struct Route {
     pub(crate) qpn: Option<u32>,
     /// The context the id lives on (its requests make ids there).
     pub(crate) shared: Weak<Shared>,
+    /// The program moves the active side's QP itself: the REP is told as a connect
+    /// response, and the establishment its `rdma_establish` makes is not told back
+    /// (librdmacm's behaviour for an id without a QP).
+    pub(crate) program_qp: bool,
 }
 
 impl Route {
@@ -96,6 +102,7 @@ impl CmRoutes {
                     let route = Route {
                         id: new_id,
                         qpn: None,
+                        program_qp: false,
                         ..listener.clone()
                     };
                     self.conns.insert(conn, route);
@@ -113,6 +120,10 @@ impl CmRoutes {
                         }
                         continue;
                     };
+                    if route.program_qp {
+                        route.tell(What::ConnectResponse);
+                        continue;
+                    }
                     let applied = route.qpn.map(|qpn| {
                         let applied = apply_qp_attrs(endpoint, now, qpn, &qp);
                         refresh_gate(endpoint, submissions, qpn);
@@ -139,6 +150,8 @@ impl CmRoutes {
                         route.tell(What::Cm(Box::new(event)));
                     }
                 }
+                CmEvent::Established { conn }
+                    if self.conns.get(&conn).is_some_and(|route| route.program_qp) => {}
                 CmEvent::Established { conn }
                 | CmEvent::Rejected { conn, .. }
                 | CmEvent::Unreachable { conn }

@@ -112,6 +112,31 @@ pub struct rdma_addrinfo {
     pub ai_next: *mut rdma_addrinfo,
 }
 
+/// `struct ibv_sa_path_rec` (infiniband/sa.h, 64 bytes): what `id->route.path_rec` points to.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_sa_path_rec {
+    pub dgid: [u8; 16],
+    pub sgid: [u8; 16],
+    pub dlid: u16,
+    pub slid: u16,
+    pub raw_traffic: c_int,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: c_int,
+    pub numb_path: u8,
+    pub pkey: u16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
+}
+
 /// The head of `struct ibv_qp` (verbs.h), as far as this library reads it.
 #[repr(C)]
 pub struct ibv_qp {
@@ -209,6 +234,11 @@ mod tests {
                 ai_route, ai_connect_len, ai_connect, ai_next
             }
             ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+            ibv_sa_path_rec {
+                dgid, sgid, dlid, slid, raw_traffic, flow_label, hop_limit, traffic_class,
+                reversible, numb_path, pkey, sl, mtu_selector, mtu, rate_selector, rate,
+                packet_life_time_selector, packet_life_time, preference
+            }
         };
         // Unions, and the head of `struct ibv_qp` (the only part of it we read).
         for (expr, ours) in [

@@ -13,6 +13,7 @@ use roce_verbs::{CmId, ConnParam};
 
 use crate::abi::*;
 use crate::channel::Channel;
+use crate::qp_attr;
 use crate::verbs::{self, Opened};
 
 const EINVAL: c_int = 22;
@@ -53,6 +54,8 @@ struct Inner {
     own_channel: Option<Box<Channel>>,
     /// What `rdma_create_ep` gave a passive endpoint for the QPs of its requests.
     ep_qp: Option<(*mut c_void, ibv_qp_init_attr)>,
+    /// What `id->route.path_rec` points to once the route is known.
+    path: Option<Box<ibv_sa_path_rec>>,
 }
 
 impl Id {
@@ -142,6 +145,21 @@ impl Id {
             raw.route.addr.ibaddr.dgid = dgid;
             raw.route.addr.ibaddr.pkey = 0xFFFF;
         }
+        if let Some(path) = cm.path_record() {
+            let path = inner.path.insert(Box::new(qp_attr::path_rec(&path)));
+            let path = core::ptr::from_mut::<ibv_sa_path_rec>(path).cast();
+            let raw = self.raw(inner);
+            raw.route.path_rec = path;
+            raw.route.num_paths = 1;
+        }
+    }
+
+    /// [`describe`](Self::describe) with the id's own `CmId`.
+    fn describe_now(&self, inner: &mut MutexGuard<'_, Inner>) -> Result<(), c_int> {
+        let cm = inner.cm.take().ok_or(EINVAL)?;
+        self.describe(inner, &cm);
+        inner.cm = Some(cm);
+        Ok(())
     }
 
     /// The id's `roce_verbs::CmId`, made on the device of `ip` if it has none yet.
@@ -396,34 +414,21 @@ pub(crate) unsafe extern "C" fn resolve_addr(
         }
         cm.resolve_addr(dst)
             .map_err(|error| crate::fail("rdma_resolve_addr", &error))?;
-        let cm = Id::cm(&inner)?;
-        let local = cm.local_addr();
-        let peer = cm.peer_addr();
-        let gids = cm.gids();
-        let raw = ours.raw(&mut inner);
-        if let Some(local) = local {
-            raw.route.addr.src_addr = to_storage(local);
-        }
-        if let Some(peer) = peer {
-            raw.route.addr.dst_addr = to_storage(peer);
-        }
-        if let Some((sgid, dgid)) = gids {
-            raw.route.addr.ibaddr.sgid = sgid;
-            raw.route.addr.ibaddr.dgid = dgid;
-            raw.route.addr.ibaddr.pkey = 0xFFFF;
-        }
+        ours.describe_now(&mut inner)?;
         drop(inner);
         ours.complete(0)
     })
 }
 
-/// `rdma_resolve_route`: reports `ROUTE_RESOLVED` (RoCE has no SA: the path is local).
+/// `rdma_resolve_route`: reports `ROUTE_RESOLVED` (RoCE has no SA: the path is local) and
+/// sets `id->route.path_rec`.
 pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     with_id(id, |ours| {
-        let inner = ours.lock()?;
+        let mut inner = ours.lock()?;
         Id::cm(&inner)?
             .resolve_route()
             .map_err(|error| crate::fail("rdma_resolve_route", &error))?;
+        ours.describe_now(&mut inner)?;
         drop(inner);
         ours.complete(2)
     })
@@ -683,15 +688,21 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         let param = unsafe { param.as_ref() };
         let mut inner = ours.lock()?;
         let qpn = qp_num(ours.raw(&mut inner), param)?;
+        let program_qp = ours.raw(&mut inner).qp.is_null();
         let param = param.map(conn_param).unwrap_or_default();
         let cm = Id::cm(&inner)?;
-        cm.connect_qp_num(qpn, &param)
-            .map_err(|error| crate::fail("rdma_connect", &error))?;
+        let connected = if program_qp {
+            cm.connect_program_qp(qpn, &param)
+        } else {
+            cm.connect_qp_num(qpn, &param)
+        };
+        connected.map_err(|error| crate::fail("rdma_connect", &error))?;
         if let Some(local) = cm.local_addr() {
             ours.raw(&mut inner).route.addr.src_addr = to_storage(local);
         }
         drop(inner);
-        ours.complete(9)
+        // An id without a QP hears CONNECT_RESPONSE and moves its QP itself, as rdma-core.
+        ours.complete(if program_qp { 5 } else { 9 })
     })
 }
 
@@ -712,9 +723,14 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
             },
             (None, None) => ConnParam::default(),
         };
-        Id::cm(&inner)?
-            .accept_qp_num(qpn, &param)
-            .map_err(|error| crate::fail("rdma_accept", &error))?;
+        let program_qp = ours.raw(&mut inner).qp.is_null();
+        let cm = Id::cm(&inner)?;
+        let accepted = if program_qp {
+            cm.accept_program_qp(qpn, &param)
+        } else {
+            cm.accept_qp_num(qpn, &param)
+        };
+        accepted.map_err(|error| crate::fail("rdma_accept", &error))?;
         drop(inner);
         ours.complete(9)
     })
@@ -750,9 +766,24 @@ pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
-/// `rdma_establish`: our CM already moves the QP to RTS and sends the RTU on the REP, so
-/// there is nothing left to do for a connected id.
+/// `rdma_establish`: after `CONNECT_RESPONSE` on an id without a QP (the program moved
+/// its own), sends the RTU. An id with a QP was established by the CM itself (`EINVAL`, as
+/// rdma-core).
 pub(crate) unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
+    with_id(id, |ours| {
+        let mut inner = ours.lock()?;
+        if !ours.raw(&mut inner).qp.is_null() {
+            return Err(EINVAL);
+        }
+        Id::cm(&inner)?
+            .establish()
+            .map_err(|error| crate::fail("rdma_establish", &error))
+    })
+}
+
+/// `rdma_notify`: the CM learns of the QP's first packet from the QP itself, so there is
+/// nothing to tell it.
+pub(crate) unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
     with_id(id, |ours| Id::cm(&ours.lock()?).map(|_| ()))
 }
 
@@ -783,26 +814,24 @@ pub(crate) unsafe extern "C" fn migrate_id(
     })
 }
 
-/// `rdma_init_qp_attr`: the INIT attributes `rdma_create_qp` applies. RTR and RTS are
-/// applied by our CM itself on the REP or the accept, so they are not offered here.
+/// `rdma_init_qp_attr`: the attributes that move the id's QP to `attr->qp_state` (INIT,
+/// RTR or RTS) and their mask, as the kernel's rdma_cm derives them from the exchange.
 pub(crate) unsafe extern "C" fn init_qp_attr(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_attr,
     mask: *mut c_int,
 ) -> c_int {
-    with_id(id, |_| {
+    with_id(id, |ours| {
         // SAFETY: the caller passes a QP attr and a mask to fill.
         let (Some(attr), Some(mask)) = (unsafe { attr.as_mut() }, unsafe { mask.as_mut() }) else {
             return Err(EINVAL);
         };
-        if attr.qp_state != IBV_QPS_INIT {
-            crate::log_failure("rdma_init_qp_attr", &"only the INIT attributes are offered");
-            return Err(EOPNOTSUPP);
-        }
-        attr.pkey_index = 0;
-        attr.port_num = 1;
-        attr.qp_access_flags = 0;
-        *mask = INIT_MASK;
+        let state = qp_attr::qp_state(attr.qp_state).ok_or(EINVAL)?;
+        let inner = ours.lock()?;
+        let answer = Id::cm(&inner)?
+            .qp_attr(state)
+            .map_err(|error| crate::fail("rdma_init_qp_attr", &error))?;
+        *mask = qp_attr::to_c(&answer, attr);
         Ok(())
     })
 }

@@ -28,6 +28,7 @@ mod abi;
 mod addrinfo;
 mod channel;
 mod id;
+mod qp_attr;
 mod verbs;
 
 use roce_cabi::export;
@@ -60,7 +61,7 @@ export!("rdma_get_devices" @ "RDMACM_1.0" => id::get_devices);
 export!("rdma_free_devices" @ "RDMACM_1.0" => id::free_devices);
 export!("rdma_getaddrinfo" @ "RDMACM_1.0" => addrinfo::getaddrinfo);
 export!("rdma_freeaddrinfo" @ "RDMACM_1.0" => addrinfo::freeaddrinfo);
-export!("rdma_notify" @ "RDMACM_1.0" => id::establish);
+export!("rdma_notify" @ "RDMACM_1.0" => id::notify);
 export!("rdma_establish" @ "RDMACM_1.2" => id::establish);
 export!("rdma_init_qp_attr" @ "RDMACM_1.2" => id::init_qp_attr);
 export!("rdma_create_ep" @ "RDMACM_1.0" => id::create_ep);

@@ -1,0 +1,150 @@
+//! `rdma_init_qp_attr`'s answer in C: a `roce_verbs::QpAttr` as the `ibv_qp_attr` and
+//! attribute mask the kernel's ucma returns, and a route's path as `ibv_sa_path_rec`.
+
+use core::ffi::c_int;
+
+use roce_verbs::{AddressVector, PathRecord, QpAttr, QpState};
+
+use crate::abi::{ibv_qp_attr, ibv_sa_path_rec};
+
+/// `enum ibv_qp_attr_mask` (verbs.h).
+pub(crate) mod mask {
+    use core::ffi::c_int;
+    pub const STATE: c_int = 1;
+    pub const ACCESS_FLAGS: c_int = 1 << 3;
+    pub const PKEY_INDEX: c_int = 1 << 4;
+    pub const PORT: c_int = 1 << 5;
+    pub const QKEY: c_int = 1 << 6;
+    pub const AV: c_int = 1 << 7;
+    pub const PATH_MTU: c_int = 1 << 8;
+    pub const TIMEOUT: c_int = 1 << 9;
+    pub const RETRY_CNT: c_int = 1 << 10;
+    pub const RNR_RETRY: c_int = 1 << 11;
+    pub const RQ_PSN: c_int = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+    pub const MIN_RNR_TIMER: c_int = 1 << 15;
+    pub const SQ_PSN: c_int = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+    pub const DEST_QPN: c_int = 1 << 20;
+}
+
+/// `enum ibv_qp_state`, for the states `rdma_init_qp_attr` answers.
+pub(crate) fn qp_state(code: u32) -> Option<QpState> {
+    match code {
+        0 => Some(QpState::Reset),
+        1 => Some(QpState::Init),
+        2 => Some(QpState::Rtr),
+        3 => Some(QpState::Rts),
+        4 => Some(QpState::Sqd),
+        5 => Some(QpState::Sqe),
+        6 => Some(QpState::Err),
+        _ => None,
+    }
+}
+
+/// Writes the attributes `from` has into `attr` and returns their mask (the state's code
+/// stays what the caller asked for).
+pub(crate) fn to_c(from: &QpAttr, attr: &mut ibv_qp_attr) -> c_int {
+    let mut bits = mask::STATE;
+    if let Some(v) = from.pkey_index {
+        attr.pkey_index = v;
+        bits |= mask::PKEY_INDEX;
+    }
+    if let Some(v) = from.port_num {
+        attr.port_num = v;
+        bits |= mask::PORT;
+    }
+    if let Some(v) = from.access_flags {
+        attr.qp_access_flags = v.bits() as c_int;
+        bits |= mask::ACCESS_FLAGS;
+    }
+    if let Some(v) = from.qkey {
+        attr.qkey = v;
+        bits |= mask::QKEY;
+    }
+    if let Some(v) = from.av {
+        write_av(&v, attr);
+        bits |= mask::AV;
+    }
+    if let Some(v) = from.path_mtu {
+        attr.path_mtu = v as u32;
+        bits |= mask::PATH_MTU;
+    }
+    if let Some(v) = from.dest_qp_num {
+        attr.dest_qp_num = v;
+        bits |= mask::DEST_QPN;
+    }
+    if let Some(v) = from.rq_psn {
+        attr.rq_psn = v.value();
+        bits |= mask::RQ_PSN;
+    }
+    if let Some(v) = from.max_dest_rd_atomic {
+        attr.max_dest_rd_atomic = v;
+        bits |= mask::MAX_DEST_RD_ATOMIC;
+    }
+    if let Some(v) = from.min_rnr_timer {
+        attr.min_rnr_timer = v.code();
+        bits |= mask::MIN_RNR_TIMER;
+    }
+    if let Some(v) = from.sq_psn {
+        attr.sq_psn = v.value();
+        bits |= mask::SQ_PSN;
+    }
+    if let Some(v) = from.timeout {
+        attr.timeout = v;
+        bits |= mask::TIMEOUT;
+    }
+    if let Some(v) = from.retry_cnt {
+        attr.retry_cnt = v;
+        bits |= mask::RETRY_CNT;
+    }
+    if let Some(v) = from.rnr_retry {
+        attr.rnr_retry = v;
+        bits |= mask::RNR_RETRY;
+    }
+    if let Some(v) = from.max_rd_atomic {
+        attr.max_rd_atomic = v;
+        bits |= mask::MAX_QP_RD_ATOMIC;
+    }
+    bits
+}
+
+/// The address vector as a RoCE `ibv_ah_attr`: always global, port 1, no LID.
+fn write_av(av: &AddressVector, attr: &mut ibv_qp_attr) {
+    let ah = &mut attr.ah_attr;
+    ah.grh.dgid = av.dgid;
+    ah.grh.sgid_index = av.sgid_index;
+    ah.grh.hop_limit = av.hop_limit;
+    ah.grh.traffic_class = av.traffic_class;
+    ah.grh.flow_label = av.flow_label;
+    ah.dlid = 0;
+    ah.sl = 0;
+    ah.src_path_bits = 0;
+    ah.static_rate = 0;
+    ah.is_global = 1;
+    ah.port_num = 1;
+}
+
+/// `IB_SA_EQ`: the path's values are exact, not bounds.
+const SA_EQ: u8 = 1;
+
+/// The path as librdmacm copies the kernel's RoCE path record (`ibv_copy_path_rec_from_kern`).
+pub(crate) fn path_rec(path: &PathRecord) -> ibv_sa_path_rec {
+    ibv_sa_path_rec {
+        dgid: path.dgid,
+        sgid: path.sgid,
+        flow_label: path.flow_label.to_be(),
+        hop_limit: path.hop_limit,
+        traffic_class: path.traffic_class,
+        reversible: 1,
+        pkey: path.pkey.to_be(),
+        sl: path.sl,
+        mtu_selector: SA_EQ,
+        mtu: path.mtu as u8,
+        rate_selector: SA_EQ,
+        rate: path.rate,
+        packet_life_time_selector: SA_EQ,
+        packet_life_time: path.packet_life_time,
+        ..ibv_sa_path_rec::default()
+    }
+}
