@@ -651,14 +651,16 @@ fn sidr_resolves_a_ud_service_and_reports_a_missing_one() {
             CmEvent::SidrRequest {
                 conn: request,
                 service_id,
+                local_gid,
+                remote_gid,
                 private_data,
-                ..
             },
         ) = pair.events[B][0]
         else {
             panic!()
         };
         assert_eq!(service_id, UDP_SERVICE);
+        assert_eq!((local_gid, remote_gid), (gid(2), gid(1)));
         assert_eq!(&private_data[..3], b"udp");
         let reply = SidrReply {
             status: SidrStatus::SUCCESS,

@@ -45,8 +45,10 @@ use crate::shared::Shared;
 use crate::{PathMtu, QpType};
 
 mod own_qp;
+mod ud;
 
 pub use own_qp::PathRecord;
+pub use ud::{UdParam, RDMA_UDP_QKEY};
 
 /// Private data a connect carries after rdma_cm's header (`RDMA_MAX_PRIVATE_DATA` for a REQ
 /// over IP: 92 − 36).
@@ -159,6 +161,12 @@ pub enum CmEventKind {
     },
     /// `RDMA_CM_EVENT_ESTABLISHED`.
     Established,
+    /// `RDMA_CM_EVENT_ESTABLISHED` on a UD id: the service's QP
+    /// ([`CmId::ud_address`] is where it is).
+    UdEstablished(UdParam),
+    /// `RDMA_CM_EVENT_UNREACHABLE` on a UD id: the service refused or does not exist, with
+    /// the SIDR_REP's status (1 unsupported service, 2 rejected).
+    UdUnreachable(u8),
     /// `RDMA_CM_EVENT_DISCONNECTED`; the QP is in ERR.
     Disconnected,
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
@@ -176,9 +184,9 @@ impl CmEventKind {
             CmEventKind::ConnectRequest(_) => 4,
             CmEventKind::ConnectResponse => 5,
             CmEventKind::ConnectError => 6,
-            CmEventKind::Unreachable => 7,
+            CmEventKind::Unreachable | CmEventKind::UdUnreachable(_) => 7,
             CmEventKind::Rejected { .. } => 8,
-            CmEventKind::Established => 9,
+            CmEventKind::Established | CmEventKind::UdEstablished(_) => 9,
             CmEventKind::Disconnected => 10,
             CmEventKind::TimewaitExit => 15,
         }
@@ -339,6 +347,14 @@ impl EventChannel {
                 let shared = shared.upgrade()?;
                 CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
             }
+            What::SidrRequest {
+                new_id,
+                request,
+                shared,
+            } => {
+                let shared = shared.upgrade()?;
+                CmEventKind::ConnectRequest(Box::new(self.ud_request(&shared, new_id, &request)?))
+            }
             What::Cm(event) => match *event {
                 TransportEvent::Established { .. } => CmEventKind::Established,
                 TransportEvent::Unreachable { .. } => CmEventKind::Unreachable,
@@ -352,6 +368,17 @@ impl EventChannel {
                     reason: reason.0,
                     private_data: private_data[..rej::PRIVATE_DATA_LEN].to_vec(),
                 },
+                TransportEvent::SidrResolved {
+                    qpn,
+                    qkey,
+                    private_data,
+                    ..
+                } => CmEventKind::UdEstablished(UdParam {
+                    qp_num: qpn,
+                    qkey,
+                    private_data: private_data.to_vec(),
+                }),
+                TransportEvent::SidrRejected { status, .. } => CmEventKind::UdUnreachable(status.0),
                 // `cm_routes` sends no other CM event to a channel.
                 _ => CmEventKind::ConnectError,
             },
@@ -427,6 +454,15 @@ impl AsFd for EventChannel {
     }
 }
 
+/// What [`CmId::outgoing`] settles for a connect or SIDR request.
+struct Outgoing {
+    private: Vec<u8>,
+    /// The service's port.
+    port: u16,
+    dgid: [u8; 16],
+    sgid_index: usize,
+}
+
 #[derive(Debug, Default)]
 struct IdState {
     /// Our address and port.
@@ -442,6 +478,8 @@ struct IdState {
     listening: Option<ServiceId>,
     qpn: Option<u32>,
     remote_qpn: Option<u32>,
+    /// A UD id (`RDMA_PS_UDP`): SIDR instead of a connection.
+    ud: bool,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -636,7 +674,12 @@ impl CmId {
             .src
             .ok_or(Error::InvalidArgument("listen before bind_addr"))?
             .port();
-        let service_id = ServiceId::rdma_ip(PortSpace::Tcp, port);
+        let space = if state.ud {
+            PortSpace::Udp
+        } else {
+            PortSpace::Tcp
+        };
+        let service_id = ServiceId::rdma_ip(space, port);
         let mut core = self.shared.lock()?;
         core.endpoint()
             .cm()
@@ -688,44 +731,16 @@ impl CmId {
             return Err(Error::InvalidArgument("private data beyond 56 bytes"));
         }
         let mut state = self.state()?;
-        let (Some(dst), Some(dgid), Some(index), true) = (
-            state.dst,
-            state.dgid,
-            state.sgid_index,
-            state.route_resolved,
-        ) else {
-            return Err(Error::InvalidArgument("connect before resolve_route"));
-        };
-        if state.conn.is_some() {
-            return Err(Error::InvalidArgument("the id is already connecting"));
+        if state.ud {
+            return Err(Error::InvalidArgument("a UD id connects with connect_ud"));
         }
-        let mut src = state
-            .src
-            .ok_or(Error::InvalidArgument("no source address"))?;
-        if src.port() == 0 {
-            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
-            state.src = Some(src);
-        }
-        let addresses = match (src.ip(), dst.ip()) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => Addresses::V4 { src, dst },
-            (IpAddr::V6(src), IpAddr::V6(dst)) => Addresses::V6 { src, dst },
-            _ => return Err(Error::InvalidArgument("mixed address families")),
-        };
-        let header = cma::Repr {
-            src_port: src.port(),
-            addresses,
-        };
-        let mut private = vec![0u8; cma::HEADER_LEN + param.private_data.len()];
-        header.emit(&mut cma::Packet::new_unchecked(
-            &mut private[..cma::HEADER_LEN],
-        ));
-        private[cma::HEADER_LEN..].copy_from_slice(&param.private_data);
-        let local_gid = self.shared.device.gids[index];
+        let request = self.outgoing(&mut state, &param.private_data)?;
+        let private = request.private;
         let params = ConnectParams {
-            service_id: ServiceId::rdma_ip(PortSpace::Tcp, dst.port()),
-            local_gid,
-            sgid_index: index as u8,
-            remote_gid: dgid,
+            service_id: ServiceId::rdma_ip(PortSpace::Tcp, request.port),
+            local_gid: self.shared.device.gids[request.sgid_index],
+            sgid_index: request.sgid_index as u8,
+            remote_gid: request.dgid,
             qpn,
             service_type: ServiceType::Rc,
             path_mtu: self
@@ -830,10 +845,14 @@ impl CmId {
     /// Rejects the connect request this id came with (`rdma_reject`; reason 28, consumer
     /// defined, with up to 148 bytes of private data).
     pub fn reject(&self, private_data: &[u8]) -> Result<(), Error> {
-        let conn = self
-            .state()?
+        let state = self.state()?;
+        let conn = state
             .conn
             .ok_or(Error::InvalidArgument("reject on an id without a request"))?;
+        if state.ud {
+            drop(state);
+            return self.reply_ud(&crate::cm_routes::sidr_refusal(), private_data);
+        }
         let mut core = self.shared.lock()?;
         core.endpoint()
             .cm()
@@ -861,6 +880,49 @@ impl CmId {
             .ok_or(Error::Gone)?
             .disconnect(now, conn, &[])?;
         self.shared.kick(&mut core)
+    }
+
+    /// Where a connect or SIDR request goes, and the private data it carries: rdma_cm's
+    /// header (our port taken now if the id has none), then the caller's `private`.
+    fn outgoing(&self, state: &mut IdState, private: &[u8]) -> Result<Outgoing, Error> {
+        let (Some(dst), Some(dgid), Some(index), true) = (
+            state.dst,
+            state.dgid,
+            state.sgid_index,
+            state.route_resolved,
+        ) else {
+            return Err(Error::InvalidArgument("connect before resolve_route"));
+        };
+        if state.conn.is_some() {
+            return Err(Error::InvalidArgument("the id is already connecting"));
+        }
+        let mut src = state
+            .src
+            .ok_or(Error::InvalidArgument("no source address"))?;
+        if src.port() == 0 {
+            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
+            state.src = Some(src);
+        }
+        let addresses = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Addresses::V4 { src, dst },
+            (IpAddr::V6(src), IpAddr::V6(dst)) => Addresses::V6 { src, dst },
+            _ => return Err(Error::InvalidArgument("mixed address families")),
+        };
+        let header = cma::Repr {
+            src_port: src.port(),
+            addresses,
+        };
+        let mut bytes = vec![0u8; cma::HEADER_LEN + private.len()];
+        header.emit(&mut cma::Packet::new_unchecked(
+            &mut bytes[..cma::HEADER_LEN],
+        ));
+        bytes[cma::HEADER_LEN..].copy_from_slice(private);
+        Ok(Outgoing {
+            private: bytes,
+            port: dst.port(),
+            dgid,
+            sgid_index: index,
+        })
     }
 
     fn check_qp(&self, qp: &Qp) -> Result<(), Error> {

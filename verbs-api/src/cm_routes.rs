@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId};
+use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId, SidrReply};
 use roce_transport::qp_state::{ModifyQpError, QpAttr, QpState};
 use roce_transport::Endpoint;
+use roce_wire::cm::sidr_rep::SidrStatus;
 
 use crate::queues::{EventQueue, Submission};
 use crate::shared::Shared;
@@ -35,6 +36,13 @@ pub(crate) enum What {
         conn: ConnId,
         request: Box<ConnectRequest>,
         /// The listener's context, where the new id lives.
+        shared: Weak<Shared>,
+    },
+    /// A SIDR_REQ ([`CmEvent::SidrRequest`]) for the UD listener `id`; `new_id` is the
+    /// request's own id.
+    SidrRequest {
+        new_id: u64,
+        request: Box<CmEvent>,
         shared: Weak<Shared>,
     },
     /// The REP could not be applied to the QP (`RDMA_CM_EVENT_CONNECT_ERROR`).
@@ -91,21 +99,13 @@ impl CmRoutes {
         while let Some(event) = endpoint.cm().and_then(Cm::poll_event) {
             match event {
                 CmEvent::ConnectRequest { conn, request } => {
-                    let Some(listener) = self.listeners.get(&request.service_id).cloned() else {
+                    let Some((new_id, listener)) = self.admit(conn, request.service_id) else {
                         // The listener went away after the REQ arrived.
                         if let Some(cm) = endpoint.cm() {
                             let _ = cm.reject(now, conn, &[]);
                         }
                         continue;
                     };
-                    let new_id = self.new_id();
-                    let route = Route {
-                        id: new_id,
-                        qpn: None,
-                        program_qp: false,
-                        ..listener.clone()
-                    };
-                    self.conns.insert(conn, route);
                     listener.tell(What::Request {
                         new_id,
                         conn,
@@ -160,11 +160,55 @@ impl CmRoutes {
                         route.tell(What::Cm(Box::new(event)));
                     }
                 }
-                // UD ids (SIDR) are not offered yet: nothing listens in the UDP port space,
-                // so the CM answers SIDR requests itself.
+                CmEvent::SidrRequest {
+                    conn, service_id, ..
+                } => {
+                    let Some((new_id, listener)) = self.admit(conn, service_id) else {
+                        if let Some(cm) = endpoint.cm() {
+                            let _ = cm.sidr_reply(now, conn, &sidr_refusal(), &[]);
+                        }
+                        continue;
+                    };
+                    listener.tell(What::SidrRequest {
+                        new_id,
+                        request: Box::new(event),
+                        shared: listener.shared.clone(),
+                    });
+                }
+                CmEvent::SidrResolved { conn, .. } | CmEvent::SidrRejected { conn, .. } => {
+                    if let Some(route) = self.conns.get(&conn) {
+                        route.tell(What::Cm(Box::new(event)));
+                    }
+                }
                 _ => {}
             }
         }
+    }
+}
+
+impl CmRoutes {
+    /// A request's own id on the listener of `service_id`, routed to the listener's
+    /// channel; none when nobody listens there any more.
+    fn admit(&mut self, conn: ConnId, service_id: ServiceId) -> Option<(u64, Route)> {
+        let listener = self.listeners.get(&service_id).cloned()?;
+        let new_id = self.new_id();
+        let route = Route {
+            id: new_id,
+            qpn: None,
+            program_qp: false,
+            ..listener.clone()
+        };
+        self.conns.insert(conn, route);
+        Some((new_id, listener))
+    }
+}
+
+/// The SIDR_REP of a UD request refused (`rdma_reject`) or whose listener went away.
+pub(crate) fn sidr_refusal() -> SidrReply {
+    SidrReply {
+        status: SidrStatus::REJECT,
+        qpn: 0,
+        qkey: 0,
     }
 }
 

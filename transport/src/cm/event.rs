@@ -82,6 +82,8 @@ pub enum CmEvent {
         conn: ConnId,
         /// The requested service.
         service_id: ServiceId,
+        /// The GID the SIDR_REQ arrived on.
+        local_gid: Gid,
         /// The requester's GID.
         remote_gid: Gid,
         /// The SIDR_REQ's private data.

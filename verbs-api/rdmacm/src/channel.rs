@@ -119,7 +119,9 @@ impl Channel {
                 listen_id: core::ptr::null_mut(),
                 event: event.kind.code() as c_int,
                 status: 0,
-                param: EventParam { ud: [0; 7] },
+                param: EventParam {
+                    ud: ud_param(0, 0, &[], ibv_ah_attr::default()),
+                },
             },
             private_data: Vec::new(),
         });
@@ -147,6 +149,24 @@ impl Channel {
                 out.raw.status = c_int::from(reason);
                 out.private_data = private_data;
             }
+            CmEventKind::UdUnreachable(status) => out.raw.status = c_int::from(status),
+            CmEventKind::UdEstablished(param) => {
+                out.private_data = param.private_data;
+                out.raw.param = EventParam {
+                    ud: id.ud_param(param.qp_num, param.qkey, &out.private_data),
+                };
+                return Some(out);
+            }
+            CmEventKind::ConnectRequest(request) if request.id.is_ud() => {
+                out.private_data = request.private_data;
+                let child = Id::from_request(id, self, request.id, Request::default());
+                out.raw.listen_id = id.as_raw();
+                out.raw.id = child;
+                out.raw.param = EventParam {
+                    ud: ud_param(0, 0, &out.private_data, ibv_ah_attr::default()),
+                };
+                return Some(out);
+            }
             CmEventKind::ConnectRequest(request) => {
                 // As the kernel reports it: from the listener's side, so the requester's
                 // initiator depth is our responder resources and the other way round.
@@ -171,6 +191,26 @@ impl Channel {
         }
         out.raw.param = EventParam { conn };
         Some(out)
+    }
+}
+
+/// `struct rdma_ud_param` pointing at `private_data`.
+pub(crate) fn ud_param(
+    qp_num: u32,
+    qkey: u32,
+    private_data: &[u8],
+    ah_attr: ibv_ah_attr,
+) -> rdma_ud_param {
+    rdma_ud_param {
+        private_data: if private_data.is_empty() {
+            core::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        },
+        private_data_len: u8::try_from(private_data.len()).unwrap_or(u8::MAX),
+        ah_attr,
+        qp_num,
+        qkey,
     }
 }
 

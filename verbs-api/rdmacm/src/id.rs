@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::sync::{Mutex, MutexGuard};
 
 use roce_cabi::set_errno;
-use roce_verbs::{CmId, ConnParam};
+use roce_verbs::{CmId, ConnParam, QpState};
 
 use crate::abi::*;
 use crate::channel::Channel;
@@ -25,7 +25,7 @@ const ETIMEDOUT: c_int = 110;
 const DEFAULT_CQ_DEPTH: c_int = 64;
 
 /// What a connect request asked, from the listener's side: `rdma_accept(id, NULL)` grants it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Request {
     pub(crate) responder_resources: u8,
     pub(crate) initiator_depth: u8,
@@ -65,7 +65,11 @@ impl Id {
         raw.channel = channel.as_raw();
         raw.context = context;
         raw.ps = ps;
-        raw.qp_type = IBV_QPT_RC as c_int;
+        raw.qp_type = if ps == RDMA_PS_UDP {
+            IBV_QPT_UD
+        } else {
+            IBV_QPT_RC
+        } as c_int;
         Box::new(Id {
             raw: UnsafeCell::new(raw),
             inner: Mutex::new(Inner::default()),
@@ -171,10 +175,12 @@ impl Id {
         if inner.cm.is_none() {
             let device = verbs::device_for(ip)?;
             let channel = self.channel(inner)?;
-            let cm = device
-                .verbs
-                .create_id(&channel.channel)
-                .map_err(|error| crate::fail("rdma_create_id", &error))?;
+            let cm = if self.raw(inner).ps == RDMA_PS_UDP {
+                device.verbs.create_ud_id(&channel.channel)
+            } else {
+                device.verbs.create_id(&channel.channel)
+            };
+            let cm = cm.map_err(|error| crate::fail("rdma_create_id", &error))?;
             channel.register(cm.handle(), self);
             let raw = self.raw(inner);
             raw.verbs = device.ibv;
@@ -183,6 +189,16 @@ impl Id {
             inner.cm = Some(cm);
         }
         inner.cm.as_ref().ok_or(EINVAL)
+    }
+
+    /// `struct rdma_ud_param` for the UD service `qp_num` / `qkey` this id resolved.
+    pub(crate) fn ud_param(&self, qp_num: u32, qkey: u32, private_data: &[u8]) -> rdma_ud_param {
+        let av = self
+            .lock()
+            .ok()
+            .and_then(|inner| inner.cm.as_ref()?.ud_address());
+        let ah = av.as_ref().map(qp_attr::ah_attr).unwrap_or_default();
+        crate::channel::ud_param(qp_num, qkey, private_data, ah)
     }
 
     fn cm<'a>(inner: &'a MutexGuard<'_, Inner>) -> Result<&'a CmId, c_int> {
@@ -324,8 +340,8 @@ fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&Id) -> Result<(), c_int>) -> c_i
     }
 }
 
-/// `rdma_create_id`: RC ids (`RDMA_PS_TCP`) only. With no channel the id is synchronous:
-/// its calls wait for their event, as rdma-core's do.
+/// `rdma_create_id`: RC ids (`RDMA_PS_TCP`) and UD ids (`RDMA_PS_UDP`). With no channel
+/// the id is synchronous: its calls wait for their event, as rdma-core's do.
 pub(crate) unsafe extern "C" fn create_id(
     channel: *mut rdma_event_channel,
     id: *mut *mut rdma_cm_id,
@@ -336,8 +352,11 @@ pub(crate) unsafe extern "C" fn create_id(
         set_errno(EINVAL);
         return -1;
     }
-    if ps != RDMA_PS_TCP {
-        crate::log_failure("rdma_create_id", &"only RDMA_PS_TCP ids are offered");
+    if ps != RDMA_PS_TCP && ps != RDMA_PS_UDP {
+        crate::log_failure(
+            "rdma_create_id",
+            &"only RDMA_PS_TCP and RDMA_PS_UDP ids are offered",
+        );
         set_errno(EOPNOTSUPP);
         return -1;
     }
@@ -554,12 +573,15 @@ fn attach_qp(
     caller: QpParts,
     make: impl FnOnce(&verbs::Verbs, Opened, &QpParts) -> *mut ibv_qp,
 ) -> Result<(), c_int> {
-    if qp_type != IBV_QPT_RC {
-        crate::log_failure(call, &"only RC QPs are offered");
-        return Err(EOPNOTSUPP);
-    }
     let verbs = verbs::verbs()?;
     let mut inner = ours.lock()?;
+    if c_int::try_from(qp_type) != Ok(ours.raw(&mut inner).qp_type) {
+        crate::log_failure(
+            call,
+            &"a QP of the id's type (RC for TCP ids, UD for UDP ids)",
+        );
+        return Err(EOPNOTSUPP);
+    }
     let device = inner.device.ok_or(EINVAL)?;
     let pd = match (caller.pd.is_null(), ours.raw(&mut inner).pd.is_null()) {
         (false, _) => caller.pd,
@@ -613,17 +635,24 @@ fn attach_qp(
     if qp.is_null() {
         return Err(crate::errno());
     }
-    let mut attr = ibv_qp_attr {
-        qp_state: IBV_QPS_INIT,
-        port_num: 1,
-        ..ibv_qp_attr::default()
+    // As rdma-core: an RC QP waits in INIT for the exchange; a UD QP goes on to RTS.
+    let steps: &[QpState] = if qp_type == IBV_QPT_UD {
+        &[QpState::Init, QpState::Rtr, QpState::Rts]
+    } else {
+        &[QpState::Init]
     };
-    // SAFETY: the QP just made, and a complete attr.
-    let moved = unsafe { (verbs.modify_qp)(qp, &mut attr, INIT_MASK) };
-    if moved != 0 {
-        // SAFETY: the QP just made, not handed out.
-        unsafe { (verbs.destroy_qp)(qp) };
-        return Err(moved);
+    for &state in steps {
+        let moved = Id::cm(&inner)?.qp_attr(state).map_or(EINVAL, |answer| {
+            let mut attr = ibv_qp_attr::default();
+            let mask = qp_attr::to_c(&answer, &mut attr);
+            // SAFETY: the QP just made, and an attr complete for `mask`.
+            unsafe { (verbs.modify_qp)(qp, &mut attr, mask) }
+        });
+        if moved != 0 {
+            // SAFETY: the QP just made, not handed out.
+            unsafe { (verbs.destroy_qp)(qp) };
+            return Err(moved);
+        }
     }
     ours.raw(&mut inner).qp = qp;
     Ok(())
@@ -687,6 +716,14 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
         // SAFETY: the caller passes NULL or a conn param.
         let param = unsafe { param.as_ref() };
         let mut inner = ours.lock()?;
+        let cm = Id::cm(&inner)?;
+        if cm.is_ud() {
+            let private = param.map(conn_param).unwrap_or_default().private_data;
+            cm.connect_ud(&private)
+                .map_err(|error| crate::fail("rdma_connect", &error))?;
+            drop(inner);
+            return ours.complete(9);
+        }
         let qpn = qp_num(ours.raw(&mut inner), param)?;
         let program_qp = ours.raw(&mut inner).qp.is_null();
         let param = param.map(conn_param).unwrap_or_default();
@@ -714,6 +751,13 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
         let param = unsafe { param.as_ref() };
         let mut inner = ours.lock()?;
         let qpn = qp_num(ours.raw(&mut inner), param)?;
+        if Id::cm(&inner)?.is_ud() {
+            // No RTU follows a SIDR_REP, so there is no event to wait for.
+            let private = param.map(conn_param).unwrap_or_default().private_data;
+            return Id::cm(&inner)?
+                .accept_ud(qpn, &private)
+                .map_err(|error| crate::fail("rdma_accept", &error));
+        }
         let param = match (param, inner.request) {
             (Some(param), _) => conn_param(param),
             (None, Some(request)) => ConnParam {

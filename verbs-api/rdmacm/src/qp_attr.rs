@@ -5,7 +5,8 @@ use core::ffi::c_int;
 
 use roce_verbs::{AddressVector, PathRecord, QpAttr, QpState};
 
-use crate::abi::{ibv_qp_attr, ibv_sa_path_rec};
+use crate::abi::{ibv_ah_attr, ibv_qp_attr, ibv_sa_path_rec};
+use roce_cabi::abi::ibv_global_route;
 
 /// `enum ibv_qp_attr_mask` (verbs.h).
 pub(crate) mod mask {
@@ -42,10 +43,14 @@ pub(crate) fn qp_state(code: u32) -> Option<QpState> {
     }
 }
 
-/// Writes the attributes `from` has into `attr` and returns their mask (the state's code
-/// stays what the caller asked for).
+/// Writes the attributes `from` has into `attr` and returns their mask.
 pub(crate) fn to_c(from: &QpAttr, attr: &mut ibv_qp_attr) -> c_int {
     let mut bits = mask::STATE;
+    if let Some(state) = from.state {
+        attr.qp_state = (0..=6)
+            .find(|&code| qp_state(code) == Some(state))
+            .unwrap_or(0);
+    }
     if let Some(v) = from.pkey_index {
         attr.pkey_index = v;
         bits |= mask::PKEY_INDEX;
@@ -63,7 +68,7 @@ pub(crate) fn to_c(from: &QpAttr, attr: &mut ibv_qp_attr) -> c_int {
         bits |= mask::QKEY;
     }
     if let Some(v) = from.av {
-        write_av(&v, attr);
+        attr.ah_attr = ah_attr(&v);
         bits |= mask::AV;
     }
     if let Some(v) = from.path_mtu {
@@ -110,19 +115,19 @@ pub(crate) fn to_c(from: &QpAttr, attr: &mut ibv_qp_attr) -> c_int {
 }
 
 /// The address vector as a RoCE `ibv_ah_attr`: always global, port 1, no LID.
-fn write_av(av: &AddressVector, attr: &mut ibv_qp_attr) {
-    let ah = &mut attr.ah_attr;
-    ah.grh.dgid = av.dgid;
-    ah.grh.sgid_index = av.sgid_index;
-    ah.grh.hop_limit = av.hop_limit;
-    ah.grh.traffic_class = av.traffic_class;
-    ah.grh.flow_label = av.flow_label;
-    ah.dlid = 0;
-    ah.sl = 0;
-    ah.src_path_bits = 0;
-    ah.static_rate = 0;
-    ah.is_global = 1;
-    ah.port_num = 1;
+pub(crate) fn ah_attr(av: &AddressVector) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: av.dgid,
+            flow_label: av.flow_label,
+            sgid_index: av.sgid_index,
+            hop_limit: av.hop_limit,
+            traffic_class: av.traffic_class,
+        },
+        is_global: 1,
+        port_num: 1,
+        ..ibv_ah_attr::default()
+    }
 }
 
 /// `IB_SA_EQ`: the path's values are exact, not bounds.

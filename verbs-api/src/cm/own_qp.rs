@@ -50,9 +50,13 @@ impl CmId {
     /// The attributes that move this id's QP to `state` (INIT, RTR or RTS), as the
     /// kernel's rdma_cm derives them for `rdma_init_qp_attr`: before a connect INIT only,
     /// with no remote access; once the REQ is out or in, from the exchange (see
-    /// [`Cm::qp_attr`](roce_transport::cm::Cm::qp_attr)).
+    /// [`Cm::qp_attr`](roce_transport::cm::Cm::qp_attr)); for a UD id, the Q_Key
+    /// [`RDMA_UDP_QKEY`](super::RDMA_UDP_QKEY) at INIT and no peer.
     pub fn qp_attr(&self, state: QpState) -> Result<QpAttr, Error> {
         let ids = self.state()?;
+        if ids.ud {
+            return Self::ud_qp_attr(state);
+        }
         let Some(conn) = ids.conn else {
             return match state {
                 QpState::Init => Ok(unconnected_init()),
