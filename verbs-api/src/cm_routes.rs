@@ -160,26 +160,9 @@ impl CmRoutes {
                         route.tell(What::Cm(Box::new(event)));
                     }
                 }
-                CmEvent::SidrRequest {
-                    conn, service_id, ..
-                } => {
-                    let Some((new_id, listener)) = self.admit(conn, service_id) else {
-                        if let Some(cm) = endpoint.cm() {
-                            let _ = cm.sidr_reply(now, conn, &sidr_refusal(), &[]);
-                        }
-                        continue;
-                    };
-                    listener.tell(What::SidrRequest {
-                        new_id,
-                        request: Box::new(event),
-                        shared: listener.shared.clone(),
-                    });
-                }
-                CmEvent::SidrResolved { conn, .. } | CmEvent::SidrRejected { conn, .. } => {
-                    if let Some(route) = self.conns.get(&conn) {
-                        route.tell(What::Cm(Box::new(event)));
-                    }
-                }
+                CmEvent::SidrRequest { .. }
+                | CmEvent::SidrResolved { .. }
+                | CmEvent::SidrRejected { .. } => self.deliver_sidr(endpoint, now, event),
                 _ => {}
             }
         }
@@ -187,6 +170,34 @@ impl CmRoutes {
 }
 
 impl CmRoutes {
+    /// A UD id's events: a SIDR request gets its own id on the listener's channel (or a
+    /// refusal when nobody listens any more); an answer goes to the requester's id.
+    fn deliver_sidr(&mut self, endpoint: &mut Endpoint, now: Instant, event: CmEvent) {
+        match event {
+            CmEvent::SidrRequest {
+                conn, service_id, ..
+            } => {
+                let Some((new_id, listener)) = self.admit(conn, service_id) else {
+                    if let Some(cm) = endpoint.cm() {
+                        let _ = cm.sidr_reply(now, conn, &sidr_refusal(), &[]);
+                    }
+                    return;
+                };
+                listener.tell(What::SidrRequest {
+                    new_id,
+                    request: Box::new(event),
+                    shared: listener.shared.clone(),
+                });
+            }
+            CmEvent::SidrResolved { conn, .. } | CmEvent::SidrRejected { conn, .. } => {
+                if let Some(route) = self.conns.get(&conn) {
+                    route.tell(What::Cm(Box::new(event)));
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// A request's own id on the listener of `service_id`, routed to the listener's
     /// channel; none when nobody listens there any more.
     fn admit(&mut self, conn: ConnId, service_id: ServiceId) -> Option<(u64, Route)> {

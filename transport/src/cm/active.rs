@@ -165,10 +165,9 @@ impl Common {
                         flow_label: request.primary_path.flow_label,
                     },
                 };
-                let attrs = negotiated.qp_attrs();
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.answered();
-                    c.attrs = Some(attrs);
+                    c.attrs = Some(negotiated.qp_attrs());
                     c.state = ConnState::RepReceived;
                     c.remote_comm_id = m.local_comm_id;
                     c.remote_qpn = m.local_qpn;
@@ -178,7 +177,7 @@ impl Common {
                 self.remotes.insert(key, id);
                 self.events.push_back(CmEvent::ConnectResponse {
                     conn: ConnId(id),
-                    qp: attrs,
+                    qp: negotiated.qp_attrs(),
                     private_data: m.private_data,
                 });
             }
