@@ -153,3 +153,112 @@ pub(crate) fn path_rec(path: &PathRecord) -> ibv_sa_path_rec {
         ..ibv_sa_path_rec::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_verbs::{AccessFlags, PathMtu, Psn, RnrTimer};
+
+    #[test]
+    fn masks_and_states_are_verbs_h_s() {
+        let mut rows: Vec<(String, usize)> = [
+            ("IBV_QP_STATE", mask::STATE),
+            ("IBV_QP_ACCESS_FLAGS", mask::ACCESS_FLAGS),
+            ("IBV_QP_PKEY_INDEX", mask::PKEY_INDEX),
+            ("IBV_QP_PORT", mask::PORT),
+            ("IBV_QP_QKEY", mask::QKEY),
+            ("IBV_QP_AV", mask::AV),
+            ("IBV_QP_PATH_MTU", mask::PATH_MTU),
+            ("IBV_QP_TIMEOUT", mask::TIMEOUT),
+            ("IBV_QP_RETRY_CNT", mask::RETRY_CNT),
+            ("IBV_QP_RNR_RETRY", mask::RNR_RETRY),
+            ("IBV_QP_RQ_PSN", mask::RQ_PSN),
+            ("IBV_QP_MAX_QP_RD_ATOMIC", mask::MAX_QP_RD_ATOMIC),
+            ("IBV_QP_MIN_RNR_TIMER", mask::MIN_RNR_TIMER),
+            ("IBV_QP_SQ_PSN", mask::SQ_PSN),
+            ("IBV_QP_MAX_DEST_RD_ATOMIC", mask::MAX_DEST_RD_ATOMIC),
+            ("IBV_QP_DEST_QPN", mask::DEST_QPN),
+        ]
+        .map(|(name, bit)| (name.to_string(), bit as usize))
+        .to_vec();
+        for (name, code) in [("IBV_QPS_RESET", 0), ("IBV_QPS_RTS", 3), ("IBV_QPS_ERR", 6)] {
+            rows.push((name.to_string(), code));
+        }
+        roce_cabi::probe::assert_layouts("#include <infiniband/verbs.h>\n", &rows);
+    }
+
+    /// The kernel's RTR and RTS for RC (`cm_init_qp_rtr_attr`, `_rts_attr`) come out with
+    /// ucma's masks and every field where ibv_modify_qp reads it.
+    #[test]
+    fn rtr_and_rts_carry_ucmas_masks() {
+        let av = AddressVector {
+            dgid: [0xfe; 16],
+            sgid_index: 1,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        };
+        let rtr = QpAttr {
+            state: Some(QpState::Rtr),
+            av: Some(av),
+            path_mtu: Some(PathMtu::Mtu1024),
+            dest_qp_num: Some(0x42),
+            rq_psn: Some(Psn::new(0x12_3456)),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(RnrTimer::new(0)),
+            ..QpAttr::default()
+        };
+        let mut attr = ibv_qp_attr::default();
+        use mask::*;
+        assert_eq!(
+            to_c(&rtr, &mut attr),
+            STATE | AV | PATH_MTU | DEST_QPN | RQ_PSN | MAX_DEST_RD_ATOMIC | MIN_RNR_TIMER
+        );
+        assert_eq!(
+            (attr.qp_state, attr.path_mtu, attr.dest_qp_num),
+            (2, 3, 0x42)
+        );
+        assert_eq!((attr.rq_psn, attr.max_dest_rd_atomic), (0x12_3456, 1));
+        assert_eq!((attr.ah_attr.is_global, attr.ah_attr.port_num), (1, 1));
+        assert_eq!(attr.ah_attr.grh.dgid, [0xfe; 16]);
+        assert_eq!(
+            (attr.ah_attr.grh.sgid_index, attr.ah_attr.grh.hop_limit),
+            (1, 64)
+        );
+        let rts = QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(7)),
+            timeout: Some(19),
+            retry_cnt: Some(7),
+            rnr_retry: Some(6),
+            max_rd_atomic: Some(1),
+            ..QpAttr::default()
+        };
+        let mut attr = ibv_qp_attr::default();
+        assert_eq!(
+            to_c(&rts, &mut attr),
+            STATE | SQ_PSN | TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC
+        );
+        assert_eq!((attr.qp_state, attr.sq_psn, attr.timeout), (3, 7, 19));
+        assert_eq!(
+            (attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic),
+            (7, 6, 1)
+        );
+        let init = QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(AccessFlags::REMOTE_WRITE),
+            ..QpAttr::default()
+        };
+        let mut attr = ibv_qp_attr::default();
+        assert_eq!(
+            to_c(&init, &mut attr),
+            STATE | PKEY_INDEX | PORT | ACCESS_FLAGS
+        );
+        assert_eq!(
+            (attr.qp_state, attr.port_num, attr.qp_access_flags),
+            (1, 1, 2)
+        );
+    }
+}
