@@ -10,13 +10,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use roce_transport::cm::{CmEvent as TransportEvent, SidrReply};
+use roce_transport::cm::{CmEvent as TransportEvent, ConnId, SidrReply};
 use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::sidr_rep::SidrStatus;
 use roce_wire::cm::{sidr_req, PortSpace, ServiceId};
 use roce_wire::Psn;
 
 use super::{CmId, ConnectRequest, EventChannel, IdState, HOP_LIMIT};
+use crate::cm_routes::sidr_refusal;
 use crate::context::Context;
 use crate::error::Error;
 use crate::shared::Shared;
@@ -89,7 +90,10 @@ impl EventChannel {
                 SocketAddr::new(IpAddr::V6(src), src_port),
                 SocketAddr::new(IpAddr::V6(dst), port),
             ),
-            None => return None,
+            None => {
+                refuse(shared, conn);
+                return None;
+            }
         };
         let state = IdState {
             // Our side is the destination of the request.
@@ -109,6 +113,19 @@ impl EventChannel {
             remote_qpn: 0,
         })
     }
+}
+
+/// Refuses a SIDR request no id is made for (no rdma_cm header: nothing to answer it
+/// with), so it does not hold its listener's backlog.
+fn refuse(shared: &Shared, conn: ConnId) {
+    let Ok(mut core) = shared.lock() else {
+        return;
+    };
+    core.cm.conns.remove(&conn);
+    if let Some(cm) = core.endpoint().cm() {
+        let _ = cm.sidr_reply(Instant::now(), conn, &sidr_refusal(), &[]);
+    }
+    let _ = shared.kick(&mut core);
 }
 
 impl CmId {
