@@ -357,3 +357,192 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         Some(size),
     );
 }
+
+/// rping `-q`: each side creates its QP with `ibv_create_qp` and moves it through
+/// `rdma_init_qp_attr`'s INIT, RTR and RTS attributes itself; the client hears
+/// CONNECT_RESPONSE and calls `rdma_establish`. Every ping's bytes are checked (`-V`).
+#[test]
+fn rping_moving_its_own_qp_talks_to_itself_between_namespaces() {
+    let test = "rping_moving_its_own_qp_talks_to_itself_between_namespaces";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    let flags = [
+        "-q",
+        "-v",
+        "-V",
+        "-C",
+        "10",
+        "-S",
+        "1024",
+        "-a",
+        "10.85.0.2",
+    ];
+    let (client, server) = pair_in(
+        &a,
+        &b,
+        &[&["rping", "-s"][..], &flags].concat(),
+        &[&["rping", "-c"][..], &flags].concat(),
+    );
+    for (side, output, prefix) in [
+        ("client", &client, "ping data: rdma-ping-"),
+        ("server", &server, "server ping data: rdma-ping-"),
+    ] {
+        let said = text(output);
+        assert!(output.status.success(), "{side}: {said}");
+        check_pings(side, &said, prefix, 10, Some(1024));
+    }
+}
+
+/// udaddy's output says every connection resolved and every message came back, and it
+/// exited 0.
+fn check_udaddy(side: &str, output: &Output) {
+    let said = text(output);
+    assert!(
+        output.status.success()
+            && said.contains("test complete")
+            && said.contains("return status 0"),
+        "udaddy {side}: {said}"
+    );
+}
+
+/// What a SIDR_REQ for a port nobody listens on draws (the SIDR_REP's status 1,
+/// "unsupported service", as udaddy prints it).
+const NOBODY_LISTENS: &str = "RDMA_CM_EVENT_UNREACHABLE, error: 1";
+
+/// Runs a udaddy client until the server listens (a bounded number of tries).
+fn udaddy_client(run: impl Fn() -> Output) -> Output {
+    let mut last = None;
+    for _ in 0..50 {
+        let output = run();
+        let early = text(&output).contains(NOBODY_LISTENS);
+        last = Some(output);
+        if !early {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    last.expect("tried at least once")
+}
+
+/// UD ids: udaddy's clients resolve the server's UD QP with SIDR (two ids), send, and the
+/// server answers each from the address its datagram came from. (A SIDR_REQ nobody
+/// listens for is answered only by a running CM: the rxe VM's test and the verbs API's
+/// check that.)
+#[test]
+fn udaddy_talks_to_itself_between_namespaces() {
+    let test = "udaddy_talks_to_itself_between_namespaces";
+    if !root_and(test, &["udaddy"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    let client = ["udaddy", "-s", "10.85.0.2", "-c", "2", "-C", "5"];
+    let server = exec_in(&b, &["udaddy", "-b", "10.85.0.2", "-c", "2", "-C", "5"])
+        .spawn()
+        .unwrap();
+    let server = thread::spawn(move || server.wait_with_output().unwrap());
+    let client = udaddy_client(|| exec_in(&a, &client).output().unwrap());
+    check_udaddy("client", &client);
+    check_udaddy("server", &server.join().unwrap());
+}
+
+/// Our `roce exec PROGRAM` in the rxe VM's host namespace (`host0`, 10.88.0.1).
+fn in_host(program: &[&str]) -> Command {
+    build_libraries();
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", "rxe-host", "timeout", "60"])
+        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--"])
+        .args(program)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// UD ids and self-moved QPs against the kernel's CM (one VM boot): udaddy in both roles,
+/// a SIDR_REQ nobody listens for, and our rping `-q` client against the kernel's server.
+#[test]
+fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
+    let test = "udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm";
+    if !root_and(test, &["rping", "udaddy"]) {
+        return;
+    }
+    let Some(vm) = common::rxe::vm(test, "1500") else {
+        return;
+    };
+    let ours = ["udaddy", "-s", "10.88.0.11", "-c", "2", "-C", "5"];
+    let refused = in_host(&ours).output().unwrap();
+    assert!(
+        !refused.status.success() && text(&refused).contains(NOBODY_LISTENS),
+        "our client with nobody listening: {}",
+        text(&refused)
+    );
+
+    let job = vm.spawn(60, "udaddy -b 10.88.0.11 -c 2 -C 5");
+    let client = udaddy_client(|| in_host(&ours).output().unwrap());
+    let server = vm.wait(&job, 60);
+    check_udaddy("our client", &client);
+    check_udaddy("kernel server", &server);
+
+    let server = in_host(&["udaddy", "-b", "10.88.0.1", "-c", "2", "-C", "5"])
+        .spawn()
+        .unwrap();
+    let server = thread::spawn(move || server.wait_with_output().unwrap());
+    let client = vm.exec(
+        60,
+        "for try in $(seq 50); do udaddy -s 10.88.0.1 -c 2 -C 5 > /tmp/ud.out 2>&1 && break; sleep 0.2; done; cat /tmp/ud.out",
+    );
+    check_udaddy("kernel client", &client);
+    check_udaddy("our server", &server.join().unwrap());
+
+    let job = vm.spawn(60, "rping -s -q -a 10.88.0.11 -v -C 10 -S 1024");
+    let client = rping_client_in_host(&[
+        "-c",
+        "-q",
+        "-a",
+        "10.88.0.11",
+        "-v",
+        "-V",
+        "-C",
+        "10",
+        "-S",
+        "1024",
+    ]);
+    let server = vm.wait(&job, 60);
+    assert!(
+        client.status.success(),
+        "our rping -q client: {}\nkernel server: {}",
+        text(&client),
+        text(&server)
+    );
+    check_pings(
+        "our client",
+        &text(&client),
+        "ping data: rdma-ping-",
+        10,
+        Some(1024),
+    );
+    check_pings(
+        "kernel server",
+        &text(&server),
+        "server ping data: rdma-ping-",
+        10,
+        None,
+    );
+}
+
+/// Our rping client in the host namespace, again while the VM's server is not listening.
+fn rping_client_in_host(args: &[&str]) -> Output {
+    let mut last = None;
+    for _ in 0..50 {
+        let output = rping_in_host(args).output().unwrap();
+        let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
+        last = Some(output);
+        if !rejected {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    last.expect("tried at least once")
+}

@@ -9,7 +9,7 @@ use roce_transport::cm::{
     AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnState, ConnectParams, Gid, QpAttrs,
     SidrReply,
 };
-use roce_transport::qp_state::PathMtu;
+use roce_transport::qp_state::{PathMtu, QpState};
 use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::req::ServiceType;
 use roce_wire::cm::sidr_rep::SidrStatus;
@@ -275,6 +275,53 @@ impl Pair {
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// `rdma_init_qp_attr` for a program that moves its own QP: what each step of the
+/// exchange settles, the same the CM itself hands out, and the two sides' PSNs crossed.
+#[test]
+fn qp_attributes_can_be_asked_for_at_each_step() {
+    let mut pair = Pair::new(12, [0, 0]);
+    pair.on_request = OnRequest::Wait;
+    let conn = pair.connect();
+    let init = pair.cms[A].qp_attr(conn, QpState::Init, 1).unwrap();
+    assert_eq!(init.state, Some(QpState::Init));
+    assert_eq!(init.access_flags.map(|a| a.bits()), Some(0b1110));
+    assert!(matches!(
+        pair.cms[A].qp_attr(conn, QpState::Rtr, 1),
+        Err(CmError::InvalidState(ConnState::ReqSent))
+    ));
+    assert!(pair.drive_until(MINUTE, |p| p.conn[B].is_some()));
+    let passive = pair.conn[B].unwrap();
+    let asked = [QpState::Init, QpState::Rtr, QpState::Rts]
+        .map(|state| pair.cms[B].qp_attr(passive, state, 1).unwrap());
+    // Before the accept the REQ's depths are granted crosswise: its initiator depth 2 is
+    // our responder's, its responder resources 4 our initiator depth.
+    assert_eq!(asked[1].max_dest_rd_atomic, Some(2));
+    assert_eq!(asked[2].max_rd_atomic, Some(4));
+    assert!(matches!(
+        pair.cms[B].qp_attr(passive, QpState::Sqd, 1),
+        Err(CmError::UnsupportedQpState(QpState::Sqd))
+    ));
+    pair.accept();
+    let accepted = pair.qp[B].unwrap();
+    // The REP carries the PSN drawn when the attributes were first asked for.
+    assert_eq!(asked[1].rq_psn, accepted.rtr.rq_psn);
+    assert_eq!(accepted.rtr.max_dest_rd_atomic, Some(2));
+    pair.flush();
+    assert!(pair.drive_until(MINUTE, Pair::both_established));
+    let active = pair.qp[A].unwrap();
+    for (state, expected) in [
+        (QpState::Init, active.init),
+        (QpState::Rtr, active.rtr),
+        (QpState::Rts, active.rts),
+    ] {
+        assert_eq!(pair.cms[A].qp_attr(conn, state, 1).unwrap(), expected);
+    }
+    assert_eq!(active.rtr.rq_psn, accepted.rts.sq_psn);
+    assert_eq!(active.rts.sq_psn, accepted.rtr.rq_psn);
+    assert_eq!(active.rtr.dest_qp_num, Some(QPN[B]));
+    assert_eq!(accepted.rtr.dest_qp_num, Some(QPN[A]));
+}
 
 #[test]
 fn connect_then_active_side_disconnects() {
@@ -604,14 +651,16 @@ fn sidr_resolves_a_ud_service_and_reports_a_missing_one() {
             CmEvent::SidrRequest {
                 conn: request,
                 service_id,
+                local_gid,
+                remote_gid,
                 private_data,
-                ..
             },
         ) = pair.events[B][0]
         else {
             panic!()
         };
         assert_eq!(service_id, UDP_SERVICE);
+        assert_eq!((local_gid, remote_gid), (gid(2), gid(1)));
         assert_eq!(&private_data[..3], b"udp");
         let reply = SidrReply {
             status: SidrStatus::SUCCESS,

@@ -42,7 +42,13 @@ use crate::mr::Pd;
 use crate::qp::{Qp, QpInitAttr};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
-use crate::{AccessFlags, PathMtu, QpAttr, QpState, QpType};
+use crate::{PathMtu, QpType};
+
+mod own_qp;
+mod ud;
+
+pub use own_qp::PathRecord;
+pub use ud::{UdParam, RDMA_UDP_QKEY};
 
 /// Private data a connect carries after rdma_cm's header (`RDMA_MAX_PRIVATE_DATA` for a REQ
 /// over IP: 92 − 36).
@@ -137,6 +143,10 @@ pub enum CmEventKind {
     RouteError(i32),
     /// `RDMA_CM_EVENT_CONNECT_REQUEST`, on the listening id.
     ConnectRequest(Box<ConnectRequest>),
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the REP came for a QP the program moves itself
+    /// ([`CmId::connect_program_qp`]); it moves it with [`CmId::qp_attr`], then calls
+    /// [`CmId::establish`].
+    ConnectResponse,
     /// `RDMA_CM_EVENT_CONNECT_ERROR`: the peer's answer could not be applied to the QP.
     ConnectError,
     /// `RDMA_CM_EVENT_UNREACHABLE`: the peer never answered.
@@ -151,6 +161,12 @@ pub enum CmEventKind {
     },
     /// `RDMA_CM_EVENT_ESTABLISHED`.
     Established,
+    /// `RDMA_CM_EVENT_ESTABLISHED` on a UD id: the service's QP
+    /// ([`CmId::ud_address`] is where it is).
+    UdEstablished(UdParam),
+    /// `RDMA_CM_EVENT_UNREACHABLE` on a UD id: the service refused or does not exist, with
+    /// the SIDR_REP's status (1 unsupported service, 2 rejected).
+    UdUnreachable(u8),
     /// `RDMA_CM_EVENT_DISCONNECTED`; the QP is in ERR.
     Disconnected,
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
@@ -166,10 +182,11 @@ impl CmEventKind {
             CmEventKind::RouteResolved => 2,
             CmEventKind::RouteError(_) => 3,
             CmEventKind::ConnectRequest(_) => 4,
+            CmEventKind::ConnectResponse => 5,
             CmEventKind::ConnectError => 6,
-            CmEventKind::Unreachable => 7,
+            CmEventKind::Unreachable | CmEventKind::UdUnreachable(_) => 7,
             CmEventKind::Rejected { .. } => 8,
-            CmEventKind::Established => 9,
+            CmEventKind::Established | CmEventKind::UdEstablished(_) => 9,
             CmEventKind::Disconnected => 10,
             CmEventKind::TimewaitExit => 15,
         }
@@ -320,6 +337,7 @@ impl EventChannel {
             What::RouteResolved => CmEventKind::RouteResolved,
             What::RouteError(errno) => CmEventKind::RouteError(errno),
             What::ConnectError => CmEventKind::ConnectError,
+            What::ConnectResponse => CmEventKind::ConnectResponse,
             What::Request {
                 new_id,
                 conn,
@@ -328,6 +346,14 @@ impl EventChannel {
             } => {
                 let shared = shared.upgrade()?;
                 CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
+            }
+            What::SidrRequest {
+                new_id,
+                request,
+                shared,
+            } => {
+                let shared = shared.upgrade()?;
+                CmEventKind::ConnectRequest(Box::new(self.ud_request(&shared, new_id, &request)?))
             }
             What::Cm(event) => match *event {
                 TransportEvent::Established { .. } => CmEventKind::Established,
@@ -342,6 +368,17 @@ impl EventChannel {
                     reason: reason.0,
                     private_data: private_data[..rej::PRIVATE_DATA_LEN].to_vec(),
                 },
+                TransportEvent::SidrResolved {
+                    qpn,
+                    qkey,
+                    private_data,
+                    ..
+                } => CmEventKind::UdEstablished(UdParam {
+                    qp_num: qpn,
+                    qkey,
+                    private_data: private_data.to_vec(),
+                }),
+                TransportEvent::SidrRejected { status, .. } => CmEventKind::UdUnreachable(status.0),
                 // `cm_routes` sends no other CM event to a channel.
                 _ => CmEventKind::ConnectError,
             },
@@ -417,6 +454,15 @@ impl AsFd for EventChannel {
     }
 }
 
+/// What [`CmId::outgoing`] settles for a connect or SIDR request.
+struct Outgoing {
+    private: Vec<u8>,
+    /// The service's port.
+    port: u16,
+    dgid: [u8; 16],
+    sgid_index: usize,
+}
+
 #[derive(Debug, Default)]
 struct IdState {
     /// Our address and port.
@@ -432,6 +478,8 @@ struct IdState {
     listening: Option<ServiceId>,
     qpn: Option<u32>,
     remote_qpn: Option<u32>,
+    /// A UD id (`RDMA_PS_UDP`): SIDR instead of a connection.
+    ud: bool,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -526,6 +574,7 @@ impl CmId {
             queue: self.queue()?,
             qpn,
             shared: Arc::downgrade(&self.shared),
+            program_qp: false,
         })
     }
 
@@ -625,7 +674,12 @@ impl CmId {
             .src
             .ok_or(Error::InvalidArgument("listen before bind_addr"))?
             .port();
-        let service_id = ServiceId::rdma_ip(PortSpace::Tcp, port);
+        let space = if state.ud {
+            PortSpace::Udp
+        } else {
+            PortSpace::Tcp
+        };
+        let service_id = ServiceId::rdma_ip(space, port);
         let mut core = self.shared.lock()?;
         core.endpoint()
             .cm()
@@ -645,13 +699,7 @@ impl CmId {
         }
         let qp = pd.create_qp(attr)?;
         self.check_qp(&qp)?;
-        qp.modify(&QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            access_flags: Some(AccessFlags::empty()),
-            ..QpAttr::default()
-        })?;
+        qp.modify(&own_qp::unconnected_init())?;
         Ok(qp)
     }
 
@@ -666,49 +714,33 @@ impl CmId {
     /// [`connect`](Self::connect) for the QP numbered `qpn` of this id's context (for C
     /// faces, whose QP objects are their own).
     pub fn connect_qp_num(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.connect_as(qpn, param, false)
+    }
+
+    /// [`connect_qp_num`](Self::connect_qp_num) for a QP the program moves itself
+    /// (librdmacm's `rdma_connect` on an id without a QP): the REP is reported as
+    /// [`CmEventKind::ConnectResponse`]; the program moves its QP with
+    /// [`qp_attr`](Self::qp_attr) and calls [`establish`](Self::establish).
+    pub fn connect_program_qp(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.connect_as(qpn, param, true)
+    }
+
+    fn connect_as(&self, qpn: u32, param: &ConnParam, program_qp: bool) -> Result<(), Error> {
         self.check_qp_num(qpn)?;
         if param.private_data.len() > MAX_CONNECT_PRIVATE_DATA {
             return Err(Error::InvalidArgument("private data beyond 56 bytes"));
         }
         let mut state = self.state()?;
-        let (Some(dst), Some(dgid), Some(index), true) = (
-            state.dst,
-            state.dgid,
-            state.sgid_index,
-            state.route_resolved,
-        ) else {
-            return Err(Error::InvalidArgument("connect before resolve_route"));
-        };
-        if state.conn.is_some() {
-            return Err(Error::InvalidArgument("the id is already connecting"));
+        if state.ud {
+            return Err(Error::InvalidArgument("a UD id connects with connect_ud"));
         }
-        let mut src = state
-            .src
-            .ok_or(Error::InvalidArgument("no source address"))?;
-        if src.port() == 0 {
-            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
-            state.src = Some(src);
-        }
-        let addresses = match (src.ip(), dst.ip()) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => Addresses::V4 { src, dst },
-            (IpAddr::V6(src), IpAddr::V6(dst)) => Addresses::V6 { src, dst },
-            _ => return Err(Error::InvalidArgument("mixed address families")),
-        };
-        let header = cma::Repr {
-            src_port: src.port(),
-            addresses,
-        };
-        let mut private = vec![0u8; cma::HEADER_LEN + param.private_data.len()];
-        header.emit(&mut cma::Packet::new_unchecked(
-            &mut private[..cma::HEADER_LEN],
-        ));
-        private[cma::HEADER_LEN..].copy_from_slice(&param.private_data);
-        let local_gid = self.shared.device.gids[index];
+        let request = self.outgoing(&mut state, &param.private_data)?;
+        let private = request.private;
         let params = ConnectParams {
-            service_id: ServiceId::rdma_ip(PortSpace::Tcp, dst.port()),
-            local_gid,
-            sgid_index: index as u8,
-            remote_gid: dgid,
+            service_id: ServiceId::rdma_ip(PortSpace::Tcp, request.port),
+            local_gid: self.shared.device.gids[request.sgid_index],
+            sgid_index: request.sgid_index as u8,
+            remote_gid: request.dgid,
             qpn,
             service_type: ServiceType::Rc,
             path_mtu: self
@@ -733,9 +765,13 @@ impl CmId {
                 .cm()
                 .ok_or(Error::Gone)?
                 .connect(Instant::now(), &params, &private)?;
-        core.cm.conns.insert(conn, self.route(Some(qpn))?);
+        let route = Route {
+            program_qp,
+            ..self.route((!program_qp).then_some(qpn))?
+        };
+        core.cm.conns.insert(conn, route);
         state.conn = Some(conn);
-        state.qpn = Some(qpn);
+        state.qpn = (!program_qp).then_some(qpn);
         drop(state);
         self.shared.kick(&mut core)
     }
@@ -750,6 +786,17 @@ impl CmId {
     /// [`accept`](Self::accept) for the QP numbered `qpn` of this id's context (for C
     /// faces).
     pub fn accept_qp_num(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.accept_as(qpn, param, false)
+    }
+
+    /// [`accept_qp_num`](Self::accept_qp_num) for a QP the program has moved to RTS
+    /// itself with [`qp_attr`](Self::qp_attr) (librdmacm's `rdma_accept` on an id without a
+    /// QP): only the REP leaves; the QP is left alone, then and on a disconnect.
+    pub fn accept_program_qp(&self, qpn: u32, param: &ConnParam) -> Result<(), Error> {
+        self.accept_as(qpn, param, true)
+    }
+
+    fn accept_as(&self, qpn: u32, param: &ConnParam, program_qp: bool) -> Result<(), Error> {
         self.check_qp_num(qpn)?;
         let mut state = self.state()?;
         let (Some(conn), Some(dgid), Some(index)) = (state.conn, state.dgid, state.sgid_index)
@@ -774,6 +821,10 @@ impl CmId {
         let endpoint = core.endpoint();
         let cm = endpoint.cm().ok_or(Error::Gone)?;
         let attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        if program_qp {
+            drop(state);
+            return self.shared.kick(&mut core);
+        }
         let applied = apply_qp_attrs(endpoint, now, qpn, &attrs);
         if let Err(error) = applied {
             if let Some(cm) = endpoint.cm() {
@@ -794,10 +845,14 @@ impl CmId {
     /// Rejects the connect request this id came with (`rdma_reject`; reason 28, consumer
     /// defined, with up to 148 bytes of private data).
     pub fn reject(&self, private_data: &[u8]) -> Result<(), Error> {
-        let conn = self
-            .state()?
+        let state = self.state()?;
+        let conn = state
             .conn
             .ok_or(Error::InvalidArgument("reject on an id without a request"))?;
+        if state.ud {
+            drop(state);
+            return self.reply_ud(&crate::cm_routes::sidr_refusal(), private_data);
+        }
         let mut core = self.shared.lock()?;
         core.endpoint()
             .cm()
@@ -825,6 +880,49 @@ impl CmId {
             .ok_or(Error::Gone)?
             .disconnect(now, conn, &[])?;
         self.shared.kick(&mut core)
+    }
+
+    /// Where a connect or SIDR request goes, and the private data it carries: rdma_cm's
+    /// header (our port taken now if the id has none), then the caller's `private`.
+    fn outgoing(&self, state: &mut IdState, private: &[u8]) -> Result<Outgoing, Error> {
+        let (Some(dst), Some(dgid), Some(index), true) = (
+            state.dst,
+            state.dgid,
+            state.sgid_index,
+            state.route_resolved,
+        ) else {
+            return Err(Error::InvalidArgument("connect before resolve_route"));
+        };
+        if state.conn.is_some() {
+            return Err(Error::InvalidArgument("the id is already connecting"));
+        }
+        let mut src = state
+            .src
+            .ok_or(Error::InvalidArgument("no source address"))?;
+        if src.port() == 0 {
+            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
+            state.src = Some(src);
+        }
+        let addresses = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Addresses::V4 { src, dst },
+            (IpAddr::V6(src), IpAddr::V6(dst)) => Addresses::V6 { src, dst },
+            _ => return Err(Error::InvalidArgument("mixed address families")),
+        };
+        let header = cma::Repr {
+            src_port: src.port(),
+            addresses,
+        };
+        let mut bytes = vec![0u8; cma::HEADER_LEN + private.len()];
+        header.emit(&mut cma::Packet::new_unchecked(
+            &mut bytes[..cma::HEADER_LEN],
+        ));
+        bytes[cma::HEADER_LEN..].copy_from_slice(private);
+        Ok(Outgoing {
+            private: bytes,
+            port: dst.port(),
+            dgid,
+            sgid_index: index,
+        })
     }
 
     fn check_qp(&self, qp: &Qp) -> Result<(), Error> {

@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId};
+use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId, SidrReply};
 use roce_transport::qp_state::{ModifyQpError, QpAttr, QpState};
 use roce_transport::Endpoint;
+use roce_wire::cm::sidr_rep::SidrStatus;
 
 use crate::queues::{EventQueue, Submission};
 use crate::shared::Shared;
@@ -37,8 +38,17 @@ pub(crate) enum What {
         /// The listener's context, where the new id lives.
         shared: Weak<Shared>,
     },
+    /// A SIDR_REQ ([`CmEvent::SidrRequest`]) for the UD listener `id`; `new_id` is the
+    /// request's own id.
+    SidrRequest {
+        new_id: u64,
+        request: Box<CmEvent>,
+        shared: Weak<Shared>,
+    },
     /// The REP could not be applied to the QP (`RDMA_CM_EVENT_CONNECT_ERROR`).
     ConnectError,
+    /// The REP came for a QP the program moves (`RDMA_CM_EVENT_CONNECT_RESPONSE`).
+    ConnectResponse,
     Cm(Box<CmEvent>),
 }
 
@@ -50,6 +60,10 @@ pub(crate) struct Route {
     pub(crate) qpn: Option<u32>,
     /// The context the id lives on (its requests make ids there).
     pub(crate) shared: Weak<Shared>,
+    /// The program moves the active side's QP itself: the REP is told as a connect
+    /// response, and the establishment its `rdma_establish` makes is not told back
+    /// (librdmacm's behaviour for an id without a QP).
+    pub(crate) program_qp: bool,
 }
 
 impl Route {
@@ -85,20 +99,13 @@ impl CmRoutes {
         while let Some(event) = endpoint.cm().and_then(Cm::poll_event) {
             match event {
                 CmEvent::ConnectRequest { conn, request } => {
-                    let Some(listener) = self.listeners.get(&request.service_id).cloned() else {
+                    let Some((new_id, listener)) = self.admit(conn, request.service_id) else {
                         // The listener went away after the REQ arrived.
                         if let Some(cm) = endpoint.cm() {
                             let _ = cm.reject(now, conn, &[]);
                         }
                         continue;
                     };
-                    let new_id = self.new_id();
-                    let route = Route {
-                        id: new_id,
-                        qpn: None,
-                        ..listener.clone()
-                    };
-                    self.conns.insert(conn, route);
                     listener.tell(What::Request {
                         new_id,
                         conn,
@@ -113,6 +120,10 @@ impl CmRoutes {
                         }
                         continue;
                     };
+                    if route.program_qp {
+                        route.tell(What::ConnectResponse);
+                        continue;
+                    }
                     let applied = route.qpn.map(|qpn| {
                         let applied = apply_qp_attrs(endpoint, now, qpn, &qp);
                         refresh_gate(endpoint, submissions, qpn);
@@ -140,6 +151,8 @@ impl CmRoutes {
                     }
                 }
                 CmEvent::Established { conn }
+                    if self.conns.get(&conn).is_some_and(|route| route.program_qp) => {}
+                CmEvent::Established { conn }
                 | CmEvent::Rejected { conn, .. }
                 | CmEvent::Unreachable { conn }
                 | CmEvent::TimewaitExit { conn } => {
@@ -147,11 +160,66 @@ impl CmRoutes {
                         route.tell(What::Cm(Box::new(event)));
                     }
                 }
-                // UD ids (SIDR) are not offered yet: nothing listens in the UDP port space,
-                // so the CM answers SIDR requests itself.
+                CmEvent::SidrRequest { .. }
+                | CmEvent::SidrResolved { .. }
+                | CmEvent::SidrRejected { .. } => self.deliver_sidr(endpoint, now, event),
                 _ => {}
             }
         }
+    }
+}
+
+impl CmRoutes {
+    /// A UD id's events: a SIDR request gets its own id on the listener's channel (or a
+    /// refusal when nobody listens any more); an answer goes to the requester's id.
+    fn deliver_sidr(&mut self, endpoint: &mut Endpoint, now: Instant, event: CmEvent) {
+        match event {
+            CmEvent::SidrRequest {
+                conn, service_id, ..
+            } => {
+                let Some((new_id, listener)) = self.admit(conn, service_id) else {
+                    if let Some(cm) = endpoint.cm() {
+                        let _ = cm.sidr_reply(now, conn, &sidr_refusal(), &[]);
+                    }
+                    return;
+                };
+                listener.tell(What::SidrRequest {
+                    new_id,
+                    request: Box::new(event),
+                    shared: listener.shared.clone(),
+                });
+            }
+            CmEvent::SidrResolved { conn, .. } | CmEvent::SidrRejected { conn, .. } => {
+                if let Some(route) = self.conns.get(&conn) {
+                    route.tell(What::Cm(Box::new(event)));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A request's own id on the listener of `service_id`, routed to the listener's
+    /// channel; none when nobody listens there any more.
+    fn admit(&mut self, conn: ConnId, service_id: ServiceId) -> Option<(u64, Route)> {
+        let listener = self.listeners.get(&service_id).cloned()?;
+        let new_id = self.new_id();
+        let route = Route {
+            id: new_id,
+            qpn: None,
+            program_qp: false,
+            ..listener.clone()
+        };
+        self.conns.insert(conn, route);
+        Some((new_id, listener))
+    }
+}
+
+/// The SIDR_REP of a UD request refused (`rdma_reject`) or whose listener went away.
+pub(crate) fn sidr_refusal() -> SidrReply {
+    SidrReply {
+        status: SidrStatus::REJECT,
+        qpn: 0,
+        qkey: 0,
     }
 }
 

@@ -12,7 +12,7 @@ use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, Addressing, BackendChoice, CmEvent, CmEventKind, CmId, ConnParam, Context, Cq,
     Device, EventChannel, OpenOptions, Pd, Progress, Qp, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWr, SendFlags, SendOp, SendWr, WcStatus,
+    RecvWr, SendFlags, SendOp, SendWr, WcStatus, RDMA_UDP_QKEY,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -348,4 +348,87 @@ fn a_channel_spans_devices_and_migrated_ids_report_to_their_new_channel() {
     expect(&moved, &active, 9);
     expect(&shared, &request.id, 9);
     assert_eq!(a.qp.state().unwrap(), QpState::Rts);
+}
+
+/// A UD id of A resolved towards B's `port`.
+fn resolved_ud(a: &Side, port: u16) -> CmId {
+    let id = a.channel.create_ud_id().unwrap();
+    id.resolve_addr(SocketAddr::new(IP_B.into(), port)).unwrap();
+    expect(&a.channel, &id, 0);
+    id.resolve_route().unwrap();
+    expect(&a.channel, &id, 2);
+    id
+}
+
+/// UD ids resolve a service with SIDR: the listener hears a connect request with the
+/// private data and answers with its UD QP (moved with the id's own attributes, Q_Key
+/// RDMA_UDP_QKEY); the requester hears ESTABLISHED with that QP, its Q_Key and the
+/// address to send to. A port nobody listens on, and a reject, are UNREACHABLE with the
+/// SIDR_REP's status.
+#[test]
+fn ud_ids_resolve_a_service_with_sidr() {
+    let (ctx_a, ctx_b) = pair();
+    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    let listener = b.channel.create_ud_id().unwrap();
+    listener
+        .bind_addr(SocketAddr::new(IP_B.into(), PORT))
+        .unwrap();
+    listener.listen(4).unwrap();
+    let ud_qp =
+        b.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::Ud,
+            send_cq: &b.cq,
+            recv_cq: &b.cq,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+
+    let active = resolved_ud(&a, PORT);
+    active.connect_ud(b"udp hello").unwrap();
+    let event = expect(&b.channel, &listener, 4);
+    let CmEventKind::ConnectRequest(request) = event.kind else {
+        panic!("{event:?}")
+    };
+    assert!(request.id.is_ud());
+    assert!(request.private_data.starts_with(b"udp hello"));
+    for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+        let attr = request.id.qp_attr(state).unwrap();
+        if state == QpState::Init {
+            assert_eq!(attr.qkey, Some(RDMA_UDP_QKEY));
+        }
+        ud_qp.modify(&attr).unwrap();
+    }
+    request
+        .id
+        .accept_ud(ud_qp.qp_num(), b"udp welcome")
+        .unwrap();
+    let event = expect(&a.channel, &active, 9);
+    let CmEventKind::UdEstablished(param) = event.kind else {
+        panic!("{event:?}")
+    };
+    assert_eq!((param.qp_num, param.qkey), (ud_qp.qp_num(), RDMA_UDP_QKEY));
+    assert!(param.private_data.starts_with(b"udp welcome"));
+    let to = active.ud_address().unwrap();
+    assert_eq!(to.dgid, IP_B.to_ipv6_mapped().octets());
+
+    let nobody = resolved_ud(&a, PORT + 1);
+    nobody.connect_ud(&[]).unwrap();
+    let event = expect(&a.channel, &nobody, 7);
+    assert!(
+        matches!(event.kind, CmEventKind::UdUnreachable(1)),
+        "{event:?}"
+    );
+
+    let refused = resolved_ud(&a, PORT);
+    refused.connect_ud(&[]).unwrap();
+    let CmEventKind::ConnectRequest(request) = expect(&b.channel, &listener, 4).kind else {
+        panic!("a request")
+    };
+    request.id.reject(&[]).unwrap();
+    let event = expect(&a.channel, &refused, 7);
+    assert!(
+        matches!(event.kind, CmEventKind::UdUnreachable(2)),
+        "{event:?}"
+    );
 }

@@ -34,7 +34,7 @@ struct rdma_addrinfo {
 	struct rdma_addrinfo *ai_next;
 };
 
-enum { RDMA_PS_TCP = 0x0106, RDMA_PS_UDP = 0x0111 };
+enum { RDMA_PS_TCP = 0x0106, RDMA_PS_IB = 0x013F };
 enum { ADDR_RESOLVED = 0, ROUTE_RESOLVED = 2, ESTABLISHED = 9 };
 
 struct rdma_event_channel *rdma_create_event_channel(void);
@@ -131,7 +131,7 @@ int main(int argc, char **argv)
 	errno = 0;
 	CHECK(rsocket(AF_INET, SOCK_STREAM, 0) == -1 && errno == ENOSYS);
 	errno = 0;
-	CHECK(rdma_create_id(channel, &other, NULL, RDMA_PS_UDP) == -1 && errno == EOPNOTSUPP);
+	CHECK(rdma_create_id(channel, &other, NULL, RDMA_PS_IB) == -1 && errno == EOPNOTSUPP);
 	errno = 0;
 	CHECK(rdma_create_id(channel, NULL, NULL, RDMA_PS_TCP) == -1 && errno == EINVAL);
 

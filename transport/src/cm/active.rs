@@ -167,6 +167,7 @@ impl Common {
                 };
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.answered();
+                    c.attrs = Some(negotiated.qp_attrs());
                     c.state = ConnState::RepReceived;
                     c.remote_comm_id = m.local_comm_id;
                     c.remote_qpn = m.local_qpn;

@@ -47,17 +47,7 @@ pub(crate) struct Negotiated {
 impl Negotiated {
     pub(crate) fn qp_attrs(&self) -> QpAttrs {
         let rc = self.service_type == ServiceType::Rc;
-        let mut access = AccessFlags::REMOTE_WRITE;
-        if self.responder_resources > 0 {
-            access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-        }
-        let init = QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            access_flags: Some(access),
-            ..QpAttr::default()
-        };
+        let init = init_attr(self.responder_resources);
         let rtr = QpAttr {
             state: Some(QpState::Rtr),
             av: Some(self.av),
@@ -78,6 +68,22 @@ impl Negotiated {
             ..QpAttr::default()
         };
         QpAttrs { init, rtr, rts }
+    }
+}
+
+/// RESET → INIT once a REQ is out or in (`cm_init_qp_init_attr`): remote writes, and READs
+/// and atomics when the responder holds any.
+pub(crate) fn init_attr(responder_resources: u8) -> QpAttr {
+    let mut access = AccessFlags::REMOTE_WRITE;
+    if responder_resources > 0 {
+        access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    }
+    QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port_num: Some(1),
+        access_flags: Some(access),
+        ..QpAttr::default()
     }
 }
 

@@ -6,7 +6,9 @@ use roce_wire::cm::req;
 use roce_wire::mad;
 
 use roce_wire::cm::ServiceId;
+use roce_wire::Psn;
 
+use super::attrs::QpAttrs;
 use super::ids::Gid;
 
 /// Where a connection is in the CM protocol (IBTA Vol 1 ch. 12.9, the kernel's `ib_cm_state`).
@@ -78,6 +80,11 @@ pub(crate) struct Connection {
     pub pending_on_listener: bool,
     /// Index of `local_gid` in the device's GID table.
     pub sgid_index: u8,
+    /// The QP attributes settled by the REP (active) or the accept (passive).
+    pub attrs: Option<QpAttrs>,
+    /// Passive: the PSN our REP will carry, drawn when the attributes were asked for
+    /// before the accept.
+    pub reserved_psn: Option<Psn>,
 }
 
 impl Connection {
@@ -104,6 +111,8 @@ impl Connection {
             ack_timeout: 0,
             pending_on_listener: false,
             sgid_index: 0,
+            attrs: None,
+            reserved_psn: None,
         }
     }
 

@@ -10,6 +10,7 @@ use roce_wire::cm::ServiceId;
 use super::attrs::QpAttrs;
 use super::connection::ConnState;
 use super::ids::{ConnId, Gid};
+use crate::qp_state::QpState;
 
 /// A REQ as the passive application sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,8 @@ pub enum CmEvent {
         conn: ConnId,
         /// The requested service.
         service_id: ServiceId,
+        /// The GID the SIDR_REQ arrived on.
+        local_gid: Gid,
         /// The requester's GID.
         remote_gid: Gid,
         /// The SIDR_REQ's private data.
@@ -133,6 +136,9 @@ pub enum CmError {
     /// Someone already listens on the service ID.
     #[error("service ID already in use")]
     AddressInUse,
+    /// Attributes asked for a QP state the CM does not settle (only INIT, RTR and RTS).
+    #[error("the CM gives no attributes for QP state {0:?}")]
+    UnsupportedQpState(QpState),
     /// [`CmConfig::max_connections`](super::CmConfig::max_connections) reached.
     #[error("too many CM connections")]
     TooManyConnections,

@@ -52,6 +52,7 @@ mod event;
 mod ids;
 mod params;
 mod passive;
+mod query;
 mod sidr;
 mod teardown;
 
@@ -59,6 +60,8 @@ use std::time::Instant;
 
 use roce_wire::cm::{self, Message};
 use roce_wire::mad;
+
+use crate::qp_state::{QpAttr, QpState};
 
 pub use attrs::QpAttrs;
 pub use connection::ConnState;
@@ -164,6 +167,20 @@ impl Cm {
         private: &[u8],
     ) -> Result<QpAttrs, CmError> {
         self.common.accept(now, conn, params, private)
+    }
+
+    /// The attributes that move a connection's QP to `state` (INIT, RTR or RTS) as far as
+    /// the exchange has settled them (`rdma_init_qp_attr`): after the REP (active) or the
+    /// accept (passive), those applied; on a request not yet accepted, those the accept
+    /// will give if it grants what the REQ asked (the REP's PSN is drawn now), with our
+    /// GID at `sgid_index`; while our REQ is out, INIT only.
+    pub fn qp_attr(
+        &mut self,
+        conn: ConnId,
+        state: QpState,
+        sgid_index: u8,
+    ) -> Result<QpAttr, CmError> {
+        self.common.qp_attr(conn, state, sgid_index)
     }
 
     /// Passive side: refuses a [`CmEvent::ConnectRequest`] (`rdma_reject`): a REJ with reason

@@ -7,6 +7,7 @@ use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::req::ServiceType;
 use roce_wire::cm::{self, mra, rej, rep, req, rtu, Message, MessageKind};
 use roce_wire::mad;
+use roce_wire::Psn;
 
 use super::attrs::{Negotiated, QpAttrs};
 use super::common::{private_data, Common, Listener};
@@ -20,6 +21,49 @@ use crate::qp_state::{AddressVector, PathMtu};
 /// (rdma_cm's `CMA_CM_MRA_SETTING`: 4.096 µs × 2^24, about 69 s).
 const MRA_SERVICE_TIMEOUT: u8 = 24;
 
+/// What the passive side grants a request: its GID for the address vector, and the READ
+/// and atomic depths (the accept's, or before it what the REQ asked, as the kernel's
+/// `cm_req_handler` sets them).
+pub(super) struct Grant {
+    pub sgid_index: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+}
+
+/// The attributes of a passive connection from its REQ.
+pub(super) fn request_negotiated(
+    c: &Connection,
+    request: &req::Repr,
+    rq_psn: Psn,
+    grant: &Grant,
+    max_path_mtu: PathMtu,
+) -> Result<Negotiated, CmError> {
+    let path_mtu = PathMtu::from_code(request.path_mtu.into())
+        .ok_or(CmError::InvalidState(c.state))?
+        .min(max_path_mtu);
+    Ok(Negotiated {
+        service_type: request.service_type,
+        path_mtu,
+        remote_qpn: request.local_qpn,
+        // As the kernel CM: the responder sends from the REQ's starting PSN and
+        // receives from its own REP's (rping_rdmacm.pcap).
+        rq_psn,
+        sq_psn: request.starting_psn,
+        responder_resources: grant.responder_resources,
+        initiator_depth: grant.initiator_depth,
+        retry_count: request.retry_count,
+        rnr_retry_count: request.rnr_retry_count,
+        ack_timeout: request.primary_path.local_ack_timeout,
+        av: AddressVector {
+            dgid: c.remote_gid,
+            sgid_index: grant.sgid_index,
+            hop_limit: request.primary_path.hop_limit,
+            traffic_class: request.primary_path.traffic_class,
+            flow_label: request.primary_path.flow_label,
+        },
+    })
+}
+
 impl Common {
     pub(super) fn accept(
         &mut self,
@@ -29,16 +73,19 @@ impl Common {
         private: &[u8],
     ) -> Result<QpAttrs, CmError> {
         let private_data = private_data(private)?;
-        let rq_psn = self.random_psn();
+        let rq_psn = self.reserved_psn(conn)?;
         let config = self.config;
         let c = self.connection(conn)?;
         let request = match (c.state, c.req) {
             (ConnState::ReqReceived | ConnState::MraReqSent, Some(request)) => request,
             _ => return Err(CmError::InvalidState(c.state)),
         };
-        let path_mtu = PathMtu::from_code(request.path_mtu.into())
-            .ok_or(CmError::InvalidState(c.state))?
-            .min(config.max_path_mtu);
+        let granted = Grant {
+            sgid_index: params.sgid_index,
+            responder_resources: params.responder_resources,
+            initiator_depth: params.initiator_depth,
+        };
+        let negotiated = request_negotiated(c, &request, rq_psn, &granted, config.max_path_mtu)?;
         let reply = rep::Repr {
             local_comm_id: conn.0,
             remote_comm_id: c.remote_comm_id,
@@ -55,27 +102,6 @@ impl Common {
             local_ca_guid: config.local_ca_guid,
             private_data,
         };
-        let negotiated = Negotiated {
-            service_type: request.service_type,
-            path_mtu,
-            remote_qpn: request.local_qpn,
-            // As the kernel CM: the responder sends from the REQ's starting PSN and
-            // receives from its own REP's (rping_rdmacm.pcap).
-            rq_psn,
-            sq_psn: request.starting_psn,
-            responder_resources: params.responder_resources,
-            initiator_depth: params.initiator_depth,
-            retry_count: request.retry_count,
-            rnr_retry_count: request.rnr_retry_count,
-            ack_timeout: request.primary_path.local_ack_timeout,
-            av: AddressVector {
-                dgid: c.remote_gid,
-                sgid_index: params.sgid_index,
-                hop_limit: request.primary_path.hop_limit,
-                traffic_class: request.primary_path.traffic_class,
-                flow_label: request.primary_path.flow_label,
-            },
-        };
         let mad = Self::emit(c.transaction_id, Message::Rep(reply));
         // The kernel waits the response time the REQ announced, as often as it allows.
         c.send_reliably(
@@ -85,9 +111,22 @@ impl Common {
             Self::ms(request.local_cm_response_timeout),
         );
         c.state = ConnState::RepSent;
+        let attrs = negotiated.qp_attrs();
+        c.attrs = Some(attrs);
         self.release_listener_slot(conn.0);
         self.send_on(conn.0, mad);
-        Ok(negotiated.qp_attrs())
+        Ok(attrs)
+    }
+
+    /// The PSN a passive connection's REP carries (its QP receives from it): drawn once,
+    /// when the attributes are first asked for or at the accept.
+    pub(super) fn reserved_psn(&mut self, conn: ConnId) -> Result<Psn, CmError> {
+        if let Some(psn) = self.connection(conn)?.reserved_psn {
+            return Ok(psn);
+        }
+        let psn = self.random_psn();
+        self.connection(conn)?.reserved_psn = Some(psn);
+        Ok(psn)
     }
 
     pub(super) fn reject(

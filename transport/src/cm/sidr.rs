@@ -139,6 +139,7 @@ impl Common {
         self.events.push_back(CmEvent::SidrRequest {
             conn: ConnId(id),
             service_id: m.service_id,
+            local_gid,
             remote_gid,
             private_data: m.private_data,
         });

@@ -7,7 +7,7 @@ use core::ffi::{c_char, c_int, c_void};
 
 use libc::sockaddr_storage;
 
-pub use roce_cabi::abi::{ibv_qp_attr, ibv_qp_cap};
+pub use roce_cabi::abi::{ibv_ah_attr, ibv_qp_attr, ibv_qp_cap};
 
 /// `struct rdma_event_channel`.
 #[repr(C)]
@@ -85,11 +85,22 @@ pub struct rdma_cm_event {
     pub param: EventParam,
 }
 
+/// `struct rdma_ud_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
 /// The `param` union of `rdma_cm_event`.
 #[repr(C)]
 pub union EventParam {
     pub conn: rdma_conn_param,
-    pub ud: [u64; 7],
+    pub ud: rdma_ud_param,
 }
 
 /// `struct rdma_addrinfo` (96 bytes).
@@ -110,6 +121,31 @@ pub struct rdma_addrinfo {
     pub ai_connect_len: usize,
     pub ai_connect: *mut c_void,
     pub ai_next: *mut rdma_addrinfo,
+}
+
+/// `struct ibv_sa_path_rec` (infiniband/sa.h, 64 bytes): what `id->route.path_rec` points to.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_sa_path_rec {
+    pub dgid: [u8; 16],
+    pub sgid: [u8; 16],
+    pub dlid: u16,
+    pub slid: u16,
+    pub raw_traffic: c_int,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub reversible: c_int,
+    pub numb_path: u8,
+    pub pkey: u16,
+    pub sl: u8,
+    pub mtu_selector: u8,
+    pub mtu: u8,
+    pub rate_selector: u8,
+    pub rate: u8,
+    pub packet_life_time_selector: u8,
+    pub packet_life_time: u8,
+    pub preference: u8,
 }
 
 /// The head of `struct ibv_qp` (verbs.h), as far as this library reads it.
@@ -169,12 +205,7 @@ pub const CREATE_QP_EX_BEFORE_CONTEXT: usize = 56;
 /// `IBV_QPT_RC`, `IBV_QPT_UD`.
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UD: u32 = 4;
-/// `IBV_QPS_INIT`.
-pub const IBV_QPS_INIT: u32 = 1;
-/// `IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT`.
-pub const INIT_MASK: c_int = 1 | (1 << 3) | (1 << 4) | (1 << 5);
-
-/// `RDMA_PS_TCP`, `RDMA_PS_UDP`, `RDMA_PS_IB`, `RDMA_PS_IPOIB`.
+/// `RDMA_PS_TCP`, `RDMA_PS_UDP`.
 pub const RDMA_PS_TCP: c_int = 0x0106;
 pub const RDMA_PS_UDP: c_int = 0x0111;
 
@@ -203,12 +234,18 @@ mod tests {
                 flow_control, retry_count, rnr_retry_count, srq, qp_num
             }
             rdma_cm_event { id, listen_id, event, status, param }
+            rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
             rdma_addrinfo {
                 ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len,
                 ai_src_addr, ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len,
                 ai_route, ai_connect_len, ai_connect, ai_next
             }
             ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+            ibv_sa_path_rec {
+                dgid, sgid, dlid, slid, raw_traffic, flow_label, hop_limit, traffic_class,
+                reversible, numb_path, pkey, sl, mtu_selector, mtu, rate_selector, rate,
+                packet_life_time_selector, packet_life_time, preference
+            }
         };
         // Unions, and the head of `struct ibv_qp` (the only part of it we read).
         for (expr, ours) in [

@@ -23,20 +23,7 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
         Some(0) | None => RDMA_PS_TCP,
         Some(space) => space,
     };
-    // SAFETY: all-zero is a valid addrinfo (no hints).
-    let mut wanted: libc::addrinfo = unsafe { core::mem::zeroed() };
-    wanted.ai_family = hints.map_or(libc::AF_UNSPEC, |hints| hints.ai_family);
-    wanted.ai_socktype = if port_space == RDMA_PS_UDP {
-        libc::SOCK_DGRAM
-    } else {
-        libc::SOCK_STREAM
-    };
-    if flags & RAI_PASSIVE != 0 {
-        wanted.ai_flags |= libc::AI_PASSIVE;
-    }
-    if flags & RAI_NUMERICHOST != 0 {
-        wanted.ai_flags |= libc::AI_NUMERICHOST;
-    }
+    let wanted = libc_hints(hints, flags, port_space);
     let mut found = core::ptr::null_mut();
     // SAFETY: the caller's NUL-terminated strings (or NULL), our hints, an out pointer.
     let status = unsafe { libc::getaddrinfo(node, service, &wanted, &mut found) };
@@ -44,21 +31,7 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
         return status;
     }
     // SAFETY: getaddrinfo succeeded: `found` is a list of at least one entry.
-    let first = unsafe { &*found };
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut storage: Box<libc::sockaddr_storage> = Box::new(unsafe { core::mem::zeroed() });
-    let len = usize::try_from(first.ai_addrlen)
-        .unwrap_or(0)
-        .min(core::mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: `ai_addr` holds `ai_addrlen` bytes; the storage is larger.
-    unsafe {
-        core::ptr::copy_nonoverlapping(
-            first.ai_addr.cast::<u8>(),
-            core::ptr::from_mut(&mut *storage).cast::<u8>(),
-            len,
-        )
-    };
-    let family = first.ai_family;
+    let (storage, len, family) = first_address(unsafe { &*found });
     // SAFETY: the list getaddrinfo returned, freed once.
     unsafe { libc::freeaddrinfo(found) };
     let addr = Box::into_raw(storage).cast::<libc::sockaddr>();
@@ -88,6 +61,44 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
     // SAFETY: checked not null; the caller's out pointer.
     unsafe { *res = Box::into_raw(info) };
     0
+}
+
+/// libc's hints for rdma_getaddrinfo's: the family, a stream socket for TCP port space and
+/// a datagram one for UDP, passive and numeric as asked.
+fn libc_hints(hints: Option<&rdma_addrinfo>, flags: c_int, port_space: c_int) -> libc::addrinfo {
+    // SAFETY: all-zero is a valid addrinfo (no hints).
+    let mut wanted: libc::addrinfo = unsafe { core::mem::zeroed() };
+    wanted.ai_family = hints.map_or(libc::AF_UNSPEC, |hints| hints.ai_family);
+    wanted.ai_socktype = if port_space == RDMA_PS_UDP {
+        libc::SOCK_DGRAM
+    } else {
+        libc::SOCK_STREAM
+    };
+    if flags & RAI_PASSIVE != 0 {
+        wanted.ai_flags |= libc::AI_PASSIVE;
+    }
+    if flags & RAI_NUMERICHOST != 0 {
+        wanted.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    wanted
+}
+
+/// A copy of the first address libc found, its length and its family.
+fn first_address(first: &libc::addrinfo) -> (Box<libc::sockaddr_storage>, usize, c_int) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut storage: Box<libc::sockaddr_storage> = Box::new(unsafe { core::mem::zeroed() });
+    let len = usize::try_from(first.ai_addrlen)
+        .unwrap_or(0)
+        .min(core::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: `ai_addr` holds `ai_addrlen` bytes; the storage is larger.
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            first.ai_addr.cast::<u8>(),
+            core::ptr::from_mut(&mut *storage).cast::<u8>(),
+            len,
+        )
+    };
+    (storage, len, first.ai_family)
 }
 
 /// `rdma_freeaddrinfo`.

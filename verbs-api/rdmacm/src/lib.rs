@@ -18,16 +18,28 @@
 //! - **Channels** belong to no device and have a real fd (`poll` it; `O_NONBLOCK` makes
 //!   `rdma_get_cm_event` fail with `EAGAIN`).
 //! - **Ids** take the device of their address at `rdma_bind_addr` or `rdma_resolve_addr`
-//!   (one opened context per device and process, kept open). RC (`RDMA_PS_TCP`) only.
+//!   (one opened context per device and process, kept open). RC (`RDMA_PS_TCP`) and UD
+//!   (`RDMA_PS_UDP`, resolved with SIDR) ids.
 //! - **Errors**: -1 with errno, as rdma-core. What is not offered fails with `ENOSYS`
-//!   (rsockets, multicast) or `EOPNOTSUPP` (UD ids, SRQs, ECE), and says
+//!   (rsockets, multicast) or `EOPNOTSUPP` (other port spaces, SRQs, ECE), and says
 //!   why on stderr with `ROCE_LOG` set. `rpoll`/`rselect` are `poll`/`select`: with no
 //!   rsockets every fd is a plain one (rping, ucmatose and udaddy import `rpoll`).
 
+//!
+//! Modules, each building only on those before it: `abi`, `errors`, `qp_attr` and `verbs`
+//! (C shapes, errno, our libibverbs); `channel`; `id`; `event` (C events, which make the
+//! ids of requests); `calls` and `qp` (what the program does with an id); `ep`.
+
 mod abi;
 mod addrinfo;
+mod calls;
 mod channel;
+mod ep;
+mod errors;
+mod event;
 mod id;
+mod qp;
+mod qp_attr;
 mod verbs;
 
 use roce_cabi::export;
@@ -36,36 +48,36 @@ use roce_cabi::export;
 // of the real library is here, so every Debian program loads.
 export!("rdma_create_event_channel" @ "RDMACM_1.0" => channel::create_event_channel);
 export!("rdma_destroy_event_channel" @ "RDMACM_1.0" => channel::destroy_event_channel);
-export!("rdma_get_cm_event" @ "RDMACM_1.0" => channel::get_cm_event);
-export!("rdma_ack_cm_event" @ "RDMACM_1.0" => channel::ack_cm_event);
+export!("rdma_get_cm_event" @ "RDMACM_1.0" => event::get_cm_event);
+export!("rdma_ack_cm_event" @ "RDMACM_1.0" => event::ack_cm_event);
 export!("rdma_event_str" @ "RDMACM_1.0" => channel::event_str);
 export!("rdma_create_id" @ "RDMACM_1.0" => id::create_id);
 export!("rdma_destroy_id" @ "RDMACM_1.0" => id::destroy_id);
-export!("rdma_bind_addr" @ "RDMACM_1.0" => id::bind_addr);
-export!("rdma_resolve_addr" @ "RDMACM_1.0" => id::resolve_addr);
-export!("rdma_resolve_route" @ "RDMACM_1.0" => id::resolve_route);
-export!("rdma_listen" @ "RDMACM_1.0" => id::listen);
-export!("rdma_create_qp" @ "RDMACM_1.0" => id::create_qp);
-export!("rdma_create_qp_ex" @ "RDMACM_1.0" => id::create_qp_ex);
-export!("rdma_destroy_qp" @ "RDMACM_1.0" => id::destroy_qp);
-export!("rdma_connect" @ "RDMACM_1.0" => id::connect);
-export!("rdma_accept" @ "RDMACM_1.0" => id::accept);
-export!("rdma_reject" @ "RDMACM_1.0" => id::reject);
-export!("rdma_disconnect" @ "RDMACM_1.0" => id::disconnect);
-export!("rdma_migrate_id" @ "RDMACM_1.0" => id::migrate_id);
-export!("rdma_set_option" @ "RDMACM_1.0" => id::set_option);
-export!("rdma_get_src_port" @ "RDMACM_1.0" => id::get_src_port);
-export!("rdma_get_dst_port" @ "RDMACM_1.0" => id::get_dst_port);
-export!("rdma_get_devices" @ "RDMACM_1.0" => id::get_devices);
-export!("rdma_free_devices" @ "RDMACM_1.0" => id::free_devices);
+export!("rdma_bind_addr" @ "RDMACM_1.0" => calls::bind_addr);
+export!("rdma_resolve_addr" @ "RDMACM_1.0" => calls::resolve_addr);
+export!("rdma_resolve_route" @ "RDMACM_1.0" => calls::resolve_route);
+export!("rdma_listen" @ "RDMACM_1.0" => calls::listen);
+export!("rdma_create_qp" @ "RDMACM_1.0" => qp::create_qp);
+export!("rdma_create_qp_ex" @ "RDMACM_1.0" => qp::create_qp_ex);
+export!("rdma_destroy_qp" @ "RDMACM_1.0" => qp::destroy_qp);
+export!("rdma_connect" @ "RDMACM_1.0" => calls::connect);
+export!("rdma_accept" @ "RDMACM_1.0" => calls::accept);
+export!("rdma_reject" @ "RDMACM_1.0" => calls::reject);
+export!("rdma_disconnect" @ "RDMACM_1.0" => calls::disconnect);
+export!("rdma_migrate_id" @ "RDMACM_1.0" => calls::migrate_id);
+export!("rdma_set_option" @ "RDMACM_1.0" => calls::set_option);
+export!("rdma_get_src_port" @ "RDMACM_1.0" => calls::get_src_port);
+export!("rdma_get_dst_port" @ "RDMACM_1.0" => calls::get_dst_port);
+export!("rdma_get_devices" @ "RDMACM_1.0" => calls::get_devices);
+export!("rdma_free_devices" @ "RDMACM_1.0" => calls::free_devices);
 export!("rdma_getaddrinfo" @ "RDMACM_1.0" => addrinfo::getaddrinfo);
 export!("rdma_freeaddrinfo" @ "RDMACM_1.0" => addrinfo::freeaddrinfo);
-export!("rdma_notify" @ "RDMACM_1.0" => id::establish);
-export!("rdma_establish" @ "RDMACM_1.2" => id::establish);
-export!("rdma_init_qp_attr" @ "RDMACM_1.2" => id::init_qp_attr);
-export!("rdma_create_ep" @ "RDMACM_1.0" => id::create_ep);
-export!("rdma_destroy_ep" @ "RDMACM_1.0" => id::destroy_ep);
-export!("rdma_get_request" @ "RDMACM_1.0" => id::get_request);
+export!("rdma_notify" @ "RDMACM_1.0" => calls::notify);
+export!("rdma_establish" @ "RDMACM_1.2" => calls::establish);
+export!("rdma_init_qp_attr" @ "RDMACM_1.2" => calls::init_qp_attr);
+export!("rdma_create_ep" @ "RDMACM_1.0" => ep::create_ep);
+export!("rdma_destroy_ep" @ "RDMACM_1.0" => ep::destroy_ep);
+export!("rdma_get_request" @ "RDMACM_1.0" => ep::get_request);
 // Not offered yet: fail cleanly.
 export!("rdma_create_srq" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_create_srq_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
@@ -150,31 +162,4 @@ mod unsupported {
         // SAFETY: the caller's select arguments, passed on unchanged.
         unsafe { libc::select(count, read, write, except, timeout) }
     }
-}
-
-/// Says on stderr why a call failed, when `ROCE_LOG` is set: C programs only see errno.
-pub(crate) fn log_failure(call: &str, why: &dyn std::fmt::Display) {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *ENABLED.get_or_init(|| std::env::var_os("ROCE_LOG").is_some()) {
-        eprintln!("librdmacm (roce-xdp): {call}: {why}");
-    }
-}
-
-/// rdma-core's errno for a `roce-verbs` error, said on stderr with `ROCE_LOG`.
-pub(crate) fn fail(call: &str, error: &roce_verbs::Error) -> core::ffi::c_int {
-    use roce_verbs::Error;
-    log_failure(call, error);
-    match error {
-        Error::Io(error) => error.raw_os_error().unwrap_or(5),
-        Error::Unsupported(_) => roce_cabi::EOPNOTSUPP,
-        Error::TimedOut => 110,
-        Error::NoNeighbour(_) | Error::NoNeighbour6(_) => 113,
-        Error::EngineFailed(_) | Error::Poisoned => 5,
-        _ => 22,
-    }
-}
-
-/// The calling thread's errno (what a libibverbs call left).
-pub(crate) fn errno() -> core::ffi::c_int {
-    roce_cabi::errno()
 }

@@ -52,7 +52,7 @@ pub(crate) fn verbs() -> Result<&'static Verbs, c_int> {
     match VERBS.get_or_init(load) {
         Ok(verbs) => Ok(verbs),
         Err(why) => {
-            crate::log_failure("libibverbs.so.1", why);
+            crate::errors::log_failure("libibverbs.so.1", why);
             Err(ENOSYS)
         }
     }
@@ -160,7 +160,7 @@ pub(crate) fn open(name: &str) -> Result<Opened, c_int> {
     // SAFETY: libibverbs' list call; freed below.
     let list = unsafe { (verbs.get_device_list)(&mut count) };
     if list.is_null() {
-        return Err(crate::errno());
+        return Err(crate::errors::errno());
     }
     let mut context = core::ptr::null_mut();
     for index in 0..usize::try_from(count).unwrap_or(0) {
@@ -174,7 +174,7 @@ pub(crate) fn open(name: &str) -> Result<Opened, c_int> {
             break;
         }
     }
-    let errno = crate::errno();
+    let errno = crate::errors::errno();
     // SAFETY: the list from above, not used after.
     unsafe { (verbs.free_device_list)(list) };
     if context.is_null() {
@@ -186,7 +186,7 @@ pub(crate) fn open(name: &str) -> Result<Opened, c_int> {
     // SAFETY: non-null, it is the context's roce-verbs context, which lives as long as the
     // `ibv_context` (never closed).
     let Some(engine) = (unsafe { engine.as_ref() }) else {
-        return Err(crate::errno());
+        return Err(crate::errors::errno());
     };
     let device = Opened {
         ibv: context,

@@ -1,0 +1,358 @@
+//! The calls on an id: address and route resolution, listen, connect/accept/reject,
+//! disconnect, `rdma_establish`, `rdma_migrate_id`, `rdma_init_qp_attr`, options and the
+//! device list.
+
+use core::ffi::{c_int, c_void};
+
+use roce_cabi::set_errno;
+use roce_verbs::ConnParam;
+
+use crate::abi::*;
+use crate::channel::Channel;
+use crate::event;
+use crate::id::{from_sockaddr, port_of, to_storage, with_id, Id};
+use crate::qp_attr;
+use crate::verbs;
+
+const EINVAL: c_int = 22;
+const EOPNOTSUPP: c_int = 95;
+
+/// `rdma_bind_addr`.
+pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes a sockaddr.
+        let addr = unsafe { from_sockaddr(addr) }.ok_or(EINVAL)?;
+        let mut inner = ours.lock()?;
+        let cm = ours.attach(&mut inner, addr.ip())?;
+        cm.bind_addr(addr)
+            .map_err(|error| crate::errors::fail("rdma_bind_addr", &error))?;
+        let raw = ours.raw(&mut inner);
+        raw.route.addr.src_addr = to_storage(addr);
+        Ok(())
+    })
+}
+
+/// `rdma_resolve_addr`: reports `ADDR_RESOLVED` or `ADDR_ERROR` on the channel.
+pub(crate) unsafe extern "C" fn resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes sockaddrs (or NULL for `src`).
+        let (src, dst) = unsafe { (from_sockaddr(src), from_sockaddr(dst)) };
+        let dst = dst.ok_or(EINVAL)?;
+        let mut inner = ours.lock()?;
+        let cm = ours.attach(&mut inner, src.map_or(dst.ip(), |src| src.ip()))?;
+        if let Some(src) = src {
+            cm.bind_addr(src)
+                .map_err(|error| crate::errors::fail("rdma_resolve_addr", &error))?;
+        }
+        cm.resolve_addr(dst)
+            .map_err(|error| crate::errors::fail("rdma_resolve_addr", &error))?;
+        ours.describe_now(&mut inner)?;
+        drop(inner);
+        event::complete(ours, 0)
+    })
+}
+
+/// `rdma_resolve_route`: reports `ROUTE_RESOLVED` (RoCE has no SA: the path is local) and
+/// sets `id->route.path_rec`.
+pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    with_id(id, |ours| {
+        let mut inner = ours.lock()?;
+        Id::cm(&inner)?
+            .resolve_route()
+            .map_err(|error| crate::errors::fail("rdma_resolve_route", &error))?;
+        ours.describe_now(&mut inner)?;
+        drop(inner);
+        event::complete(ours, 2)
+    })
+}
+
+/// `rdma_listen`.
+pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    with_id(id, |ours| {
+        let inner = ours.lock()?;
+        // rdma-core's default for a backlog of 0 or less.
+        let backlog = usize::try_from(backlog)
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or(1024);
+        Id::cm(&inner)?
+            .listen(backlog)
+            .map_err(|error| crate::errors::fail("rdma_listen", &error))
+    })
+}
+
+/// The QP number a connect or accept uses: the id's QP, else `param->qp_num` (a QP the
+/// program manages itself).
+fn qp_num(raw: &rdma_cm_id, param: Option<&rdma_conn_param>) -> Result<u32, c_int> {
+    // SAFETY: the id's QP is NULL or one of our libibverbs, alive while the id uses it.
+    match unsafe { raw.qp.as_ref() } {
+        Some(qp) => Ok(qp.qp_num),
+        None => param.map(|param| param.qp_num).ok_or(EINVAL),
+    }
+}
+
+/// `ConnParam` from the program's `rdma_conn_param`.
+fn conn_param(param: &rdma_conn_param) -> ConnParam {
+    let data = if param.private_data.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: the program's private data, `private_data_len` bytes.
+        unsafe {
+            core::slice::from_raw_parts(
+                param.private_data.cast::<u8>(),
+                usize::from(param.private_data_len),
+            )
+        }
+        .to_vec()
+    };
+    ConnParam {
+        private_data: data,
+        responder_resources: param.responder_resources,
+        initiator_depth: param.initiator_depth,
+        retry_count: param.retry_count.min(7),
+        rnr_retry_count: param.rnr_retry_count.min(7),
+    }
+}
+
+/// `rdma_connect`: the REQ leaves; `ESTABLISHED`, `REJECTED` or `UNREACHABLE` follows.
+pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes NULL or a conn param.
+        let param = unsafe { param.as_ref() };
+        let mut inner = ours.lock()?;
+        let cm = Id::cm(&inner)?;
+        if cm.is_ud() {
+            let private = param.map(conn_param).unwrap_or_default().private_data;
+            cm.connect_ud(&private)
+                .map_err(|error| crate::errors::fail("rdma_connect", &error))?;
+            drop(inner);
+            return event::complete(ours, 9);
+        }
+        let qpn = qp_num(ours.raw(&mut inner), param)?;
+        let program_qp = ours.raw(&mut inner).qp.is_null();
+        let param = param.map(conn_param).unwrap_or_default();
+        let cm = Id::cm(&inner)?;
+        let connected = if program_qp {
+            cm.connect_program_qp(qpn, &param)
+        } else {
+            cm.connect_qp_num(qpn, &param)
+        };
+        connected.map_err(|error| crate::errors::fail("rdma_connect", &error))?;
+        if let Some(local) = cm.local_addr() {
+            ours.raw(&mut inner).route.addr.src_addr = to_storage(local);
+        }
+        drop(inner);
+        // An id without a QP hears CONNECT_RESPONSE and moves its QP itself, as rdma-core.
+        event::complete(ours, if program_qp { 5 } else { 9 })
+    })
+}
+
+/// `rdma_accept`: the QP goes to RTR and RTS and the REP leaves; `ESTABLISHED` follows the
+/// RTU. With no param, the request's depths are granted.
+pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes NULL or a conn param.
+        let param = unsafe { param.as_ref() };
+        let mut inner = ours.lock()?;
+        let qpn = qp_num(ours.raw(&mut inner), param)?;
+        if Id::cm(&inner)?.is_ud() {
+            // No RTU follows a SIDR_REP, so there is no event to wait for.
+            let private = param.map(conn_param).unwrap_or_default().private_data;
+            return Id::cm(&inner)?
+                .accept_ud(qpn, &private)
+                .map_err(|error| crate::errors::fail("rdma_accept", &error));
+        }
+        let param = match (param, inner.request) {
+            (Some(param), _) => conn_param(param),
+            (None, Some(request)) => ConnParam {
+                responder_resources: request.responder_resources,
+                initiator_depth: request.initiator_depth,
+                ..ConnParam::default()
+            },
+            (None, None) => ConnParam::default(),
+        };
+        let program_qp = ours.raw(&mut inner).qp.is_null();
+        let cm = Id::cm(&inner)?;
+        let accepted = if program_qp {
+            cm.accept_program_qp(qpn, &param)
+        } else {
+            cm.accept_qp_num(qpn, &param)
+        };
+        accepted.map_err(|error| crate::errors::fail("rdma_accept", &error))?;
+        drop(inner);
+        event::complete(ours, 9)
+    })
+}
+
+/// `rdma_reject`.
+pub(crate) unsafe extern "C" fn reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    with_id(id, |ours| {
+        let data = if private_data.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: the program's private data, `len` bytes.
+            unsafe { core::slice::from_raw_parts(private_data.cast::<u8>(), usize::from(len)) }
+        };
+        let inner = ours.lock()?;
+        Id::cm(&inner)?
+            .reject(data)
+            .map_err(|error| crate::errors::fail("rdma_reject", &error))
+    })
+}
+
+/// `rdma_disconnect`: the QP goes to ERR and the DREQ leaves; `DISCONNECTED` follows.
+pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
+    with_id(id, |ours| {
+        let inner = ours.lock()?;
+        Id::cm(&inner)?
+            .disconnect()
+            .map_err(|error| crate::errors::fail("rdma_disconnect", &error))
+    })
+}
+
+/// `rdma_establish`: after `CONNECT_RESPONSE` on an id without a QP (the program moved
+/// its own), sends the RTU. An id with a QP was established by the CM itself (`EINVAL`, as
+/// rdma-core).
+pub(crate) unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
+    with_id(id, |ours| {
+        let mut inner = ours.lock()?;
+        if !ours.raw(&mut inner).qp.is_null() {
+            return Err(EINVAL);
+        }
+        Id::cm(&inner)?
+            .establish()
+            .map_err(|error| crate::errors::fail("rdma_establish", &error))
+    })
+}
+
+/// `rdma_notify`: the CM learns of the QP's first packet from the QP itself, so there is
+/// nothing to tell it.
+pub(crate) unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    with_id(id, |ours| Id::cm(&ours.lock()?).map(|_| ()))
+}
+
+/// `rdma_migrate_id`: the id's events go to `channel` from now on.
+pub(crate) unsafe extern "C" fn migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes NULL or a channel of ours.
+        let Some(to) = (unsafe { Channel::from_raw(channel) }) else {
+            crate::errors::log_failure(
+                "rdma_migrate_id",
+                &"synchronous ids (no channel) are not offered",
+            );
+            return Err(EOPNOTSUPP);
+        };
+        let mut inner = ours.lock()?;
+        let from = ours.channel(&mut inner)?;
+        if let Some(cm) = &inner.cm {
+            cm.migrate(&to.channel)
+                .map_err(|error| crate::errors::fail("rdma_migrate_id", &error))?;
+            from.unregister(cm.handle());
+            to.register(cm.handle(), ours.key());
+        }
+        ours.raw(&mut inner).channel = to.as_raw();
+        Ok(())
+    })
+}
+
+/// `rdma_init_qp_attr`: the attributes that move the id's QP to `attr->qp_state` (INIT,
+/// RTR or RTS) and their mask, as the kernel's rdma_cm derives them from the exchange.
+pub(crate) unsafe extern "C" fn init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    with_id(id, |ours| {
+        // SAFETY: the caller passes a QP attr and a mask to fill.
+        let (Some(attr), Some(mask)) = (unsafe { attr.as_mut() }, unsafe { mask.as_mut() }) else {
+            return Err(EINVAL);
+        };
+        let state = qp_attr::qp_state(attr.qp_state).ok_or(EINVAL)?;
+        let inner = ours.lock()?;
+        let answer = Id::cm(&inner)?
+            .qp_attr(state)
+            .map_err(|error| crate::errors::fail("rdma_init_qp_attr", &error))?;
+        *mask = qp_attr::to_c(&answer, attr);
+        Ok(())
+    })
+}
+
+/// `rdma_get_src_port`, in network order.
+pub(crate) unsafe extern "C" fn get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: the caller passes an id of ours.
+    unsafe { id.as_ref() }.map_or(0, |raw| port_of(&raw.route.addr.src_addr))
+}
+
+/// `rdma_get_dst_port`, in network order.
+pub(crate) unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: the caller passes an id of ours.
+    unsafe { id.as_ref() }.map_or(0, |raw| port_of(&raw.route.addr.dst_addr))
+}
+
+/// `rdma_set_option`: the options rdma-core passes to the kernel for an RC id over RoCE
+/// (`RDMA_OPTION_ID_TOS`, `_REUSEADDR`, `_AFONLY`, `_ACK_TIMEOUT`) are accepted and have no
+/// effect here; others fail with `ENOSYS`, as the kernel answers them.
+pub(crate) unsafe extern "C" fn set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    with_id(id, |_| {
+        const RDMA_OPTION_ID: c_int = 0;
+        if optval.is_null() || optlen == 0 {
+            return Err(EINVAL);
+        }
+        match (level, optname) {
+            (RDMA_OPTION_ID, 0..=3) => Ok(()),
+            _ => Err(38),
+        }
+    })
+}
+
+/// `rdma_get_devices`: every device of the namespace, opened, NULL-terminated; freed by
+/// `rdma_free_devices`.
+pub(crate) unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut c_void {
+    let devices = match verbs::open_all() {
+        Ok(devices) => devices,
+        Err(errno) => {
+            set_errno(errno);
+            return core::ptr::null_mut();
+        }
+    };
+    // SAFETY: calloc of count+1 pointers, freed by `rdma_free_devices`.
+    let list = unsafe { libc::calloc(devices.len() + 1, core::mem::size_of::<*mut c_void>()) }
+        .cast::<*mut c_void>();
+    if list.is_null() {
+        set_errno(12);
+        return list;
+    }
+    for (index, device) in devices.iter().enumerate() {
+        // SAFETY: within the array just allocated.
+        unsafe { *list.add(index) = device.ibv };
+    }
+    // SAFETY: the caller passes NULL or a count to fill.
+    if let Some(num) = unsafe { num.as_mut() } {
+        *num = c_int::try_from(devices.len()).unwrap_or(c_int::MAX);
+    }
+    list
+}
+
+/// `rdma_free_devices`.
+pub(crate) unsafe extern "C" fn free_devices(list: *mut *mut c_void) {
+    // SAFETY: a list from `rdma_get_devices` (calloc), freed once; the devices stay open.
+    unsafe { libc::free(list.cast()) };
+}
