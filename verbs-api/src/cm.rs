@@ -873,6 +873,9 @@ impl Drop for CmId {
                 cm.destroy(conn);
             }
         }
-        let _ = self.shared.kick(&mut core);
+        // The REJ or DREQ leaves now, not when the engine thread next runs: a program
+        // that exits right after rdma_destroy_id (perftest's server) would otherwise leave
+        // its peer resending DREQs to nobody until its retries run out.
+        let _ = self.shared.drive(&mut core);
     }
 }
