@@ -193,6 +193,37 @@ fn rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces() {
     }
 }
 
+/// perftest's `-R` (both sides ours) and what each side must print: a key exchange over a
+/// first rdma_cm connection, then the data connection to a listener the server opens on the
+/// same port only after that exchange, then disconnects from both sides.
+const PERFTEST_R: [(&str, &str, &str); 2] =
+    [("ib_write_bw", "65536", "100"), ("ib_send_lat", "2", "100")];
+
+#[test]
+fn perftest_with_rdma_cm_talks_to_itself_between_namespaces() {
+    let test = "perftest_with_rdma_cm_talks_to_itself_between_namespaces";
+    let programs = PERFTEST_R.map(|(program, ..)| program);
+    if !needs_root(test) || !prerequisite(test, "perftest", programs.iter().all(|p| installed(p))) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    for (program, size, iters) in PERFTEST_R {
+        let (client, server) = pair_in(
+            &a,
+            &b,
+            &[program, "-R", "-n", iters],
+            &[program, "-R", "-n", iters, "10.85.0.2"],
+        );
+        for (side, output) in [("client", &client), ("server", &server)] {
+            let said = text(output);
+            assert!(
+                output.status.success() && common::has_row(&said, size, iters),
+                "{program} -R {side}: {said}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
     let test = "the_event_channel_and_what_is_not_offered_answer_as_rdma_core";
@@ -256,11 +287,16 @@ impl Drop for Vm {
 
 /// `rping` over our libraries in the VM's host namespace (`host0`, 10.88.0.1).
 fn rping_in_host(args: &[&str]) -> Command {
+    in_host("rping", args)
+}
+
+/// `program` over our libraries in the VM's host namespace.
+fn in_host(program: &str, args: &[&str]) -> Command {
     build_libraries();
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", "rxe-host", "timeout", "60"])
-        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--", "rping"])
+        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--", program])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -289,8 +325,8 @@ fn check_pings(side: &str, said: &str, prefix: &str, count: usize, size: Option<
 }
 
 #[test]
-fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
-    let test = "rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles";
+fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
+    let test = "rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles";
     if !root_and(test, &["rping"]) {
         return;
     }
@@ -373,6 +409,20 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         .collect();
     let server = rping_in_host(&args).spawn().unwrap();
     let server = thread::spawn(move || server.wait_with_output().unwrap());
+    // Our CM, up for the server, answers a REQ for a port nobody listens on with a REJ
+    // (after holding it for a listener): the kernel's rping says so and stops.
+    let refused = vm.run(&[
+        "exec",
+        "1",
+        "-t",
+        "30",
+        "sleep 2; rping -c -a 10.88.0.1 -p 7999 -C 1",
+    ]);
+    assert!(
+        text(&refused).contains("RDMA_CM_EVENT_REJECTED, error 8"),
+        "kernel client to a port we do not listen on: {}",
+        text(&refused)
+    );
     let client = vm.run(&[
         "exec",
         "1",
@@ -403,4 +453,67 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         count,
         Some(size),
     );
+
+    // perftest -R: rxe serves, we connect (again while the kernel rejects: nobody listens
+    // yet), then we serve and the kernel connects.
+    for (program, size, iters) in PERFTEST_R {
+        let job = vm.run(&[
+            "spawn",
+            "1",
+            "-t",
+            "60",
+            &format!("{program} -R -n {iters}"),
+        ]);
+        assert!(job.status.success(), "{program} server: {}", text(&job));
+        let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+        let mut client = None;
+        for _ in 0..50 {
+            let output = in_host(program, &["-R", "-n", iters, "10.88.0.11"])
+                .output()
+                .unwrap();
+            let rejected = text(&output).contains("REJECTED");
+            client = Some(output);
+            if !rejected {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        let client = client.expect("tried at least once");
+        let server = vm.run(&["wait", "1", &job, "60"]);
+        assert!(
+            client.status.success() && common::has_row(&text(&client), size, iters),
+            "{program} -R, our client: {}\nkernel server: {}",
+            text(&client),
+            text(&server)
+        );
+        assert!(
+            common::has_row(&text(&server), size, iters),
+            "{program} -R, kernel server: {}",
+            text(&server)
+        );
+
+        let server = in_host(program, &["-R", "-n", iters]).spawn().unwrap();
+        let server = thread::spawn(move || server.wait_with_output().unwrap());
+        let client = vm.run(&[
+            "exec",
+            "1",
+            "-t",
+            "60",
+            &format!(
+                "for try in $(seq 50); do {program} -R -n {iters} 10.88.0.1 > /tmp/perf.out 2>&1 && break; sleep 0.2; done; cat /tmp/perf.out"
+            ),
+        ]);
+        let server = server.join().unwrap();
+        assert!(
+            server.status.success() && common::has_row(&text(&server), size, iters),
+            "{program} -R, our server: {}\nkernel client: {}",
+            text(&server),
+            text(&client)
+        );
+        assert!(
+            common::has_row(&text(&client), size, iters),
+            "{program} -R, kernel client: {}",
+            text(&client)
+        );
+    }
 }
