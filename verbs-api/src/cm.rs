@@ -324,9 +324,12 @@ impl EventChannel {
                 new_id,
                 conn,
                 request,
-                shared,
+                context,
             } => {
-                let shared = shared.upgrade()?;
+                let shared =
+                    self.contexts().ok()?.into_iter().find(|shared| {
+                        shared.lock().is_ok_and(|core| core.cm.context() == context)
+                    })?;
                 CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
             }
             What::Cm(event) => match *event {
@@ -525,7 +528,6 @@ impl CmId {
             id: self.number,
             queue: self.queue()?,
             qpn,
-            shared: Arc::downgrade(&self.shared),
         })
     }
 
