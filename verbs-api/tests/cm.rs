@@ -40,17 +40,19 @@ fn device(mac: [u8; 6], ip: Ipv4Addr) -> Device {
 
 /// Two contexts with sleeping engine threads, joined by an in-memory wire.
 fn pair() -> (Context, Context) {
-    pair_with(CmTiming::default(), &Arc::new(AtomicBool::new(false)))
+    pair_with(CmTiming::default(), &Arc::new(AtomicBool::new(false)), true)
 }
 
-/// [`pair`] with A's CM timing `timing`, and A's end of the wire cut while `cut` is set.
-fn pair_with(timing: CmTiming, cut: &Arc<AtomicBool>) -> (Context, Context) {
+/// [`pair`] with A's CM timing `timing`, A's end of the wire cut while `cut` is set, and
+/// A's MAC in B's neighbour table or not.
+fn pair_with(timing: CmTiming, cut: &Arc<AtomicBool>, b_knows_a: bool) -> (Context, Context) {
     let (wire_a, wire_b) = memory_pair();
     let open = |wire: Box<dyn Backend>, seed: u8, (mac, ip), (peer_mac, peer_ip), cm_timing| {
+        let known = ip == IP_A || b_knows_a;
         let addressing = Addressing {
             mac,
             ip,
-            neighbours: HashMap::from([(peer_ip, peer_mac)]),
+            neighbours: HashMap::from_iter(known.then_some((peer_ip, peer_mac))),
         };
         let options = OpenOptions {
             backend: BackendChoice::Custom(wire, addressing),
@@ -112,7 +114,7 @@ const SHORT: CmTiming = CmTiming {
 #[test]
 fn a_peer_that_never_answers_is_unreachable_after_the_cm_retries() {
     let cut = Arc::new(AtomicBool::new(true));
-    let (ctx_a, _ctx_b) = pair_with(SHORT, &cut);
+    let (ctx_a, _ctx_b) = pair_with(SHORT, &cut, true);
     let a = side(&ctx_a);
     let id = resolved(&a, PORT);
     id.connect(&a.qp, &ConnParam::default()).unwrap();
@@ -122,7 +124,7 @@ fn a_peer_that_never_answers_is_unreachable_after_the_cm_retries() {
 #[test]
 fn a_peer_that_vanishes_is_disconnected_after_the_dreq_retries() {
     let cut = Arc::new(AtomicBool::new(false));
-    let (ctx_a, ctx_b) = pair_with(SHORT, &cut);
+    let (ctx_a, ctx_b) = pair_with(SHORT, &cut, true);
     let (a, b) = (side(&ctx_a), side(&ctx_b));
     let listening = listener(&b);
     let (active, _passive) = connect(&a, &b, &listening);
@@ -346,6 +348,21 @@ fn a_port_nobody_listens_on_is_rejected() {
         "{event:?}"
     );
     assert!(b.channel.try_get_cm_event().unwrap().is_none());
+}
+
+/// B has no neighbour entry for A: it learns A's MAC from the REQ's frame and its REJ
+/// reaches A (with short CM timing, A would otherwise hear UNREACHABLE).
+#[test]
+fn a_req_from_an_unknown_neighbour_is_answered() {
+    let (ctx_a, ctx_b) = pair_with(SHORT, &Arc::new(AtomicBool::new(false)), false);
+    let (a, _b) = (side(&ctx_a), side(&ctx_b));
+    let id = resolved(&a, PORT + 1);
+    id.connect(&a.qp, &ConnParam::default()).unwrap();
+    let event = expect(&a.channel, &id, 8);
+    assert!(
+        matches!(event.kind, CmEventKind::Rejected { reason: 8, .. }),
+        "{event:?}"
+    );
 }
 
 #[test]
