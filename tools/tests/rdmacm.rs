@@ -132,6 +132,42 @@ fn rping_talks_to_itself_between_namespaces() {
     }
 }
 
+/// The CM under 5 % loss both ways (netem on both veth ends): REQ, REP, RTU and DREQ
+/// resent per the CM's timeouts, duplicates answered; three connections in a row, each
+/// with 20 pings checked byte for byte.
+#[test]
+fn rping_connects_again_and_again_under_loss_between_namespaces() {
+    let test = "rping_connects_again_and_again_under_loss_between_namespaces";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    for (ns, interface) in [(&a, "ca"), (&b, "cb")] {
+        let added = ns
+            .run(&[
+                "tc", "qdisc", "add", "dev", interface, "root", "netem", "loss", "5%",
+            ])
+            .unwrap();
+        assert!(added.status.success(), "tc: {}", text(&added));
+    }
+    let flags = ["-v", "-V", "-C", "20", "-S", "64", "-a", "10.85.0.2"];
+    for round in 0..3 {
+        let server = exec_in(&b, &[&["rping", "-s"][..], &flags].concat())
+            .spawn()
+            .unwrap();
+        let client = rping_client(&a, &[&["rping", "-c"][..], &flags].concat());
+        let server = server.wait_with_output().unwrap();
+        for (side, output, prefix) in [
+            ("client", &client, "ping data: rdma-ping-"),
+            ("server", &server, "server ping data: rdma-ping-"),
+        ] {
+            let said = text(output);
+            assert!(output.status.success(), "round {round}, {side}: {said}");
+            check_pings(side, &said, prefix, 20, Some(64));
+        }
+    }
+}
+
 /// A client in `a` against the server `server` already spawned in `b`: again while the
 /// server is not listening yet (rejected), a bounded number of times; both must succeed.
 fn pair_in(a: &Netns, b: &Netns, server: &[&str], client: &[&str]) -> (Output, Output) {
@@ -452,6 +488,46 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         "server ping data: rdma-ping-",
         count,
         Some(size),
+    );
+
+    // Under 5 % loss on the bridge: the kernel's rping serves, ours connects.
+    let lossy = vm.run(&["loss", "5"]);
+    assert!(lossy.status.success(), "loss 5: {}", text(&lossy));
+    let job = vm.run(&[
+        "spawn",
+        "1",
+        "-t",
+        "60",
+        "rping -s -a 10.88.0.11 -v -V -C 20",
+    ]);
+    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    let mut client = None;
+    for _ in 0..50 {
+        let output = rping_in_host(&["-c", "-a", "10.88.0.11", "-v", "-V", "-C", "20"])
+            .output()
+            .unwrap();
+        let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
+        client = Some(output);
+        if !rejected {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let client = client.expect("tried at least once");
+    let server = vm.run(&["wait", "1", &job, "60"]);
+    let _ = vm.run(&["loss", "0"]);
+    assert!(
+        client.status.success(),
+        "under loss, our client: {}\nkernel server: {}",
+        text(&client),
+        text(&server)
+    );
+    check_pings(
+        "our client under loss",
+        &text(&client),
+        "ping data: rdma-ping-",
+        20,
+        None,
     );
 
     // perftest -R: rxe serves, we connect (again while the kernel rejects: nobody listens
