@@ -13,6 +13,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use roce_transport::{Endpoint, Transmit};
+use roce_wire::frame::IpRepr;
 use roce_wire::{Frame, FrameError, FrameRepr};
 
 use crate::backend::Backend;
@@ -180,12 +181,15 @@ impl<B: Backend> Engine<B> {
             endpoint,
             backend,
             addressing,
+            neighbours6,
             stats,
             ..
         } = self;
         let mac = addressing.mac;
         let received = backend.receive(RX_BUDGET, &mut |frame| {
-            receive(endpoint, stats, mac, now, frame);
+            if let Some(repr) = receive(endpoint, stats, mac, now, frame) {
+                learn_cm_peer(addressing, neighbours6, &repr);
+            }
         })?;
         Ok(received == RX_BUDGET)
     }
@@ -342,27 +346,62 @@ fn concerns_one_packet(error: &io::Error) -> bool {
 }
 
 /// Parses, checks and hands one received frame to the endpoint, if it is addressed to `mac`.
-fn receive(
+/// Hands a frame to the endpoint; the frame, parsed, if it was RoCEv2 and to us.
+fn receive<'a>(
     endpoint: &mut Endpoint,
     stats: &mut EngineStats,
     mac: [u8; 6],
     now: Instant,
-    bytes: &[u8],
-) {
+    bytes: &'a [u8],
+) -> Option<FrameRepr<'a>> {
     stats.rx_frames += 1;
     if bytes.get(..6) != Some(&mac[..]) {
         tracing::trace!(len = bytes.len(), "dropped: not to our MAC");
         stats.rx_not_ours += 1;
-        return;
+        return None;
     }
     let parsed = Frame::new_checked(bytes).and_then(|frame| FrameRepr::parse(&frame));
     match parsed {
-        Ok(repr) => endpoint.handle_packet(now, &repr),
-        Err(FrameError::NotRoce) => stats.rx_other += 1,
+        Ok(repr) => {
+            endpoint.handle_packet(now, &repr);
+            Some(repr)
+        }
+        Err(FrameError::NotRoce) => {
+            stats.rx_other += 1;
+            None
+        }
         Err(error) => {
             tracing::debug!(?error, len = bytes.len(), "dropped: RoCEv2 frame rejected");
             stats.rx_rejected += 1;
+            None
         }
+    }
+}
+
+/// Neighbours learnt from CM MADs held at most (a flood of forged sources cannot grow the
+/// tables further).
+const MAX_LEARNT: usize = 4096;
+
+/// Learns the MAC of a peer whose CM MAD (to QP 1) arrived, unless its MAC is known: our
+/// answer (a REJ to a port nobody listens on, a REP) then leaves without a neighbour
+/// lookup, as the kernel CM answers from the received packet's addresses.
+fn learn_cm_peer(
+    addressing: &mut Addressing,
+    neighbours6: &mut HashMap<Ipv6Addr, [u8; 6]>,
+    repr: &FrameRepr,
+) {
+    if repr.bth.dest_qpn != 1 {
+        return;
+    }
+    let mac = repr.ethernet.src;
+    match &repr.ip {
+        IpRepr::V4(ip) if addressing.neighbours.len() < MAX_LEARNT => {
+            addressing.neighbours.entry(ip.src).or_insert(mac);
+        }
+        IpRepr::V6(ip) if neighbours6.len() < MAX_LEARNT => {
+            neighbours6.entry(ip.src).or_insert(mac);
+        }
+        _ => {}
     }
 }
 

@@ -135,6 +135,42 @@ fn rping_talks_to_itself_between_namespaces() {
     }
 }
 
+/// The CM under 5 % loss both ways (netem on both veth ends): REQ, REP, RTU and DREQ
+/// resent per the CM's timeouts, duplicates answered; three connections in a row, each
+/// with 20 pings checked byte for byte.
+#[test]
+fn rping_connects_again_and_again_under_loss_between_namespaces() {
+    let test = "rping_connects_again_and_again_under_loss_between_namespaces";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    for (ns, interface) in [(&a, "ca"), (&b, "cb")] {
+        let added = ns
+            .run(&[
+                "tc", "qdisc", "add", "dev", interface, "root", "netem", "loss", "5%",
+            ])
+            .unwrap();
+        assert!(added.status.success(), "tc: {}", text(&added));
+    }
+    let flags = ["-v", "-V", "-C", "20", "-S", "64", "-a", "10.85.0.2"];
+    for round in 0..3 {
+        let server = exec_in(&b, &[&["rping", "-s"][..], &flags].concat())
+            .spawn()
+            .unwrap();
+        let client = rping_client(&a, &[&["rping", "-c"][..], &flags].concat());
+        let server = server.wait_with_output().unwrap();
+        for (side, output, prefix) in [
+            ("client", &client, "ping data: rdma-ping-"),
+            ("server", &server, "server ping data: rdma-ping-"),
+        ] {
+            let said = text(output);
+            assert!(output.status.success(), "round {round}, {side}: {said}");
+            check_pings(side, &said, prefix, 20, Some(64));
+        }
+    }
+}
+
 /// A client in `a` against the server `server` already spawned in `b`: again while the
 /// server is not listening yet (rejected), a bounded number of times; both must succeed.
 fn pair_in(a: &Netns, b: &Netns, server: &[&str], client: &[&str]) -> (Output, Output) {
@@ -196,6 +232,37 @@ fn rdma_server_client_and_ucmatose_talk_to_themselves_between_namespaces() {
     }
 }
 
+/// perftest's `-R` (both sides ours) and what each side must print: a key exchange over a
+/// first rdma_cm connection, then the data connection to a listener the server opens on the
+/// same port only after that exchange, then disconnects from both sides.
+const PERFTEST_R: [(&str, &str, &str); 2] =
+    [("ib_write_bw", "65536", "100"), ("ib_send_lat", "2", "100")];
+
+#[test]
+fn perftest_with_rdma_cm_talks_to_itself_between_namespaces() {
+    let test = "perftest_with_rdma_cm_talks_to_itself_between_namespaces";
+    let programs = PERFTEST_R.map(|(program, ..)| program);
+    if !needs_root(test) || !prerequisite(test, "perftest", programs.iter().all(|p| installed(p))) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    for (program, size, iters) in PERFTEST_R {
+        let (client, server) = pair_in(
+            &a,
+            &b,
+            &[program, "-R", "-n", iters],
+            &[program, "-R", "-n", iters, "10.85.0.2"],
+        );
+        for (side, output) in [("client", &client), ("server", &server)] {
+            let said = text(output);
+            assert!(
+                output.status.success() && common::has_row(&said, size, iters),
+                "{program} -R {side}: {said}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
     let test = "the_event_channel_and_what_is_not_offered_answer_as_rdma_core";
@@ -218,11 +285,16 @@ fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
 
 /// `rping` over our libraries in the VM's host namespace (`host0`, 10.88.0.1).
 fn rping_in_host(args: &[&str]) -> Command {
+    in_host("rping", args)
+}
+
+/// `program` over our libraries in the VM's host namespace.
+fn in_host(program: &str, args: &[&str]) -> Command {
     build_libraries();
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", "rxe-host", "timeout", "60"])
-        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--", "rping"])
+        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--", program])
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -251,8 +323,8 @@ fn check_pings(side: &str, said: &str, prefix: &str, count: usize, size: Option<
 }
 
 #[test]
-fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
-    let test = "rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles";
+fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
+    let test = "rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles";
     if !root_and(test, &["rping"]) {
         return;
     }
@@ -326,6 +398,20 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         .collect();
     let server = rping_in_host(&args).spawn().unwrap();
     let server = thread::spawn(move || server.wait_with_output().unwrap());
+    // Our CM, up for the server, answers a REQ for a port nobody listens on with a REJ
+    // (after holding it for a listener): the kernel's rping says so and stops.
+    let refused = vm.run(&[
+        "exec",
+        "1",
+        "-t",
+        "30",
+        "sleep 2; rping -c -a 10.88.0.1 -p 7999 -C 1",
+    ]);
+    assert!(
+        text(&refused).contains("RDMA_CM_EVENT_REJECTED, error 8"),
+        "kernel client to a port we do not listen on: {}",
+        text(&refused)
+    );
     let client = vm.run(&[
         "exec",
         "1",
@@ -356,6 +442,109 @@ fn rping_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         count,
         Some(size),
     );
+
+    // Under 5 % loss on the bridge: the kernel's rping serves, ours connects.
+    let lossy = vm.run(&["loss", "5"]);
+    assert!(lossy.status.success(), "loss 5: {}", text(&lossy));
+    let job = vm.run(&[
+        "spawn",
+        "1",
+        "-t",
+        "60",
+        "rping -s -a 10.88.0.11 -v -V -C 20",
+    ]);
+    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    let mut client = None;
+    for _ in 0..50 {
+        let output = rping_in_host(&["-c", "-a", "10.88.0.11", "-v", "-V", "-C", "20"])
+            .output()
+            .unwrap();
+        let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
+        client = Some(output);
+        if !rejected {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let client = client.expect("tried at least once");
+    let server = vm.run(&["wait", "1", &job, "60"]);
+    let _ = vm.run(&["loss", "0"]);
+    assert!(
+        client.status.success(),
+        "under loss, our client: {}\nkernel server: {}",
+        text(&client),
+        text(&server)
+    );
+    check_pings(
+        "our client under loss",
+        &text(&client),
+        "ping data: rdma-ping-",
+        20,
+        None,
+    );
+
+    // perftest -R: rxe serves, we connect (again while the kernel rejects: nobody listens
+    // yet), then we serve and the kernel connects.
+    for (program, size, iters) in PERFTEST_R {
+        let job = vm.run(&[
+            "spawn",
+            "1",
+            "-t",
+            "60",
+            &format!("{program} -R -n {iters}"),
+        ]);
+        assert!(job.status.success(), "{program} server: {}", text(&job));
+        let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+        let mut client = None;
+        for _ in 0..50 {
+            let output = in_host(program, &["-R", "-n", iters, "10.88.0.11"])
+                .output()
+                .unwrap();
+            let rejected = text(&output).contains("REJECTED");
+            client = Some(output);
+            if !rejected {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        let client = client.expect("tried at least once");
+        let server = vm.run(&["wait", "1", &job, "60"]);
+        assert!(
+            client.status.success() && common::has_row(&text(&client), size, iters),
+            "{program} -R, our client: {}\nkernel server: {}",
+            text(&client),
+            text(&server)
+        );
+        assert!(
+            common::has_row(&text(&server), size, iters),
+            "{program} -R, kernel server: {}",
+            text(&server)
+        );
+
+        let server = in_host(program, &["-R", "-n", iters]).spawn().unwrap();
+        let server = thread::spawn(move || server.wait_with_output().unwrap());
+        let client = vm.run(&[
+            "exec",
+            "1",
+            "-t",
+            "60",
+            &format!(
+                "for try in $(seq 50); do {program} -R -n {iters} 10.88.0.1 > /tmp/perf.out 2>&1 && break; sleep 0.2; done; cat /tmp/perf.out"
+            ),
+        ]);
+        let server = server.join().unwrap();
+        assert!(
+            server.status.success() && common::has_row(&text(&server), size, iters),
+            "{program} -R, our server: {}\nkernel client: {}",
+            text(&server),
+            text(&client)
+        );
+        assert!(
+            common::has_row(&text(&client), size, iters),
+            "{program} -R, kernel client: {}",
+            text(&client)
+        );
+    }
 }
 
 /// rping `-q`: each side creates its QP with `ibv_create_qp` and moves it through

@@ -458,21 +458,57 @@ fn consumer_reject_reaches_the_requester() {
 }
 
 #[test]
-fn nobody_listening_is_rejected_with_invalid_service_id() {
+fn nobody_listening_is_rejected_with_invalid_service_id_after_the_hold() {
     let mut pair = Pair::new(5, [0, 0]);
     pair.cms[B].stop_listening(SERVICE);
     pair.connect();
     assert!(pair.drive_until(MINUTE, |p| !p.events[A].is_empty()));
+    let (at, event) = pair.events[A][0];
     assert!(matches!(
-        pair.events[A][0].1,
+        event,
         CmEvent::Rejected {
             reason: RejectReason::INVALID_SERVICE_ID,
             ..
         }
     ));
+    // The REQ waited for a listener, between its arrival and the REJ's.
+    let hold = CmConfig::default().unlistened_hold;
+    assert!(at >= hold && at <= hold + pair.latency * 2, "{at:?}");
     assert_eq!(pair.cms[B].connection_count(), 0);
     assert_eq!(pair.cms[B].stats().no_listener, 1);
     assert!(pair.events[B].is_empty());
+    assert_eq!(pair.cms[B].poll_timeout(), None);
+}
+
+#[test]
+fn a_req_that_comes_just_before_the_listener_is_offered_to_it() {
+    let mut pair = Pair::new(6, [0, 0]);
+    pair.cms[B].stop_listening(SERVICE);
+    pair.connect();
+    // The REQ arrives with nobody listening ...
+    let arrived = pair.now + pair.latency;
+    assert!(pair.drive_until(MINUTE, |p| p.now >= arrived));
+    assert_eq!(pair.cms[B].stats().no_listener, 0);
+    // ... and the listener that comes within the hold gets it: no REJ, no resent REQ.
+    pair.cms[B].listen(SERVICE, 4).unwrap();
+    pair.flush();
+    assert!(pair.drive_until(MINUTE, Pair::both_established));
+    assert_eq!(pair.sent_names(A), ["CM_REQ", "CM_RTU"]);
+    assert_eq!(pair.sent_names(B), ["CM_REP"]);
+    assert_eq!(pair.cms[B].stats().no_listener, 0);
+}
+
+#[test]
+fn without_a_hold_nobody_listening_is_rejected_at_once() {
+    let mut pair = Pair::new(7, [0, 0]);
+    pair.cms[B] = Cm::new(CmConfig {
+        unlistened_hold: Duration::ZERO,
+        ..config(B)
+    });
+    pair.connect();
+    assert!(pair.drive_until(MINUTE, |p| !p.events[A].is_empty()));
+    assert_eq!(pair.events[A][0].0, pair.latency * 2);
+    assert_eq!(pair.event_names(A), ["Rejected"]);
 }
 
 #[test]

@@ -35,7 +35,7 @@ use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::req::{self, ServiceType};
 use roce_wire::cm::{rej, PortSpace};
 
-use crate::cm_routes::{apply_qp_attrs, to_error, Notice, Route, What};
+use crate::cm_routes::{apply_qp_attrs, to_error, ContextKey, Notice, Route, What};
 use crate::context::Context;
 use crate::error::Error;
 use crate::mr::Pd;
@@ -253,6 +253,14 @@ impl EventChannel {
         Ok(contexts.iter().filter_map(Weak::upgrade).collect())
     }
 
+    /// The context among this channel's whose CM `key` names.
+    fn context_of(&self, key: ContextKey) -> Option<Arc<Shared>> {
+        self.contexts()
+            .ok()?
+            .into_iter()
+            .find(|shared| shared.lock().is_ok_and(|core| core.cm.context() == key))
+    }
+
     /// Creates an RC id (`rdma_create_id` with `RDMA_PS_TCP`) on the device of the channel's
     /// first id, or the one [`Context::create_event_channel`] made it for.
     pub fn create_id(&self) -> Result<CmId, Error> {
@@ -342,17 +350,17 @@ impl EventChannel {
                 new_id,
                 conn,
                 request,
-                shared,
+                context,
             } => {
-                let shared = shared.upgrade()?;
+                let shared = self.context_of(context)?;
                 CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
             }
             What::SidrRequest {
                 new_id,
                 request,
-                shared,
+                context,
             } => {
-                let shared = shared.upgrade()?;
+                let shared = self.context_of(context)?;
                 CmEventKind::ConnectRequest(Box::new(self.ud_request(&shared, new_id, &request)?))
             }
             What::Cm(event) => match *event {
@@ -573,7 +581,6 @@ impl CmId {
             id: self.number,
             queue: self.queue()?,
             qpn,
-            shared: Arc::downgrade(&self.shared),
             program_qp: false,
         })
     }
@@ -971,6 +978,9 @@ impl Drop for CmId {
                 cm.destroy(conn);
             }
         }
-        let _ = self.shared.kick(&mut core);
+        // The REJ or DREQ leaves now, not when the engine thread next runs: a program
+        // that exits right after rdma_destroy_id (perftest's server) would otherwise leave
+        // its peer resending DREQs to nobody until its retries run out.
+        let _ = self.shared.drive(&mut core);
     }
 }

@@ -5,7 +5,8 @@
 //! the QP to ERR.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId, SidrReply};
@@ -14,7 +15,18 @@ use roce_transport::Endpoint;
 use roce_wire::cm::sidr_rep::SidrStatus;
 
 use crate::queues::{EventQueue, Submission};
-use crate::shared::Shared;
+
+/// Names a context's CM (never reused in a process): a request's notice says where its
+/// new id lives, and the channel finds that context among its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ContextKey(u64);
+
+impl ContextKey {
+    fn fresh() -> ContextKey {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        ContextKey(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
 
 /// What a CM id's channel is told: the id (its number) and what happened.
 #[derive(Debug, Clone)]
@@ -36,14 +48,15 @@ pub(crate) enum What {
         conn: ConnId,
         request: Box<ConnectRequest>,
         /// The listener's context, where the new id lives.
-        shared: Weak<Shared>,
+        context: ContextKey,
     },
     /// A SIDR_REQ ([`CmEvent::SidrRequest`]) for the UD listener `id`; `new_id` is the
     /// request's own id.
     SidrRequest {
         new_id: u64,
         request: Box<CmEvent>,
-        shared: Weak<Shared>,
+        /// The listener's context, where the new id lives.
+        context: ContextKey,
     },
     /// The REP could not be applied to the QP (`RDMA_CM_EVENT_CONNECT_ERROR`).
     ConnectError,
@@ -58,8 +71,6 @@ pub(crate) struct Route {
     pub(crate) id: u64,
     pub(crate) queue: Arc<EventQueue<Notice>>,
     pub(crate) qpn: Option<u32>,
-    /// The context the id lives on (its requests make ids there).
-    pub(crate) shared: Weak<Shared>,
     /// The program moves the active side's QP itself: the REP is told as a connect
     /// response, and the establishment its `rdma_establish` makes is not told back
     /// (librdmacm's behaviour for an id without a QP).
@@ -73,14 +84,30 @@ impl Route {
 }
 
 /// The routes of a context's CM.
-#[derive(Default)]
 pub(crate) struct CmRoutes {
     pub(crate) listeners: HashMap<ServiceId, Route>,
     pub(crate) conns: HashMap<ConnId, Route>,
     next_id: u64,
+    context: ContextKey,
+}
+
+impl Default for CmRoutes {
+    fn default() -> Self {
+        CmRoutes {
+            listeners: HashMap::new(),
+            conns: HashMap::new(),
+            next_id: 0,
+            context: ContextKey::fresh(),
+        }
+    }
 }
 
 impl CmRoutes {
+    /// Which context these routes belong to.
+    pub(crate) fn context(&self) -> ContextKey {
+        self.context
+    }
+
     /// A fresh id number (never 0, never reused).
     pub(crate) fn new_id(&mut self) -> u64 {
         self.next_id += 1;
@@ -110,7 +137,7 @@ impl CmRoutes {
                         new_id,
                         conn,
                         request: Box::new(request),
-                        shared: listener.shared.clone(),
+                        context: self.context,
                     });
                 }
                 CmEvent::ConnectResponse { conn, qp, .. } => {
@@ -186,7 +213,7 @@ impl CmRoutes {
                 listener.tell(What::SidrRequest {
                     new_id,
                     request: Box::new(event),
-                    shared: listener.shared.clone(),
+                    context: self.context,
                 });
             }
             CmEvent::SidrResolved { conn, .. } | CmEvent::SidrRejected { conn, .. } => {

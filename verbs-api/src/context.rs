@@ -22,7 +22,7 @@ use crate::device::{Device, PortAttr, PortState};
 use crate::engine_thread;
 use crate::error::Error;
 use crate::mr::Pd;
-use crate::options::{OpenOptions, Progress};
+use crate::options::{CmTiming, OpenOptions, Progress};
 use crate::shared::Shared;
 use crate::wait;
 
@@ -53,7 +53,7 @@ impl Context {
         let mut endpoint = Endpoint::new(seed);
         let port_mtu = device.query_port().active_mtu;
         endpoint.set_port_mtu(port_mtu);
-        endpoint.enable_cm(cm_config(device, seed, port_mtu));
+        endpoint.enable_cm(cm_config(device, seed, port_mtu, options.cm_timing));
         let progress = options.progress;
         tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);
@@ -167,8 +167,8 @@ impl Context {
 }
 
 /// The CM's settings for `device`: the kernel's defaults, the CA GUID the EUI-64 of the MAC
-/// (as rxe's node GUID), and a seed of its own drawn from the context's.
-fn cm_config(device: &Device, seed: [u8; 32], port_mtu: PathMtu) -> CmConfig {
+/// (as rxe's node GUID), a seed of its own drawn from the context's, and `timing`.
+fn cm_config(device: &Device, seed: [u8; 32], port_mtu: PathMtu, timing: CmTiming) -> CmConfig {
     let mac = device.mac;
     let guid = [
         mac[0] ^ 2,
@@ -187,6 +187,8 @@ fn cm_config(device: &Device, seed: [u8; 32], port_mtu: PathMtu) -> CmConfig {
         local_ca_guid: u64::from_be_bytes(guid),
         seed: cm_seed,
         max_path_mtu: port_mtu,
+        cm_response_timeout: timing.response_timeout.min(31),
+        max_cm_retries: timing.max_retries.min(15),
         ..CmConfig::default()
     }
 }

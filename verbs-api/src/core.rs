@@ -33,7 +33,7 @@ pub(crate) struct Core {
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
     pub(crate) cm: CmRoutes,
-    /// The count of [`Shared::posted`](crate::shared::Shared::posted) the last hand-over
+    /// The count of posts (`Shared::posted`) the last hand-over
     /// covered: while it stands, the submission queues hold nothing new.
     handed_over: u64,
 }

@@ -50,6 +50,28 @@ fn default_spin() -> Duration {
     }
 }
 
+/// How long the connection manager waits for answers, and how often it asks again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmTiming {
+    /// The response time we announce and assume of the peer, as an exponent: 4.096 µs ×
+    /// 2^n (at most 31). A REQ or DREQ is resent after twice the packet lifetime (about
+    /// 2.1 s) plus this. Default 20 (about 4.3 s), the kernel's `CMA_CM_RESPONSE_TIMEOUT`.
+    pub response_timeout: u8,
+    /// Resends of an unanswered REQ, REP or DREQ before the peer is given up
+    /// (`UNREACHABLE`, or `DISCONNECTED` for a DREQ), at most 15. Default 15, the kernel's
+    /// `CMA_MAX_CM_RETRIES`.
+    pub max_retries: u8,
+}
+
+impl Default for CmTiming {
+    fn default() -> Self {
+        CmTiming {
+            response_timeout: 20,
+            max_retries: 15,
+        }
+    }
+}
+
 /// Options of [`Context::open`](crate::Context::open).
 pub struct OpenOptions {
     /// How frames move.
@@ -68,6 +90,9 @@ pub struct OpenOptions {
     /// The eventfd [`Context::async_fd`](crate::Context::async_fd) is to be (a C ABI hands
     /// out its fd before the engine starts); `None` makes a fresh one.
     pub async_fd: Option<OwnedFd>,
+    /// The connection manager's timeouts and retries (the kernel's by default; shorter
+    /// ones let a test see an unreachable peer quickly).
+    pub cm_timing: CmTiming,
 }
 
 impl Default for OpenOptions {
@@ -79,6 +104,7 @@ impl Default for OpenOptions {
             seed: None,
             pcap: None,
             async_fd: None,
+            cm_timing: CmTiming::default(),
         }
     }
 }

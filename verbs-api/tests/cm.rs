@@ -1,18 +1,23 @@
 //! The CM API (rdma_cm) between two of our contexts over the in-memory wire: resolve,
 //! connect, exchange data on the connected RC QPs, disconnect from either side; a port
-//! nobody listens on and a consumer reject give REJECTED.
+//! nobody listens on and a consumer reject give REJECTED; a peer that never answers gives
+//! UNREACHABLE, one that vanishes DISCONNECTED, after the CM's (shortened) retries.
 
 use std::collections::HashMap;
+use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use roce_provider::memory::memory_pair;
+use roce_provider::backend::{Backend, Fill};
+use roce_provider::memory::{memory_pair, MemoryBackend};
 use roce_verbs::device::link_local_gid;
 use roce_verbs::{
-    AccessFlags, Addressing, BackendChoice, CmEvent, CmEventKind, CmId, ConnParam, Context, Cq,
-    Device, EventChannel, OpenOptions, Pd, Progress, Qp, QpCaps, QpInitAttr, QpState, QpType,
-    RecvWr, SendFlags, SendOp, SendWr, WcStatus, RDMA_UDP_QKEY,
+    AccessFlags, Addressing, BackendChoice, CmEvent, CmEventKind, CmId, CmTiming, ConnParam,
+    Context, Cq, Device, EventChannel, OpenOptions, Pd, Progress, Qp, QpCaps, QpInitAttr, QpState,
+    QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus, RDMA_UDP_QKEY,
 };
 
 const STALL: Duration = Duration::from_secs(20);
@@ -35,25 +40,98 @@ fn device(mac: [u8; 6], ip: Ipv4Addr) -> Device {
 
 /// Two contexts with sleeping engine threads, joined by an in-memory wire.
 fn pair() -> (Context, Context) {
+    pair_with(CmTiming::default(), &Arc::new(AtomicBool::new(false)), true)
+}
+
+/// [`pair`] with A's CM timing `timing`, A's end of the wire cut while `cut` is set, and
+/// A's MAC in B's neighbour table or not.
+fn pair_with(timing: CmTiming, cut: &Arc<AtomicBool>, b_knows_a: bool) -> (Context, Context) {
     let (wire_a, wire_b) = memory_pair();
-    let open = |wire, seed: u8, (mac, ip), (peer_mac, peer_ip)| {
+    let open = |wire: Box<dyn Backend>, seed: u8, (mac, ip), (peer_mac, peer_ip), cm_timing| {
+        let known = ip == IP_A || b_knows_a;
         let addressing = Addressing {
             mac,
             ip,
-            neighbours: HashMap::from([(peer_ip, peer_mac)]),
+            neighbours: HashMap::from_iter(known.then_some((peer_ip, peer_mac))),
         };
         let options = OpenOptions {
-            backend: BackendChoice::Custom(Box::new(wire), addressing),
+            backend: BackendChoice::Custom(wire, addressing),
             progress: Progress::Events,
             seed: Some([seed; 32]),
+            cm_timing,
             ..OpenOptions::default()
         };
         Context::open(&device(mac, ip), options).expect("open")
     };
+    let wire_a = Cuttable {
+        wire: wire_a,
+        cut: Arc::clone(cut),
+    };
     (
-        open(wire_a, 1, (MAC_A, IP_A), (MAC_B, IP_B)),
-        open(wire_b, 2, (MAC_B, IP_B), (MAC_A, IP_A)),
+        open(Box::new(wire_a), 1, (MAC_A, IP_A), (MAC_B, IP_B), timing),
+        open(
+            Box::new(wire_b),
+            2,
+            (MAC_B, IP_B),
+            (MAC_A, IP_A),
+            CmTiming::default(),
+        ),
     )
+}
+
+/// A wire end that, while `cut` is set, neither sends nor delivers: its peer vanished.
+struct Cuttable {
+    wire: MemoryBackend,
+    cut: Arc<AtomicBool>,
+}
+
+impl Backend for Cuttable {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        if self.cut.load(Ordering::Relaxed) {
+            return self.wire.receive(budget, &mut |_| {});
+        }
+        self.wire.receive(budget, handler)
+    }
+
+    fn transmit(&mut self, len: usize, flow: u16, fill: Fill<'_>) -> io::Result<()> {
+        if self.cut.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.wire.transmit(len, flow, fill)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.wire.wait(timeout)
+    }
+}
+
+/// CM timing that gives up after one resend: a REQ or DREQ is sent twice, 2.2 s apart.
+const SHORT: CmTiming = CmTiming {
+    response_timeout: 10,
+    max_retries: 1,
+};
+
+#[test]
+fn a_peer_that_never_answers_is_unreachable_after_the_cm_retries() {
+    let cut = Arc::new(AtomicBool::new(true));
+    let (ctx_a, _ctx_b) = pair_with(SHORT, &cut, true);
+    let a = side(&ctx_a);
+    let id = resolved(&a, PORT);
+    id.connect(&a.qp, &ConnParam::default()).unwrap();
+    expect(&a.channel, &id, 7);
+}
+
+#[test]
+fn a_peer_that_vanishes_is_disconnected_after_the_dreq_retries() {
+    let cut = Arc::new(AtomicBool::new(false));
+    let (ctx_a, ctx_b) = pair_with(SHORT, &cut, true);
+    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    let listening = listener(&b);
+    let (active, _passive) = connect(&a, &b, &listening);
+    cut.store(true, Ordering::Relaxed);
+    active.disconnect().unwrap();
+    expect(&a.channel, &active, 10);
+    assert_eq!(a.qp.state().unwrap(), QpState::Err);
 }
 
 struct Side {
@@ -270,6 +348,21 @@ fn a_port_nobody_listens_on_is_rejected() {
         "{event:?}"
     );
     assert!(b.channel.try_get_cm_event().unwrap().is_none());
+}
+
+/// B has no neighbour entry for A: it learns A's MAC from the REQ's frame and its REJ
+/// reaches A (with short CM timing, A would otherwise hear UNREACHABLE).
+#[test]
+fn a_req_from_an_unknown_neighbour_is_answered() {
+    let (ctx_a, ctx_b) = pair_with(SHORT, &Arc::new(AtomicBool::new(false)), false);
+    let (a, _b) = (side(&ctx_a), side(&ctx_b));
+    let id = resolved(&a, PORT + 1);
+    id.connect(&a.qp, &ConnParam::default()).unwrap();
+    let event = expect(&a.channel, &id, 8);
+    assert!(
+        matches!(event.kind, CmEventKind::Rejected { reason: 8, .. }),
+        "{event:?}"
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
-use roce_wire::cm::{self, time_to_ms, Message, ServiceId};
+use roce_wire::cm::{self, req, time_to_ms, Message, ServiceId};
 use roce_wire::{mad, Psn};
 use rustc_hash::FxHashMap;
 
@@ -20,6 +20,21 @@ use super::params::CmConfig;
 /// The caller's private data as a message's private data field of length `N`.
 pub(super) fn private_data<const N: usize>(private: &[u8]) -> Result<[u8; N], CmError> {
     cm::private_data(private).map_err(|_| CmError::PrivateDataTooLong)
+}
+
+/// REQs held at once for services nobody listens on yet; more are rejected at once.
+pub(super) const MAX_HELD: usize = 64;
+
+/// A REQ for a service nobody listens on, waiting [`CmConfig::unlistened_hold`] for a
+/// listener.
+#[derive(Debug, Clone)]
+pub(super) struct HeldReq {
+    pub key: RemoteKey,
+    pub local_gid: Gid,
+    pub remote_gid: Gid,
+    pub tid: u64,
+    pub request: req::Repr,
+    pub until: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +56,7 @@ pub(super) struct Common {
     pub conns: FxHashMap<u32, Connection>,
     pub remotes: FxHashMap<RemoteKey, u32>,
     pub listeners: FxHashMap<ServiceId, Listener>,
+    pub held: Vec<HeldReq>,
     pub transmits: VecDeque<MadTransmit>,
     pub events: VecDeque<CmEvent>,
     pub stats: CmStats,
@@ -58,6 +74,7 @@ impl Common {
             conns: FxHashMap::default(),
             remotes: FxHashMap::default(),
             listeners: FxHashMap::default(),
+            held: Vec::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: CmStats::default(),

@@ -29,6 +29,10 @@
 //! stretches the wait to its service timeout. After a disconnect (or a reject) a connection
 //! waits one local ACK timeout in time-wait, answering duplicates, before it is forgotten;
 //! a REQ from a peer connection still known draws a REJ "stale connection".
+//! A second difference: a REQ for a service nobody listens on waits
+//! [`CmConfig::unlistened_hold`] for a listener before the REJ "invalid service ID", so a
+//! program that closes one listener and opens the next on the same port does not lose
+//! the REQ that came in between (perftest `-R`, whose client does not survive a REJ).
 //! One deliberate difference: the kernel drops a duplicate REQ its application has not
 //! answered yet; this CM answers it with an MRA (service timeout 2^24, rdma_cm's
 //! `CMA_CM_MRA_SETTING`), as the IBTA intends, so a slow acceptor does not use up the
@@ -102,6 +106,7 @@ impl Cm {
     }
 
     /// Accepts REQs and SIDR_REQs for `service_id`, holding at most `backlog` unanswered.
+    /// REQs that came for it within [`CmConfig::unlistened_hold`] before are offered now.
     pub fn listen(&mut self, service_id: ServiceId, backlog: usize) -> Result<(), CmError> {
         if self.common.listeners.contains_key(&service_id) {
             return Err(CmError::AddressInUse);
@@ -113,6 +118,7 @@ impl Cm {
                 pending: 0,
             },
         );
+        self.common.offer_held(service_id);
         Ok(())
     }
 
@@ -123,7 +129,9 @@ impl Cm {
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.common.conns.values().filter_map(|c| c.deadline).min()
+        let held = self.common.held.iter().map(|held| held.until);
+        let conns = self.common.conns.values().filter_map(|c| c.deadline);
+        conns.chain(held).min()
     }
 
     /// The next MAD to send.
@@ -249,7 +257,7 @@ impl Cm {
         let tid = repr.transaction_id;
         let c = &mut self.common;
         match repr.message {
-            Message::Req(m) => c.on_req(local_gid, remote_gid, tid, m),
+            Message::Req(m) => c.on_req(now, local_gid, remote_gid, tid, m),
             Message::Mra(m) => c.on_mra(now, m),
             Message::Rej(m) => c.on_rej(now, m),
             Message::Rep(m) => c.on_rep(m),
@@ -263,6 +271,7 @@ impl Cm {
 
     /// Resends what is unanswered, gives up what ran out of retries, ends time-waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.common.expire_held(now);
         let mut due: Vec<u32> = self
             .common
             .conns

@@ -1,5 +1,7 @@
 //! What the caller gives the CM: its settings and the parameters of each call.
 
+use std::time::Duration;
+
 use roce_wire::cm::req::ServiceType;
 use roce_wire::cm::sidr_rep::SidrStatus;
 
@@ -28,6 +30,11 @@ pub struct CmConfig {
     pub max_path_mtu: PathMtu,
     /// Connections (all states, time-wait included) held at once.
     pub max_connections: usize,
+    /// How long a REQ for a service nobody listens on waits for a listener before it is
+    /// rejected (the kernel rejects at once). Programs that close one listener and open
+    /// the next on the same port (perftest `-R` after its key exchange) otherwise lose the
+    /// peer's REQ that arrives in between. Zero rejects at once.
+    pub unlistened_hold: Duration,
 }
 
 impl Default for CmConfig {
@@ -41,6 +48,7 @@ impl Default for CmConfig {
             max_cm_retries: 15,
             max_path_mtu: PathMtu::Mtu4096,
             max_connections: 4096,
+            unlistened_hold: Duration::from_millis(500),
         }
     }
 }

@@ -5,12 +5,12 @@ use std::time::Instant;
 
 use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::req::ServiceType;
-use roce_wire::cm::{self, mra, rej, rep, req, rtu, Message, MessageKind};
+use roce_wire::cm::{self, mra, rej, rep, req, rtu, Message, MessageKind, ServiceId};
 use roce_wire::mad;
 use roce_wire::Psn;
 
 use super::attrs::{Negotiated, QpAttrs};
-use super::common::{private_data, Common, Listener};
+use super::common::{private_data, Common, HeldReq, Listener, MAX_HELD};
 use super::connection::{ConnState, Connection, RemoteKey};
 use super::event::{CmError, CmEvent, ConnectRequest};
 use super::ids::{ConnId, Gid};
@@ -187,13 +187,24 @@ impl Common {
         self.send(local_gid, remote_gid, mad);
     }
 
-    pub(super) fn on_req(&mut self, local_gid: Gid, remote_gid: Gid, tid: u64, request: req::Repr) {
+    pub(super) fn on_req(
+        &mut self,
+        now: Instant,
+        local_gid: Gid,
+        remote_gid: Gid,
+        tid: u64,
+        request: req::Repr,
+    ) {
         let key = RemoteKey::Conn {
             ca_guid: request.local_ca_guid,
             comm_id: request.local_comm_id,
         };
         if let Some(&id) = self.remotes.get(&key) {
             self.on_duplicate_req(id, local_gid, remote_gid, tid, &request);
+            return;
+        }
+        if self.held.iter().any(|held| held.key == key) {
+            self.stats.duplicates += 1;
             return;
         }
         let same_qp_connected = self.conns.values().any(|c| {
@@ -214,17 +225,68 @@ impl Common {
             );
             return;
         }
-        let Some(listener) = self.listeners.get(&request.service_id).copied() else {
-            self.stats.no_listener += 1;
-            self.reject_req(
-                local_gid,
-                remote_gid,
-                tid,
-                &request,
-                RejectReason::INVALID_SERVICE_ID,
-            );
-            return;
+        let held = HeldReq {
+            key,
+            local_gid,
+            remote_gid,
+            tid,
+            request,
+            until: now + self.config.unlistened_hold,
         };
+        match self.listeners.get(&request.service_id).copied() {
+            Some(listener) => self.offer(listener, held),
+            None if self.held.len() < MAX_HELD && !self.config.unlistened_hold.is_zero() => {
+                self.held.push(held);
+            }
+            None => self.reject_unlistened(&held),
+        }
+    }
+
+    /// Offers the REQs held for `service_id` to its new listener.
+    pub(super) fn offer_held(&mut self, service_id: ServiceId) {
+        let (waiting, others) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|held| held.request.service_id == service_id);
+        self.held = others;
+        for held in waiting {
+            if let Some(listener) = self.listeners.get(&service_id).copied() {
+                self.offer(listener, held);
+            }
+        }
+    }
+
+    /// Rejects the held REQs whose wait for a listener is over.
+    pub(super) fn expire_held(&mut self, now: Instant) {
+        let (expired, waiting): (Vec<HeldReq>, Vec<HeldReq>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|held| held.until <= now);
+        self.held = waiting;
+        for held in &expired {
+            self.reject_unlistened(held);
+        }
+    }
+
+    fn reject_unlistened(&mut self, held: &HeldReq) {
+        self.stats.no_listener += 1;
+        self.reject_req(
+            held.local_gid,
+            held.remote_gid,
+            held.tid,
+            &held.request,
+            RejectReason::INVALID_SERVICE_ID,
+        );
+    }
+
+    /// Hands a REQ to `listener`'s application, or rejects what it cannot serve.
+    fn offer(&mut self, listener: Listener, held: HeldReq) {
+        let HeldReq {
+            key,
+            local_gid,
+            remote_gid,
+            tid,
+            request,
+            ..
+        } = held;
         if !matches!(request.service_type, ServiceType::Rc | ServiceType::Uc) {
             self.reject_req(
                 local_gid,

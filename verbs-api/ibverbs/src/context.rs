@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use roce_cabi::set_errno;
-use roce_verbs::{AsyncEvent, BackendChoice, OpenOptions, PortState, Progress, XdpMode};
+use roce_verbs::{AsyncEvent, BackendChoice, CmTiming, OpenOptions, PortState, Progress, XdpMode};
 use rustix::event::{eventfd, EventfdFlags};
 use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
 
@@ -131,11 +131,29 @@ fn open_options() -> Result<OpenOptions, String> {
             .map(Duration::from_micros)
             .map_err(|_| format!("ROCE_SPIN_US={micros}: expected microseconds"))?,
     };
+    // The CM's response time exponent and retries (the kernel's unless set).
+    let cm_env = |name: &str, default: u8, max: u8| match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(value) => value
+            .parse()
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or(format!("{name}={value}: expected 0 to {max}")),
+    };
+    let cm_timing = CmTiming {
+        response_timeout: cm_env(
+            "ROCE_CM_RESPONSE_TIMEOUT",
+            defaults.cm_timing.response_timeout,
+            31,
+        )?,
+        max_retries: cm_env("ROCE_CM_RETRIES", defaults.cm_timing.max_retries, 15)?,
+    };
     Ok(OpenOptions {
         backend,
         progress,
         spin,
         pcap: std::env::var_os("ROCE_PCAP").map(Into::into),
+        cm_timing,
         ..defaults
     })
 }
