@@ -636,19 +636,6 @@ fn udaddy_talks_to_itself_between_namespaces() {
     check_udaddy("server", &server.join().unwrap());
 }
 
-/// Our `roce exec PROGRAM` in the rxe VM's host namespace (`host0`, 10.88.0.1).
-fn in_host(program: &[&str]) -> Command {
-    build_libraries();
-    let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", "rxe-host", "timeout", "60"])
-        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--"])
-        .args(program)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
 /// UD ids and self-moved QPs against the kernel's CM (one VM boot): udaddy in both roles,
 /// a SIDR_REQ nobody listens for, and our rping `-q` client against the kernel's server.
 #[test]
@@ -657,11 +644,11 @@ fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
     if !root_and(test, &["rping", "udaddy"]) {
         return;
     }
-    let Some(vm) = common::rxe::vm(test, "1500") else {
+    let Some(vm) = vm(test, "1500") else {
         return;
     };
-    let ours = ["udaddy", "-s", "10.88.0.11", "-c", "2", "-C", "5"];
-    let refused = in_host(&ours).output().unwrap();
+    let ours = ["-s", "10.88.0.11", "-c", "2", "-C", "5"];
+    let refused = in_host("udaddy", &ours).output().unwrap();
     assert!(
         !refused.status.success() && text(&refused).contains(NOBODY_LISTENS),
         "our client with nobody listening: {}",
@@ -669,12 +656,12 @@ fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
     );
 
     let job = vm.spawn(60, "udaddy -b 10.88.0.11 -c 2 -C 5");
-    let client = udaddy_client(|| in_host(&ours).output().unwrap());
+    let client = udaddy_client(|| in_host("udaddy", &ours).output().unwrap());
     let server = vm.wait(&job, 60);
     check_udaddy("our client", &client);
     check_udaddy("kernel server", &server);
 
-    let server = in_host(&["udaddy", "-b", "10.88.0.1", "-c", "2", "-C", "5"])
+    let server = in_host("udaddy", &["-b", "10.88.0.1", "-c", "2", "-C", "5"])
         .spawn()
         .unwrap();
     let server = thread::spawn(move || server.wait_with_output().unwrap());
