@@ -284,7 +284,7 @@ impl Qp {
             }
         }
         // Whatever was admitted leaves now, even behind a failure.
-        shared.wake();
+        shared.hand_over(transmit);
         result
     }
 }

@@ -171,6 +171,25 @@ impl Shared {
         }
     }
 
+    /// After a post was queued without the lock. A send leaves now: sent from this thread
+    /// when the engine is free (waking the engine thread costs more than the round: on
+    /// two cores it preempts a program), else handed to the thread that holds it. A
+    /// receive only needs to be in the endpoint before its SEND arrives, and that frame
+    /// makes the engine hand it over first: counted, no wake-up (`docs/performance.md`).
+    pub(crate) fn hand_over(&self, send: bool) {
+        if !send {
+            self.posted.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        if let Some(mut core) = self.try_lock() {
+            self.posted.fetch_add(1, Ordering::SeqCst);
+            // A failure is recorded for every later call; this post was admitted.
+            let _ = self.drive(&mut core);
+            return;
+        }
+        self.wake();
+    }
+
     /// Runs `sleep` unless work was posted since the count `seen` (what the engine's last
     /// round handed over); a post that comes during `sleep` writes the wake-up fd.
     pub(crate) fn sleep_unless_posted(&self, seen: u64, sleep: impl FnOnce()) {
