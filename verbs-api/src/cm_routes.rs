@@ -5,12 +5,14 @@
 //! the QP to ERR.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId};
 use roce_transport::qp_state::{ModifyQpError, QpAttr, QpState};
 use roce_transport::Endpoint;
+use roce_wire::cm::cma::{self, Addresses};
 
 use crate::queues::{EventQueue, Submission};
 use crate::shared::Shared;
@@ -50,6 +52,8 @@ pub(crate) struct Route {
     pub(crate) qpn: Option<u32>,
     /// The context the id lives on (its requests make ids there).
     pub(crate) shared: Weak<Shared>,
+    /// A listener's address: which requests it takes ([`takes`]).
+    pub(crate) bound: Option<SocketAddr>,
 }
 
 impl Route {
@@ -85,8 +89,12 @@ impl CmRoutes {
         while let Some(event) = endpoint.cm().and_then(Cm::poll_event) {
             match event {
                 CmEvent::ConnectRequest { conn, request } => {
-                    let Some(listener) = self.listeners.get(&request.service_id).cloned() else {
-                        // The listener went away after the REQ arrived.
+                    let listener = self.listeners.get(&request.service_id).cloned();
+                    let Some(listener) = listener.filter(|listener| takes(listener, &request))
+                    else {
+                        // The listener went away after the REQ arrived, or the request is
+                        // for an address it does not listen on (the kernel's rdma_cm
+                        // rejects those too, consumer defined).
                         if let Some(cm) = endpoint.cm() {
                             let _ = cm.reject(now, conn, &[]);
                         }
@@ -96,6 +104,7 @@ impl CmRoutes {
                     let route = Route {
                         id: new_id,
                         qpn: None,
+                        bound: None,
                         ..listener.clone()
                     };
                     self.conns.insert(conn, route);
@@ -152,6 +161,26 @@ impl CmRoutes {
                 _ => {}
             }
         }
+    }
+}
+
+/// Whether `listener` takes `request`, as the kernel's `cma_match_private_data`: one bound
+/// to the IPv6 wildcard takes both families (`bindv6only` is 0 by default), one bound to
+/// the IPv4 wildcard IPv4 only, one bound to an address only requests to it. A request
+/// without rdma_cm's header (a bare IB CM peer) names no address to check.
+fn takes(listener: &Route, request: &ConnectRequest) -> bool {
+    let (Some(bound), Ok(header)) = (
+        listener.bound,
+        cma::Packet::new_checked(&request.req.private_data[..])
+            .and_then(|packet| cma::Repr::parse(&packet)),
+    ) else {
+        return true;
+    };
+    match (bound.ip(), header.addresses) {
+        (IpAddr::V6(ip), _) if ip.is_unspecified() => true,
+        (IpAddr::V4(ip), Addresses::V4 { dst, .. }) => ip.is_unspecified() || ip == dst,
+        (IpAddr::V6(ip), Addresses::V6 { dst, .. }) => ip == dst,
+        _ => false,
     }
 }
 

@@ -251,7 +251,9 @@ fn ipv4_addresses(interface: &str) -> io::Result<Vec<Ipv4Addr>> {
 /// The interface's IPv6 addresses in the kernel's order for it (`ip -6 addr` walks the
 /// interface's address list, as the GID cache does; /proc/net/if_inet6 is in hash order).
 fn ipv6_addresses(interface: &str) -> io::Result<Vec<Ipv6Addr>> {
-    Ok(parse_inet6(&ip(&["-o", "-6", "addr", "show", "dev", interface])?))
+    Ok(parse_inet6(&ip(&[
+        "-o", "-6", "addr", "show", "dev", interface,
+    ])?))
 }
 
 /// The `inet6 ADDR/LEN` of each line of `ip -o -6 addr show` (none with IPv6 disabled).
