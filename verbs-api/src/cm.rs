@@ -553,8 +553,10 @@ impl CmId {
                 .map(|gid| Ipv6Addr::from(*gid))
                 .enumerate()
                 .filter(|(_, gid)| {
+                    // The wildcard (a listener's) takes any, if only the link-local GID 0.
                     gid.to_ipv4_mapped().is_none()
-                        && gid.is_unicast_link_local() == dst.is_unicast_link_local()
+                        && (dst.is_unspecified()
+                            || gid.is_unicast_link_local() == dst.is_unicast_link_local())
                 })
                 .min_by_key(|&(index, gid)| {
                     let differ = u128::from(gid) ^ u128::from(dst);
