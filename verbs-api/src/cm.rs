@@ -312,7 +312,8 @@ impl EventChannel {
         Ok(None)
     }
 
-    /// The event a notice tells; none for a request whose device is closed.
+    /// The event a notice tells; none for a request whose device is closed or that the
+    /// listener does not take.
     fn event(&self, notice: Notice) -> Option<CmEvent> {
         let kind = match notice.what {
             What::AddrResolved => CmEventKind::AddrResolved,
@@ -323,11 +324,22 @@ impl EventChannel {
             What::Request {
                 new_id,
                 conn,
+                taken,
                 request,
                 shared,
             } => {
                 let shared = shared.upgrade()?;
-                CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
+                let request = self.request(&shared, new_id, conn, &request);
+                if !taken {
+                    // For an address the listener is not on: rejected (consumer defined,
+                    // as the kernel's rdma_cm), to the peer's MAC, learnt first.
+                    if let Some((_, dgid)) = request.id.gids() {
+                        let _ = shared.resolve(dgid);
+                    }
+                    let _ = request.id.reject(&[]);
+                    return None;
+                }
+                CmEventKind::ConnectRequest(Box::new(request))
             }
             What::Cm(event) => match *event {
                 TransportEvent::Established { .. } => CmEventKind::Established,

@@ -35,6 +35,9 @@ pub(crate) enum What {
     Request {
         new_id: u64,
         conn: ConnId,
+        /// Whether the listener takes it ([`takes`]); if not, it is rejected where the
+        /// peer's MAC can be learnt (the caller's thread), and nobody hears of it.
+        taken: bool,
         request: Box<ConnectRequest>,
         /// The listener's context, where the new id lives.
         shared: Weak<Shared>,
@@ -89,12 +92,8 @@ impl CmRoutes {
         while let Some(event) = endpoint.cm().and_then(Cm::poll_event) {
             match event {
                 CmEvent::ConnectRequest { conn, request } => {
-                    let listener = self.listeners.get(&request.service_id).cloned();
-                    let Some(listener) = listener.filter(|listener| takes(listener, &request))
-                    else {
-                        // The listener went away after the REQ arrived, or the request is
-                        // for an address it does not listen on (the kernel's rdma_cm
-                        // rejects those too, consumer defined).
+                    let Some(listener) = self.listeners.get(&request.service_id).cloned() else {
+                        // The listener went away after the REQ arrived.
                         if let Some(cm) = endpoint.cm() {
                             let _ = cm.reject(now, conn, &[]);
                         }
@@ -111,6 +110,7 @@ impl CmRoutes {
                     listener.tell(What::Request {
                         new_id,
                         conn,
+                        taken: takes(&listener, &request),
                         request: Box::new(request),
                         shared: listener.shared.clone(),
                     });
