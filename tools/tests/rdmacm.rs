@@ -134,7 +134,11 @@ fn rping_pair(a: &Netns, b: &Netns, server_on: &str, client_to: &str, count: usi
         ("server", &server, "server ping data: rdma-ping-"),
     ] {
         let said = text(output);
-        assert!(output.status.success(), "{side}: {said}");
+        assert!(
+            output.status.success(),
+            "{side} ({}, to {client_to}): {said}",
+            output.status
+        );
         check_pings(side, &said, prefix, count, Some(4096));
     }
 }
