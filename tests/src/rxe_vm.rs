@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
 
 use roce_provider::netns::{is_root, prerequisite};
 
@@ -26,19 +27,27 @@ pub fn text(output: &Output) -> String {
     )
 }
 
-/// VM 1, powered off (with its bridge's loss removed) when dropped.
-pub struct Vm(PathBuf);
+/// One test of a process at a time has the VM: a test binary runs its tests in parallel,
+/// and they would restart one VM under each other.
+static TURN: Mutex<()> = Mutex::new(());
+
+/// VM 1, powered off (with its bridge's loss removed) when dropped, then handed to the
+/// next test waiting for it.
+pub struct Vm {
+    script: PathBuf,
+    _turn: MutexGuard<'static, ()>,
+}
 
 impl Vm {
     /// The rxe-peer script, for commands that run it themselves.
     pub fn script(&self) -> &Path {
-        &self.0
+        &self.script
     }
 
     /// `rxe-peer.sh ARGS...`.
     pub fn run(&self, args: &[&str]) -> Output {
         Command::new("bash")
-            .arg(&self.0)
+            .arg(&self.script)
             .args(args)
             .output()
             .expect("run rxe-peer.sh")
@@ -48,7 +57,7 @@ impl Vm {
     pub fn start(&self, mtu: &str) {
         let _ = self.run(&["stop"]);
         let started = Command::new("bash")
-            .arg(&self.0)
+            .arg(&self.script)
             .args(["start", "1"])
             .env("RXE_MTU", mtu)
             .output()
@@ -96,7 +105,11 @@ pub fn vm(test: &str, mtu: &str) -> Option<Vm> {
     if !prerequisite(test, "root and ../shared/rxe-peer", script.is_some()) {
         return None;
     }
-    let vm = Vm(script?);
+    let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let vm = Vm {
+        script: script?,
+        _turn: turn,
+    };
     let built = vm.run(&["build"]);
     assert!(built.status.success(), "rxe-peer build:\n{}", text(&built));
     vm.start(mtu);

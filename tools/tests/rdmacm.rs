@@ -10,13 +10,13 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
 
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
-use roce_tests::rxe_vm::vm;
+use roce_tests::rxe_vm::{vm, Vm};
 
 use common::{
     build_libraries, built_dir, can_compile_c, compile_c, dynamic_symbols, exec_in, installed, text,
@@ -115,22 +115,32 @@ fn rping_talks_to_itself_between_namespaces() {
         return;
     }
     let (a, b) = two_namespaces();
-    let count = 100;
+    rping_pair(&a, &b, "10.85.0.2", "10.85.0.2", 100);
+}
+
+/// `count` pings of 4 KiB from an rping client in `a` (to `client_to`) to an rping server
+/// in `b` (bound to `server_on`), every byte checked (`-V`) and every ping seen on both
+/// sides.
+fn rping_pair(a: &Netns, b: &Netns, server_on: &str, client_to: &str, count: usize) {
     let n = count.to_string();
-    let flags = ["-v", "-V", "-C", &n, "-S", "4096", "-a", "10.85.0.2"];
-    let server = exec_in(&b, &[&["rping", "-s"][..], &flags].concat())
+    let flags = ["-v", "-V", "-C", &n, "-S", "4096", "-a"];
+    let server = exec_in(b, &[&["rping", "-s"][..], &flags, &[server_on]].concat())
         .spawn()
         .unwrap();
     // Read the server's output as it comes: 100 pings of 4 KiB fill a pipe.
     let server = thread::spawn(move || server.wait_with_output().unwrap());
-    let client = rping_client(&a, &[&["rping", "-c"][..], &flags].concat());
+    let client = rping_client(a, &[&["rping", "-c"][..], &flags, &[client_to]].concat());
     let server = server.join().unwrap();
     for (side, output, prefix) in [
         ("client", &client, "ping data: rdma-ping-"),
         ("server", &server, "server ping data: rdma-ping-"),
     ] {
         let said = text(output);
-        assert!(output.status.success(), "{side}: {said}");
+        assert!(
+            output.status.success(),
+            "{side} ({}, to {client_to}): {said}",
+            output.status
+        );
         check_pings(side, &said, prefix, count, Some(4096));
     }
 }
@@ -332,7 +342,6 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         return;
     };
     let (count, size) = (100, 4096);
-    let flags = format!("-v -V -C {count} -S {size}");
 
     // Nothing listens in the VM yet: the kernel's CM rejects our REQ (invalid service ID).
     let refused = rping_in_host(&["-c", "-a", "10.88.0.11", "-C", "1"])
@@ -344,19 +353,32 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         text(&refused)
     );
 
-    // The kernel's rping server in the VM, ours the client.
+    kernel_server_our_client(&vm, "10.88.0.11", "10.88.0.11", count, size);
+    our_server_kernel_client(&vm, "10.88.0.1", "10.88.0.1", count, size);
+}
+
+/// The rping flags of the VM tests: `count` pings of `size` bytes, checked by the VM's
+/// rping itself (`-V`).
+fn vm_rping_flags(count: usize, size: usize) -> String {
+    format!("-v -V -C {count} -S {size}")
+}
+
+/// The kernel's rping server in the VM bound to `server_on`, ours the client (in the
+/// host's namespace) to `client_to`, again while the server is not listening yet.
+fn kernel_server_our_client(vm: &Vm, server_on: &str, client_to: &str, count: usize, size: usize) {
+    let flags = vm_rping_flags(count, size);
     let spawned = vm.run(&[
         "spawn",
         "1",
         "-t",
         "60",
-        &format!("rping -s -a 10.88.0.11 {flags}"),
+        &format!("rping -s -a {server_on} {flags}"),
     ]);
     assert!(spawned.status.success(), "rping server: {}", text(&spawned));
     let job = String::from_utf8_lossy(&spawned.stdout).trim().to_string();
     let mut client = None;
     for _ in 0..50 {
-        let args: Vec<&str> = ["-c", "-a", "10.88.0.11"]
+        let args: Vec<&str> = ["-c", "-a", client_to]
             .into_iter()
             .chain(flags.split(' '))
             .collect();
@@ -372,7 +394,7 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
     let server = vm.run(&["wait", "1", &job, "60"]);
     assert!(
         client.status.success(),
-        "our client: {}\nkernel server: {}",
+        "our client to {client_to}: {}\nkernel server: {}",
         text(&client),
         text(&server)
     );
@@ -390,9 +412,13 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         count,
         None,
     );
+}
 
-    // Ours the server, the kernel's rping the client (again until our server listens).
-    let args: Vec<&str> = ["-s", "-a", "10.88.0.1"]
+/// Ours the rping server bound to `server_on`, the kernel's rping in the VM the client to
+/// `client_to` (again until our server listens).
+fn our_server_kernel_client(vm: &Vm, server_on: &str, client_to: &str, count: usize, size: usize) {
+    let flags = vm_rping_flags(count, size);
+    let args: Vec<&str> = ["-s", "-a", server_on]
         .into_iter()
         .chain(flags.split(' '))
         .collect();
@@ -418,13 +444,13 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
         "-t",
         "60",
         &format!(
-            "for try in $(seq 50); do rping -c -a 10.88.0.1 {flags} > /tmp/rping.out 2>&1 && break; sleep 0.2; done; cat /tmp/rping.out"
+            "for try in $(seq 50); do rping -c -a {client_to} {flags} > /tmp/rping.out 2>&1 && break; sleep 0.2; done; cat /tmp/rping.out"
         ),
     ]);
     let server = server.join().unwrap();
     assert!(
         server.status.success(),
-        "our server: {}\nkernel client: {}",
+        "our server on {server_on}: {}\nkernel client: {}",
         text(&server),
         text(&client)
     );
@@ -721,4 +747,212 @@ fn rping_client_in_host(args: &[&str]) -> Output {
         thread::sleep(Duration::from_millis(200));
     }
     last.expect("tried at least once")
+}
+
+/// [`two_namespaces`] with IPv6 as well: `ca` fd85::1/64, `cb` fd85::2/64 (no duplicate
+/// address detection: usable at once).
+fn two_namespaces_with_ipv6() -> (Netns, Netns) {
+    let (a, b) = two_namespaces();
+    for (ns, interface, address) in [(&a, "ca", "fd85::1/64"), (&b, "cb", "fd85::2/64")] {
+        let added = ns
+            .ip(&["-6", "addr", "add", address, "dev", interface, "nodad"])
+            .unwrap();
+        assert!(added.status.success(), "{}", text(&added));
+    }
+    (a, b)
+}
+
+/// The link-local IPv6 address of `interface` as `ip addr` shows it (`fe80::…`).
+fn link_local(said: &str) -> String {
+    said.split_whitespace()
+        .skip_while(|word| *word != "inet6")
+        .nth(1)
+        .and_then(|address| address.split('/').next())
+        .filter(|address| address.starts_with("fe80:"))
+        .unwrap_or_else(|| panic!("no link-local address in {said:?}"))
+        .to_owned()
+}
+
+#[test]
+fn rping_and_ucmatose_over_ipv6_between_namespaces() {
+    let test = "rping_and_ucmatose_over_ipv6_between_namespaces";
+    if !root_and(test, &["rping", "ucmatose"]) {
+        return;
+    }
+    let (a, b) = two_namespaces_with_ipv6();
+    // Global addresses: RoCEv2 over IPv6 from the CM's REQ to the last ping.
+    rping_pair(&a, &b, "fd85::2", "fd85::2", 100);
+    // Link-local, each side naming its own interface as the scope.
+    let shown = b
+        .ip(&["-o", "-6", "addr", "show", "dev", "cb", "scope", "link"])
+        .unwrap();
+    let server = link_local(&text(&shown));
+    rping_pair(&a, &b, &format!("{server}%cb"), &format!("{server}%ca"), 10);
+    // A listener on the IPv6 wildcard takes IPv4 requests too (the kernel's bindv6only 0).
+    rping_pair(&a, &b, "::", "10.85.0.2", 10);
+    // One on the IPv4 wildcard does not take IPv6 ones: the kernel's rdma_cm rejects them
+    // (consumer defined, 28), where a port nobody listens on is an invalid service ID (8).
+    let server = exec_in(&b, &["rping", "-s", "-a", "0.0.0.0", "-C", "1"])
+        .spawn()
+        .unwrap();
+    let mut refused = String::new();
+    for _ in 0..50 {
+        let output = exec_in(&a, &["rping", "-c", "-a", "fd85::2", "-C", "1"])
+            .output()
+            .unwrap();
+        refused = text(&output);
+        if !refused.contains("REJECTED, error 8") {
+            break;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    let ended = exec_in(&a, &["rping", "-c", "-a", "10.85.0.2", "-C", "1"])
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(
+        refused.contains("RDMA_CM_EVENT_REJECTED, error 28"),
+        "IPv6 client of an IPv4 listener: {refused}"
+    );
+    assert!(
+        ended.status.success() && server.status.success(),
+        "IPv4 client: {}\nserver: {}",
+        text(&ended),
+        text(&server)
+    );
+    // Four connections on one channel, the client bound to its address (`-b`).
+    let (client, server) = pair_in(
+        &a,
+        &b,
+        &["ucmatose", "-b", "fd85::2", "-c", "4"],
+        &["ucmatose", "-s", "fd85::2", "-b", "fd85::1", "-c", "4"],
+    );
+    for (side, output) in [("client", &client), ("server", &server)] {
+        let said = text(output);
+        assert!(
+            output.status.success()
+                && said.contains("test complete")
+                && said.contains("return status 0"),
+            "ucmatose over IPv6, {side}: {said}"
+        );
+    }
+}
+
+/// Runs `command` in the rxe VM's host namespace (`host0`).
+fn run_in_host(command: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", "rxe-host"])
+        .args(command)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn rping_over_ipv6_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
+    let test = "rping_over_ipv6_against_the_kernel_cm_in_the_rxe_vm_in_both_roles";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let Some(vm) = vm(test, "1500") else {
+        return;
+    };
+    // Global addresses on both ends of the VM's private bridge; the kernel adds the VM's
+    // as a RoCEv2 GID of rxe0.
+    let added = run_in_host(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd88::1/64",
+        "dev",
+        "host0",
+        "nodad",
+    ]);
+    assert!(added.status.success(), "{}", text(&added));
+    let gids = vm.run(&[
+        "exec",
+        "1",
+        "-t",
+        "30",
+        "ip -6 addr add fd88::11/64 dev eth0 nodad && sleep 0.5 && cat /sys/class/infiniband/rxe0/ports/1/gids/*",
+    ]);
+    assert!(
+        text(&gids).contains("fd88:0000:0000:0000:0000:0000:0000:0011"),
+        "the VM's GIDs: {}",
+        text(&gids)
+    );
+    let capture = format!("roce-rdmacm-ipv6-{}", std::process::id());
+    let started = vm.run(&["capture-start", &capture]);
+    assert!(started.status.success(), "capture: {}", text(&started));
+    let (count, size) = (100, 4096);
+    kernel_server_our_client(&vm, "fd88::11", "fd88::11", count, size);
+    our_server_kernel_client(&vm, "fd88::1", "fd88::1", count, size);
+    // Link-local, scoped: the VM's is made from its MAC (52:54:00:88:00:0b).
+    let vm_link_local = "fe80::5054:ff:fe88:b";
+    kernel_server_our_client(
+        &vm,
+        &format!("{vm_link_local}%eth0"),
+        &format!("{vm_link_local}%host0"),
+        10,
+        size,
+    );
+    let shown = run_in_host(&[
+        "ip", "-o", "-6", "addr", "show", "dev", "host0", "scope", "link",
+    ]);
+    let host_link_local = link_local(&text(&shown));
+    our_server_kernel_client(
+        &vm,
+        &format!("{host_link_local}%host0"),
+        &format!("{host_link_local}%eth0"),
+        10,
+        size,
+    );
+    let _ = vm.run(&["capture-stop"]);
+    // The CM's MADs on the bridge, as `roce dump` decodes them: each connection's
+    // REQ/REP/RTU and DREQ/DREP over IPv6, from whichever side opened or closed it.
+    let pcap = capture_path(&capture);
+    let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .arg("dump")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let dump = text(&dump);
+    let mads: Vec<(&str, &str, &str)> = dump
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let mad = words.iter().find(|word| word.starts_with("CM_"))?;
+            Some((*words.get(1)?, *words.get(3)?, *mad))
+        })
+        .collect();
+    let host = host_link_local.as_str();
+    for (from, to) in [
+        ("fd88::1", "fd88::11"),
+        ("fd88::11", "fd88::1"),
+        (host, vm_link_local),
+        (vm_link_local, host),
+    ] {
+        for (opens, answers) in [("CM_REQ", "CM_REP"), ("CM_DREQ", "CM_DREP")] {
+            assert!(
+                mads.contains(&(from, to, opens)) && mads.contains(&(to, from, answers)),
+                "{opens} {from} -> {to} and its answer: {mads:?}"
+            );
+        }
+        assert!(
+            mads.contains(&(from, to, "CM_RTU")),
+            "RTU {from} -> {to}: {mads:?}"
+        );
+    }
+}
+
+/// Where rxe-peer.sh keeps a capture.
+fn capture_path(name: &str) -> PathBuf {
+    let dir = std::env::var_os("RXE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".cache/rxe-peer")
+        });
+    dir.join("captures").join(format!("{name}.pcap"))
 }

@@ -3,7 +3,7 @@
 //! `ibv_ud_pingpong` (over AF_XDP and kernel UDP, path MTU 1024 and 4096, 1 B to 64 KiB, RC
 //! with `-e` events), and `roce perf` against perftest's `ib_{send,write,read}_{bw,lat}` and
 //! `ib_atomic_bw` (both atomics). Needs root and the rxe-peer tool (CI has both; the VM build
-//! is cached in $RXE_DIR). The tests share the one VM, so they take turns.
+//! is cached in $RXE_DIR). The tests share the one VM: `vm` gives it to one at a time.
 
 mod common;
 
@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
@@ -20,9 +19,6 @@ use common::{has_row, text};
 use roce_tests::rxe_vm::{vm, Vm};
 
 const ITERS: &str = "50";
-
-/// One VM for every test: they take turns.
-static VM: Mutex<()> = Mutex::new(());
 
 /// Our pingpong in the host namespace.
 fn ours(args: &[&str]) -> Child {
@@ -110,7 +106,6 @@ fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
 
 #[test]
 fn pingpong_with_rxe_in_both_roles() {
-    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(vm) = vm("pingpong_with_rxe_in_both_roles", "1500") else {
         return;
     };
@@ -260,7 +255,6 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
 
 #[test]
 fn perf_with_perftest_on_rxe_in_both_roles() {
-    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(vm) = vm("perf_with_perftest_on_rxe_in_both_roles", "1500") else {
         return;
     };
@@ -296,7 +290,6 @@ fn capture_path(name: &str) -> PathBuf {
 
 #[test]
 fn perf_with_perftest_on_rxe_under_five_percent_loss() {
-    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(vm) = vm("perf_with_perftest_on_rxe_under_five_percent_loss", "1500") else {
         return;
     };
@@ -356,7 +349,6 @@ fn naks_by_sender(pcap: &Path) -> HashMap<(Ipv4Addr, String), usize> {
 
 #[test]
 fn error_behaviour_against_rxe() {
-    let _turn = VM.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(vm) = vm("error_behaviour_against_rxe", "1500") else {
         return;
     };

@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -337,7 +337,8 @@ impl EventChannel {
         Ok(None)
     }
 
-    /// The event a notice tells; none for a request whose device is closed.
+    /// The event a notice tells; none for a request whose device is closed or that the
+    /// listener does not take.
     fn event(&self, notice: Notice) -> Option<CmEvent> {
         let kind = match notice.what {
             What::AddrResolved => CmEventKind::AddrResolved,
@@ -349,11 +350,22 @@ impl EventChannel {
             What::Request {
                 new_id,
                 conn,
+                taken,
                 request,
                 context,
             } => {
                 let shared = self.context_of(context)?;
-                CmEventKind::ConnectRequest(Box::new(self.request(&shared, new_id, conn, &request)))
+                let request = self.request(&shared, new_id, conn, &request);
+                if !taken {
+                    // For an address the listener is not on: rejected (consumer defined,
+                    // as the kernel's rdma_cm), to the peer's MAC, learnt first.
+                    if let Some((_, dgid)) = request.id.gids() {
+                        let _ = shared.resolve(dgid);
+                    }
+                    let _ = request.id.reject(&[]);
+                    return None;
+                }
+                CmEventKind::ConnectRequest(Box::new(request))
             }
             What::SidrRequest {
                 new_id,
@@ -419,8 +431,8 @@ impl EventChannel {
                 Some(SocketAddr::new(IpAddr::V4(dst), port)),
             ),
             Some((src_port, Addresses::V6 { src, dst })) => (
-                Some(SocketAddr::new(IpAddr::V6(src), src_port)),
-                Some(SocketAddr::new(IpAddr::V6(dst), port)),
+                Some(socket_addr(shared, IpAddr::V6(src), src_port)),
+                Some(socket_addr(shared, IpAddr::V6(dst), port)),
             ),
             None => (None, None),
         };
@@ -446,6 +458,16 @@ impl EventChannel {
             initiator_depth: req.initiator_depth,
             remote_qpn: req.local_qpn,
         }
+    }
+}
+
+/// `ip`:`port`, a link-local IPv6 address scoped to the device's interface.
+fn socket_addr(shared: &Shared, ip: IpAddr, port: u16) -> SocketAddr {
+    match ip {
+        IpAddr::V6(ip) if ip.is_unicast_link_local() => {
+            SocketAddr::V6(SocketAddrV6::new(ip, port, 0, shared.device.ifindex))
+        }
+        ip => SocketAddr::new(ip, port),
     }
 }
 
@@ -582,41 +604,82 @@ impl CmId {
             queue: self.queue()?,
             qpn,
             program_qp: false,
+            bound: None,
         })
     }
 
-    /// The index of our GID for a peer of `ip`'s family: the IPv4-mapped GID of the device's
-    /// first IPv4 address, or its first IPv6 GID of the same scope (link-local or not).
-    fn source_gid(&self, ip: IpAddr) -> Option<usize> {
+    /// The index of our GID for a peer at `dst`, as the kernel picks the source address:
+    /// the IPv4-mapped GID of the device's first IPv4 address; for IPv6 an address of the
+    /// same scope (link-local or not), the one sharing the longest prefix with `dst`
+    /// (RFC 6724's last rule), the first of equals.
+    fn source_gid(&self, dst: IpAddr) -> Option<usize> {
         let gids = &self.shared.device.gids;
-        match ip {
-            IpAddr::V4(_) => {
-                let mapped = self.shared.device.ipv4()?.to_ipv6_mapped().octets();
-                gids.iter().position(|gid| *gid == mapped)
-            }
-            IpAddr::V6(ip) => gids.iter().position(|gid| {
-                let gid = Ipv6Addr::from(*gid);
-                gid.to_ipv4_mapped().is_none()
-                    && gid.is_unicast_link_local() == ip.is_unicast_link_local()
-            }),
+        match dst {
+            IpAddr::V4(_) => self.gid_of(IpAddr::V4(self.shared.device.ipv4()?)),
+            IpAddr::V6(dst) => gids
+                .iter()
+                .map(|gid| Ipv6Addr::from(*gid))
+                .enumerate()
+                .filter(|(_, gid)| {
+                    // The wildcard (a listener's) takes any, if only the link-local GID 0.
+                    gid.to_ipv4_mapped().is_none()
+                        && (dst.is_unspecified()
+                            || gid.is_unicast_link_local() == dst.is_unicast_link_local())
+                })
+                .min_by_key(|&(index, gid)| {
+                    let differ = u128::from(gid) ^ u128::from(dst);
+                    (std::cmp::Reverse(differ.leading_zeros()), index)
+                })
+                .map(|(index, _)| index),
+        }
+    }
+
+    /// The index of the GID that is `ip` (an IPv4 address's IPv4-mapped GID).
+    fn gid_of(&self, ip: IpAddr) -> Option<usize> {
+        let gid = match ip {
+            IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+            IpAddr::V6(ip) => ip.octets(),
+        };
+        self.shared.device.gids.iter().position(|ours| *ours == gid)
+    }
+
+    /// A link-local IPv6 address names its interface by scope id, which must be this
+    /// device's; binding to one without it is `EINVAL`, as in the kernel
+    /// (`cma_check_linklocal`). A peer's may leave it 0: this device's link.
+    fn check_scope(&self, addr: SocketAddr, required: bool) -> Result<(), Error> {
+        let SocketAddr::V6(addr) = addr else {
+            return Ok(());
+        };
+        match addr.scope_id() {
+            _ if !addr.ip().is_unicast_link_local() => Ok(()),
+            0 if !required => Ok(()),
+            0 => Err(Error::InvalidArgument(
+                "a link-local address without its interface's scope id",
+            )),
+            scope if scope == self.shared.device.ifindex => Ok(()),
+            _ => Err(Error::InvalidArgument(
+                "a link-local address of another interface",
+            )),
         }
     }
 
     /// Binds the id to one of the device's addresses and a port (`rdma_bind_addr`); port 0
-    /// takes one when connecting.
+    /// takes one when connecting. The wildcard of a family takes our address for it once a
+    /// peer is resolved; a listener bound to the IPv6 wildcard takes IPv4 requests too.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), Error> {
-        let index = self
-            .source_gid(addr.ip())
-            .ok_or(Error::InvalidArgument("no GID of this address family"))?;
-        let gid = self.shared.device.gids[index];
-        let unspecified = addr.ip().is_unspecified();
-        let ours = match addr.ip() {
-            IpAddr::V4(ip) => ip.to_ipv6_mapped().octets() == gid,
-            IpAddr::V6(ip) => self.shared.device.gids.contains(&ip.octets()),
+        self.check_scope(addr, true)?;
+        let index = match addr.ip() {
+            ip if ip.is_unspecified() => self
+                .source_gid(ip)
+                .ok_or(Error::InvalidArgument("no GID of this address family"))?,
+            // IPv4 leaves from the first address only (see `check_path`).
+            IpAddr::V4(ip) if Some(ip) != self.shared.device.ipv4() => {
+                return Err(Error::InvalidArgument("not an address of this device"))
+            }
+            ip => self
+                .gid_of(ip)
+                .ok_or(Error::InvalidArgument("not an address of this device"))?,
         };
-        if !unspecified && !ours {
-            return Err(Error::InvalidArgument("not an address of this device"));
-        }
         let mut state = self.state()?;
         state.src = Some(addr);
         state.sgid_index = Some(index);
@@ -626,7 +689,12 @@ impl CmId {
     /// Resolves `dst` (`rdma_resolve_addr`): picks our address and learns the peer's MAC,
     /// then reports [`CmEventKind::AddrResolved`] or [`CmEventKind::AddrError`].
     pub fn resolve_addr(&self, dst: SocketAddr) -> Result<(), Error> {
-        let Some(index) = self.source_gid(dst.ip()) else {
+        let bound = self.state()?.src;
+        let index = match bound.filter(|src| !src.ip().is_unspecified()) {
+            Some(src) => self.gid_of(src.ip()),
+            None => self.source_gid(dst.ip()),
+        };
+        let Some(index) = index.filter(|_| self.check_scope(dst, false).is_ok()) else {
             self.tell(What::AddrError(-EINVAL));
             return Ok(());
         };
@@ -641,13 +709,15 @@ impl CmId {
         match resolved {
             Ok(()) => {
                 let mut state = self.state()?;
-                if state.src.is_none() {
+                // Unbound or bound to the wildcard: our address is now the GID's.
+                if state.src.is_none_or(|src| src.ip().is_unspecified()) {
                     let gid = Ipv6Addr::from(self.shared.device.gids[index]);
                     let ip = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
-                    state.src = Some(SocketAddr::new(ip, 0));
+                    let port = state.src.map_or(0, |src| src.port());
+                    state.src = Some(socket_addr(&self.shared, ip, port));
                 }
                 state.sgid_index = Some(index);
-                state.dst = Some(dst);
+                state.dst = Some(socket_addr(&self.shared, dst.ip(), dst.port()));
                 state.dgid = Some(dgid);
                 drop(state);
                 self.tell(What::AddrResolved);
@@ -692,7 +762,11 @@ impl CmId {
             .cm()
             .ok_or(Error::Gone)?
             .listen(service_id, backlog)?;
-        core.cm.listeners.insert(service_id, self.route(None)?);
+        let route = Route {
+            bound: state.src,
+            ..self.route(None)?
+        };
+        core.cm.listeners.insert(service_id, route);
         state.listening = Some(service_id);
         Ok(())
     }

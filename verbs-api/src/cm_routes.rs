@@ -5,6 +5,7 @@
 //! the QP to ERR.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,6 +13,7 @@ use std::time::Instant;
 use roce_transport::cm::{Cm, CmEvent, ConnId, ConnectRequest, QpAttrs, ServiceId, SidrReply};
 use roce_transport::qp_state::{ModifyQpError, QpAttr, QpState};
 use roce_transport::Endpoint;
+use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::sidr_rep::SidrStatus;
 
 use crate::queues::{EventQueue, Submission};
@@ -46,6 +48,9 @@ pub(crate) enum What {
     Request {
         new_id: u64,
         conn: ConnId,
+        /// Whether the listener takes it ([`takes`]); if not, it is rejected where the
+        /// peer's MAC can be learnt (the caller's thread), and nobody hears of it.
+        taken: bool,
         request: Box<ConnectRequest>,
         /// The listener's context, where the new id lives.
         context: ContextKey,
@@ -75,6 +80,8 @@ pub(crate) struct Route {
     /// response, and the establishment its `rdma_establish` makes is not told back
     /// (librdmacm's behaviour for an id without a QP).
     pub(crate) program_qp: bool,
+    /// A listener's address: which requests it takes ([`takes`]).
+    pub(crate) bound: Option<SocketAddr>,
 }
 
 impl Route {
@@ -136,6 +143,7 @@ impl CmRoutes {
                     listener.tell(What::Request {
                         new_id,
                         conn,
+                        taken: takes(&listener, &request),
                         request: Box::new(request),
                         context: self.context,
                     });
@@ -234,6 +242,7 @@ impl CmRoutes {
             id: new_id,
             qpn: None,
             program_qp: false,
+            bound: None,
             ..listener.clone()
         };
         self.conns.insert(conn, route);
@@ -247,6 +256,26 @@ pub(crate) fn sidr_refusal() -> SidrReply {
         status: SidrStatus::REJECT,
         qpn: 0,
         qkey: 0,
+    }
+}
+
+/// Whether `listener` takes `request`, as the kernel's `cma_match_private_data`: one bound
+/// to the IPv6 wildcard takes both families (`bindv6only` is 0 by default), one bound to
+/// the IPv4 wildcard IPv4 only, one bound to an address only requests to it. A request
+/// without rdma_cm's header (a bare IB CM peer) names no address to check.
+fn takes(listener: &Route, request: &ConnectRequest) -> bool {
+    let (Some(bound), Ok(header)) = (
+        listener.bound,
+        cma::Packet::new_checked(&request.req.private_data[..])
+            .and_then(|packet| cma::Repr::parse(&packet)),
+    ) else {
+        return true;
+    };
+    match (bound.ip(), header.addresses) {
+        (IpAddr::V6(ip), _) if ip.is_unspecified() => true,
+        (IpAddr::V4(ip), Addresses::V4 { dst, .. }) => ip.is_unspecified() || ip == dst,
+        (IpAddr::V6(ip), Addresses::V6 { dst, .. }) => ip == dst,
+        _ => false,
     }
 }
 

@@ -1,7 +1,6 @@
 //! Devices (`ibv_get_device_list`): one per network interface we can drive, with rxe's GID
 //! table, and what `ibv_query_device`/`ibv_query_port` report about it.
 
-use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
@@ -25,9 +24,12 @@ pub struct Device {
     pub netdev_mtu: u32,
     /// Whether the interface is up.
     pub up: bool,
-    /// The GID table, as rxe fills it: index 0 the link-local GID made from the MAC, then
-    /// the IPv4-mapped GID of each IPv4 address (so index 1 on a one-address interface),
-    /// then each non-link-local IPv6 address.
+    /// The GID table, as the kernel's GID cache fills rxe's when the device is added
+    /// (`roce_gid_mgmt.c`: the default GID, then `enum_netdev_ipv4_ips`, then
+    /// `enum_netdev_ipv6_ips`, an address already in the table not added again): index 0 the
+    /// link-local GID made from the MAC, then the IPv4-mapped GID of each IPv4 address (so
+    /// index 1 on a one-address interface), then each IPv6 address in the interface's order
+    /// (larger scope first, the newest first within a scope), the IPv6 address as the GID.
     pub gids: Vec<Gid>,
 }
 
@@ -86,7 +88,11 @@ impl Device {
                 .iter()
                 .map(|ip| ip.to_ipv6_mapped().octets()),
         );
-        gids.extend(ipv6_addresses(name)?.iter().map(Ipv6Addr::octets));
+        for ip in ipv6_addresses(name)? {
+            if !gids.contains(&ip.octets()) {
+                gids.push(ip.octets());
+            }
+        }
         Ok(Device {
             name: name.to_owned(),
             ifindex,
@@ -242,22 +248,22 @@ fn ipv4_addresses(interface: &str) -> io::Result<Vec<Ipv4Addr>> {
         .collect())
 }
 
-/// The interface's IPv6 addresses that are not link-local, from the calling thread's
-/// namespace (/proc/net is the main thread's).
+/// The interface's IPv6 addresses in the kernel's order for it (`ip -6 addr` walks the
+/// interface's address list, as the GID cache does; /proc/net/if_inet6 is in hash order).
 fn ipv6_addresses(interface: &str) -> io::Result<Vec<Ipv6Addr>> {
-    let table = match fs::read_to_string("/proc/thread-self/net/if_inet6") {
-        Ok(table) => table,
-        // IPv6 disabled: no IPv6 GIDs.
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(error) => return Err(error),
-    };
-    Ok(table
-        .lines()
-        .filter(|line| line.split_whitespace().nth(5) == Some(interface))
-        .filter_map(|line| u128::from_str_radix(line.split_whitespace().next()?, 16).ok())
-        .map(Ipv6Addr::from)
-        .filter(|ip| !ip.is_unicast_link_local())
-        .collect())
+    Ok(parse_inet6(&ip(&[
+        "-o", "-6", "addr", "show", "dev", interface,
+    ])?))
+}
+
+/// The `inet6 ADDR/LEN` of each line of `ip -o -6 addr show` (none with IPv6 disabled).
+fn parse_inet6(text: &str) -> Vec<Ipv6Addr> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|word| *word != "inet6");
+            words.nth(1)?.split('/').next()?.parse().ok()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -269,6 +275,19 @@ mod tests {
         let gid = link_local_gid([0x52, 0x54, 0, 0x88, 0, 0x11]);
         let ip: Ipv6Addr = "fe80::5054:ff:fe88:11".parse().unwrap();
         assert_eq!(gid, ip.octets());
+    }
+
+    #[test]
+    fn ipv6_addresses_keep_the_interface_order() {
+        let text = "2: ca    inet6 fd85::1/64 scope global nodad \\       valid_lft forever preferred_lft forever
+2: ca    inet6 fe80::e877:b3ff:fea9:907e/64 scope link \\       valid_lft forever preferred_lft forever
+";
+        let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(
+            parse_inet6(text),
+            vec![ip("fd85::1"), ip("fe80::e877:b3ff:fea9:907e")]
+        );
+        assert!(parse_inet6("").is_empty());
     }
 
     #[test]

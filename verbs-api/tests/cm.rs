@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -522,6 +522,148 @@ fn ud_ids_resolve_a_service_with_sidr() {
     let event = expect(&a.channel, &refused, 7);
     assert!(
         matches!(event.kind, CmEventKind::UdUnreachable(2)),
+        "{event:?}"
+    );
+}
+
+/// [`pair`] whose devices have two IPv6 GIDs each besides rxe's first two: fd00::a and
+/// fd01::a on A, fd00::b and fd01::b on B, each side knowing the other's MAC for them.
+fn pair_with_ipv6() -> (Context, Context) {
+    let (wire_a, wire_b) = memory_pair();
+    let open = |wire, seed: u8, (mac, ip, host), (peer_mac, peer_host)| {
+        let mut device = device(mac, ip);
+        for net in ["fd00", "fd01"] {
+            let ours: Ipv6Addr = format!("{net}::{host}").parse().unwrap();
+            device.gids.push(ours.octets());
+        }
+        let addressing = Addressing {
+            mac,
+            ip,
+            neighbours: HashMap::new(),
+        };
+        let options = OpenOptions {
+            backend: BackendChoice::Custom(Box::new(wire), addressing),
+            progress: Progress::Events,
+            seed: Some([seed; 32]),
+            ..OpenOptions::default()
+        };
+        let context = Context::open(&device, options).expect("open");
+        for net in ["fd00", "fd01"] {
+            let peer = format!("{net}::{peer_host}").parse().unwrap();
+            context.add_neighbour6(peer, peer_mac).unwrap();
+        }
+        context
+    };
+    (
+        open(wire_a, 1, (MAC_A, IP_A, "a"), (MAC_B, "b")),
+        open(wire_b, 2, (MAC_B, IP_B, "b"), (MAC_A, "a")),
+    )
+}
+
+fn v6(text: &str) -> Ipv6Addr {
+    text.parse().unwrap()
+}
+
+/// An id of A's resolved towards `dst` (address and route).
+fn resolved_to(a: &Side, id: &CmId, dst: &str) {
+    id.resolve_addr(dst.parse().unwrap()).unwrap();
+    expect(&a.channel, id, 0);
+    id.resolve_route().unwrap();
+    expect(&a.channel, id, 2);
+}
+
+#[test]
+fn ipv6_ids_use_their_addresses_gids_and_listeners_take_their_families() {
+    let (ctx_a, ctx_b) = pair_with_ipv6();
+    let (a, b) = (side(&ctx_a), side(&ctx_b));
+    // B listens on the IPv6 wildcard.
+    let listening = b.channel.create_id().unwrap();
+    listening.bind_addr("[::]:7471".parse().unwrap()).unwrap();
+    listening.listen(4).unwrap();
+    // A binds its second IPv6 address: its GID is that address, not the first IPv6 GID.
+    let active = a.channel.create_id().unwrap();
+    active.bind_addr("[fd01::a]:0".parse().unwrap()).unwrap();
+    resolved_to(&a, &active, "[fd01::b]:7471");
+    let (sgid, dgid) = (v6("fd01::a").octets(), v6("fd01::b").octets());
+    assert_eq!(active.gids(), Some((sgid, dgid)));
+    active.connect(&a.qp, &ConnParam::default()).unwrap();
+    let CmEventKind::ConnectRequest(request) = expect(&b.channel, &listening, 4).kind else {
+        unreachable!("code 4 is a connect request")
+    };
+    // The passive id's addresses come from rdma_cm's header, its GIDs from the REQ's path.
+    assert_eq!(
+        request.id.local_addr(),
+        Some("[fd01::b]:7471".parse().unwrap())
+    );
+    assert_eq!(
+        request.id.peer_addr().map(|addr| addr.ip()),
+        Some(v6("fd01::a").into())
+    );
+    assert_eq!(request.id.gids(), Some((dgid, sgid)));
+    let passive = request.id;
+    passive.accept(&b.qp, &ConnParam::default()).unwrap();
+    expect(&a.channel, &active, 9);
+    expect(&b.channel, &passive, 9);
+    send(&a, &b, 1);
+    send(&b, &a, 2);
+
+    // Unbound, A's source is its address sharing the destination's prefix (fd00::a).
+    let unbound = a.channel.create_id().unwrap();
+    resolved_to(&a, &unbound, "[fd00::b]:7471");
+    assert_eq!(
+        unbound.gids(),
+        Some((v6("fd00::a").octets(), v6("fd00::b").octets()))
+    );
+    assert_eq!(
+        unbound.local_addr().map(|addr| addr.ip()),
+        Some(v6("fd00::a").into())
+    );
+
+    // A link-local address names its interface (ifindex 1 here), as the kernel insists.
+    let link_local = Ipv6Addr::from(link_local_gid(MAC_A));
+    let scoped = a.channel.create_id().unwrap();
+    assert!(scoped
+        .bind_addr(SocketAddr::V6(SocketAddrV6::new(link_local, 0, 0, 0)))
+        .is_err());
+    assert!(scoped
+        .bind_addr(SocketAddr::V6(SocketAddrV6::new(link_local, 0, 0, 2)))
+        .is_err());
+    scoped
+        .bind_addr(SocketAddr::V6(SocketAddrV6::new(link_local, 0, 0, 1)))
+        .unwrap();
+
+    // A listener on the IPv4 wildcard rejects an IPv6 request, consumer defined (28), as
+    // the kernel's rdma_cm does.
+    let ipv4_only = b.channel.create_id().unwrap();
+    ipv4_only
+        .bind_addr(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 7472))
+        .unwrap();
+    ipv4_only.listen(4).unwrap();
+    let refused = a.channel.create_id().unwrap();
+    resolved_to(&a, &refused, "[fd00::b]:7472");
+    let qp =
+        a.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &a.cq,
+            recv_cq: &a.cq,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    refused.connect(&qp, &ConnParam::default()).unwrap();
+    // The REJ leaves when B takes its events, and B's program hears nothing of it.
+    let deadline = std::time::Instant::now() + STALL;
+    let event = loop {
+        assert!(b.channel.try_get_cm_event().unwrap().is_none());
+        if let Some(event) = a.channel.try_get_cm_event().unwrap() {
+            break event;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reject");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(event.id, refused.handle());
+    assert!(
+        matches!(event.kind, CmEventKind::Rejected { reason: 28, .. }),
         "{event:?}"
     );
 }

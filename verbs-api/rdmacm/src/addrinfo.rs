@@ -1,6 +1,8 @@
 //! `rdma_getaddrinfo` / `rdma_freeaddrinfo`: libc's `getaddrinfo` in rdma_cm's shape. There
 //! is no route information to give on RoCE (no SA), so the result carries addresses only:
-//! the source for a passive lookup (`RAI_PASSIVE`), else the destination.
+//! the source for a passive lookup (`RAI_PASSIVE`), else the destination and the hints'
+//! source if they give one (as rdma-core copies it: ucmatose's `-b` on a client). IPv4 and
+//! IPv6 alike, a link-local IPv6 address with its `%interface` scope.
 
 use core::ffi::{c_char, c_int};
 
@@ -31,12 +33,20 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
         return status;
     }
     // SAFETY: getaddrinfo succeeded: `found` is a list of at least one entry.
-    let (storage, len, family) = first_address(unsafe { &*found });
+    let first = unsafe { &*found };
+    // SAFETY: `ai_addr` holds `ai_addrlen` bytes.
+    let (addr, len) = unsafe { boxed_copy(first.ai_addr, first.ai_addrlen) };
+    let family = first.ai_family;
     // SAFETY: the list getaddrinfo returned, freed once.
     unsafe { libc::freeaddrinfo(found) };
-    let addr = Box::into_raw(storage).cast::<libc::sockaddr>();
-    let len = libc::socklen_t::try_from(len).unwrap_or(0);
     let passive = flags & RAI_PASSIVE != 0;
+    let (src, src_len) = match hints {
+        Some(hints) if !passive && !hints.ai_src_addr.is_null() && hints.ai_src_len > 0 => {
+            // SAFETY: the caller's hints hold `ai_src_len` bytes at `ai_src_addr`.
+            unsafe { boxed_copy(hints.ai_src_addr, hints.ai_src_len) }
+        }
+        _ => (core::ptr::null_mut(), 0),
+    };
     let info = Box::new(rdma_addrinfo {
         ai_flags: flags,
         ai_family: family,
@@ -46,9 +56,9 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
             IBV_QPT_RC as c_int
         },
         ai_port_space: port_space,
-        ai_src_len: if passive { len } else { 0 },
+        ai_src_len: if passive { len } else { src_len },
         ai_dst_len: if passive { 0 } else { len },
-        ai_src_addr: if passive { addr } else { core::ptr::null_mut() },
+        ai_src_addr: if passive { addr } else { src },
         ai_dst_addr: if passive { core::ptr::null_mut() } else { addr },
         ai_src_canonname: core::ptr::null_mut(),
         ai_dst_canonname: core::ptr::null_mut(),
@@ -83,22 +93,30 @@ fn libc_hints(hints: Option<&rdma_addrinfo>, flags: c_int, port_space: c_int) ->
     wanted
 }
 
-/// A copy of the first address libc found, its length and its family.
-fn first_address(first: &libc::addrinfo) -> (Box<libc::sockaddr_storage>, usize, c_int) {
+/// A `sockaddr_storage` of our own holding the `len` bytes at `addr` (at most a storage's),
+/// and how many those are; `rdma_freeaddrinfo` frees it.
+///
+/// # Safety
+/// `addr` points to `len` readable bytes.
+unsafe fn boxed_copy(
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> (*mut libc::sockaddr, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut storage: Box<libc::sockaddr_storage> = Box::new(unsafe { core::mem::zeroed() });
-    let len = usize::try_from(first.ai_addrlen)
+    let len = usize::try_from(len)
         .unwrap_or(0)
         .min(core::mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: `ai_addr` holds `ai_addrlen` bytes; the storage is larger.
+    // SAFETY: the caller's `len` bytes at `addr`; the storage holds at least as many.
     unsafe {
         core::ptr::copy_nonoverlapping(
-            first.ai_addr.cast::<u8>(),
+            addr.cast::<u8>(),
             core::ptr::from_mut(&mut *storage).cast::<u8>(),
             len,
         )
     };
-    (storage, len, first.ai_family)
+    let len = libc::socklen_t::try_from(len).unwrap_or(0);
+    (Box::into_raw(storage).cast::<libc::sockaddr>(), len)
 }
 
 /// `rdma_freeaddrinfo`.

@@ -219,6 +219,8 @@ pub(crate) fn device_for(ip: IpAddr) -> Result<Opened, c_int> {
     };
     let of_family = |device: &&roce_verbs::Device| match ip {
         IpAddr::V4(_) => device.ipv4().is_some(),
+        // Every device has a link-local GID (its GID 0).
+        IpAddr::V6(ip) if ip.is_unicast_link_local() => true,
         IpAddr::V6(_) => device.gids.iter().any(|gid| {
             let gid = Ipv6Addr::from(*gid);
             gid.to_ipv4_mapped().is_none() && !gid.is_unicast_link_local()

@@ -172,13 +172,17 @@ impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.addresses {
             Addresses::V4 { src, dst } => write!(f, "cma({src}:{} -> {dst})", self.src_port),
-            Addresses::V6 { src, dst } => write!(f, "cma([{src}]:{} -> {dst})", self.src_port),
+            Addresses::V6 { src, dst } => write!(f, "cma([{src}]:{} -> [{dst}])", self.src_port),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
+    use std::string::ToString;
+
     use super::*;
     use crate::cm::tests::capture_message;
 
@@ -238,6 +242,32 @@ mod tests {
             Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
             Ok(repr)
         );
+    }
+
+    /// The header of the REQ the rxe VM's kernel rdma_cm sent from fd88::11 (rping's
+    /// client, source port 0x8506) to fd88::1 (captured on the VM's bridge).
+    const KERNEL_IPV6: [u8; HEADER_LEN] = [
+        0x00, 0x60, 0x85, 0x06, 0xfd, 0x88, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11, 0xfd,
+        0x88, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01,
+    ];
+
+    #[test]
+    fn the_kernels_ipv6_header_parses_and_is_what_we_emit() {
+        let repr = Repr {
+            src_port: 0x8506,
+            addresses: Addresses::V6 {
+                src: "fd88::11".parse().unwrap(),
+                dst: "fd88::1".parse().unwrap(),
+            },
+        };
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&KERNEL_IPV6[..]).unwrap()),
+            Ok(repr)
+        );
+        let mut bytes = [0xA5; HEADER_LEN];
+        repr.emit(&mut Packet::new_unchecked(&mut bytes[..]));
+        assert_eq!(bytes, KERNEL_IPV6);
+        assert_eq!(repr.to_string(), "cma([fd88::11]:34054 -> [fd88::1])");
     }
 
     #[test]
