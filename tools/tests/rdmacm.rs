@@ -145,42 +145,6 @@ fn rping_pair(a: &Netns, b: &Netns, server_on: &str, client_to: &str, count: usi
     }
 }
 
-/// The CM under 5 % loss both ways (netem on both veth ends): REQ, REP, RTU and DREQ
-/// resent per the CM's timeouts, duplicates answered; three connections in a row, each
-/// with 20 pings checked byte for byte.
-#[test]
-fn rping_connects_again_and_again_under_loss_between_namespaces() {
-    let test = "rping_connects_again_and_again_under_loss_between_namespaces";
-    if !root_and(test, &["rping"]) {
-        return;
-    }
-    let (a, b) = two_namespaces();
-    for (ns, interface) in [(&a, "ca"), (&b, "cb")] {
-        let added = ns
-            .run(&[
-                "tc", "qdisc", "add", "dev", interface, "root", "netem", "loss", "5%",
-            ])
-            .unwrap();
-        assert!(added.status.success(), "tc: {}", text(&added));
-    }
-    let flags = ["-v", "-V", "-C", "20", "-S", "64", "-a", "10.85.0.2"];
-    for round in 0..3 {
-        let server = exec_in(&b, &[&["rping", "-s"][..], &flags].concat())
-            .spawn()
-            .unwrap();
-        let client = rping_client(&a, &[&["rping", "-c"][..], &flags].concat());
-        let server = server.wait_with_output().unwrap();
-        for (side, output, prefix) in [
-            ("client", &client, "ping data: rdma-ping-"),
-            ("server", &server, "server ping data: rdma-ping-"),
-        ] {
-            let said = text(output);
-            assert!(output.status.success(), "round {round}, {side}: {said}");
-            check_pings(side, &said, prefix, 20, Some(64));
-        }
-    }
-}
-
 /// A client in `a` against the server `server` already spawned in `b`: again while the
 /// server is not listening yet (rejected), a bounded number of times; both must succeed.
 fn pair_in(a: &Netns, b: &Netns, server: &[&str], client: &[&str]) -> (Output, Output) {
@@ -526,7 +490,9 @@ fn our_server_kernel_client(vm: &Vm, server_on: &str, client_to: &str, count: us
             let output = in_host(program, &["-R", "-n", iters, "10.88.0.11"])
                 .output()
                 .unwrap();
-            let rejected = text(&output).contains("REJECTED");
+            // perftest names the event only by number on its first connection.
+            let said = text(&output);
+            let rejected = said.contains("REJECTED") || said.contains("CM event bl blka 8");
             client = Some(output);
             if !rejected {
                 break;
