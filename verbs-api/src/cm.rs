@@ -42,7 +42,7 @@ use crate::mr::Pd;
 use crate::qp::{Qp, QpInitAttr};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
-use crate::{PathMtu, QpType};
+use crate::{PathMtu, QpState, QpType};
 
 mod own_qp;
 mod ud;
@@ -772,15 +772,16 @@ impl CmId {
     }
 
     /// Creates an RC QP for this id and moves it to INIT (`rdma_create_qp`), so receives
-    /// can be posted before [`connect`](Self::connect) or [`accept`](Self::accept): P_Key
-    /// index 0, port 1, no remote access until the CM exchange settles it.
+    /// can be posted before [`connect`](Self::connect) or [`accept`](Self::accept), with
+    /// [`qp_attr`](Self::qp_attr)'s INIT attributes as librdmacm does: P_Key index 0, port
+    /// 1, no remote access before a connect, a request's access on its own id.
     pub fn create_qp(&self, pd: &Pd, attr: &QpInitAttr) -> Result<Qp, Error> {
         if attr.qp_type != QpType::Rc {
             return Err(Error::Unsupported("CM ids for other than RC QPs"));
         }
         let qp = pd.create_qp(attr)?;
         self.check_qp(&qp)?;
-        qp.modify(&own_qp::unconnected_init())?;
+        qp.modify(&self.qp_attr(QpState::Init)?)?;
         Ok(qp)
     }
 

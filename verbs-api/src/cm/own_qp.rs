@@ -36,7 +36,7 @@ pub struct PathRecord {
 }
 
 /// RESET → INIT before any REQ (the kernel's `cma_ib_init_qp_attr`): no remote access.
-pub(super) fn unconnected_init() -> QpAttr {
+fn unconnected_init() -> QpAttr {
     QpAttr {
         state: Some(QpState::Init),
         pkey_index: Some(0),
