@@ -269,7 +269,7 @@ impl World {
         };
         let ip = |n: usize| Ipv4Addr::new(10, 0, 0, n as u8 + 1);
         let mac = |n: usize| [2, 0, 0, 0, 0, n as u8 + 1];
-        let Some(repr) = transmit.ipv4_frame(mac(side), ip(side), mac(1 - side)) else {
+        let Some(repr) = transmit.frame(mac(side), ip(side).into(), mac(1 - side)) else {
             return;
         };
         let mut bytes = vec![0u8; repr.buffer_len()];

@@ -238,7 +238,7 @@ impl<B: Backend> Engine<B> {
             } else {
                 *self.addressing.neighbours.get(&ip)?
             };
-            return transmit.ipv4_frame(mac, self.addressing.ip, neighbour);
+            return transmit.frame(mac, self.addressing.ip.into(), neighbour);
         }
         let ip = transmit.ipv6_destination()?;
         let neighbour = if ours {
@@ -251,7 +251,7 @@ impl<B: Backend> Engine<B> {
         if source.to_ipv4_mapped().is_some() {
             return None;
         }
-        transmit.ipv6_frame(mac, source, neighbour)
+        transmit.frame(mac, source.into(), neighbour)
     }
 
     /// Hands a packet addressed to us back to the endpoint as the frame the wire would

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
@@ -266,53 +266,38 @@ impl Transmit {
         dgid.to_ipv4_mapped().is_none().then_some(dgid)
     }
 
-    /// The RoCEv2-over-IPv6 frame that carries this packet from `src_mac`/`src_ip` to the
-    /// MAC `dst_mac`: traffic class, flow label and hop limit from the address vector, UDP
-    /// as for IPv4. `None` for an IPv4-mapped GID.
-    pub fn ipv6_frame(
+    /// The RoCEv2 frame that carries this packet from `src_mac`/`src_ip` to the MAC
+    /// `dst_mac`, over `src_ip`'s IP version; `None` when the packet's GID is of the other
+    /// (IPv4-mapped is IPv4). IPv4 as rxe builds it: DF set, identification 0, TTL and
+    /// DSCP/ECN from the address vector; IPv6 with traffic class, flow label and hop limit
+    /// from it. No UDP checksum (the ICRC covers the packet, and rxe and HCAs send 0), UDP
+    /// source port `0xC000 | (qpn & 0x3FFF)` so each QP keeps one ECMP path.
+    pub fn frame(
         &self,
         src_mac: [u8; 6],
-        src_ip: Ipv6Addr,
+        src_ip: IpAddr,
         dst_mac: [u8; 6],
     ) -> Option<FrameRepr<'_>> {
         let av = &self.packet.av;
-        let ip = IpRepr::V6(Ipv6Repr {
-            src: src_ip,
-            dst: self.ipv6_destination()?,
-            traffic_class: av.traffic_class,
-            flow_label: av.flow_label,
-            hop_limit: av.hop_limit,
-        });
-        Some(self.frame(src_mac, dst_mac, ip))
-    }
-
-    /// The RoCEv2 frame that carries this packet from `src` (MAC and IPv4 address) to the
-    /// MAC `dst_mac`, as rxe builds it: DF set, identification 0, TTL and DSCP/ECN from the
-    /// address vector. `None` for a GID that is not IPv4-mapped.
-    pub fn ipv4_frame(
-        &self,
-        src_mac: [u8; 6],
-        src_ip: Ipv4Addr,
-        dst_mac: [u8; 6],
-    ) -> Option<FrameRepr<'_>> {
-        let av = &self.packet.av;
-        let ip = IpRepr::V4(Ipv4Repr {
-            src: src_ip,
-            dst: self.ipv4_destination()?,
-            dscp: av.traffic_class >> 2,
-            ecn: av.traffic_class & 0x3,
-            identification: 0,
-            dont_fragment: true,
-            ttl: av.hop_limit,
-        });
-        Some(self.frame(src_mac, dst_mac, ip))
-    }
-
-    /// The frame around this packet, whichever IP version carries it: no UDP checksum (the
-    /// ICRC covers the packet, and rxe and HCAs send 0), UDP source port
-    /// `0xC000 | (qpn & 0x3FFF)` so each QP keeps one ECMP path.
-    fn frame(&self, src_mac: [u8; 6], dst_mac: [u8; 6], ip: IpRepr) -> FrameRepr<'_> {
-        FrameRepr {
+        let ip = match src_ip {
+            IpAddr::V4(src) => IpRepr::V4(Ipv4Repr {
+                src,
+                dst: self.ipv4_destination()?,
+                dscp: av.traffic_class >> 2,
+                ecn: av.traffic_class & 0x3,
+                identification: 0,
+                dont_fragment: true,
+                ttl: av.hop_limit,
+            }),
+            IpAddr::V6(src) => IpRepr::V6(Ipv6Repr {
+                src,
+                dst: self.ipv6_destination()?,
+                traffic_class: av.traffic_class,
+                flow_label: av.flow_label,
+                hop_limit: av.hop_limit,
+            }),
+        };
+        Some(FrameRepr {
             ethernet: EthernetRepr {
                 dst: dst_mac,
                 src: src_mac,
@@ -324,7 +309,7 @@ impl Transmit {
             bth: self.packet.bth,
             ext: self.packet.ext,
             payload: &self.packet.payload,
-        }
+        })
     }
 }
 

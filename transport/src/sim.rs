@@ -334,7 +334,7 @@ impl Sim {
             self.stats.lost += 1;
             return;
         };
-        let Some(repr) = transmit.ipv4_frame(mac(from), self.nodes[from].ip, mac(to)) else {
+        let Some(repr) = transmit.frame(mac(from), self.nodes[from].ip.into(), mac(to)) else {
             self.stats.lost += 1;
             return;
         };

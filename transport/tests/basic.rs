@@ -342,7 +342,7 @@ fn exchange(reuse: bool) -> Vec<Transmit> {
                     sim.nodes[from].endpoint.poll_transmit(now)
                 };
                 let Some(next) = next else { break };
-                let frame = next.ipv4_frame([2; 6], ips[from], [2; 6]).unwrap();
+                let frame = next.frame([2; 6], ips[from].into(), [2; 6]).unwrap();
                 sim.nodes[1 - from].endpoint.handle_packet(now, &frame);
                 sent.push(next);
             }

@@ -22,11 +22,13 @@ use roce_wire::icrc::{self, ICRC_LEN};
 use roce_wire::{atomic_ack_eth, atomic_eth, cnp, deth, feth, ieth, immdt, reth};
 use roce_wire::{ExtHeader, Opcode, Psn};
 
+use super::conduct::{conduct, use_up_receives};
 use super::conn::Conn;
 use super::link::{fix_lengths, Answer, Damage, Link, Offsets, Packet};
+use super::open::open_link;
 use super::scenarios::baseline;
-use super::target::{Local, Service, Target};
-use super::{conduct, failed_check, open_link, use_up_receives, Options, Reach};
+use super::target::{gid_of, Local, Options, Reach, Service, Target};
+use super::verdict::failed_check;
 
 /// Arguments of `roce fuzz`.
 #[derive(clap::Args)]
@@ -244,7 +246,7 @@ pub fn fuzz(
         let local = Local {
             qpn: 0x10_0000 | (rng.next() as u32 & 0xF_FFFF),
             psn: Psn::new(rng.next() as u32),
-            gid: super::gid_of(link.ours.ip),
+            gid: gid_of(link.ours.ip),
         };
         let session = match target.connect(service, &local) {
             Ok(session) => session,
@@ -770,7 +772,7 @@ pub fn replay(
     let local = Local {
         qpn: 0x10_0000 | (from.psn.value() & 0xF_FFFF),
         psn: Psn::new(from.psn.value() ^ 0x55_5555),
-        gid: super::gid_of(link.ours.ip),
+        gid: gid_of(link.ours.ip),
     };
     let session = target.connect(from.service, &local)?;
     let remote = session.remote();

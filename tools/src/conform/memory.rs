@@ -20,10 +20,11 @@ use roce_transport::{AccessFlags, Endpoint};
 use roce_wire::icrc::{self, ICRC_LEN};
 use roce_wire::{Frame, Opcode, Psn};
 
+use super::conduct::run_suite;
 use super::link::{Link, Offsets, Station};
 use super::scenarios::{Scenario, SCENARIOS};
-use super::target::{Local, Remote, Service, Session, Target};
-use super::{run_suite, Options, Summary};
+use super::target::{Local, Options, Remote, Service, Session, Target};
+use super::verdict::Summary;
 
 const OUR_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const THEIR_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);

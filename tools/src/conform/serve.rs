@@ -15,10 +15,9 @@ use roce_wire::aeth::{self, CreditCount, NakCode, RnrTimer, Syndrome};
 use roce_wire::{atomic_ack_eth, Frame, FrameError, FrameRepr, Opcode, Psn};
 
 use super::link::{Damage, Link, Packet};
-use super::target::{Local, Remote, Service};
-use super::{
-    failed_check, failed_probe, fresh_local, link_between, Line, Options, Summary, Verdict,
-};
+use super::open::link_between;
+use super::target::{fresh_local, Local, Options, Remote, Service};
+use super::verdict::{failed_check, failed_probe, write_suite, Line, Summary};
 use crate::perf::exchange::KeyMsg;
 
 /// How long a retransmission after a dropped answer (the requester's local ACK timeout,
@@ -567,10 +566,9 @@ impl ServeSuite<'_> {
     /// client did not finish, `--check` after each, stopping at the first BROKE.
     pub fn run(&self, scenarios: &[&ServeScenario], out: &mut dyn Write) -> io::Result<Summary> {
         let mut link = None;
-        let mut summary = Summary::default();
-        for scenario in scenarios {
+        write_suite(scenarios, out, |scenario| {
             let outcome = self.conduct(&mut link, scenario)?;
-            let line = Line::judge(scenario.name, scenario.expected, outcome, |observed| {
+            Line::judge(scenario.name, scenario.expected, outcome, |observed| {
                 let mut failed = Vec::new();
                 if !observed.ends_with(",done") {
                     let probe = serve_baseline(scenario.service);
@@ -579,14 +577,8 @@ impl ServeSuite<'_> {
                 }
                 failed.extend(failed_check(self.options)?);
                 Ok(failed)
-            })?;
-            line.write(out, &mut summary)?;
-            if line.verdict == Verdict::Broke {
-                break;
-            }
-        }
-        summary.write(out)?;
-        Ok(summary)
+            })
+        })
     }
 }
 

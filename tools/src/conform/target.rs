@@ -85,7 +85,7 @@ pub struct Ports {
 pub struct Perftest {
     /// The target's address.
     pub host: IpAddr,
-    /// Its RoCE address, when not `host` ([`Reach::roce_addr`](super::Reach::roce_addr)).
+    /// Its RoCE address, when not `host` ([`Reach::roce_addr`]).
     pub roce_addr: Option<IpAddr>,
     /// Its servers' ports.
     pub ports: Ports,
@@ -275,4 +275,106 @@ fn pingpong_exchange(mut stream: TcpStream, local: &Local) -> io::Result<Box<dyn
         vaddr: 0,
         mtu: PATH_MTU,
     })))
+}
+
+/// How `roce conform`, `roce fuzz` and `roce replay` reach the target's perftest programs.
+#[derive(clap::Args)]
+pub struct Reach {
+    /// The target (its perftest servers' address; with `--serve`, its clients'): IPv4, or
+    /// IPv6 that is not link-local (a TCP connection would need the scope).
+    pub host: IpAddr,
+    /// The interface towards the target (default: the one whose address the connection
+    /// to it leaves from).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    #[command(flatten)]
+    pub ports: PortArgs,
+    /// The send server's message size (its `-s`).
+    #[arg(long, default_value_t = 64)]
+    pub send_size: usize,
+    /// Seconds a server (or client) may take to come back before the target counts as
+    /// broken.
+    #[arg(long, default_value_t = 15)]
+    pub patience: u64,
+    /// The target's RoCE address (its GID's) when it is not HOST: perftest's exchange is
+    /// IPv4 only, so an IPv6 GID (its `-x` naming an IPv6 address's index) is reached through
+    /// HOST's IPv4 exchange. Our frames then go from our own address of that kind on the same
+    /// interface (the link-local one when ADDR is link-local) to the MAC of HOST.
+    #[arg(long, value_name = "ADDR")]
+    pub roce_addr: Option<IpAddr>,
+}
+
+impl Reach {
+    /// The target's perftest servers.
+    pub fn perftest(&self) -> Perftest {
+        Perftest {
+            host: self.host,
+            roce_addr: self.roce_addr,
+            ports: self.ports.ports(),
+            patience: Duration::from_secs(self.patience),
+        }
+    }
+}
+
+/// The ports of the target's perftest servers.
+#[derive(clap::Args, Clone, Copy)]
+pub struct PortArgs {
+    /// `ib_write_bw`'s port.
+    #[arg(long, default_value_t = 18515)]
+    pub write_port: u16,
+    /// `ib_read_bw`'s port.
+    #[arg(long, default_value_t = 18516)]
+    pub read_port: u16,
+    /// `ib_atomic_bw`'s port.
+    #[arg(long, default_value_t = 18517)]
+    pub atomic_port: u16,
+    /// `ib_send_bw`'s port.
+    #[arg(long, default_value_t = 18518)]
+    pub send_port: u16,
+    /// `ibv_ud_pingpong`'s port (its message size is `--send-size`).
+    #[arg(long, default_value_t = 18519)]
+    pub ud_port: u16,
+}
+
+impl PortArgs {
+    /// As the target module wants them.
+    pub fn ports(&self) -> Ports {
+        Ports {
+            write: self.write_port,
+            read: self.read_port,
+            atomic: self.atomic_port,
+            send: self.send_port,
+            ud: self.ud_port,
+        }
+    }
+}
+
+/// What a suite needs besides the target and the link.
+pub struct Options {
+    /// The send server's message size.
+    pub send_size: usize,
+    /// `--check`.
+    pub check: Option<String>,
+}
+
+/// The RoCEv2 GID of an IP address: an IPv4 one mapped into IPv6, an IPv6 one itself.
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(ip) => ip.to_ipv6_mapped().octets(),
+        IpAddr::V6(ip) => ip.octets(),
+    }
+}
+
+/// A fresh identity for our side of a connection.
+pub fn fresh_local(ip: IpAddr) -> Local {
+    let mut random = [0u8; 8];
+    // Without entropy the numbers are merely predictable, which no scenario depends on.
+    let _ = rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty());
+    let word = u64::from_le_bytes(random);
+    Local {
+        // Away from QPs 0 and 1, and from the low numbers stacks hand out first.
+        qpn: 0x10_0000 | (word as u32 & 0xF_FFFF),
+        psn: roce_wire::Psn::new((word >> 32) as u32),
+        gid: gid_of(ip),
+    }
 }

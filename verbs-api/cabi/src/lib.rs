@@ -10,6 +10,7 @@
 
 pub mod abi;
 pub mod probe;
+pub mod unsupported;
 
 /// Exports `$name` with default version `$version`, as a jump to the `extern "C"` function
 /// `$f` (which must have the C signature callers expect of `$name`).
@@ -49,6 +50,9 @@ pub fn errno() -> i32 {
 
 /// `EOPNOTSUPP` on Linux.
 pub const EOPNOTSUPP: i32 = 95;
+
+/// `ENOSYS` on Linux.
+pub const ENOSYS: i32 = 38;
 
 /// Passes the version script `map` (relative to the package) and the SONAME `soname` to the
 /// linker of the package's cdylib; for build scripts.

@@ -2,18 +2,8 @@
 //! must exist for it to load; no device of ours is an EFA device, so every call fails with
 //! `EOPNOTSUPP` (NULL and errno for constructors, the error code for calls returning `int`).
 
-use core::ffi::c_void;
-
-use roce_cabi::{export, set_errno, EOPNOTSUPP};
-
-extern "C" fn null() -> *mut c_void {
-    set_errno(EOPNOTSUPP);
-    core::ptr::null_mut()
-}
-
-extern "C" fn not_supported() -> i32 {
-    EOPNOTSUPP
-}
+use roce_cabi::export;
+use roce_cabi::unsupported::{int as not_supported, null};
 
 export!("efadv_create_driver_qp" @ "EFA_1.0" => null);
 export!("efadv_create_qp_ex" @ "EFA_1.1" => null);

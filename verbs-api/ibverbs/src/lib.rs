@@ -38,7 +38,7 @@ mod srq;
 mod stats;
 mod strings;
 
-use roce_cabi::export;
+use roce_cabi::{export, unsupported};
 
 // Version nodes as rdma-core 44's libibverbs.map.in gives them; every symbol any Debian
 // rdma-core or perftest program imports is here (verbs-abi.md §1).
@@ -108,7 +108,7 @@ export!("ibv_unimport_mr" @ "IBVERBS_1.10" => unsupported::nothing);
 export!("ibv_unimport_dm" @ "IBVERBS_1.13" => unsupported::nothing);
 export!("ibv_query_ece" @ "IBVERBS_1.10" => unsupported::int);
 export!("ibv_set_ece" @ "IBVERBS_1.10" => unsupported::int);
-export!("ibv_query_qp_data_in_order" @ "IBVERBS_1.14" => unsupported::zero);
+export!("ibv_query_qp_data_in_order" @ "IBVERBS_1.14" => data_in_order_unknown);
 // Debian's librdmacm.so.1 imports these; it must load against us (perftest needs it).
 export!("ibv_copy_ah_attr_from_kern" @ "IBVERBS_1.1" => unsupported::nothing);
 export!("ibv_copy_qp_attr_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
@@ -116,30 +116,9 @@ export!("ibv_copy_path_rec_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
 // For our librdmacm.so.1 only.
 export!("roce_rdmacm_verbs_context" @ "ROCE_RDMACM_PRIVATE" => rdmacm_hook::verbs_context);
 
-/// Failures for what this device does not do.
-mod unsupported {
-    use core::ffi::c_void;
-
-    use roce_cabi::{set_errno, EOPNOTSUPP};
-
-    /// For calls returning an object: NULL, errno `EOPNOTSUPP`.
-    pub extern "C" fn null() -> *mut c_void {
-        set_errno(EOPNOTSUPP);
-        core::ptr::null_mut()
-    }
-
-    /// For calls returning an error number.
-    pub extern "C" fn int() -> i32 {
-        EOPNOTSUPP
-    }
-
-    /// For calls returning nothing.
-    pub extern "C" fn nothing() {}
-
-    /// `ibv_query_qp_data_in_order`: 0 promises nothing about placement order.
-    pub extern "C" fn zero() -> i32 {
-        0
-    }
+/// `ibv_query_qp_data_in_order`: 0 promises nothing about placement order.
+extern "C" fn data_in_order_unknown() -> i32 {
+    0
 }
 
 pub(crate) use errno::errno_of;

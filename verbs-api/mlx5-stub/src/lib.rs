@@ -4,29 +4,12 @@
 //! else fails with `EOPNOTSUPP`: NULL and errno for constructors, the error code for calls
 //! returning `int`, -1 and errno for those returning a count or a file descriptor.
 
-use core::ffi::c_void;
-
-use roce_cabi::{export, set_errno, EOPNOTSUPP};
+use roce_cabi::export;
+use roce_cabi::unsupported::{eopnotsupp as minus_one, int as not_supported, nothing, null};
 
 extern "C" fn unsupported() -> bool {
     false
 }
-
-extern "C" fn null() -> *mut c_void {
-    set_errno(EOPNOTSUPP);
-    core::ptr::null_mut()
-}
-
-extern "C" fn not_supported() -> i32 {
-    EOPNOTSUPP
-}
-
-extern "C" fn minus_one() -> isize {
-    set_errno(EOPNOTSUPP);
-    -1
-}
-
-extern "C" fn nothing() {}
 
 export!("mlx5dv_query_device" @ "MLX5_1.0" => not_supported);
 export!("mlx5dv_create_cq" @ "MLX5_1.1" => null);

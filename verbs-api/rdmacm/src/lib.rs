@@ -42,7 +42,7 @@ mod qp;
 mod qp_attr;
 mod verbs;
 
-use roce_cabi::export;
+use roce_cabi::{export, unsupported};
 
 // Version nodes as rdma-core 44's librdmacm.map gives them (verbs-abi.md §2); every symbol
 // of the real library is here, so every Debian program loads.
@@ -89,8 +89,8 @@ export!("rdma_get_remote_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
 export!("rdma_set_local_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
 export!("rdma_reject_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
 // rsockets: no rsocket exists, so every fd is a plain one.
-export!("rpoll" @ "RDMACM_1.0" => unsupported::rpoll);
-export!("rselect" @ "RDMACM_1.0" => unsupported::rselect);
+export!("rpoll" @ "RDMACM_1.0" => passthrough::rpoll);
+export!("rselect" @ "RDMACM_1.0" => passthrough::rselect);
 export!("rsocket" @ "RDMACM_1.0" => unsupported::enosys);
 export!("rbind" @ "RDMACM_1.0" => unsupported::enosys);
 export!("rlisten" @ "RDMACM_1.0" => unsupported::enosys);
@@ -117,29 +117,9 @@ export!("riomap" @ "RDMACM_1.0" => unsupported::enosys);
 export!("riounmap" @ "RDMACM_1.0" => unsupported::enosys);
 export!("riowrite" @ "RDMACM_1.0" => unsupported::enosys);
 
-/// Failures for what this library does not offer, and the rsocket calls that pass through.
-mod unsupported {
+/// The rsocket calls that pass through.
+mod passthrough {
     use core::ffi::c_int;
-
-    use roce_cabi::{set_errno, EOPNOTSUPP};
-
-    const ENOSYS: c_int = 38;
-
-    /// -1 (as `int`, `ssize_t` or `off_t`: the full register) with errno `ENOSYS`; NULL for
-    /// the calls returning a pointer.
-    pub extern "C" fn enosys() -> isize {
-        set_errno(ENOSYS);
-        -1
-    }
-
-    /// -1 with errno `EOPNOTSUPP`.
-    pub extern "C" fn eopnotsupp() -> isize {
-        set_errno(EOPNOTSUPP);
-        -1
-    }
-
-    /// For calls returning nothing.
-    pub extern "C" fn nothing() {}
 
     /// `rpoll`: `poll`, as rsockets pass plain fds through.
     pub unsafe extern "C" fn rpoll(
