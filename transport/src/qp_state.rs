@@ -233,6 +233,18 @@ impl fmt::Display for Attrs {
 }
 
 impl QpAttr {
+    /// RESET → INIT on P_Key index 0 of port 1 with `access`, as rdma-core's examples and
+    /// the kernel's CM make it.
+    pub fn init(access: AccessFlags) -> QpAttr {
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port_num: Some(1),
+            access_flags: Some(access),
+            ..QpAttr::default()
+        }
+    }
+
     /// The attribute mask these fields amount to (without `state`).
     pub fn mask(&self) -> Attrs {
         let fields = [
@@ -462,13 +474,7 @@ pub fn connect_attrs(
         AccessFlags::REMOTE_WRITE
     };
     [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port_num: Some(1),
-            access_flags: Some(access),
-            ..QpAttr::default()
-        },
+        QpAttr::init(access),
         QpAttr {
             state: Some(QpState::Rtr),
             av: Some(peer.av),

@@ -135,15 +135,7 @@ impl Packet {
                 vlan: None,
             },
             ip: match (from.ip, to.ip) {
-                (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
-                    src,
-                    dst,
-                    dscp: 0,
-                    ecn: 0,
-                    identification: 0,
-                    dont_fragment: true,
-                    ttl: 64,
-                }),
+                (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr::new(src, dst)),
                 (IpAddr::V6(src), IpAddr::V6(dst)) => IpRepr::V6(Ipv6Repr {
                     src,
                     dst,

@@ -78,13 +78,7 @@ pub(crate) fn init_attr(responder_resources: u8) -> QpAttr {
     if responder_resources > 0 {
         access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
     }
-    QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port_num: Some(1),
-        access_flags: Some(access),
-        ..QpAttr::default()
-    }
+    QpAttr::init(access)
 }
 
 /// The local ACK timeout exponent for a path: 4.096 µs × 2^result ≥ the CA's ACK delay plus

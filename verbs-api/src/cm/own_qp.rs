@@ -37,13 +37,7 @@ pub struct PathRecord {
 
 /// RESET → INIT before any REQ (the kernel's `cma_ib_init_qp_attr`): no remote access.
 fn unconnected_init() -> QpAttr {
-    QpAttr {
-        state: Some(QpState::Init),
-        pkey_index: Some(0),
-        port_num: Some(1),
-        access_flags: Some(AccessFlags::empty()),
-        ..QpAttr::default()
-    }
+    QpAttr::init(AccessFlags::empty())
 }
 
 impl CmId {
