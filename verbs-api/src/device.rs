@@ -90,10 +90,13 @@ impl Device {
                 gids.push(ip.octets());
             }
         }
-        // ip(8)'s `state UP` or `UNKNOWN` (loopback and some virtual devices while working):
-        // the kernel reports IFF_RUNNING exactly when the interface is up and its operstate
-        // is one of those (dev_get_flags, netif_oper_up).
-        let up = interface.flags & libc::IFF_RUNNING as u32 != 0;
+        // rxe's rule for its port (netif_running and netif_carrier_ok): IFF_UP and
+        // IFF_LOWER_UP. ip(8)'s `state UP`/`UNKNOWN` (operstate, what IFF_RUNNING reflects)
+        // says the same but for dormant or testing links, and for the moment after a carrier
+        // change that linkwatch has yet to apply: up to a second, in which a fresh veth
+        // would be down (and the C tools would find no device).
+        let up_and_carrier = (libc::IFF_UP | libc::IFF_LOWER_UP) as u32;
+        let up = interface.flags & up_and_carrier == up_and_carrier;
         Ok(Device {
             name: interface.name,
             ifindex: interface.ifindex,

@@ -54,6 +54,19 @@ fn device_per_ip(ns: &Netns, interface: &str) -> Device {
     }
 }
 
+/// [`device_per_ip`] once `settled` says it is (bounded): the kernel applies a carrier change
+/// to the state ip(8) shows asynchronously (linkwatch), up to a second later.
+fn device_per_ip_once(ns: &Netns, interface: &str, settled: fn(&Device) -> bool) -> Device {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let device = device_per_ip(ns, interface);
+        if settled(&device) || Instant::now() > deadline {
+            return device;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `devices()` and `Device::by_name(interface)` from a thread inside `ns`.
 fn devices_in(ns: &Netns, interface: &str) -> (Vec<Device>, Device) {
     let name = ns.name.clone();
@@ -88,23 +101,15 @@ fn devices_match_what_ip_reports_in_the_namespace() {
     for args in setup {
         a.ip(args).unwrap();
     }
+    let expected = device_per_ip_once(&a, "dv", |device| device.up);
+    assert!(expected.up, "dv down with its peer up");
     let (list, device) = devices_in(&a, "dv");
-    let expected = device_per_ip(&a, "dv");
-    assert!(expected.up);
     assert_eq!(device, expected);
     assert_eq!(list, vec![expected], "the one non-loopback interface");
 
     // The peer down: dv stays administratively up but its state is LOWERLAYERDOWN.
-    // The kernel changes the state asynchronously (linkwatch): wait for ip(8) to see it.
     b.ip(&["link", "set", "dw", "down"]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let expected = loop {
-        let expected = device_per_ip(&a, "dv");
-        if !expected.up || Instant::now() > deadline {
-            break expected;
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let expected = device_per_ip_once(&a, "dv", |device| !device.up);
     assert!(!expected.up, "dv still up with its peer down");
     let (_, device) = devices_in(&a, "dv");
     assert_eq!(device, expected);
