@@ -951,6 +951,7 @@ fn rping_connects_and_completes_under_five_percent_loss_between_namespaces() {
         command
     };
     let mut retries = 0;
+    let mut lost_dreqs = 0;
     for round in 0..3 {
         // Line-buffered, so that a server stopped by `timeout` has said every ping.
         let server = lossy(
@@ -992,8 +993,10 @@ fn rping_connects_and_completes_under_five_percent_loss_between_namespaces() {
             );
             check_pings(side, &said, prefix, 20, Some(1024));
             retries += counter(&said, "completer_retry_err");
+            lost_dreqs += usize::from(lost_dreq);
         }
     }
+    eprintln!("{retries} go-back-N retries, {lost_dreqs} final DREQs lost");
     assert!(
         retries > 0,
         "no retransmission in three rounds: nothing was lost"
