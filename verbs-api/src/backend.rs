@@ -10,12 +10,14 @@ use roce_provider::afxdp::AfXdpBackend;
 use roce_provider::backend::Backend;
 use roce_provider::capture::PcapRecorder;
 use roce_provider::engine::Addressing;
+use roce_provider::fault::FaultInjector;
 use roce_provider::udp::UdpBackend;
 use roce_provider::xdp::XdpMode;
+use roce_transport::sim::LinkConfig;
 
 use crate::device::Device;
 use crate::error::Error;
-use crate::options::BackendChoice;
+use crate::options::{BackendChoice, FrameLoss};
 
 /// Which backend a context ended up with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,12 +54,13 @@ impl BackendKind {
     }
 }
 
-/// A backend opened on `device` as `choice` says, recording to `pcap` if given, with who
-/// we are on the link.
+/// A backend opened on `device` as `choice` says, recording to `pcap` if given and losing
+/// frames as `loss` says, with who we are on the link.
 pub(crate) fn open(
     device: &Device,
     choice: BackendChoice,
     pcap: Option<&Path>,
+    loss: Option<FrameLoss>,
 ) -> Result<(Box<dyn Backend>, Addressing, BackendKind), Error> {
     // IPv4-mapped GIDs leave from the first IPv4 address; without one, only IPv6 GIDs
     // (and no UDP sockets, which carry IPv4 here).
@@ -96,6 +99,17 @@ pub(crate) fn open(
     };
     let backend: Box<dyn Backend> = match pcap {
         Some(path) => Box::new(PcapRecorder::create(backend, path).map_err(io::Error::other)?),
+        None => backend,
+    };
+    // Outside the recorder, so that the pcap shows what went on the link.
+    let backend: Box<dyn Backend> = match loss {
+        Some(loss) => {
+            let faults = LinkConfig {
+                loss: loss.probability,
+                ..LinkConfig::default()
+            };
+            Box::new(FaultInjector::new(backend, faults, loss.seed))
+        }
         None => backend,
     };
     Ok((backend, addressing, kind))

@@ -39,8 +39,12 @@ pub struct Context {
 impl Context {
     /// Opens `device` (in this thread's network namespace).
     pub fn open(device: &Device, options: OpenOptions) -> Result<Context, Error> {
-        let (backend, addressing, kind) =
-            backend::open(device, options.backend, options.pcap.as_deref())?;
+        let (backend, addressing, kind) = backend::open(
+            device,
+            options.backend,
+            options.pcap.as_deref(),
+            options.loss,
+        )?;
         let seed = match options.seed {
             Some(seed) => seed,
             None => {

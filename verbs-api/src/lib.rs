@@ -94,7 +94,7 @@ pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd};
-pub use options::{BackendChoice, CmTiming, OpenOptions, Progress};
+pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;
 pub use srq::Srq;

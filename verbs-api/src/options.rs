@@ -72,6 +72,17 @@ impl Default for CmTiming {
     }
 }
 
+/// Frames dropped on purpose: the provider's seeded `FaultInjector` loses each frame we
+/// send with this probability. Only sent frames: the injector sits where frames leave, and
+/// giving both ends a loss covers both directions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FrameLoss {
+    /// Probability a frame is dropped, 0 to 1.
+    pub probability: f64,
+    /// Seed of the choices, so that a run can be repeated.
+    pub seed: u64,
+}
+
 /// Options of [`Context::open`](crate::Context::open).
 pub struct OpenOptions {
     /// How frames move.
@@ -87,6 +98,9 @@ pub struct OpenOptions {
     pub seed: Option<[u8; 32]>,
     /// Write every frame sent and received to this pcap file.
     pub pcap: Option<std::path::PathBuf>,
+    /// Drop this share of the frames we send (fault injection for tests; the pcap file
+    /// records only the frames that were sent).
+    pub loss: Option<FrameLoss>,
     /// The eventfd [`Context::async_fd`](crate::Context::async_fd) is to be (a C ABI hands
     /// out its fd before the engine starts); `None` makes a fresh one.
     pub async_fd: Option<OwnedFd>,
@@ -103,6 +117,7 @@ impl Default for OpenOptions {
             spin: default_spin(),
             seed: None,
             pcap: None,
+            loss: None,
             async_fd: None,
             cm_timing: CmTiming::default(),
         }

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use roce_cabi::set_errno;
-use roce_verbs::{AsyncEvent, BackendChoice, CmTiming, OpenOptions, PortState, Progress, XdpMode};
+use roce_verbs::{
+    AsyncEvent, BackendChoice, CmTiming, FrameLoss, OpenOptions, PortState, Progress, XdpMode,
+};
 use rustix::event::{eventfd, EventfdFlags};
 use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
 
@@ -97,6 +99,9 @@ impl Context {
     }
 }
 
+/// `ROCE_LOSS`'s seed unless `ROCE_LOSS_SEED` says: fixed, so that a run can be repeated.
+const DEFAULT_LOSS_SEED: u64 = 1;
+
 /// The options of a context, from the environment `roce exec` passes on.
 fn open_options() -> Result<OpenOptions, String> {
     let backend = match std::env::var("ROCE_BACKEND").as_deref() {
@@ -148,11 +153,35 @@ fn open_options() -> Result<OpenOptions, String> {
         )?,
         max_retries: cm_env("ROCE_CM_RETRIES", defaults.cm_timing.max_retries, 15)?,
     };
+    // Frames we send that are dropped on purpose (tests of retries and retransmissions).
+    let loss = match std::env::var("ROCE_LOSS") {
+        Err(_) => None,
+        Ok(percent) => {
+            let percent: f64 = percent
+                .parse()
+                .ok()
+                .filter(|percent| (0.0..=100.0).contains(percent))
+                .ok_or(format!(
+                    "ROCE_LOSS={percent}: expected a percentage, 0 to 100"
+                ))?;
+            let seed = match std::env::var("ROCE_LOSS_SEED") {
+                Err(_) => DEFAULT_LOSS_SEED,
+                Ok(seed) => seed
+                    .parse()
+                    .map_err(|_| format!("ROCE_LOSS_SEED={seed}: expected 0 to 2^64 - 1"))?,
+            };
+            Some(FrameLoss {
+                probability: percent / 100.0,
+                seed,
+            })
+        }
+    };
     Ok(OpenOptions {
         backend,
         progress,
         spin,
         pcap: std::env::var_os("ROCE_PCAP").map(Into::into),
+        loss,
         cm_timing,
         ..defaults
     })
