@@ -3,11 +3,10 @@
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::process::Command;
 
 use roce_transport::qp_state::PathMtu;
 use roce_transport::{DeviceLimits, LIMITS};
-
-use crate::ifaddrs::{self, Interface};
 
 /// A 16-byte GID (an IPv6 address on RoCEv2).
 pub type Gid = [u8; 16];
@@ -71,36 +70,33 @@ pub struct PortAttr {
 const HEADERS: u32 = 80;
 
 impl Device {
-    /// The device of the interface `name`, in the calling thread's network namespace.
+    /// The device of the interface `name`, in the calling thread's network namespace
+    /// (asked through ip(8), whose process inherits the thread's namespace: /sys would show
+    /// the namespace sysfs was mounted in).
     pub fn by_name(name: &str) -> io::Result<Device> {
-        let interface = ifaddrs::interfaces()?
-            .into_iter()
-            .find(|interface| interface.name == name)
-            .ok_or_else(|| io::Error::other(format!("Device \"{name}\" does not exist.")))?;
-        Device::of(interface)
-    }
-
-    /// The device of `interface`, with its GID table as rxe's.
-    fn of(interface: Interface) -> io::Result<Device> {
-        let netdev_mtu = ifaddrs::mtu(&interface.name)?;
-        let mut gids = vec![link_local_gid(interface.mac)];
-        gids.extend(interface.ipv4.iter().map(|ip| ip.to_ipv6_mapped().octets()));
-        for ip in &interface.ipv6 {
+        let link = ip(&["-o", "link", "show", "dev", name])?;
+        let (mac, netdev_mtu, up) = parse_link(&link)
+            .ok_or_else(|| io::Error::other(format!("unexpected ip(8) output: {link:?}")))?;
+        let ifindex = link
+            .split(':')
+            .next()
+            .and_then(|index| index.trim().parse().ok())
+            .ok_or_else(|| io::Error::other(format!("unexpected ip(8) output: {link:?}")))?;
+        let mut gids = vec![link_local_gid(mac)];
+        gids.extend(
+            ipv4_addresses(name)?
+                .iter()
+                .map(|ip| ip.to_ipv6_mapped().octets()),
+        );
+        for ip in ipv6_addresses(name)? {
             if !gids.contains(&ip.octets()) {
                 gids.push(ip.octets());
             }
         }
-        // rxe's rule for its port (netif_running and netif_carrier_ok): IFF_UP and
-        // IFF_LOWER_UP. ip(8)'s `state UP`/`UNKNOWN` (operstate, what IFF_RUNNING reflects)
-        // says the same but for dormant or testing links, and for the moment after a carrier
-        // change that linkwatch has yet to apply: up to a second, in which a fresh veth
-        // would be down (and the C tools would find no device).
-        let up_and_carrier = (libc::IFF_UP | libc::IFF_LOWER_UP) as u32;
-        let up = interface.flags & up_and_carrier == up_and_carrier;
         Ok(Device {
-            name: interface.name,
-            ifindex: interface.ifindex,
-            mac: interface.mac,
+            name: name.to_owned(),
+            ifindex,
+            mac,
             netdev_mtu,
             up,
             gids,
@@ -158,10 +154,48 @@ impl Device {
 /// name, as `ibv_get_device_list` (the first is the tools' default device, as rdma-core
 /// takes the first).
 pub fn devices() -> io::Result<Vec<Device>> {
-    let mut interfaces = ifaddrs::interfaces()?;
-    interfaces.retain(|interface| interface.name != "lo");
-    interfaces.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    interfaces.into_iter().map(Device::of).collect()
+    let links = ip(&["-o", "link", "show"])?;
+    let mut names: Vec<&str> = links
+        .lines()
+        .filter_map(|line| line.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name))
+        .filter(|name| *name != "lo")
+        .collect();
+    names.sort_unstable();
+    names.iter().map(|name| Device::by_name(name)).collect()
+}
+
+/// Runs ip(8) and returns its output, or its error message as the error.
+fn ip(args: &[&str]) -> io::Result<String> {
+    let output = Command::new("ip").args(args).output()?;
+    if !output.status.success() {
+        let why = String::from_utf8_lossy(&output.stderr);
+        return Err(io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            why.trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// MAC, MTU and whether it is up, from one line of `ip -o link show`.
+fn parse_link(line: &str) -> Option<([u8; 6], u32, bool)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |key: &str| {
+        let at = words.iter().position(|word| *word == key)?;
+        words.get(at + 1).copied()
+    };
+    let mtu = after("mtu")?.parse().ok()?;
+    // veth and tap say UP; loopback and some virtual devices UNKNOWN while working.
+    let up = matches!(after("state")?, "UP" | "UNKNOWN");
+    let mac = words
+        .iter()
+        .position(|word| word.starts_with("link/"))
+        .and_then(|at| words.get(at + 1))
+        .and_then(|mac| parse_mac(mac).ok())
+        .unwrap_or([0; 6]);
+    Some((mac, mtu, up))
 }
 
 /// The link-local IPv6 address made from a MAC (modified EUI-64), rxe's GID 0.
@@ -202,6 +236,36 @@ pub fn parse_mac(text: &str) -> io::Result<[u8; 6]> {
     Ok(mac)
 }
 
+/// The interface's IPv4 addresses, from iproute2 (the kernel has no file that lists them).
+fn ipv4_addresses(interface: &str) -> io::Result<Vec<Ipv4Addr>> {
+    let text = ip(&["-o", "-4", "addr", "show", "dev", interface])?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|word| *word != "inet");
+            words.nth(1)?.split('/').next()?.parse().ok()
+        })
+        .collect())
+}
+
+/// The interface's IPv6 addresses in the kernel's order for it (`ip -6 addr` walks the
+/// interface's address list, as the GID cache does; /proc/net/if_inet6 is in hash order).
+fn ipv6_addresses(interface: &str) -> io::Result<Vec<Ipv6Addr>> {
+    Ok(parse_inet6(&ip(&[
+        "-o", "-6", "addr", "show", "dev", interface,
+    ])?))
+}
+
+/// The `inet6 ADDR/LEN` of each line of `ip -o -6 addr show` (none with IPv6 disabled).
+fn parse_inet6(text: &str) -> Vec<Ipv6Addr> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|word| *word != "inet6");
+            words.nth(1)?.split('/').next()?.parse().ok()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +275,19 @@ mod tests {
         let gid = link_local_gid([0x52, 0x54, 0, 0x88, 0, 0x11]);
         let ip: Ipv6Addr = "fe80::5054:ff:fe88:11".parse().unwrap();
         assert_eq!(gid, ip.octets());
+    }
+
+    #[test]
+    fn ipv6_addresses_keep_the_interface_order() {
+        let text = "2: ca    inet6 fd85::1/64 scope global nodad \\       valid_lft forever preferred_lft forever
+2: ca    inet6 fe80::e877:b3ff:fea9:907e/64 scope link \\       valid_lft forever preferred_lft forever
+";
+        let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(
+            parse_inet6(text),
+            vec![ip("fd85::1"), ip("fe80::e877:b3ff:fea9:907e")]
+        );
+        assert!(parse_inet6("").is_empty());
     }
 
     #[test]
@@ -252,8 +329,20 @@ mod tests {
     }
 
     #[test]
+    fn ip_link_lines_parse() {
+        let veth = "7: xb@if8: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 52:54:00:88:00:0b brd ff:ff:ff:ff:ff:ff link-netns a";
+        assert_eq!(
+            parse_link(veth),
+            Some(([0x52, 0x54, 0, 0x88, 0, 0x0b], 9000, true))
+        );
+        let down = "3: eth1: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    link/ether 02:00:00:00:00:01 brd ff:ff:ff:ff:ff:ff";
+        assert_eq!(parse_link(down), Some(([2, 0, 0, 0, 0, 1], 1500, false)));
+        assert_eq!(parse_link("garbage"), None);
+    }
+
+    #[test]
     fn loopback_is_not_a_device() {
-        let list = devices().expect("the interface list");
+        let list = devices().expect("sysfs");
         assert!(list.iter().all(|device| device.name != "lo"));
         let lo = Device::by_name("lo").expect("lo exists");
         assert_eq!(lo.ifindex, 1);

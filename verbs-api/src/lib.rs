@@ -43,8 +43,7 @@
 //!
 //! Not yet: memory windows.
 //!
-//! The code, each module importing only those listed before it: `error`, `ifaddrs` (the
-//! interface list, without ip(8)), `device`,
+//! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
@@ -68,7 +67,6 @@ pub mod device;
 mod engine_thread;
 mod error;
 mod handshake;
-mod ifaddrs;
 mod iova;
 mod limits;
 mod mr;
