@@ -252,7 +252,8 @@ fn the_event_channel_and_what_is_not_offered_answer_as_rdma_core() {
         .unwrap();
     assert!(
         run.status.success() && String::from_utf8_lossy(&run.stdout).ends_with("ok\n"),
-        "{}",
+        "{}: {}",
+        run.status,
         text(&run)
     );
 }

@@ -7,11 +7,13 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 struct rdma_event_channel { int fd; };
 struct rdma_cm_id;
@@ -79,6 +81,34 @@ static struct rdma_cm_event *next_event(struct rdma_event_channel *channel)
 		return NULL;
 	printf("event %s status %d\n", rdma_event_str(event->event), event->status);
 	return event;
+}
+
+static volatile int waiter_returned;
+
+static void *wait_on(void *channel)
+{
+	struct rdma_cm_event *event;
+
+	rdma_get_cm_event(channel, &event);
+	waiter_returned = 1;
+	return NULL;
+}
+
+/* A channel destroyed while another thread waits on it, as rping's main does at exit while
+ * its CM thread waits: the waiter stays blocked, as in rdma-core's read(2), and touches
+ * nothing freed (it wakes every 100 ms; a freed channel made it crash). */
+static void destroy_while_waited_on(void)
+{
+	struct rdma_event_channel *waiting = rdma_create_event_channel();
+	pthread_t waiter;
+
+	CHECK(waiting);
+	if (!waiting || pthread_create(&waiter, NULL, wait_on, waiting))
+		return;
+	usleep(100000);
+	rdma_destroy_event_channel(waiting);
+	usleep(500000);
+	CHECK(!waiter_returned);
 }
 
 int main(int argc, char **argv)
@@ -150,6 +180,7 @@ int main(int argc, char **argv)
 
 	CHECK(rdma_destroy_id(id) == 0);
 	rdma_destroy_event_channel(channel);
+	destroy_while_waited_on();
 	if (failures)
 		return 1;
 	printf("ok\n");

@@ -257,7 +257,7 @@ pub(crate) unsafe extern "C" fn migrate_id(
         let mut inner = ours.lock()?;
         let from = ours.channel(&mut inner)?;
         if let Some(cm) = &inner.cm {
-            cm.migrate(&to.channel)
+            cm.migrate(to.events())
                 .map_err(|error| crate::errors::fail("rdma_migrate_id", &error))?;
             from.unregister(cm.handle());
             to.register(cm.handle(), ours.key());

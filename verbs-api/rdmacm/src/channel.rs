@@ -5,11 +5,17 @@
 //! while events wait, and its `O_NONBLOCK` flag is the program's own (the eventfd behind it
 //! is always non-blocking), so `rdma_get_cm_event` blocks or fails with `EAGAIN` as the
 //! program set it.
+//!
+//! Programs destroy a channel while another thread of theirs still waits on it (rping's
+//! main does, its CM thread blocked in `rdma_get_cm_event`). rdma-core's waiter then stays
+//! blocked in read(2) until the process ends; ours must not touch the freed channel
+//! either, so what a waiter needs lives in a shared [`State`] it holds while it waits, and
+//! the channel is freed only between two event conversions (`State::open`).
 
 use core::ffi::c_int;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 
 use roce_cabi::set_errno;
 use roce_verbs::{CmEvent, EventChannel};
@@ -25,10 +31,39 @@ const ENODEV: c_int = 19;
 #[repr(C)]
 pub(crate) struct Channel {
     raw: rdma_event_channel,
-    pub(crate) channel: EventChannel,
     epoll: OwnedFd,
+    pub(crate) state: Arc<State>,
+}
+
+/// What a thread waiting on a channel uses, kept alive by it past the channel's destruction.
+pub(crate) struct State {
+    events: EventChannel,
     /// Its ids, by the handle their events carry (each a `*mut Id`).
-    pub(crate) ids: Mutex<HashMap<u64, usize>>,
+    ids: Mutex<HashMap<u64, usize>>,
+    /// Whether the channel is not destroyed yet: read-locked while an event is turned into
+    /// the C event (which reaches into the channel), write-locked to destroy it.
+    pub(crate) open: RwLock<bool>,
+}
+
+impl State {
+    /// The id registered as `handle`.
+    pub(crate) fn id(&self, handle: u64) -> Option<usize> {
+        self.ids.lock().ok()?.get(&handle).copied()
+    }
+
+    /// The next event: waits unless `nonblocking` (then `EAGAIN`).
+    pub(crate) fn next_event(&self, nonblocking: bool) -> Result<CmEvent, c_int> {
+        let event = if nonblocking {
+            self.events.try_get_cm_event()
+        } else {
+            self.events.get_cm_event(None).map(Some)
+        };
+        match event {
+            Ok(Some(event)) => Ok(event),
+            Ok(None) => Err(EAGAIN),
+            Err(error) => Err(crate::errors::fail("rdma_get_cm_event", &error)),
+        }
+    }
 }
 
 impl Channel {
@@ -48,9 +83,12 @@ impl Channel {
             raw: rdma_event_channel {
                 fd: epoll.as_raw_fd(),
             },
-            channel,
             epoll,
-            ids: Mutex::new(HashMap::new()),
+            state: Arc::new(State {
+                events: channel,
+                ids: Mutex::new(HashMap::new()),
+                open: RwLock::new(true),
+            }),
         }))
     }
 
@@ -67,38 +105,27 @@ impl Channel {
         core::ptr::from_ref(&self.raw).cast_mut()
     }
 
+    /// The roce-verbs channel behind it.
+    pub(crate) fn events(&self) -> &EventChannel {
+        &self.state.events
+    }
+
     /// Remembers the id (its address) whose events carry `handle`.
     pub(crate) fn register(&self, handle: u64, id: usize) {
-        if let Ok(mut ids) = self.ids.lock() {
+        if let Ok(mut ids) = self.state.ids.lock() {
             ids.insert(handle, id);
         }
     }
 
     pub(crate) fn unregister(&self, handle: u64) {
-        if let Ok(mut ids) = self.ids.lock() {
+        if let Ok(mut ids) = self.state.ids.lock() {
             ids.remove(&handle);
         }
     }
 
-    /// The id registered as `handle`.
-    pub(crate) fn id(&self, handle: u64) -> Option<usize> {
-        self.ids.lock().ok()?.get(&handle).copied()
-    }
-
-    /// The next event: waits unless the fd is non-blocking (then `EAGAIN`).
-    pub(crate) fn next_event(&self) -> Result<CmEvent, c_int> {
-        let nonblocking =
-            fcntl_getfl(&self.epoll).is_ok_and(|flags| flags.contains(OFlags::NONBLOCK));
-        let event = if nonblocking {
-            self.channel.try_get_cm_event()
-        } else {
-            self.channel.get_cm_event(None).map(Some)
-        };
-        match event {
-            Ok(Some(event)) => Ok(event),
-            Ok(None) => Err(EAGAIN),
-            Err(error) => Err(crate::errors::fail("rdma_get_cm_event", &error)),
-        }
+    /// Whether the program made its fd non-blocking.
+    pub(crate) fn nonblocking(&self) -> bool {
+        fcntl_getfl(&self.epoll).is_ok_and(|flags| flags.contains(OFlags::NONBLOCK))
     }
 }
 
@@ -121,7 +148,12 @@ pub(crate) extern "C" fn create_event_channel() -> *mut rdma_event_channel {
 pub(crate) unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_channel) {
     if !channel.is_null() {
         // SAFETY: the caller passes a channel of ours, destroyed once, after its ids.
-        drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+        let ours = unsafe { Box::from_raw(channel.cast::<Channel>()) };
+        // No conversion is under way once this is taken, and none starts after it.
+        if let Ok(mut open) = ours.state.open.write() {
+            *open = false;
+        }
+        drop(ours);
     }
 }
 

@@ -114,7 +114,7 @@ pub(crate) unsafe extern "C" fn get_request(
             (core::ptr::from_ref::<Channel>(channel), inner.ep_qp)
         };
         // SAFETY: the listener's own channel lives as long as the listener.
-        let event = event::next(unsafe { &*channel })?;
+        let event = unsafe { event::next(channel) }?;
         if event.what().0 != 4 {
             return Err(EINVAL);
         }

@@ -3,6 +3,7 @@
 //! a synchronous id's call for its event.
 
 use core::ffi::c_int;
+use std::sync::Arc;
 
 use roce_cabi::set_errno;
 use roce_verbs::{CmEvent, CmEventKind, ConnectRequest};
@@ -35,19 +36,32 @@ impl Event {
     }
 }
 
-/// The next event on `channel` as C sees it: waits unless the fd is non-blocking (then
-/// `EAGAIN`); events of ids destroyed meanwhile are skipped.
-pub(crate) fn next(channel: &Channel) -> Result<Box<Event>, c_int> {
+/// The next event on the channel at `channel` as C sees it: waits unless the fd is
+/// non-blocking (then `EAGAIN`); events of ids destroyed meanwhile are skipped. Destroyed
+/// while this waits, the channel is not touched again, and this waits on as rdma-core's
+/// read(2) on a closed channel does.
+///
+/// # Safety
+/// `channel` is ours and not destroyed when this is called.
+pub(crate) unsafe fn next(channel: *const Channel) -> Result<Box<Event>, c_int> {
+    // SAFETY: live now (the caller's promise); past this only `state` is used until `open`
+    // says the channel still is.
+    let (state, nonblocking) = unsafe { (Arc::clone(&(*channel).state), (*channel).nonblocking()) };
     loop {
-        let event = channel.next_event()?;
-        let Some(key) = channel.id(event.id) else {
+        let event = state.next_event(nonblocking)?;
+        let open = state.open.read().map_err(|_| EINVAL)?;
+        if !*open {
+            continue;
+        }
+        let Some(key) = state.id(event.id) else {
             continue;
         };
         // SAFETY: registered ids are live until `rdma_destroy_id` unregisters them.
         let Some(id) = (unsafe { (key as *const Id).as_ref() }) else {
             continue;
         };
-        return Ok(convert(channel, id, event));
+        // SAFETY: open, and it stays so while `open` is held (destroying waits for it).
+        return Ok(convert(unsafe { &*channel }, id, event));
     }
 }
 
@@ -57,7 +71,8 @@ pub(crate) fn complete(id: &Id, expected: c_int) -> Result<(), c_int> {
     let Some(channel) = id.own_channel()? else {
         return Ok(());
     };
-    match next(channel)?.what() {
+    // SAFETY: a synchronous id's own channel lives as long as the id, which the caller holds.
+    match unsafe { next(channel) }?.what() {
         (code, _) if code == expected => Ok(()),
         (8, _) => Err(ECONNREFUSED),
         (7, _) => Err(ETIMEDOUT),
@@ -189,16 +204,13 @@ pub(crate) unsafe extern "C" fn get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    // SAFETY: the caller passes a channel of ours.
-    let Some(ours) = (unsafe { Channel::from_raw(channel) }) else {
-        set_errno(EINVAL);
-        return -1;
-    };
-    if event.is_null() {
+    if channel.is_null() || event.is_null() {
         set_errno(EINVAL);
         return -1;
     }
-    match next(ours) {
+    // SAFETY: the caller passes a live channel of ours (`raw` is our Channel's first field);
+    // another thread may destroy it while this waits, which `next` allows for.
+    match unsafe { next(channel.cast::<Channel>()) } {
         Ok(taken) => {
             // SAFETY: checked not null; the caller's out pointer.
             unsafe { *event = Box::into_raw(taken).cast() };

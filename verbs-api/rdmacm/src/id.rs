@@ -193,9 +193,9 @@ impl Id {
             let device = verbs::device_for(ip)?;
             let channel = self.channel(inner)?;
             let cm = if self.raw(inner).ps == RDMA_PS_UDP {
-                device.verbs.create_ud_id(&channel.channel)
+                device.verbs.create_ud_id(channel.events())
             } else {
-                device.verbs.create_id(&channel.channel)
+                device.verbs.create_id(channel.events())
             };
             let cm = cm.map_err(|error| crate::errors::fail("rdma_create_id", &error))?;
             channel.register(cm.handle(), self.key());
@@ -218,7 +218,7 @@ impl Id {
         let mut inner = self.lock()?;
         let old = self.channel(&mut inner)?;
         if let Some(cm) = &inner.cm {
-            cm.migrate(&channel.channel)
+            cm.migrate(channel.events())
                 .map_err(|error| crate::errors::fail("rdma_migrate_id", &error))?;
             old.unregister(cm.handle());
             channel.register(cm.handle(), self.key());
