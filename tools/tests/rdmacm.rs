@@ -923,3 +923,97 @@ fn capture_path(name: &str) -> PathBuf {
         });
     dir.join("captures").join(format!("{name}.pcap"))
 }
+
+/// `ROCE_LOSS=5` on both sides (our fault injector drops 5 % of the frames each side sends,
+/// so both directions): three rping connections in a row, each with every byte checked,
+/// complete over the CM's resends (REQ, REP, RTU, DREQ) and the transport's
+/// retransmissions. The counters (`ROCE_STATS`) must show go-back-N retries, which a clean
+/// veth never causes, so the test cannot pass without loss. A response time of 2^14 ×
+/// 4.096 µs (67 ms) keeps a lost MAD's resend at about 2.2 s (twice the packet lifetime
+/// plus that) instead of 6.4 s. rping's client exits right after its DREQ (it does not wait
+/// for the DREP), so nobody resends a lost one and the server waits for ever, as it would
+/// with the kernel's CM: a server still waiting after all its pings is stopped after
+/// `SERVER_LIMIT` and accepted when the client completed.
+#[test]
+fn rping_connects_and_completes_under_five_percent_loss_between_namespaces() {
+    let test = "rping_connects_and_completes_under_five_percent_loss_between_namespaces";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    let flags = ["-v", "-V", "-C", "20", "-S", "1024", "-a", "10.85.0.2"];
+    let lossy = |ns: &Netns, program: &[&str], seed: usize| {
+        let mut command = exec_in(ns, program);
+        command
+            .env("ROCE_LOSS", "5")
+            .env("ROCE_LOSS_SEED", seed.to_string())
+            .env("ROCE_CM_RESPONSE_TIMEOUT", "14")
+            .env("ROCE_STATS", "1");
+        command
+    };
+    let mut retries = 0;
+    let mut lost_dreqs = 0;
+    for round in 0..3 {
+        // Line-buffered, so that a server stopped by `timeout` has said every ping.
+        let server = lossy(
+            &b,
+            &[
+                &["timeout", SERVER_LIMIT, "stdbuf", "-oL", "rping", "-s"][..],
+                &flags,
+            ]
+            .concat(),
+            2 * round,
+        )
+        .spawn()
+        .unwrap();
+        let server = thread::spawn(move || server.wait_with_output().unwrap());
+        let mut client = None;
+        for _ in 0..50 {
+            let output = lossy(&a, &[&["rping", "-c"][..], &flags].concat(), 2 * round + 1)
+                .output()
+                .unwrap();
+            let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
+            client = Some(output);
+            if !rejected {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        let client = client.expect("tried at least once");
+        let server = server.join().unwrap();
+        for (side, output, prefix) in [
+            ("client", &client, "ping data: rdma-ping-"),
+            ("server", &server, "server ping data: rdma-ping-"),
+        ] {
+            let said = text(output);
+            let lost_dreq = side == "server" && output.status.code() == Some(124);
+            assert!(
+                output.status.success() || lost_dreq,
+                "round {round}, {side} ({}): {said}",
+                output.status
+            );
+            check_pings(side, &said, prefix, 20, Some(1024));
+            retries += counter(&said, "completer_retry_err");
+            if lost_dreq {
+                eprintln!("round {round}: the server waited for a lost DREQ");
+                lost_dreqs += 1;
+            }
+        }
+    }
+    eprintln!("{retries} go-back-N retries, {lost_dreqs} final DREQs lost");
+    assert!(
+        retries > 0,
+        "no retransmission in three rounds: nothing was lost"
+    );
+}
+
+/// How long the lossy rping server may take (`timeout`'s argument): the rounds take a few
+/// seconds, and a few more for each lost MAD.
+const SERVER_LIMIT: &str = "30";
+
+/// The sum of the counter `name` over every `ROCE_STATS` report in `said`.
+fn counter(said: &str, name: &str) -> u64 {
+    said.lines()
+        .filter_map(|line| line.strip_prefix(name)?.trim().parse::<u64>().ok())
+        .sum()
+}
