@@ -275,8 +275,11 @@ pub(crate) unsafe extern "C" fn init_qp_attr(
     mask: *mut c_int,
 ) -> c_int {
     with_id(id, |ours| {
-        // SAFETY: the caller passes a QP attr and a mask to fill.
-        let (Some(attr), Some(mask)) = (unsafe { attr.as_mut() }, unsafe { mask.as_mut() }) else {
+        // SAFETY: the caller passes a QP attr to fill (or NULL).
+        let attr = unsafe { attr.as_mut() };
+        // SAFETY: and a mask to fill (or NULL).
+        let mask = unsafe { mask.as_mut() };
+        let (Some(attr), Some(mask)) = (attr, mask) else {
             return Err(EINVAL);
         };
         let state = qp_attr::qp_state(attr.qp_state).ok_or(EINVAL)?;

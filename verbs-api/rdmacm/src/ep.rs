@@ -55,9 +55,10 @@ pub(crate) unsafe extern "C" fn create_ep(
         let bound = unsafe { bind_addr(made, info.ai_src_addr) };
         if bound == 0 {
             // SAFETY: the id just made.
-            if let (Some(ours), Some(attr)) =
-                (unsafe { Id::from_raw(made) }, unsafe { attr.as_ref() })
-            {
+            let ours = unsafe { Id::from_raw(made) };
+            // SAFETY: the caller's QP attributes (or NULL).
+            let attr = unsafe { attr.as_ref() };
+            if let (Some(ours), Some(attr)) = (ours, attr) {
                 if let Ok(mut inner) = ours.lock() {
                     inner.ep_qp = Some((pd, *attr));
                 }
