@@ -31,10 +31,17 @@ pub fn text(output: &Output) -> String {
 /// and they would restart one VM under each other.
 static TURN: Mutex<()> = Mutex::new(());
 
+/// The same between processes (test binaries of several checkouts, or a person's own use of
+/// the script): an exclusive lock on this file, held while a test has the VM. The script's
+/// namespaces and VM names are fixed, so two users would tear down each other's VM.
+pub const LOCK_FILE: &str = "/tmp/roce-rxe-vm.lock";
+
 /// VM 1, powered off (with its bridge's loss removed) when dropped, then handed to the
 /// next test waiting for it.
 pub struct Vm {
     script: PathBuf,
+    // Dropped after `Drop::drop` has stopped the VM: the lock, then the turn.
+    _lock: std::fs::File,
     _turn: MutexGuard<'static, ()>,
 }
 
@@ -106,8 +113,16 @@ pub fn vm(test: &str, mtu: &str) -> Option<Vm> {
         return None;
     }
     let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_FILE)
+        .expect("open the rxe VM's lock file");
+    lock.lock().expect("lock the rxe VM's lock file");
     let vm = Vm {
         script: script?,
+        _lock: lock,
         _turn: turn,
     };
     let built = vm.run(&["build"]);
