@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use roce_transport::cq::{NotifyOn, WorkCompletion};
-use roce_transport::CqId;
+use roce_transport::{CqId, LIMITS};
 
 use crate::channel::CompChannel;
 use crate::error::Error;
@@ -160,6 +160,34 @@ impl Cq {
             }
         }
         Ok(out)
+    }
+
+    /// `ibv_resize_cq`: the CQ holds at least `depth` completions from now on, keeping those
+    /// that wait. Work posted before the call is handed to the engine and completions it
+    /// produced are counted first; more waiting than `depth` is refused (`EINVAL`, as rxe).
+    pub fn resize(&self, depth: usize) -> Result<(), Error> {
+        if !LIMITS.allows_cq_depth(depth) {
+            return Err(Error::InvalidArgument("a CQ needs 1 to max_cqe entries"));
+        }
+        let shared = &self.inner.shared;
+        let mut core = shared.lock()?;
+        shared.drive(&mut core)?;
+        let queue = &self.inner.queue;
+        if queue.overflowed.load(Ordering::Acquire) {
+            return Err(Error::CqOverflow);
+        }
+        let handed_over = queue.entries.lock().map_err(|_| Error::Poisoned)?.len();
+        let cq = core.endpoint().cq(self.inner.id);
+        if handed_over + cq.len() > depth {
+            return Err(Error::InvalidArgument(
+                "more completions wait than the new depth holds",
+            ));
+        }
+        // Cannot fail: fewer than `depth` wait in the engine's CQ.
+        let _ = cq.resize(depth);
+        queue.depth.store(depth, Ordering::Relaxed);
+        core.deliver();
+        Ok(())
     }
 
     /// Arms the CQ for one event on its channel (`ibv_req_notify_cq`): the next completion,

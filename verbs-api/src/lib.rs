@@ -91,7 +91,7 @@ pub use cq::Cq;
 pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
-pub use mr::{Mr, Pd};
+pub use mr::{Mr, Pd, Rereg};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;

@@ -18,7 +18,7 @@
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening and closing a
-//! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
+//! device, the context's function tables) → `qp` → `srq` → `cq` → `pd` → `context` →
 //! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
 //! and `strings` below all (the crate root only declares, exports and re-exports).
@@ -69,11 +69,12 @@ export!("ibv_reg_mr" @ "IBVERBS_1.1" => pd::reg_mr);
 export!("ibv_reg_mr_iova" @ "IBVERBS_1.7" => pd::reg_mr_iova);
 export!("ibv_reg_mr_iova2" @ "IBVERBS_1.8" => pd::reg_mr_iova2);
 export!("ibv_dereg_mr" @ "IBVERBS_1.1" => pd::dereg_mr);
+export!("ibv_rereg_mr" @ "IBVERBS_1.1" => pd::rereg_mr);
 export!("ibv_create_comp_channel" @ "IBVERBS_1.0" => cq::create_comp_channel);
 export!("ibv_destroy_comp_channel" @ "IBVERBS_1.0" => cq::destroy_comp_channel);
 export!("ibv_create_cq" @ "IBVERBS_1.1" => cq::create_cq);
 export!("ibv_destroy_cq" @ "IBVERBS_1.1" => cq::destroy_cq);
-export!("ibv_resize_cq" @ "IBVERBS_1.1" => unsupported::int);
+export!("ibv_resize_cq" @ "IBVERBS_1.1" => cq::resize_cq);
 export!("ibv_get_cq_event" @ "IBVERBS_1.1" => cq::get_cq_event);
 export!("ibv_ack_cq_events" @ "IBVERBS_1.1" => cq::ack_cq_events);
 export!("ibv_create_qp" @ "IBVERBS_1.1" => qp::create_qp);
@@ -97,7 +98,6 @@ export!("ibv_port_state_str" @ "IBVERBS_1.1" => strings::port_state_str);
 // them.
 export!("ibv_attach_mcast" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_detach_mcast" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_rereg_mr" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_reg_dmabuf_mr" @ "IBVERBS_1.12" => unsupported::null);
 export!("ibv_import_device" @ "IBVERBS_1.10" => unsupported::null);
 export!("ibv_import_pd" @ "IBVERBS_1.10" => unsupported::null);
