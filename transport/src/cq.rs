@@ -153,6 +153,23 @@ impl Cq {
         Ok(())
     }
 
+    /// Drops the completions of QP `qpn` that wait, keeping the others in order; how many
+    /// went. For a QP reset: what it completed before is not reported after, as mlx5's
+    /// provider cleans its CQs (`mlx5_cq_clean`) when a QP enters RESET.
+    pub fn discard_qp(&mut self, qpn: u32) -> usize {
+        if !self.entries.iter().any(|entry| entry.qp_num == qpn) {
+            return 0;
+        }
+        let mut all = Vec::with_capacity(self.entries.len());
+        self.poll(usize::MAX, &mut all);
+        let before = all.len();
+        all.retain(|entry| entry.qp_num != qpn);
+        for entry in &all {
+            self.entries.push_with(*entry, || BLANK);
+        }
+        before - all.len()
+    }
+
     /// Completions waiting to be polled.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -265,6 +282,23 @@ mod tests {
         cq.push(completion(0, false)).unwrap();
         cq.resize(1).unwrap();
         assert_eq!(cq.push(completion(1, false)), Err(CqOverflow));
+    }
+
+    #[test]
+    fn discarding_a_qps_completions_keeps_the_others_in_order() {
+        let mut cq = Cq::new(8);
+        for (wr_id, qpn) in [(0, 1), (1, 2), (2, 1), (3, 3)] {
+            cq.push(WorkCompletion {
+                qp_num: qpn,
+                ..completion(wr_id, false)
+            })
+            .unwrap();
+        }
+        assert_eq!(cq.discard_qp(1), 2);
+        assert_eq!(cq.discard_qp(9), 0);
+        let mut out = Vec::new();
+        cq.poll(8, &mut out);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3]);
     }
 
     #[test]

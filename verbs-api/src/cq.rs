@@ -16,6 +16,7 @@ use roce_transport::cq::{NotifyOn, WorkCompletion};
 use roce_transport::{CqId, LIMITS};
 
 use crate::channel::CompChannel;
+use crate::core::Core;
 use crate::error::Error;
 use crate::queues::{ChannelEvents, CqQueue};
 use crate::shared::Shared;
@@ -37,6 +38,17 @@ impl Drop for CqInner {
             // The last holder: no QP holds this CQ any more, so the transport cannot refuse.
             let _ = core.endpoint().destroy_cq(self.id);
         }
+    }
+}
+
+impl CqInner {
+    /// Forgets the completions of QP `qpn` not yet polled, in the engine's CQ and in the
+    /// queue pollers read (a QP entering RESET; see `roce_transport::cq::Cq::discard_qp`).
+    pub(crate) fn discard_qp(&self, core: &mut Core, qpn: u32) -> Result<(), Error> {
+        core.endpoint().cq(self.id).discard_qp(qpn);
+        let mut entries = self.queue.entries.lock().map_err(|_| Error::Poisoned)?;
+        entries.retain(|entry| entry.qp_num != qpn);
+        Ok(())
     }
 }
 

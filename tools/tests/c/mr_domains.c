@@ -92,7 +92,17 @@ static void rereg_checks(void)
 	CHECK(rem_op == 1 && loc_prot == 1);
 	rereg_answers(mr, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0, 0, 0);
 	CHECK(ibv_dealloc_pd(other) == 0);
+	/* Receives of a QP in ERR are flushed into the CQ; RESET forgets them, as mlx5 does. */
+	rsge.lkey = src_mr->lkey;
+	rsge.addr = (uintptr_t)src;
+	CHECK(ibv_post_recv(a, &rwr, &rbad) == 0 && ibv_post_recv(a, &rwr, &rbad) == 0);
+	double deadline = now() + 5;
+	while (ibv_resize_cq(cq, 1) == 0 && now() < deadline)
+		CHECK(ibv_resize_cq(cq, 64) == 0);
+	CHECK(ibv_resize_cq(cq, 1) == EINVAL && ibv_resize_cq(cq, 64) == 0);
 	rc_pair(a, b);
+	struct ibv_wc none;
+	CHECK(ibv_poll_cq(cq, 1, &none) == 0);
 
 	/* Over other memory: the old range is gone, the new one is written, same keys. */
 	uint8_t *moved = dst + LEN;
