@@ -58,6 +58,9 @@ pub struct DeviceLimits {
     pub max_srq_wr: u32,
     /// Most scatter elements per SRQ receive.
     pub max_srq_sge: u32,
+    /// Entries of a port's GID table (`gid_tbl_len`); those past the interface's addresses
+    /// are empty.
+    pub gid_tbl_len: u32,
 }
 
 /// The limits of every roce-xdp device.
@@ -74,6 +77,8 @@ pub const LIMITS: DeviceLimits = DeviceLimits {
     max_srq: 1 << 16,
     max_srq_wr: 1 << 16,
     max_srq_sge: 32,
+    // rxe's RXE_PORT_GID_TBL_LEN.
+    gid_tbl_len: 1024,
 };
 
 impl DeviceLimits {

@@ -401,9 +401,6 @@ pub(crate) fn device_attr_ex(device: &roce_verbs::Device) -> ibv_device_attr_ex 
     }
 }
 
-/// rxe's GID table length (`RXE_PORT_GID_TBL_LEN`): the port reports it, and indices past
-/// the interface's addresses are empty entries.
-pub(crate) const GID_TABLE_LEN: u32 = 1024;
 /// `IB_PORT_CM_SUP`: the port takes connection management MADs (rdma_cm).
 const PORT_CAP_CM_SUP: u32 = 1 << 16;
 
@@ -415,7 +412,7 @@ pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
         state: if active { 4 } else { 1 },
         max_mtu: port.max_mtu as u32,
         active_mtu: port.active_mtu as u32,
-        gid_tbl_len: GID_TABLE_LEN.max(port.gid_tbl_len as u32) as c_int,
+        gid_tbl_len: port.gid_tbl_len as c_int,
         port_cap_flags: PORT_CAP_CM_SUP,
         // The transport's largest message.
         max_msg_sz: 1 << 31,
@@ -574,9 +571,10 @@ unsafe fn gid(context: *mut ibv_context, port: u32, index: u32) -> Result<[u8; 1
     if port != 1 {
         return Err(EINVAL);
     }
-    match ours.device().gid(index as usize) {
+    let device = ours.device();
+    match device.gid(index as usize) {
         Some(gid) => Ok(gid),
-        None if index < GID_TABLE_LEN => Err(ENODATA),
+        None if (index as usize) < device.query_port().gid_tbl_len => Err(ENODATA),
         None => Err(EINVAL),
     }
 }
