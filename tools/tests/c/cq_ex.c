@@ -64,6 +64,11 @@ static void create_cq_ex_checks(struct ibv_device_attr_ex *dev)
 	attr = base;
 	attr.comp_vector = ctx->num_comp_vectors;
 	refused(attr, EINVAL);
+	/* One vector per possible CPU, as rxe: the last one is a CQ's to name. */
+	CHECK(ctx->num_comp_vectors >= 1);
+	attr.comp_vector = ctx->num_comp_vectors - 1;
+	struct ibv_cq_ex *last = ibv_create_cq_ex(ctx, &attr);
+	CHECK(last && ibv_destroy_cq(ibv_cq_ex_to_cq(last)) == 0);
 	/* A plain PD is not a parent domain. */
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	CHECK(pd);

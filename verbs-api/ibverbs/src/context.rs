@@ -103,6 +103,27 @@ impl Context {
 /// `ROCE_LOSS`'s seed unless `ROCE_LOSS_SEED` says: fixed, so that a run can be repeated.
 const DEFAULT_LOSS_SEED: u64 = 1;
 
+/// `ibv_context.num_comp_vectors`: one per possible CPU, as rxe has (UCX asks for the vector
+/// of the CPU it prefers). Vectors only spread interrupts, which we have none of: a CQ's
+/// events go to its channel whatever vector it names.
+pub(crate) fn comp_vectors() -> c_int {
+    static VECTORS: OnceLock<c_int> = OnceLock::new();
+    *VECTORS.get_or_init(|| {
+        // "0-3" or "0,2-5": the kernel's list of possible CPUs.
+        let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+            .ok()
+            .and_then(|list| {
+                list.trim().split(',').try_fold(0, |count, range| {
+                    let (first, last) = range.split_once('-').unwrap_or((range, range));
+                    let span = last.parse::<c_int>().ok()? - first.parse::<c_int>().ok()?;
+                    Some(count + span + 1)
+                })
+            });
+        let online = || std::thread::available_parallelism().map_or(1, |n| n.get() as c_int);
+        possible.filter(|&count| count > 0).unwrap_or_else(online)
+    })
+}
+
 /// The options of a context, from the environment `roce exec` passes on.
 fn open_options() -> Result<OpenOptions, String> {
     let backend = match std::env::var("ROCE_BACKEND").as_deref() {

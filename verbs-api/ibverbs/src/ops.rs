@@ -61,7 +61,7 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
             ops,
             cmd_fd: -1,
             async_fd,
-            num_comp_vectors: 1,
+            num_comp_vectors: context::comp_vectors(),
             mutex: [0; 5],
             abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
         },
