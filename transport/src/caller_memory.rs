@@ -62,18 +62,7 @@ impl CallerMemory {
     /// readable, and writable too if `writable`; the caller avoids racing non-atomic accesses
     /// with the transfers it asks for (see the module's invariants).
     pub unsafe fn new(base: *mut u8, len: usize, writable: bool) -> Result<Self, MrError> {
-        if base.is_null() {
-            return Err(MrError::NullAddress);
-        }
-        if (base as usize).checked_add(len).is_none() {
-            return Err(MrError::AddressOverflow);
-        }
-        Ok(CallerMemory {
-            base,
-            len,
-            writable,
-            on_demand: false,
-        })
+        Self::checked(base, len, writable, false)
     }
 
     /// The caller's `len` bytes at `base` with on-demand paging: nothing needs to be mapped,
@@ -81,7 +70,18 @@ impl CallerMemory {
     /// `len` `usize::MAX` is the implicit region, the whole address space; otherwise a null
     /// `base` and a wrapping range are refused.
     pub fn on_demand(base: *mut u8, len: usize, writable: bool) -> Result<Self, MrError> {
-        if base.is_null() && len != usize::MAX {
+        Self::checked(base, len, writable, true)
+    }
+
+    /// Refuses a null `base` (but for the implicit on-demand region) and a range that wraps.
+    fn checked(
+        base: *mut u8,
+        len: usize,
+        writable: bool,
+        on_demand: bool,
+    ) -> Result<Self, MrError> {
+        let implicit = on_demand && len == usize::MAX;
+        if base.is_null() && !implicit {
             return Err(MrError::NullAddress);
         }
         if (base as usize).checked_add(len).is_none() {
@@ -91,7 +91,7 @@ impl CallerMemory {
             base,
             len,
             writable,
-            on_demand: true,
+            on_demand,
         })
     }
 

@@ -124,13 +124,7 @@ impl Pd {
         // written, until the region is deregistered (our contract), which is what
         // `CallerMemory::new` asks.
         let memory = unsafe { CallerMemory::new(addr, len, writable) }?;
-        let key = self.inner.shared.lock()?.endpoint().mrs().reg_mr_caller(
-            self.inner.id,
-            iova,
-            memory,
-            access,
-        )?;
-        Ok(self.caller_region(key, iova, len, addr, false))
+        self.reg_caller(memory, addr, iova, access)
     }
 
     /// Registers the caller's `len` bytes at `addr`, addressed from `iova`, with on-demand
@@ -147,13 +141,7 @@ impl Pd {
         limits::check_mr_len(len)?;
         let writable = access.contains(AccessFlags::LOCAL_WRITE);
         let memory = CallerMemory::on_demand(addr, len, writable)?;
-        let key = self.inner.shared.lock()?.endpoint().mrs().reg_mr_caller(
-            self.inner.id,
-            iova,
-            memory,
-            access,
-        )?;
-        Ok(self.caller_region(key, iova, len, addr, true))
+        self.reg_caller(memory, addr, iova, access)
     }
 
     /// Registers the whole address space with on-demand paging, each address as itself
@@ -161,13 +149,25 @@ impl Pd {
     pub fn reg_mr_implicit(&self, access: AccessFlags) -> Result<Mr, Error> {
         let writable = access.contains(AccessFlags::LOCAL_WRITE);
         let memory = CallerMemory::on_demand(std::ptr::null_mut(), usize::MAX, writable)?;
+        self.reg_caller(memory, std::ptr::null_mut(), 0, access)
+    }
+
+    /// Registers the caller's `memory`, which starts at `addr`, addressed from `iova`.
+    fn reg_caller(
+        &self,
+        memory: CallerMemory,
+        addr: *mut u8,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        let (len, on_demand) = (memory.len(), memory.is_on_demand());
         let key = self.inner.shared.lock()?.endpoint().mrs().reg_mr_caller(
             self.inner.id,
-            0,
+            iova,
             memory,
             access,
         )?;
-        Ok(self.caller_region(key, 0, usize::MAX, std::ptr::null_mut(), true))
+        Ok(self.caller_region(key, iova, len, addr, on_demand))
     }
 
     /// `ibv_advise_mr`'s prefetch of each element of `sg_list` (regions of this PD with

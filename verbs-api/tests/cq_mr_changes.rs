@@ -54,6 +54,39 @@ fn pair() -> (Context, Context) {
     )
 }
 
+/// Two contexts, a PD and a CQ of `depth` entries in each, and an RC QP in each connected
+/// to the other (a test binds every field: one left to `..` is dropped at once).
+struct Two {
+    ctx_a: Context,
+    ctx_b: Context,
+    pd_a: Pd,
+    pd_b: Pd,
+    cq_a: Cq,
+    cq_b: Cq,
+    qp_a: Qp,
+    qp_b: Qp,
+}
+
+fn two(depth: usize) -> Two {
+    let (ctx_a, ctx_b) = pair();
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(depth, None).unwrap(),
+        ctx_b.create_cq(depth, None).unwrap(),
+    );
+    let (qp_a, qp_b) = rc(&cq_a, &cq_b, (&pd_a, &pd_b));
+    Two {
+        ctx_a,
+        ctx_b,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b,
+        qp_a,
+        qp_b,
+    }
+}
+
 /// Two connected RC QPs, each context's completing into its CQ.
 fn rc(cq_a: &Cq, cq_b: &Cq, pds: (&Pd, &Pd)) -> (Qp, Qp) {
     let attr = |cq| QpInitAttr {
@@ -107,13 +140,16 @@ fn write_status(qp: &Qp, cq: &Cq, sge: Sge, remote_addr: u64, rkey: u32) -> WcSt
 
 #[test]
 fn a_resized_cq_keeps_what_waits_and_refuses_less_room() {
-    let (ctx_a, ctx_b) = pair();
-    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
-    let (cq_a, cq_b) = (
-        ctx_a.create_cq(4, None).unwrap(),
-        ctx_b.create_cq(4, None).unwrap(),
-    );
-    let (qp_a, _qp_b) = rc(&cq_a, &cq_b, (&pd_a, &pd_b));
+    let Two {
+        ctx_a: _ctx_a,
+        ctx_b: _ctx_b,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b: _cq_b,
+        qp_a,
+        qp_b: _qp_b,
+    } = two(4);
     let all = AccessFlags::all();
     let (src, dst) = (pd_a.reg_mr(64, all).unwrap(), pd_b.reg_mr(64, all).unwrap());
     let writes = (0..3).map(|wr_id| signaled(wr_id, write(dst.addr(), dst.rkey()), src.sge(0, 64)));
@@ -143,13 +179,16 @@ fn a_resized_cq_keeps_what_waits_and_refuses_less_room() {
 
 #[test]
 fn a_reregistered_region_keeps_its_key_as_rights_memory_and_pd_change() {
-    let (ctx_a, ctx_b) = pair();
-    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
-    let (cq_a, cq_b) = (
-        ctx_a.create_cq(64, None).unwrap(),
-        ctx_b.create_cq(64, None).unwrap(),
-    );
-    let (qp_a, qp_b) = rc(&cq_a, &cq_b, (&pd_a, &pd_b));
+    let Two {
+        ctx_a,
+        ctx_b,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b,
+        qp_a,
+        qp_b,
+    } = two(64);
     let all = AccessFlags::all();
     let src = pd_a.reg_mr(256, all).unwrap();
     src.write(0, &[7; 256]).unwrap();
@@ -236,13 +275,16 @@ fn a_reregistered_region_keeps_its_key_as_rights_memory_and_pd_change() {
 
 #[test]
 fn a_qp_reset_forgets_its_unpolled_completions() {
-    let (ctx_a, ctx_b) = pair();
-    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
-    let (cq_a, cq_b) = (
-        ctx_a.create_cq(64, None).unwrap(),
-        ctx_b.create_cq(64, None).unwrap(),
-    );
-    let (qp_a, qp_b) = rc(&cq_a, &cq_b, (&pd_a, &pd_b));
+    let Two {
+        ctx_a: _ctx_a,
+        ctx_b: _ctx_b,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b,
+        qp_a,
+        qp_b,
+    } = two(64);
     let (keep, _keep_peer) = rc(&cq_a, &cq_b, (&pd_a, &pd_b));
     let mr = pd_a.reg_mr(64, AccessFlags::all()).unwrap();
     let recv = |wr_id| RecvWr {
@@ -275,13 +317,16 @@ fn a_qp_reset_forgets_its_unpolled_completions() {
 
 #[test]
 fn on_demand_regions_explicit_and_implicit_reach_memory_by_its_address() {
-    let (ctx_a, ctx_b) = pair();
-    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
-    let (cq_a, cq_b) = (
-        ctx_a.create_cq(64, None).unwrap(),
-        ctx_b.create_cq(64, None).unwrap(),
-    );
-    let (qp_a, qp_b) = rc(&cq_a, &cq_b, (&pd_a, &pd_b));
+    let Two {
+        ctx_a: _ctx_a,
+        ctx_b: _ctx_b,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b: _cq_b,
+        qp_a,
+        qp_b: _qp_b,
+    } = two(64);
     let all = AccessFlags::all();
     let src = pd_a.reg_mr(64, all).unwrap();
     src.write(0, &[5; 64]).unwrap();
@@ -314,5 +359,4 @@ fn on_demand_regions_explicit_and_implicit_reach_memory_by_its_address() {
     pd_b.prefetch(&[whole], true, true).unwrap();
     let plain = pd_b.reg_mr(8, all).unwrap();
     assert!(pd_b.prefetch(&[plain.sge(0, 8)], false, true).is_err());
-    drop(qp_b);
 }
