@@ -118,14 +118,19 @@ pub fn hw_counters_dir(device: &str) -> String {
     format!("/sys/class/infiniband/{device}/ports/1/hw_counters")
 }
 
-/// The files of `hw_counters/`: each counter as rxe names it, in decimal with a newline,
-/// then `lifespan`.
+/// The files of `hw_counters/`: each counter as rxe names it ([`hw_counter_text`]), then
+/// `lifespan`.
 pub fn hw_counter_files(counters: &Counters) -> Vec<(&'static str, String)> {
     counters
         .iter()
-        .map(|(name, value)| (name, format!("{value}\n")))
+        .map(|(name, value)| (name, hw_counter_text(value)))
         .chain([("lifespan", format!("{COUNTERS_LIFESPAN_MS}\n"))])
         .collect()
+}
+
+/// A counter's file: decimal, with a newline.
+pub fn hw_counter_text(value: u64) -> String {
+    format!("{value}\n")
 }
 
 /// A GUID as sysfs prints it: four groups of four hex digits (`5054:00ff:fe88:000b`).
