@@ -234,7 +234,9 @@ impl Tree {
         self.file(format!("{verbs}/dev"), format!("{UVERBS_MAJOR}:{minor}\n"));
         self.writable(
             format!("{verbs}/uevent"),
-            format!("MAJOR={UVERBS_MAJOR}\nMINOR={minor}\nDEVNAME=infiniband/{uverbs}\n"),
+            format!(
+                "MAJOR={UVERBS_MAJOR}\nMINOR={minor}\nDEVNAME=infiniband/{uverbs}\nDEVMODE=0666\n"
+            ),
         );
         self.link(
             format!("{verbs}/subsystem"),
