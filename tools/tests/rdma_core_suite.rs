@@ -191,10 +191,17 @@ fn verdict(status: Option<i32>, said: &str) -> Outcome {
             }
         })
     });
-    found.unwrap_or_else(|| {
-        let tail: Vec<&str> = said.lines().rev().take(3).collect();
-        Outcome::Crash(format!("exit status {status:?}, ending {tail:?}"))
-    })
+    let tail = || -> Vec<&str> { said.lines().rev().take(3).collect() };
+    match found {
+        // unittest exits 0 when nothing failed: a passed or skipped test whose process then
+        // died (a signal, an abort at exit) did not end well.
+        Some(Outcome::Ok | Outcome::Skip(_)) if status != Some(0) => Outcome::Crash(format!(
+            "passed or skipped, then exit status {status:?}, ending {:?}",
+            tail()
+        )),
+        Some(outcome) => outcome,
+        None => Outcome::Crash(format!("exit status {status:?}, ending {:?}", tail())),
+    }
 }
 
 /// The last line of the traceback under `FAIL: ` or `ERROR: `.
