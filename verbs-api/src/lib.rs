@@ -55,6 +55,7 @@
 #![warn(missing_docs)]
 
 mod ah;
+mod async_events;
 mod backend;
 mod channel;
 mod cm;

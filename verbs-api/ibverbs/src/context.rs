@@ -1,5 +1,5 @@
-//! An opened device (`ibv_open_device`): one `roce-verbs` context, so one engine, per call;
-//! the device, port and GID queries; async events.
+//! An opened device (`ibv_open_device`): one `roce-verbs` context per call (the contexts of
+//! one device share its engine); the device, port and GID queries; async events.
 
 use core::ffi::c_int;
 use std::collections::HashMap;
@@ -77,7 +77,8 @@ impl Context {
         self.engine.get()
     }
 
-    /// The `roce-verbs` context, started on first use (one engine per opened device).
+    /// The `roce-verbs` context, started on first use (the device's engine, shared with its
+    /// other contexts).
     pub(crate) fn verbs(&self) -> Result<&roce_verbs::Context, roce_verbs::Error> {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
@@ -660,12 +661,10 @@ impl Context {
             AsyncEvent::PortError => return Some((IBV_EVENT_PORT_ERR, PORT)),
             _ => {}
         }
+        // Every context of the device hears every event: this one keeps its own objects'.
         let (event_type, qpn) = event_of(event)?;
-        let qps = self.qps.lock().ok();
-        Some((
-            event_type,
-            qps.and_then(|qps| qps.get(&qpn).copied()).unwrap_or(0),
-        ))
+        let qps = self.qps.lock().ok()?;
+        Some((event_type, *qps.get(&qpn)?))
     }
 }
 
