@@ -18,12 +18,14 @@
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening and closing a
-//! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
-//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
-//! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
-//! and `strings` below all (the crate root only declares, exports and re-exports).
+//! device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*` builders) →
+//! `ah` → `srq` → `pd`, `cq` → `context` → `device`; `stats` (counters on close and exit)
+//! sits between `ops` and `context`; `post` (walking a posted list of work requests, inline
+//! data) below `qp`, `qp_ex` and `srq`; `abi`, `errno`, `logging` and `strings` below all
+//! (the crate root only declares, exports and re-exports).
 
 mod abi;
+mod ah;
 mod context;
 mod cq;
 mod device;
@@ -33,6 +35,7 @@ mod ops;
 mod pd;
 mod post;
 mod qp;
+mod qp_ex;
 mod rdmacm_hook;
 mod srq;
 mod stats;
@@ -85,10 +88,10 @@ export!("ibv_create_srq" @ "IBVERBS_1.1" => srq::create_srq);
 export!("ibv_modify_srq" @ "IBVERBS_1.1" => srq::modify_srq);
 export!("ibv_query_srq" @ "IBVERBS_1.1" => srq::query_srq);
 export!("ibv_destroy_srq" @ "IBVERBS_1.1" => srq::destroy_srq);
-export!("ibv_create_ah" @ "IBVERBS_1.1" => qp::create_ah);
-export!("ibv_destroy_ah" @ "IBVERBS_1.1" => qp::destroy_ah);
-export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => qp::init_ah_from_wc);
-export!("ibv_create_ah_from_wc" @ "IBVERBS_1.1" => qp::create_ah_from_wc);
+export!("ibv_create_ah" @ "IBVERBS_1.1" => ah::create_ah);
+export!("ibv_destroy_ah" @ "IBVERBS_1.1" => ah::destroy_ah);
+export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => ah::init_ah_from_wc);
+export!("ibv_create_ah_from_wc" @ "IBVERBS_1.1" => ah::create_ah_from_wc);
 export!("ibv_wc_status_str" @ "IBVERBS_1.1" => strings::wc_status_str);
 export!("ibv_event_type_str" @ "IBVERBS_1.1" => strings::event_type_str);
 export!("ibv_node_type_str" @ "IBVERBS_1.1" => strings::node_type_str);
