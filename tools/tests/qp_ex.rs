@@ -42,3 +42,11 @@ fn create_qp_ex_and_every_qp_ex_builder_work_as_rdma_core_defines_them() {
         "qp_ex",
     );
 }
+
+#[test]
+fn a_context_imported_from_a_cmd_fd_shares_its_pd_and_mr_and_carries_traffic() {
+    run_c(
+        "a_context_imported_from_a_cmd_fd_shares_its_pd_and_mr_and_carries_traffic",
+        "import",
+    );
+}
