@@ -16,6 +16,7 @@ use roce_verbs::{AccessFlags, Rereg, Sge};
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::handles::{self, Kind};
 use crate::logging::fail_null;
 
 const EINVAL: c_int = 22;
@@ -44,6 +45,16 @@ struct Parent {
 }
 
 impl Pd {
+    /// A PD (not a parent domain) whose C face is `raw`, over `pd`.
+    pub(crate) fn plain(raw: ibv_pd, pd: roce_verbs::Pd) -> Pd {
+        Pd {
+            raw,
+            pd,
+            users: AtomicUsize::new(0),
+            parent: None,
+        }
+    }
+
     /// The PD behind an `ibv_pd` we handed out.
     ///
     /// # Safety
@@ -75,13 +86,12 @@ pub(crate) unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_
         return core::ptr::null_mut();
     };
     match ours.verbs().and_then(roce_verbs::Context::alloc_pd) {
-        Ok(pd) => Box::into_raw(Box::new(Pd {
-            raw: ibv_pd { context, handle: 0 },
-            pd,
-            users: AtomicUsize::new(0),
-            parent: None,
-        }))
-        .cast(),
+        Ok(pd) => {
+            let ptr = Box::into_raw(Box::new(Pd::plain(ibv_pd { context, handle: 0 }, pd)));
+            // SAFETY: just made; nobody else has it yet.
+            unsafe { (*ptr).raw.handle = handles::register(Kind::Pd, ptr as usize) };
+            ptr.cast()
+        }
         Err(error) => fail_null("ibv_alloc_pd", crate::errno_of(&error), &error),
     }
 }
@@ -107,8 +117,10 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
             }
         }
     }
-    // SAFETY: it was leaked from a Box in `alloc_pd` or `alloc_parent_domain`, and the caller
-    // gives it up.
+    // A parent domain has its PD's handle, which only the PD itself forgets.
+    handles::forget(ours.raw.handle, pd as usize);
+    // SAFETY: it was leaked from a Box in `alloc_pd`, `alloc_parent_domain` or `ibv_import_pd`,
+    // and the caller gives it up.
     drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
     0
 }
@@ -413,7 +425,10 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(Mr { raw, mr })).cast()
+            let ptr = Box::into_raw(Box::new(Mr { raw, mr }));
+            // SAFETY: just made; nobody else has it yet.
+            unsafe { (*ptr).raw.handle = handles::register(Kind::Mr, ptr as usize) };
+            ptr.cast()
         }
         Err(error) => fail_null(CALL, crate::errno_of(&error), &error),
     }
@@ -444,6 +459,10 @@ pub(crate) unsafe extern "C" fn rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
+    // An imported region (IBV_MR_TYPE_IMPORTED_MR) is not the importer's to change.
+    if handles::is_imported_mr(mr) {
+        return rereg_input("an imported region");
+    }
     // SAFETY: the caller passes a region of ours, which no other call uses meanwhile (as
     // rdma-core's own `ibv_rereg_mr` writes it).
     let Some(ours) = (unsafe { mr.cast::<Mr>().as_mut() }) else {
@@ -508,8 +527,14 @@ pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
         return EINVAL;
     }
+    // An imported copy goes alone; the original stays its importer's.
+    // SAFETY: the caller passes a region of ours and gives it up.
+    if unsafe { handles::free_imported_mr(mr) } {
+        return 0;
+    }
     // SAFETY: the caller passes a region of ours and gives it up.
     let ours = unsafe { Box::from_raw(mr.cast::<Mr>()) };
+    handles::forget(ours.raw.handle, mr as usize);
     // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
     if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
         pd.users.fetch_sub(1, Ordering::AcqRel);
