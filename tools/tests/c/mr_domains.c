@@ -118,6 +118,20 @@ static void rereg_checks(void)
 	CHECK(rdma_write(a, cq, src, src_mr->lkey, (uintptr_t)moved, rkey, 101) ==
 	      IBV_WC_REM_ACCESS_ERR);
 	rc_pair(a, b);
+
+	/* An imported region is not the importer's to change (IBV_MR_TYPE_IMPORTED_MR). */
+	struct ibv_context *importer = ibv_import_device(dup(ctx->cmd_fd));
+	CHECK(importer);
+	struct ibv_pd *imported_pd = ibv_import_pd(importer, pd->handle);
+	CHECK(imported_pd);
+	struct ibv_mr *imported = ibv_import_mr(imported_pd, mr->handle);
+	CHECK(imported && imported->rkey == rkey);
+	rereg_answers(imported, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE,
+		      IBV_REREG_MR_ERR_INPUT, EINVAL);
+	ibv_unimport_mr(imported);
+	ibv_unimport_pd(imported_pd);
+	CHECK(ibv_close_device(importer) == 0);
+
 	CHECK(ibv_dereg_mr(mr) == 0);
 	free(dst);
 }
