@@ -210,7 +210,8 @@ static void odp_checks(void)
 }
 
 /* A parent domain's allocator: counts, and serves from the heap or defers to the library. */
-static int allocs, frees, defer;
+static int allocs, frees, defer, fail_next;
+static struct { void *ptr; uint64_t type; } given[16];
 static uint64_t last_type;
 static size_t last_size, last_alignment;
 static void *pd_context_seen;
@@ -226,16 +227,27 @@ static void *alloc_cb(struct ibv_pd *domain, void *pd_context, size_t size, size
 	last_alignment = alignment;
 	if (defer)
 		return IBV_ALLOCATOR_USE_DEFAULT;
+	if (fail_next) {
+		fail_next = 0;
+		return NULL;
+	}
 	void *memory = NULL;
-	return posix_memalign(&memory, alignment < sizeof(void *) ? sizeof(void *) : alignment,
-			      size) ? NULL : memory;
+	if (posix_memalign(&memory, alignment < sizeof(void *) ? sizeof(void *) : alignment, size))
+		return NULL;
+	CHECK(allocs <= 16);
+	given[allocs - 1].ptr = memory;
+	given[allocs - 1].type = resource_type;
+	return memory;
 }
 
 static void free_cb(struct ibv_pd *domain, void *pd_context, void *ptr, uint64_t resource_type)
 {
 	(void)domain;
 	(void)pd_context;
-	CHECK(resource_type == last_type);
+	int found = 0;
+	for (int i = 0; i < allocs; i++)
+		found |= given[i].ptr == ptr && given[i].type == resource_type;
+	CHECK(found);
 	frees++;
 	free(ptr);
 }
@@ -285,13 +297,20 @@ static void parent_domain_checks(void)
 	CHECK(last_type >> 32 == 14 /* RDMA_DRIVER_RXE */ && last_alignment >= 8);
 	CHECK(ibv_dealloc_pd(domain) == EBUSY);
 
-	/* QPs and regions in the parent domain belong to its PD: traffic flows. */
+	/* QPs, SRQs and regions in the parent domain belong to its PD: traffic flows. QPs and
+	 * SRQs are placed by the allocator too; regions and QPs of the plain PD are not. */
 	uint8_t *buf = calloc(1, LEN);
 	CHECK(buf);
 	struct ibv_mr *mr = ibv_reg_mr(domain, buf, LEN, ALL_ACCESS);
-	CHECK(mr && mr->pd == domain);
+	CHECK(mr && mr->pd == domain && allocs == 1);
 	struct ibv_qp *c = rc_qp(domain, ibv_cq_ex_to_cq(dcq), ibv_cq_ex_to_cq(dcq));
+	CHECK(allocs == 2 && last_type == (14ull << 32 | 1) && last_size >= sizeof(struct ibv_qp_ex));
 	struct ibv_qp *d = rc_qp(pd, ibv_cq_ex_to_cq(dcq), ibv_cq_ex_to_cq(dcq));
+	CHECK(allocs == 2);
+	struct ibv_srq_init_attr srq_attr = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(domain, &srq_attr);
+	CHECK(srq && srq->pd == domain && allocs == 3 && last_type == (14ull << 32 | 4));
+	CHECK(ibv_destroy_srq(srq) == 0 && frees == 1);
 	rc_pair(c, d);
 	fill(src, LEN, 21);
 	CHECK(rdma_write(d, ibv_cq_ex_to_cq(dcq), src, src_mr->lkey, (uintptr_t)buf, mr->rkey,
@@ -299,17 +318,20 @@ static void parent_domain_checks(void)
 	CHECK(memcmp(src, buf, LEN) == 0);
 	CHECK(rdma_write(c, ibv_cq_ex_to_cq(dcq), buf, mr->lkey, (uintptr_t)src, src_mr->rkey,
 			 LEN) == IBV_WC_SUCCESS);
-	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0 && ibv_dereg_mr(mr) == 0);
-	CHECK(frees == 0);
+	CHECK(ibv_destroy_qp(c) == 0 && frees == 2);
+	CHECK(ibv_destroy_qp(d) == 0 && ibv_dereg_mr(mr) == 0 && frees == 2);
 	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(dcq)) == 0);
-	CHECK(frees == 1);
+	CHECK(frees == 3);
 
 	/* An allocator deferring to the library; one that fails. */
 	defer = 1;
 	dcq = ibv_create_cq_ex(ctx, &cq_attr);
-	CHECK(dcq && allocs == 2);
-	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(dcq)) == 0 && frees == 1);
+	CHECK(dcq && allocs == 4);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(dcq)) == 0 && frees == 3);
 	defer = 0;
+	fail_next = 1;
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &cq_attr) && errno == ENOMEM && allocs == 5 && frees == 3);
 	CHECK(ibv_dealloc_pd(domain) == 0);
 	CHECK(ibv_dealloc_td(td) == 0);
 
@@ -322,7 +344,7 @@ static void parent_domain_checks(void)
 					    .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD,
 					    .parent_domain = domain,
 				    });
-	CHECK(dcq && allocs == 2);
+	CHECK(dcq && allocs == 5);
 	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(dcq)) == 0 && ibv_dealloc_pd(domain) == 0);
 	free(buf);
 }

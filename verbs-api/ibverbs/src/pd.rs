@@ -4,7 +4,7 @@
 //!
 //! A parent domain (`ibv_alloc_parent_domain`) is a PD of ours standing for the PD it was
 //! made from: objects made in it (QPs, SRQs, regions, address handles) belong to that PD, and
-//! its allocators, if it has them, provide the memory of the objects made with it
+//! its allocators, if it has them, provide the memory of the QPs, SRQs and CQs made with it
 //! ([`Placement`]), as a provider calls them for its queue buffers.
 
 use core::ffi::{c_int, c_void};
@@ -250,9 +250,12 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
     domain.cast()
 }
 
-/// `(RDMA_DRIVER_RXE << 32) | n`: the resource type our CQs are allocated as, numbered as
-/// `mlx5dv.h` numbers mlx5's (`MLX5DV_RES_TYPE_CQ` is 5) under rxe's driver id.
+/// `(RDMA_DRIVER_RXE << 32) | n`: the resource types our objects are allocated as, numbered
+/// as `mlx5dv.h` numbers mlx5's (`MLX5DV_RES_TYPE_QP` is 1, `_SRQ` 4, `_CQ` 5) under rxe's
+/// driver id.
 const RDMA_DRIVER_RXE: u64 = 14;
+pub(crate) const RES_TYPE_QP: u64 = RDMA_DRIVER_RXE << 32 | 1;
+pub(crate) const RES_TYPE_SRQ: u64 = RDMA_DRIVER_RXE << 32 | 4;
 pub(crate) const RES_TYPE_CQ: u64 = RDMA_DRIVER_RXE << 32 | 5;
 
 /// `IBV_ALLOCATOR_USE_DEFAULT`: an allocator's answer that the library should allocate.
