@@ -1,0 +1,158 @@
+//! An interface's part in multicast, as the kernel plays it for rxe. Two things, both the
+//! kernel's own (AF_XDP frames bypass its IP stack, but not its interfaces):
+//!
+//! - **The MAC filter** ([`MacFilter`]): the group's MAC added to the interface's multicast
+//!   list (`SIOCADDMULTI`, which is `dev_mc_add`, what rxe does when a group gets its first
+//!   QP), so a NIC that filters passes the group's frames up to our XDP program.
+//! - **IP membership** ([`IpGroup`]): the host joined to the group on the interface, through
+//!   a kernel UDP socket's `IP_ADD_MEMBERSHIP`. The kernel then does what it does for
+//!   rdma_cm's join (`cma_igmp_send` → `ip_mc_inc_group`, the same call a socket's join
+//!   makes): sends the IGMP reports, answers queries, adds the group's MAC to the filter;
+//!   closing the socket leaves the group, and the kernel sends the leave. The socket is
+//!   bound to no port and receives nothing (datagrams to UDP 4791 are ours, by XDP).
+//!
+//! Each works in the network namespace it was made in.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+
+use rustix::net::{socket, sockopt, AddressFamily, SocketType};
+
+use crate::link::Link;
+
+/// The multicast MAC list of one interface.
+#[derive(Debug)]
+pub struct MacFilter {
+    link: Link,
+}
+
+impl MacFilter {
+    /// The filter of the interface `name` in the calling thread's network namespace.
+    pub fn new(name: &str) -> io::Result<MacFilter> {
+        Ok(MacFilter {
+            link: Link::new(name)?,
+        })
+    }
+
+    /// Adds `mac` to the interface's multicast list (`SIOCADDMULTI`; needs `CAP_NET_ADMIN`).
+    /// Adding it again is no change: the kernel keeps one such entry per MAC.
+    pub fn add(&self, mac: [u8; 6]) -> io::Result<()> {
+        self.change(libc::SIOCADDMULTI, mac)
+    }
+
+    /// Removes `mac` from the interface's multicast list (`SIOCDELMULTI`): `ENOENT` if this
+    /// filter never added it.
+    pub fn remove(&self, mac: [u8; 6]) -> io::Result<()> {
+        self.change(libc::SIOCDELMULTI, mac)
+    }
+
+    fn change(&self, command: libc::Ioctl, mac: [u8; 6]) -> io::Result<()> {
+        let mut request = self.link.request();
+        let mut data = [0; 14];
+        for (to, from) in data.iter_mut().zip(mac) {
+            *to = from as libc::c_char;
+        }
+        request.ifr_ifru.ifru_hwaddr = libc::sockaddr {
+            sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+            sa_data: data,
+        };
+        self.link.ioctl(command, &mut request)
+    }
+}
+
+/// The host's membership of one IPv4 group on one interface, held while this lives.
+#[derive(Debug)]
+pub struct IpGroup {
+    /// Dropping it closes it, which leaves the group (`ip_mc_drop_socket`).
+    _socket: OwnedFd,
+}
+
+impl IpGroup {
+    /// Joins `group` on the interface `ifindex` (in the calling thread's namespace): the
+    /// kernel sends the reports for it at once if the host was not a member yet.
+    pub fn join(group: Ipv4Addr, ifindex: u32) -> io::Result<IpGroup> {
+        let socket = socket(AddressFamily::INET, SocketType::DGRAM, None)?;
+        sockopt::set_ip_add_membership_with_ifindex(
+            &socket,
+            &group,
+            &Ipv4Addr::UNSPECIFIED,
+            ifindex,
+        )?;
+        Ok(IpGroup { _socket: socket })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netns::{needs_root, veth, Netns};
+    use std::fs;
+
+    /// Whether `/proc/thread-self/net/igmp` lists `group` under the interface `ifindex`
+    /// (groups are printed as the hex of the address's bytes read as a native-endian u32).
+    fn kernel_lists(ifindex: u32, group: Ipv4Addr) -> bool {
+        let table = fs::read_to_string("/proc/thread-self/net/igmp").unwrap();
+        let wanted = format!("{:08X}", u32::from_ne_bytes(group.octets()));
+        let mut current = None;
+        table.lines().skip(1).any(|line| {
+            if !line.starts_with('\t') {
+                current = line.split_whitespace().next().and_then(|n| n.parse().ok());
+                return false;
+            }
+            current == Some(ifindex) && line.split_whitespace().next() == Some(wanted.as_str())
+        })
+    }
+
+    /// Whether `ip maddr show dev IFACE` in `ns` lists `mac` as a link-layer entry.
+    fn filter_lists(ns: &Netns, interface: &str, mac: &str) -> bool {
+        let output = ns.ip(&["maddr", "show", "dev", interface]).unwrap();
+        String::from_utf8_lossy(&output.stdout).lines().any(|line| {
+            line.trim() == format!("link  {mac}")
+                || line.trim().starts_with(&format!("link  {mac} "))
+        })
+    }
+
+    /// In a namespace: a MAC added to a veth's filter is listed until removed, removing it
+    /// twice is refused; a joined group is listed (with its MAC) while the membership lives.
+    #[test]
+    fn the_kernel_holds_what_we_add_while_we_hold_it() {
+        if !needs_root("the_kernel_holds_what_we_add_while_we_hold_it") {
+            return;
+        }
+        let a = Netns::create("roce-mcast-a").unwrap();
+        let b = Netns::create("roce-mcast-b").unwrap();
+        veth(
+            (&a, "mca", "10.86.0.1/24"),
+            (&b, "mcb", "10.86.0.2/24"),
+            1500,
+        )
+        .unwrap();
+        let ifindex = a.ifindex("mca").unwrap();
+        let name = a.name.clone();
+        std::thread::spawn(move || {
+            crate::netns::enter(&name).unwrap();
+            let filter = MacFilter::new("mca").unwrap();
+            let mac = [0x01, 0x00, 0x5E, 0x2A, 0x11, 0x03];
+            filter.add(mac).unwrap();
+            let ns = Netns { name: name.clone() };
+            assert!(filter_lists(&ns, "mca", "01:00:5e:2a:11:03"));
+            filter.remove(mac).unwrap();
+            assert!(!filter_lists(&ns, "mca", "01:00:5e:2a:11:03"));
+            let twice = filter.remove(mac).unwrap_err();
+            assert_eq!(twice.raw_os_error(), Some(libc::ENOENT));
+
+            let group = Ipv4Addr::new(239, 42, 17, 3);
+            let membership = IpGroup::join(group, ifindex).unwrap();
+            assert!(kernel_lists(ifindex, group));
+            assert!(filter_lists(&ns, "mca", "01:00:5e:2a:11:03"));
+            drop(membership);
+            assert!(!kernel_lists(ifindex, group));
+            let unicast = IpGroup::join(Ipv4Addr::new(10, 1, 2, 3), ifindex).unwrap_err();
+            assert_eq!(unicast.raw_os_error(), Some(libc::EINVAL));
+            std::mem::forget(ns); // `a` deletes it
+        })
+        .join()
+        .unwrap();
+    }
+}
