@@ -295,5 +295,6 @@ impl Drop for Qp {
             core.submissions.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
         }
+        crate::mcast::forget_qp(self.shared(), self.qpn);
     }
 }
