@@ -19,7 +19,7 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening and closing a
 //! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
-//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
+//! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
 //! and `strings` below all (the crate root only declares, exports and re-exports).
 
@@ -29,6 +29,7 @@ mod cq;
 mod device;
 mod errno;
 mod logging;
+mod mcast;
 mod ops;
 mod pd;
 mod post;
@@ -86,6 +87,8 @@ export!("ibv_modify_srq" @ "IBVERBS_1.1" => srq::modify_srq);
 export!("ibv_query_srq" @ "IBVERBS_1.1" => srq::query_srq);
 export!("ibv_destroy_srq" @ "IBVERBS_1.1" => srq::destroy_srq);
 export!("ibv_create_ah" @ "IBVERBS_1.1" => qp::create_ah);
+export!("ibv_attach_mcast" @ "IBVERBS_1.1" => mcast::attach_mcast);
+export!("ibv_detach_mcast" @ "IBVERBS_1.1" => mcast::detach_mcast);
 export!("ibv_destroy_ah" @ "IBVERBS_1.1" => qp::destroy_ah);
 export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => qp::init_ah_from_wc);
 export!("ibv_create_ah_from_wc" @ "IBVERBS_1.1" => qp::create_ah_from_wc);
@@ -95,8 +98,6 @@ export!("ibv_node_type_str" @ "IBVERBS_1.1" => strings::node_type_str);
 export!("ibv_port_state_str" @ "IBVERBS_1.1" => strings::port_state_str);
 // Not supported by this device; rdma-core fails them the same way for a provider without
 // them.
-export!("ibv_attach_mcast" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_detach_mcast" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_rereg_mr" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_reg_dmabuf_mr" @ "IBVERBS_1.12" => unsupported::null);
 export!("ibv_import_device" @ "IBVERBS_1.10" => unsupported::null);
