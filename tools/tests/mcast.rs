@@ -1,0 +1,354 @@
+//! UD multicast over our libraries through `roce exec`: Debian's `mckey` (rdmacm-utils,
+//! unmodified) between two namespaces over AF_XDP, with the IGMP reports and leaves the
+//! kernel sends for our joins seen on the wire and our datagrams' shape checked (the
+//! group's MAC and address, QPN 0xFFFFFF, rdma_cm's Q_Key); a C program's attach and
+//! detach errno and delivery of each datagram to two QPs; and `mckey` against the kernel's
+//! rdma_cm and rxe in the VM, in both roles.
+//!
+//! Needs root (namespaces, AF_XDP), rdmacm-utils, tcpdump and gcc; in CI a missing
+//! prerequisite fails the test, elsewhere it is skipped.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
+use roce_tests::rxe_vm::vm;
+use roce_wire::frame::IpRepr;
+use roce_wire::Opcode;
+
+use common::rxe::captured_frames;
+use common::{build_libraries, can_compile_c, compile_c, exec_in, installed, text, VERBS_H};
+
+const QKEY: u32 = 0x0123_4567;
+
+fn root_and(test: &str, programs: &[&str]) -> bool {
+    needs_root(test)
+        && prerequisite(
+            test,
+            &format!("rdmacm-utils and tcpdump ({})", programs.join(", ")),
+            programs.iter().all(|program| installed(program)),
+        )
+}
+
+/// Two namespaces joined by a veth pair (`mca` 10.87.0.1, `mcb` 10.87.0.2).
+fn two_namespaces() -> (Netns, Netns) {
+    let a = Netns::create("roce-mc-a").unwrap();
+    let b = Netns::create("roce-mc-b").unwrap();
+    veth(
+        (&a, "mca", "10.87.0.1/24"),
+        (&b, "mcb", "10.87.0.2/24"),
+        1500,
+    )
+    .unwrap();
+    (a, b)
+}
+
+/// Whether the kernel of the namespace `ns` holds `group` on `interface` (`ip maddr`).
+fn kernel_joined(ns: &str, interface: &str, group: &str) -> bool {
+    let shown = Command::new("ip")
+        .args(["-n", ns, "maddr", "show", "dev", interface])
+        .output()
+        .unwrap();
+    text(&shown)
+        .lines()
+        .any(|line| line.split_whitespace().collect::<Vec<_>>() == ["inet", group])
+}
+
+/// Waits (20 s at most) until `done`; fails naming `what` otherwise.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "waited 20 s for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// tcpdump writing the IGMP of `interface` in `ns` to `pcap`, once it listens; each packet
+/// as it comes (`--immediate-mode`: none left in the kernel's ring when it stops).
+fn capture_igmp(ns: &Netns, interface: &str, pcap: &Path) -> Child {
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            "timeout",
+            "60",
+            "tcpdump",
+            "--immediate-mode",
+            "-U",
+            "-i",
+        ])
+        .arg(interface)
+        .arg("-w")
+        .arg(pcap)
+        .arg("igmp")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let stderr = tcpdump.stderr.take().expect("piped");
+    BufReader::new(stderr).read_line(&mut said).unwrap();
+    assert!(said.contains("listening on"), "tcpdump: {said}");
+    tcpdump
+}
+
+/// Stops a capture (SIGINT, which timeout(1) passes on) and waits for it.
+fn stop(mut capture: Child) {
+    let pid = capture.id().to_string();
+    let _ = Command::new("kill").args(["-INT", &pid]).status();
+    let _ = capture.wait();
+}
+
+/// What an IGMPv3 report of a capture says: the sender, and each record's type and group
+/// (4, CHANGE_TO_EXCLUDE_MODE with no source, is a join; 3, CHANGE_TO_INCLUDE_MODE with
+/// none, a leave).
+fn igmp_records(pcap: &Path) -> Vec<(Ipv4Addr, u8, Ipv4Addr)> {
+    let at =
+        |bytes: &[u8], i: usize| Ipv4Addr::new(bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]);
+    let mut records = Vec::new();
+    for frame in roce_provider::capture::read_frames(pcap).expect("tcpdump's capture") {
+        let bytes = &frame.data;
+        if bytes.len() < 34 || bytes[12..14] != [0x08, 0x00] || bytes[23] != 2 {
+            continue;
+        }
+        let igmp = 14 + usize::from(bytes[14] & 0xF) * 4;
+        if bytes.get(igmp) != Some(&0x22) || bytes.len() < igmp + 8 {
+            continue;
+        }
+        let count = u16::from_be_bytes([bytes[igmp + 6], bytes[igmp + 7]]);
+        let mut record = igmp + 8;
+        for _ in 0..count {
+            let Some(head) = bytes.get(record..record + 8) else {
+                break;
+            };
+            records.push((at(bytes, 26), head[0], at(head, 4)));
+            let sources = usize::from(u16::from_be_bytes([head[2], head[3]]));
+            record += 8 + 4 * sources + 4 * usize::from(head[1]);
+        }
+    }
+    records
+}
+
+/// mckey's report of a completed run: joined to `group` as rdma_cm on RoCE reports it
+/// (no multicast LID, SL 0), every message moved, status 0.
+fn check_mckey(side: &str, output: &Output, group: &str) {
+    let said = text(output);
+    let joined = format!("mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0");
+    assert!(
+        output.status.success()
+            && said.contains(&joined)
+            && said.contains("data transfers complete")
+            && said.contains("return status 0"),
+        "{side}: {said}"
+    );
+}
+
+/// Our multicast datagrams in a capture, from `sender`: each to the group's MAC and
+/// address with TTL 64, a UD SEND with immediate (mckey's) to QPN 0xFFFFFF with rdma_cm's
+/// Q_Key, `size` bytes. Returns how many.
+fn check_datagrams(pcap: &Path, sender: Ipv4Addr, group: Ipv4Addr, size: usize) -> usize {
+    let o = group.octets();
+    let group_mac = [0x01, 0x00, 0x5E, o[1] & 0x7F, o[2], o[3]];
+    let mut count = 0;
+    captured_frames(pcap, |src, repr| {
+        let IpRepr::V4(ip) = repr.ip else { return };
+        if src != sender || ip.dst != group {
+            return;
+        }
+        count += 1;
+        assert_eq!(repr.ethernet.dst, group_mac, "{repr:?}");
+        assert_eq!(ip.ttl, 64, "{repr:?}");
+        assert_eq!(repr.bth.opcode, Opcode::UdSendOnlyWithImmediate, "{repr:?}");
+        assert_eq!(repr.bth.dest_qpn, 0xFF_FFFF, "{repr:?}");
+        assert_eq!(repr.ext.deth.map(|deth| deth.qkey), Some(QKEY), "{repr:?}");
+        assert_eq!(repr.payload.len(), size, "{repr:?}");
+    });
+    count
+}
+
+/// mckey's receiver in A and sender in B, both full members: B's 4 datagrams arrive, and
+/// the kernel sends, for each side, IGMPv3 reports joining the group when mckey joins and
+/// leaving it when mckey leaves (seen in B).
+#[test]
+fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
+    let test = "mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire";
+    if !root_and(test, &["mckey", "tcpdump"]) {
+        return;
+    }
+    build_libraries();
+    let (a, b) = two_namespaces();
+    let dir = tempfile::tempdir().unwrap();
+    let (igmp, datagrams) = (dir.path().join("igmp.pcap"), dir.path().join("heard.pcap"));
+    let capture = capture_igmp(&b, "mcb", &igmp);
+    let group = "239.1.2.3";
+    let flags = ["-m", group, "-C", "4", "-S", "100"];
+    // The receiver's own record of what it heard (the sender exits right after posting,
+    // before its recorder's last write).
+    let receiver = exec_in(&a, &[&["mckey", "-b", "10.87.0.1"][..], &flags].concat())
+        .env("ROCE_PCAP", &datagrams)
+        .spawn()
+        .unwrap();
+    wait_until("the receiver's join", || {
+        kernel_joined(&a.name, "mca", group)
+    });
+    let sender = exec_in(
+        &b,
+        &[&["mckey", "-s", "-b", "10.87.0.2"][..], &flags].concat(),
+    )
+    .output()
+    .unwrap();
+    let receiver = receiver.wait_with_output().unwrap();
+    check_mckey("sender", &sender, group);
+    check_mckey("receiver", &receiver, group);
+    assert!(!kernel_joined(&a.name, "mca", group) && !kernel_joined(&b.name, "mcb", group));
+    let group: Ipv4Addr = group.parse().unwrap();
+    let sent = check_datagrams(&datagrams, Ipv4Addr::new(10, 87, 0, 2), group, 100);
+    assert_eq!(sent, 4);
+
+    // The leave's first report goes out at once; give it a moment to be captured.
+    thread::sleep(Duration::from_millis(300));
+    stop(capture);
+    let records = igmp_records(&igmp);
+    for host in [Ipv4Addr::new(10, 87, 0, 1), Ipv4Addr::new(10, 87, 0, 2)] {
+        let of_host: Vec<u8> = records
+            .iter()
+            .filter(|&&(from, _, to)| from == host && to == group)
+            .map(|&(_, kind, _)| kind)
+            .collect();
+        let join = of_host.iter().position(|&kind| kind == 4);
+        let leave = of_host.iter().rposition(|&kind| kind == 3);
+        assert!(
+            matches!((join, leave), (Some(join), Some(leave)) if join < leave),
+            "{host}'s IGMP records for {group}: {of_host:?} (all: {records:?})"
+        );
+    }
+}
+
+/// The C program's errno checks; then two QPs attached in A each receive each of B's 8
+/// datagrams, every byte checked.
+#[test]
+fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
+    let test = "a_c_program_attaches_detaches_and_two_qps_receive_each_datagram";
+    if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
+        return;
+    }
+    let program = compile_c("mcast", &["-libverbs"]);
+    let (a, b) = two_namespaces();
+    let errors = exec_in(&a, &[program.path(), "errors", "mca"])
+        .output()
+        .unwrap();
+    assert!(
+        errors.status.success() && text(&errors).contains("ok"),
+        "{}",
+        text(&errors)
+    );
+    let mut receiver = exec_in(&a, &[program.path(), "recv", "mca", "239.2.2.2", "8"])
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut stdout = BufReader::new(receiver.stdout.take().expect("piped"));
+    stdout.read_line(&mut said).unwrap();
+    assert_eq!(said.trim(), "ready");
+    let sender = exec_in(&b, &[program.path(), "send", "mcb", "239.2.2.2", "8"])
+        .output()
+        .unwrap();
+    assert!(sender.status.success(), "sender: {}", text(&sender));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let received = receiver.wait_with_output().unwrap();
+    assert!(
+        received.status.success() && rest.contains("received 8 8") && rest.ends_with("ok\n"),
+        "receiver: {rest}{}",
+        text(&received)
+    );
+}
+
+/// `program` over our libraries in the VM's host namespace (`host0`, 10.88.0.1).
+fn in_host(program: &[&str]) -> Command {
+    build_libraries();
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", "rxe-host", "timeout", "60"])
+        .args([env!("CARGO_BIN_EXE_roce"), "exec", "--"])
+        .args(program)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// mckey against the kernel's rdma_cm and rxe in the VM: the VM receives our datagrams,
+/// and we receive the VM's. Both sides' datagrams on the bridge have the same shape.
+#[test]
+fn mckey_against_the_kernel_in_the_rxe_vm_in_both_roles() {
+    let test = "mckey_against_the_kernel_in_the_rxe_vm_in_both_roles";
+    if !root_and(test, &["mckey"]) {
+        return;
+    }
+    let Some(vm) = vm(test, "1500") else {
+        return;
+    };
+    let capture = format!("roce-mcast-{}", std::process::id());
+    let started = vm.run(&["capture-start", &capture]);
+    assert!(started.status.success(), "capture: {}", text(&started));
+    let group = "239.1.2.4";
+    let flags = format!("-m {group} -C 4 -S 100");
+
+    // The VM receives: it joins (and posts its receives) well before our sender, which
+    // waits 3 s after its own join, sends.
+    let job = vm.spawn(60, &format!("mckey -b 10.88.0.11 {flags}"));
+    thread::sleep(Duration::from_secs(2));
+    let ours = in_host(&[
+        "mckey",
+        "-s",
+        "-b",
+        "10.88.0.1",
+        "-m",
+        group,
+        "-C",
+        "4",
+        "-S",
+        "100",
+    ])
+    .output()
+    .unwrap();
+    let kernel = vm.wait(&job, 60);
+    check_mckey("our sender", &ours, group);
+    check_mckey("the kernel's receiver", &kernel, group);
+
+    // We receive.
+    let receiver = in_host(&[
+        "mckey",
+        "-b",
+        "10.88.0.1",
+        "-m",
+        group,
+        "-C",
+        "4",
+        "-S",
+        "100",
+    ])
+    .spawn()
+    .unwrap();
+    wait_until("our receiver's join", || {
+        kernel_joined("rxe-host", "host0", group)
+    });
+    let kernel = vm.exec(60, &format!("mckey -s -b 10.88.0.11 {flags}"));
+    let ours = receiver.wait_with_output().unwrap();
+    check_mckey("the kernel's sender", &kernel, group);
+    check_mckey("our receiver", &ours, group);
+
+    let _ = vm.run(&["capture-stop"]);
+    let pcap = common::rxe::capture_path(&capture);
+    let group: Ipv4Addr = group.parse().unwrap();
+    let from_us = check_datagrams(&pcap, Ipv4Addr::new(10, 88, 0, 1), group, 100);
+    let from_rxe = check_datagrams(&pcap, Ipv4Addr::new(10, 88, 0, 11), group, 100);
+    let _ = std::fs::remove_file(&pcap);
+    assert_eq!((from_us, from_rxe), (4, 4));
+}
