@@ -1,9 +1,9 @@
 //! UD multicast over our libraries through `roce exec`: Debian's `mckey` (rdmacm-utils,
 //! unmodified) between two namespaces over AF_XDP, with the IGMP reports and leaves the
 //! kernel sends for our joins seen on the wire and our datagrams' shape checked (the
-//! group's MAC and address, QPN 0xFFFFFF, rdma_cm's Q_Key); a C program's attach and
-//! detach errno and delivery of each datagram to two QPs; and `mckey` against the kernel's
-//! rdma_cm and rxe in the VM, in both roles.
+//! group's MAC and address, QPN 0xFFFFFF, rdma_cm's Q_Key); C programs' attach and detach
+//! errno, delivery of each datagram to two QPs, and rdma_cm's join and leave; and `mckey`
+//! against the kernel's rdma_cm and rxe in the VM, in both roles.
 //!
 //! Needs root (namespaces, AF_XDP), rdmacm-utils, tcpdump and gcc; in CI a missing
 //! prerequisite fails the test, elsewhere it is skipped.
@@ -267,6 +267,28 @@ fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
         received.status.success() && rest.contains("received 8 8") && rest.ends_with("ok\n"),
         "receiver: {rest}{}",
         text(&received)
+    );
+}
+
+/// rdma_cm's multicast calls from C (`mcast_cm.c`): librdmacm's and the kernel's refusals,
+/// the join event's parameters, the QP attached on a full member's join (not a send-only
+/// one's) and detached by the leave, MULTICAST_ERROR when the attach fails.
+#[test]
+fn rdma_cm_joins_and_leaves_answer_as_librdmacm_and_the_kernel() {
+    let test = "rdma_cm_joins_and_leaves_answer_as_librdmacm_and_the_kernel";
+    let headers = "/usr/include/rdma/rdma_cma.h";
+    if !needs_root(test) || !can_compile_c(test, "gcc and librdmacm-dev", headers) {
+        return;
+    }
+    let program = compile_c("mcast_cm", &["-lrdmacm", "-libverbs"]);
+    let (a, _b) = two_namespaces();
+    let run = exec_in(&a, &[program.path(), "10.87.0.1"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success() && String::from_utf8_lossy(&run.stdout).ends_with("ok\n"),
+        "{}",
+        text(&run)
     );
 }
 
