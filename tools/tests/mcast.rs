@@ -232,7 +232,7 @@ fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
 }
 
 /// The C program's errno checks; then two QPs attached in A each receive each of B's 8
-/// datagrams, every byte checked.
+/// datagrams, every byte checked, to an IPv4 group and to an IPv6 one.
 #[test]
 fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
     let test = "a_c_program_attaches_detaches_and_two_qps_receive_each_datagram";
@@ -249,25 +249,27 @@ fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
         "{}",
         text(&errors)
     );
-    let mut receiver = exec_in(&a, &[program.path(), "recv", "mca", "239.2.2.2", "8"])
-        .spawn()
-        .unwrap();
-    let mut said = String::new();
-    let mut stdout = BufReader::new(receiver.stdout.take().expect("piped"));
-    stdout.read_line(&mut said).unwrap();
-    assert_eq!(said.trim(), "ready");
-    let sender = exec_in(&b, &[program.path(), "send", "mcb", "239.2.2.2", "8"])
-        .output()
-        .unwrap();
-    assert!(sender.status.success(), "sender: {}", text(&sender));
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
-    let received = receiver.wait_with_output().unwrap();
-    assert!(
-        received.status.success() && rest.contains("received 8 8") && rest.ends_with("ok\n"),
-        "receiver: {rest}{}",
-        text(&received)
-    );
+    for group in ["239.2.2.2", "ff12::2:2"] {
+        let mut receiver = exec_in(&a, &[program.path(), "recv", "mca", group, "8"])
+            .spawn()
+            .unwrap();
+        let mut said = String::new();
+        let mut stdout = BufReader::new(receiver.stdout.take().expect("piped"));
+        stdout.read_line(&mut said).unwrap();
+        assert_eq!(said.trim(), "ready", "{group}");
+        let sender = exec_in(&b, &[program.path(), "send", "mcb", group, "8"])
+            .output()
+            .unwrap();
+        assert!(sender.status.success(), "{group} sender: {}", text(&sender));
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let received = receiver.wait_with_output().unwrap();
+        assert!(
+            received.status.success() && rest.contains("received 8 8") && rest.ends_with("ok\n"),
+            "{group} receiver: {rest}{}",
+            text(&received)
+        );
+    }
 }
 
 /// rdma_cm's multicast calls from C (`mcast_cm.c`): librdmacm's and the kernel's refusals,

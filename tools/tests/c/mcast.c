@@ -1,7 +1,8 @@
 /* UD multicast through libibverbs' C API, as rdma-core and rxe define it.
  *
  *   mcast errors DEVICE        attach/detach errno, the limits, destroy of an attached QP
- *   mcast recv DEVICE GROUP N  two UD QPs attached to the IPv4 group GROUP, N receives each;
+ *   mcast recv DEVICE GROUP N  two UD QPs attached to the group GROUP (an IPv4 or IPv6
+ *                              address), N receives each;
  *                              prints "ready" once attached, then waits (10 s at most) for
  *                              every datagram on both QPs and checks each byte
  *   mcast send DEVICE GROUP N  N datagrams to GROUP (QPN 0xFFFFFF) through an address handle
@@ -53,10 +54,14 @@ static struct ibv_qp *ud_qp(void)
 	return qp;
 }
 
-/* The IPv4-mapped GID of `ip`. */
+/* The GID of `ip`: an IPv6 address as it is, IPv4 mapped. */
 static union ibv_gid mapped(const char *ip)
 {
 	union ibv_gid gid = { 0 };
+	if (strchr(ip, ':')) {
+		CHECK(inet_pton(AF_INET6, ip, gid.raw) == 1);
+		return gid;
+	}
 	gid.raw[10] = 0xff;
 	gid.raw[11] = 0xff;
 	CHECK(inet_pton(AF_INET, ip, &gid.raw[12]) == 1);
@@ -139,10 +144,13 @@ static int recv_side(const char *group_ip, int n)
 		CHECK(wc.byte_len == GRH + LEN && (wc.wc_flags & IBV_WC_GRH));
 		int q = wc.wr_id >> 32, i = wc.wr_id & 0xffffffff;
 		CHECK(wc.qp_num == qps[q]->qp_num);
-		/* In order: datagram i fills receive i. The GRH area ends with the IPv4 header,
-		 * whose destination is the group. */
+		/* In order: datagram i fills receive i. The GRH area's destination is the group:
+		 * the whole IPv6 header, or an IPv4 header in its last 20 bytes. */
 		CHECK(i == got[q]);
-		CHECK(!memcmp(&buf[q][i][GRH - 4], &group.raw[12], 4));
+		if (group.raw[0] == 0xff)
+			CHECK(!memcmp(&buf[q][i][24], group.raw, 16));
+		else
+			CHECK(!memcmp(&buf[q][i][GRH - 4], &group.raw[12], 4));
 		for (int b = 0; b < LEN; b++)
 			CHECK(buf[q][i][GRH + b] == byte(i, b));
 		got[q]++;
@@ -166,8 +174,11 @@ static int send_side(const char *group_ip, int n)
 			buf[i][b] = byte(i, b);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(mr);
+	/* From the IPv4-mapped GID (index 1) to an IPv4 group, the link-local one (index 0) to
+	 * an IPv6 group. */
+	union ibv_gid group = mapped(group_ip);
 	struct ibv_ah_attr to = { .is_global = 1, .port_num = 1,
-				  .grh = { .dgid = mapped(group_ip), .sgid_index = 1,
+				  .grh = { .dgid = group, .sgid_index = group.raw[0] == 0xff ? 0 : 1,
 					   .hop_limit = 64 } };
 	struct ibv_ah *ah = ibv_create_ah(pd, &to);
 	CHECK(ah);
