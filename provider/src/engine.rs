@@ -40,9 +40,9 @@ pub struct Addressing {
 pub struct EngineStats {
     /// Frames received.
     pub rx_frames: u64,
-    /// Received frames whose Ethernet destination is neither our MAC nor a group address
-    /// (multicast datagrams go on to the endpoint, which knows its groups), dropped before
-    /// parsing.
+    /// Received frames whose Ethernet destination is neither our MAC nor, while a QP of ours
+    /// is attached to a multicast group, a group address (multicast datagrams go on to the
+    /// endpoint, which knows its groups), dropped before parsing.
     pub rx_not_ours: u64,
     /// Received frames that were not RoCEv2 (ARP, other UDP, ...).
     pub rx_other: u64,
@@ -366,9 +366,10 @@ fn receive<'a>(
     bytes: &'a [u8],
 ) -> Option<FrameRepr<'a>> {
     stats.rx_frames += 1;
-    let to_us = bytes
-        .first_chunk::<6>()
-        .is_some_and(|dst| *dst == mac || is_group_mac(dst));
+    // A group's frame is worth parsing only while a QP of ours is in a group.
+    let to_us = bytes.first_chunk::<6>().is_some_and(|dst| {
+        *dst == mac || (is_group_mac(dst) && endpoint.mcast_groups().next().is_some())
+    });
     if !to_us {
         tracing::trace!(len = bytes.len(), "dropped: not to our MAC");
         stats.rx_not_ours += 1;
@@ -512,27 +513,32 @@ mod tests {
     }
 
     #[test]
-    fn only_frames_to_our_mac_or_a_group_address_are_parsed() {
-        let mut engine = engine_with_a_send(Refusing(libc::EPERM));
+    fn only_frames_to_our_mac_or_while_in_a_group_a_group_address_are_parsed() {
+        let (wire, _peer) = memory_pair();
+        let (mut engine, _, qpn) = engine_in_group(wire, 1);
+        let mac = engine.addressing().mac;
         let now = Instant::now();
-        for mac in [
-            [0xff; 6],
-            [0x01, 0, 0x5e, 0, 0, 1],
-            [2, 0, 0, 0, 0, 9],
-            OUR_MAC,
-        ] {
-            let frame = junk_to(mac);
-            receive(
-                &mut engine.endpoint,
-                &mut engine.stats,
-                OUR_MAC,
-                now,
-                &frame,
-            );
-        }
-        let stats = engine.stats;
-        assert_eq!((stats.rx_frames, stats.rx_not_ours), (4, 1));
-        assert_eq!(stats.rx_other + stats.rx_rejected, 3, "{stats:?}");
+        let parsed = |engine: &mut Engine<MemoryBackend>| {
+            let before = engine.stats;
+            for to in [[0xff; 6], [0x01, 0, 0x5e, 0, 0, 1], [2, 0, 0, 0, 0, 9], mac] {
+                receive(
+                    &mut engine.endpoint,
+                    &mut engine.stats,
+                    mac,
+                    now,
+                    &junk_to(to),
+                );
+            }
+            let stats = engine.stats;
+            let rejected = stats.rx_other + stats.rx_rejected;
+            (
+                stats.rx_not_ours - before.rx_not_ours,
+                rejected - before.rx_other - before.rx_rejected,
+            )
+        };
+        assert_eq!(parsed(&mut engine), (1, 3));
+        engine.endpoint().detach_mcast(qpn, GROUP).unwrap();
+        assert_eq!(parsed(&mut engine), (3, 1));
     }
 
     /// 239.1.2.3 as a GID, and its MAC.
