@@ -32,6 +32,7 @@ pub mod fault;
 #[allow(unsafe_code)]
 pub mod link;
 pub mod memory;
+#[allow(unsafe_code)]
 pub mod multicast;
 pub mod netns;
 pub mod udp;

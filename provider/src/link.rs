@@ -38,32 +38,25 @@ impl Link {
 
     /// Whether the interface is up and running now.
     pub fn is_up(&self) -> io::Result<bool> {
-        let mut request = self.request();
-        self.ioctl(libc::SIOCGIFFLAGS, &mut request)?;
+        // SAFETY: ifreq is plain data (a name and a union of integers), valid all zero.
+        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+        request.ifr_name = self.name;
+        // SAFETY: SIOCGIFFLAGS reads the NUL-terminated name and writes the flags into the
+        // request, which lives across the call; the socket is open.
+        let done = unsafe {
+            libc::ioctl(
+                self.socket.as_raw_fd(),
+                libc::SIOCGIFFLAGS,
+                &raw mut request,
+            )
+        };
+        if done < 0 {
+            return Err(io::Error::last_os_error());
+        }
         // SAFETY: SIOCGIFFLAGS filled the union's flags member.
         let flags = i32::from(unsafe { request.ifr_ifru.ifru_flags });
         let up = libc::IFF_UP | libc::IFF_RUNNING;
         Ok(flags & up == up)
-    }
-
-    /// An `ifreq` naming the interface, the rest zero.
-    pub(crate) fn request(&self) -> libc::ifreq {
-        // SAFETY: ifreq is plain data (a name and a union of integers), valid all zero.
-        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
-        request.ifr_name = self.name;
-        request
-    }
-
-    /// Runs an interface ioctl (`SIOCGIFFLAGS`, `SIOCADDMULTI`, ...) that takes an `ifreq`
-    /// from [`request`](Self::request), in the socket's namespace.
-    pub(crate) fn ioctl(&self, command: libc::Ioctl, request: &mut libc::ifreq) -> io::Result<()> {
-        // SAFETY: the interface ioctls read the NUL-terminated name and at most read or write
-        // the request's union, which lives across the call; the socket is open.
-        let done = unsafe { libc::ioctl(self.socket.as_raw_fd(), command, &raw mut *request) };
-        if done < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
     }
 }
 

@@ -1,9 +1,12 @@
 //! An interface's part in multicast, as the kernel plays it for rxe. Two things, both the
-//! kernel's own (AF_XDP frames bypass its IP stack, but not its interfaces):
+//! kernel's own (AF_XDP frames bypass its IP stack, but not its interfaces), both held by a
+//! socket, so that the kernel undoes them when the socket closes, however the process ends:
 //!
 //! - **The MAC filter** ([`MacFilter`]): the group's MAC added to the interface's multicast
-//!   list (`SIOCADDMULTI`, which is `dev_mc_add`, what rxe does when a group gets its first
-//!   QP), so a NIC that filters passes the group's frames up to our XDP program.
+//!   list (`dev_mc_add`, what rxe does when a group gets its first QP), so a NIC that
+//!   filters passes the group's frames up to our XDP program. An `AF_PACKET` socket's
+//!   `PACKET_ADD_MEMBERSHIP` does exactly that; the socket has no protocol, so it receives
+//!   nothing.
 //! - **IP membership** ([`IpGroup`]): the host joined to the group on the interface, through
 //!   a kernel UDP socket's `IP_ADD_MEMBERSHIP`. The kernel then does what it does for
 //!   rdma_cm's join (`cma_igmp_send` → `ip_mc_inc_group`, the same call a socket's join
@@ -15,49 +18,61 @@
 
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use rustix::net::{socket, sockopt, AddressFamily, SocketType};
 
-use crate::link::Link;
-
-/// The multicast MAC list of one interface.
+/// MACs added to one interface's multicast list while this lives.
 #[derive(Debug)]
 pub struct MacFilter {
-    link: Link,
+    socket: OwnedFd,
+    ifindex: u32,
 }
 
 impl MacFilter {
-    /// The filter of the interface `name` in the calling thread's network namespace.
-    pub fn new(name: &str) -> io::Result<MacFilter> {
+    /// The filter of the interface `ifindex` in the calling thread's network namespace
+    /// (an `AF_PACKET` socket: needs `CAP_NET_RAW`).
+    pub fn new(ifindex: u32) -> io::Result<MacFilter> {
         Ok(MacFilter {
-            link: Link::new(name)?,
+            socket: socket(AddressFamily::PACKET, SocketType::RAW, None)?,
+            ifindex,
         })
     }
 
-    /// Adds `mac` to the interface's multicast list (`SIOCADDMULTI`; needs `CAP_NET_ADMIN`).
-    /// Adding it again is no change: the kernel keeps one such entry per MAC.
+    /// Adds `mac` to the interface's multicast list; a MAC added twice is held twice.
     pub fn add(&self, mac: [u8; 6]) -> io::Result<()> {
-        self.change(libc::SIOCADDMULTI, mac)
+        self.change(libc::PACKET_ADD_MEMBERSHIP, mac)
     }
 
-    /// Removes `mac` from the interface's multicast list (`SIOCDELMULTI`): `ENOENT` if this
-    /// filter never added it.
+    /// Undoes one [`add`](Self::add) of `mac` (no change if there was none).
     pub fn remove(&self, mac: [u8; 6]) -> io::Result<()> {
-        self.change(libc::SIOCDELMULTI, mac)
+        self.change(libc::PACKET_DROP_MEMBERSHIP, mac)
     }
 
-    fn change(&self, command: libc::Ioctl, mac: [u8; 6]) -> io::Result<()> {
-        let mut request = self.link.request();
-        let mut data = [0; 14];
-        for (to, from) in data.iter_mut().zip(mac) {
-            *to = from as libc::c_char;
-        }
-        request.ifr_ifru.ifru_hwaddr = libc::sockaddr {
-            sa_family: libc::AF_UNSPEC as libc::sa_family_t,
-            sa_data: data,
+    fn change(&self, option: libc::c_int, mac: [u8; 6]) -> io::Result<()> {
+        let mut address = [0; 8];
+        address[..6].copy_from_slice(&mac);
+        let request = libc::packet_mreq {
+            mr_ifindex: i32::try_from(self.ifindex).map_err(|_| io::ErrorKind::InvalidInput)?,
+            mr_type: libc::PACKET_MR_MULTICAST as u16,
+            mr_alen: 6,
+            mr_address: address,
         };
-        self.link.ioctl(command, &mut request)
+        // SAFETY: the socket is open; the option reads a `packet_mreq` of the size passed,
+        // which lives across the call.
+        let done = unsafe {
+            libc::setsockopt(
+                self.socket.as_raw_fd(),
+                libc::SOL_PACKET,
+                option,
+                (&raw const request).cast(),
+                std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
+            )
+        };
+        if done < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -107,14 +122,14 @@ mod tests {
     /// Whether `ip maddr show dev IFACE` in `ns` lists `mac` as a link-layer entry.
     fn filter_lists(ns: &Netns, interface: &str, mac: &str) -> bool {
         let output = ns.ip(&["maddr", "show", "dev", interface]).unwrap();
-        String::from_utf8_lossy(&output.stdout).lines().any(|line| {
-            line.trim() == format!("link  {mac}")
-                || line.trim().starts_with(&format!("link  {mac} "))
-        })
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .any(|line| line.split_whitespace().take(2).eq(["link", mac]))
     }
 
-    /// In a namespace: a MAC added to a veth's filter is listed until removed, removing it
-    /// twice is refused; a joined group is listed (with its MAC) while the membership lives.
+    /// In a namespace: a MAC added to a veth's filter is listed until removed or until the
+    /// filter is dropped; a joined group is listed (with its MAC) while the membership
+    /// lives.
     #[test]
     fn the_kernel_holds_what_we_add_while_we_hold_it() {
         if !needs_root("the_kernel_holds_what_we_add_while_we_hold_it") {
@@ -132,15 +147,19 @@ mod tests {
         let name = a.name.clone();
         std::thread::spawn(move || {
             crate::netns::enter(&name).unwrap();
-            let filter = MacFilter::new("mca").unwrap();
+            let filter = MacFilter::new(ifindex).unwrap();
             let mac = [0x01, 0x00, 0x5E, 0x2A, 0x11, 0x03];
             filter.add(mac).unwrap();
             let ns = Netns { name: name.clone() };
             assert!(filter_lists(&ns, "mca", "01:00:5e:2a:11:03"));
             filter.remove(mac).unwrap();
             assert!(!filter_lists(&ns, "mca", "01:00:5e:2a:11:03"));
-            let twice = filter.remove(mac).unwrap_err();
-            assert_eq!(twice.raw_os_error(), Some(libc::ENOENT));
+            // Removing what is not there is no change, as the kernel answers it.
+            filter.remove(mac).unwrap();
+            // Closing the socket undoes what it added (a process that dies leaves nothing).
+            filter.add(mac).unwrap();
+            drop(filter);
+            assert!(!filter_lists(&ns, "mca", "01:00:5e:2a:11:03"));
 
             let group = Ipv4Addr::new(239, 42, 17, 3);
             let membership = IpGroup::join(group, ifindex).unwrap();

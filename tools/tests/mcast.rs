@@ -1,9 +1,10 @@
 //! UD multicast over our libraries through `roce exec`: Debian's `mckey` (rdmacm-utils,
 //! unmodified) between two namespaces over AF_XDP, with the IGMP reports and leaves the
-//! kernel sends for our joins seen on the wire and our datagrams' shape checked (the
-//! group's MAC and address, QPN 0xFFFFFF, rdma_cm's Q_Key); C programs' attach and detach
-//! errno, delivery of each datagram to two QPs, and rdma_cm's join and leave; and `mckey`
-//! against the kernel's rdma_cm and rxe in the VM, in both roles.
+//! kernel sends for our joins seen on the wire; C programs' attach and detach errno,
+//! delivery of each datagram to two QPs (the datagrams' shape checked: the group's MAC and
+//! address, QPN 0xFFFFFF, rdma_cm's Q_Key), and rdma_cm's join and leave; and `mckey`
+//! against the kernel's rdma_cm and rxe in the VM, in both roles, both sides' datagrams of
+//! the same shape on the bridge.
 //!
 //! Needs root (namespaces, AF_XDP), rdmacm-utils, tcpdump and gcc; in CI a missing
 //! prerequisite fails the test, elsewhere it is skipped.
@@ -150,10 +151,16 @@ fn check_mckey(side: &str, output: &Output, group: &str) {
     );
 }
 
-/// Our multicast datagrams in a capture, from `sender`: each to the group's MAC and
-/// address with TTL 64, a UD SEND with immediate (mckey's) to QPN 0xFFFFFF with rdma_cm's
-/// Q_Key, `size` bytes. Returns how many.
-fn check_datagrams(pcap: &Path, sender: Ipv4Addr, group: Ipv4Addr, size: usize) -> usize {
+/// The multicast datagrams of a capture from `sender`: each to the group's MAC and address
+/// with TTL 64, a UD `opcode` to QPN 0xFFFFFF with rdma_cm's Q_Key, `size` bytes. Returns
+/// how many.
+fn check_datagrams(
+    pcap: &Path,
+    sender: Ipv4Addr,
+    group: Ipv4Addr,
+    opcode: Opcode,
+    size: usize,
+) -> usize {
     let o = group.octets();
     let group_mac = [0x01, 0x00, 0x5E, o[1] & 0x7F, o[2], o[3]];
     let mut count = 0;
@@ -165,7 +172,7 @@ fn check_datagrams(pcap: &Path, sender: Ipv4Addr, group: Ipv4Addr, size: usize) 
         count += 1;
         assert_eq!(repr.ethernet.dst, group_mac, "{repr:?}");
         assert_eq!(ip.ttl, 64, "{repr:?}");
-        assert_eq!(repr.bth.opcode, Opcode::UdSendOnlyWithImmediate, "{repr:?}");
+        assert_eq!(repr.bth.opcode, opcode, "{repr:?}");
         assert_eq!(repr.bth.dest_qpn, 0xFF_FFFF, "{repr:?}");
         assert_eq!(repr.ext.deth.map(|deth| deth.qkey), Some(QKEY), "{repr:?}");
         assert_eq!(repr.payload.len(), size, "{repr:?}");
@@ -185,14 +192,11 @@ fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
     build_libraries();
     let (a, b) = two_namespaces();
     let dir = tempfile::tempdir().unwrap();
-    let (igmp, datagrams) = (dir.path().join("igmp.pcap"), dir.path().join("heard.pcap"));
+    let igmp = dir.path().join("igmp.pcap");
     let capture = capture_igmp(&b, "mcb", &igmp);
     let group = "239.1.2.3";
     let flags = ["-m", group, "-C", "4", "-S", "100"];
-    // The receiver's own record of what it heard (the sender exits right after posting,
-    // before its recorder's last write).
     let receiver = exec_in(&a, &[&["mckey", "-b", "10.87.0.1"][..], &flags].concat())
-        .env("ROCE_PCAP", &datagrams)
         .spawn()
         .unwrap();
     wait_until("the receiver's join", || {
@@ -209,8 +213,6 @@ fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
     check_mckey("receiver", &receiver, group);
     assert!(!kernel_joined(&a.name, "mca", group) && !kernel_joined(&b.name, "mcb", group));
     let group: Ipv4Addr = group.parse().unwrap();
-    let sent = check_datagrams(&datagrams, Ipv4Addr::new(10, 87, 0, 2), group, 100);
-    assert_eq!(sent, 4);
 
     // The leave's first report goes out at once; give it a moment to be captured.
     thread::sleep(Duration::from_millis(300));
@@ -232,7 +234,9 @@ fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
 }
 
 /// The C program's errno checks; then two QPs attached in A each receive each of B's 8
-/// datagrams, every byte checked, to an IPv4 group and to an IPv6 one.
+/// datagrams, every byte checked, to an IPv4 group (the datagrams' shape checked in A's
+/// capture) and to an IPv6 one; while they are attached, and only then, A's interface
+/// accepts the group's MAC.
 #[test]
 fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
     let test = "a_c_program_attaches_detaches_and_two_qps_receive_each_datagram";
@@ -249,14 +253,22 @@ fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
         "{}",
         text(&errors)
     );
-    for group in ["239.2.2.2", "ff12::2:2"] {
+    for (group, mac) in [
+        ("239.2.2.2", "01:00:5e:02:02:02"),
+        ("ff12::2:2", "33:33:00:02:00:02"),
+    ] {
+        // The receiver's record of what it heard (it closes its device: the file is whole).
+        let heard = program.dir.path().join("heard.pcap");
         let mut receiver = exec_in(&a, &[program.path(), "recv", "mca", group, "8"])
+            .env("ROCE_PCAP", &heard)
             .spawn()
             .unwrap();
         let mut said = String::new();
         let mut stdout = BufReader::new(receiver.stdout.take().expect("piped"));
         stdout.read_line(&mut said).unwrap();
         assert_eq!(said.trim(), "ready", "{group}");
+        // Attached: the interface accepts the group's MAC (no IP membership: only ours).
+        assert!(filter_lists(&a.name, "mca", mac), "{group}");
         let sender = exec_in(&b, &[program.path(), "send", "mcb", group, "8"])
             .output()
             .unwrap();
@@ -269,7 +281,31 @@ fn a_c_program_attaches_detaches_and_two_qps_receive_each_datagram() {
             "{group} receiver: {rest}{}",
             text(&received)
         );
+        assert!(
+            !filter_lists(&a.name, "mca", mac),
+            "{group} after the detach"
+        );
+        // The IPv4 group's datagrams as they came (the IPv6 group's destination is checked
+        // in the receiver's GRH).
+        if let Ok(group) = group.parse() {
+            let b_ip = Ipv4Addr::new(10, 87, 0, 2);
+            assert_eq!(
+                check_datagrams(&heard, b_ip, group, Opcode::UdSendOnly, 256),
+                8
+            );
+        }
     }
+}
+
+/// Whether the interface `interface` of the namespace `ns` accepts the MAC `mac`.
+fn filter_lists(ns: &str, interface: &str, mac: &str) -> bool {
+    let shown = Command::new("ip")
+        .args(["-n", ns, "maddr", "show", "dev", interface])
+        .output()
+        .unwrap();
+    text(&shown)
+        .lines()
+        .any(|line| line.split_whitespace().take(2).eq(["link", mac]))
 }
 
 /// rdma_cm's multicast calls from C (`mcast_cm.c`): librdmacm's and the kernel's refusals,
@@ -371,8 +407,9 @@ fn mckey_against_the_kernel_in_the_rxe_vm_in_both_roles() {
     let _ = vm.run(&["capture-stop"]);
     let pcap = common::rxe::capture_path(&capture);
     let group: Ipv4Addr = group.parse().unwrap();
-    let from_us = check_datagrams(&pcap, Ipv4Addr::new(10, 88, 0, 1), group, 100);
-    let from_rxe = check_datagrams(&pcap, Ipv4Addr::new(10, 88, 0, 11), group, 100);
+    let with_imm = Opcode::UdSendOnlyWithImmediate;
+    let from_us = check_datagrams(&pcap, Ipv4Addr::new(10, 88, 0, 1), group, with_imm, 100);
+    let from_rxe = check_datagrams(&pcap, Ipv4Addr::new(10, 88, 0, 11), group, with_imm, 100);
     let _ = std::fs::remove_file(&pcap);
     assert_eq!((from_us, from_rxe), (4, 4));
 }

@@ -21,6 +21,7 @@ use crate::cq::Cq;
 use crate::device::{Device, PortAttr, PortState};
 use crate::engine_thread;
 use crate::error::Error;
+use crate::groups::Memberships;
 use crate::mr::Pd;
 use crate::options::{CmTiming, OpenOptions, Progress};
 use crate::shared::Shared;
@@ -62,7 +63,9 @@ impl Context {
         tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
+        let multicast = Memberships::new(device, &kind)?;
         let shared = Arc::new(Shared::new(engine, device.clone(), kind, options.async_fd)?);
+        shared.lock()?.multicast = multicast;
         let thread = match options.progress {
             Progress::Caller => None,
             progress => Some(engine_thread::spawn(&shared, progress, options.spin)?),

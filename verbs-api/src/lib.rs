@@ -40,17 +40,22 @@
 //!
 //! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
 //!   posted once for many QPs, with the limit event among the async events.
+//! - **UD multicast** ([`Qp::attach_mcast`], [`CmId::join_multicast`]): a datagram to a group
+//!   reaches every attached QP; rdma_cm's join joins the host to the group (IGMP, by the
+//!   kernel), as for rxe.
 //!
 //! Not yet: memory windows.
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
-//! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
+//! (choosing one), `cm_routes` (where CM events go), `groups` (multicast attachments and the
+//! interface's part in them), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
 //! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
-//! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
+//! rxe-named counters), `mcast` (attaching QPs to multicast groups), and `cm`, the
+//! connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -66,6 +71,7 @@ mod cq;
 pub mod device;
 mod engine_thread;
 mod error;
+mod groups;
 mod handshake;
 mod iova;
 mod limits;

@@ -18,7 +18,6 @@ use crate::core::Core;
 use crate::device::Device;
 use crate::error::Error;
 use crate::limits;
-use crate::mcast::Memberships;
 use crate::queues::EventQueue;
 
 /// State shared by a context and every object made from it.
@@ -46,9 +45,6 @@ pub(crate) struct Shared {
     failure: Mutex<Option<String>>,
     /// Whether `failure` is set, readable without a lock.
     failed: AtomicBool,
-    /// Multicast attachments and the interface's part in them (`mcast`), locked before
-    /// `core`.
-    pub(crate) multicast: Mutex<Memberships>,
 }
 
 impl Shared {
@@ -64,7 +60,6 @@ impl Shared {
             None => EventQueue::new()?,
         });
         Ok(Shared {
-            multicast: Mutex::new(Memberships::new(&device, &kind)?),
             core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
             port_up: AtomicBool::new(device.up),
             device,

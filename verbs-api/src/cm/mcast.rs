@@ -80,10 +80,13 @@ impl CmId {
         // As the kernel, whose IGMP join is of a multicast address only (a unicast one
         // fails at the attach its event leads to).
         let ip_group = (!send_only && group.is_multicast()).then_some(group);
+        let mut core = self.shared.lock()?;
         if let Some(group) = ip_group {
-            self.shared.join_ip_group(group)?;
+            let core = &mut *core;
+            core.multicast.join_ip(core.engine.endpoint(), group)?;
         }
-        let join = self.shared.lock()?.cm.new_id();
+        let join = core.cm.new_id();
+        drop(core);
         let live = Arc::new(AtomicBool::new(true));
         state.joins.push(Joined {
             join,
@@ -153,10 +156,12 @@ pub(super) fn leave_all(id: &CmId, state: &mut IdState) {
 
 fn leave(id: &CmId, joined: &Joined) -> Result<(), Error> {
     joined.live.store(false, Ordering::Release);
-    match joined.ip_group {
-        Some(group) => id.shared.leave_ip_group(group),
-        None => Ok(()),
+    if let Some(group) = joined.ip_group {
+        let mut core = id.shared.lock()?;
+        let core = &mut *core;
+        core.multicast.leave_ip(core.engine.endpoint(), group);
     }
+    Ok(())
 }
 
 /// Whether a join's event still stands (its group not left since).
