@@ -180,9 +180,10 @@ fn check_datagrams(
     count
 }
 
-/// mckey's receiver in A and sender in B, both full members: B's 4 datagrams arrive, and
-/// the kernel sends, for each side, IGMPv3 reports joining the group when mckey joins and
-/// leaving it when mckey leaves (seen in B).
+/// mckey's receiver in A, a full member, and sender in B, a send-only member (`-o`): B's 4
+/// datagrams arrive; A's kernel sends IGMPv3 reports joining the group when mckey joins and
+/// leaving it when mckey leaves (seen in B); B's sends none, as the kernel's rdma_cm joins
+/// a send-only member to no group.
 #[test]
 fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
     let test = "mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire";
@@ -204,7 +205,7 @@ fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
     });
     let sender = exec_in(
         &b,
-        &[&["mckey", "-s", "-b", "10.87.0.2"][..], &flags].concat(),
+        &[&["mckey", "-s", "-o", "-b", "10.87.0.2"][..], &flags].concat(),
     )
     .output()
     .unwrap();
@@ -218,19 +219,25 @@ fn mckey_talks_to_itself_between_namespaces_with_igmp_on_the_wire() {
     thread::sleep(Duration::from_millis(300));
     stop(capture);
     let records = igmp_records(&igmp);
-    for host in [Ipv4Addr::new(10, 87, 0, 1), Ipv4Addr::new(10, 87, 0, 2)] {
-        let of_host: Vec<u8> = records
+    let of_host = |host: Ipv4Addr| -> Vec<u8> {
+        records
             .iter()
             .filter(|&&(from, _, to)| from == host && to == group)
             .map(|&(_, kind, _)| kind)
-            .collect();
-        let join = of_host.iter().position(|&kind| kind == 4);
-        let leave = of_host.iter().rposition(|&kind| kind == 3);
-        assert!(
-            matches!((join, leave), (Some(join), Some(leave)) if join < leave),
-            "{host}'s IGMP records for {group}: {of_host:?} (all: {records:?})"
-        );
-    }
+            .collect()
+    };
+    let full = of_host(Ipv4Addr::new(10, 87, 0, 1));
+    let join = full.iter().position(|&kind| kind == 4);
+    let leave = full.iter().rposition(|&kind| kind == 3);
+    assert!(
+        matches!((join, leave), (Some(join), Some(leave)) if join < leave),
+        "the full member's IGMP records for {group}: {full:?} (all: {records:?})"
+    );
+    let send_only = of_host(Ipv4Addr::new(10, 87, 0, 2));
+    assert!(
+        send_only.is_empty(),
+        "the send-only member's: {send_only:?}"
+    );
 }
 
 /// The C program's errno checks; then two QPs attached in A each receive each of B's 8
