@@ -365,48 +365,27 @@ fn mckey_against_the_kernel_in_the_rxe_vm_in_both_roles() {
     let started = vm.run(&["capture-start", &capture]);
     assert!(started.status.success(), "capture: {}", text(&started));
     let group = "239.1.2.4";
-    let flags = format!("-m {group} -C 4 -S 100");
+    let flags = ["-m", group, "-C", "4", "-S", "100"];
 
     // The VM receives: it joins (and posts its receives) well before our sender, which
     // waits 3 s after its own join, sends.
-    let job = vm.spawn(60, &format!("mckey -b 10.88.0.11 {flags}"));
+    let job = vm.spawn(60, &format!("mckey -b 10.88.0.11 {}", flags.join(" ")));
     thread::sleep(Duration::from_secs(2));
-    let ours = in_host(&[
-        "mckey",
-        "-s",
-        "-b",
-        "10.88.0.1",
-        "-m",
-        group,
-        "-C",
-        "4",
-        "-S",
-        "100",
-    ])
-    .output()
-    .unwrap();
+    let ours = in_host(&[&["mckey", "-s", "-b", "10.88.0.1"][..], &flags].concat())
+        .output()
+        .unwrap();
     let kernel = vm.wait(&job, 60);
     check_mckey("our sender", &ours, group);
     check_mckey("the kernel's receiver", &kernel, group);
 
     // We receive.
-    let receiver = in_host(&[
-        "mckey",
-        "-b",
-        "10.88.0.1",
-        "-m",
-        group,
-        "-C",
-        "4",
-        "-S",
-        "100",
-    ])
-    .spawn()
-    .unwrap();
+    let receiver = in_host(&[&["mckey", "-b", "10.88.0.1"][..], &flags].concat())
+        .spawn()
+        .unwrap();
     wait_until("our receiver's join", || {
         kernel_joined("rxe-host", "host0", group)
     });
-    let kernel = vm.exec(60, &format!("mckey -s -b 10.88.0.11 {flags}"));
+    let kernel = vm.exec(60, &format!("mckey -s -b 10.88.0.11 {}", flags.join(" ")));
     let ours = receiver.wait_with_output().unwrap();
     check_mckey("the kernel's sender", &kernel, group);
     check_mckey("our receiver", &ours, group);
