@@ -67,13 +67,22 @@ pub fn last_frames(pcap: &Path, count: usize) -> String {
     format!("capture {}, last frames:\n{tail}", pcap.display())
 }
 
-/// Where rxe-peer.sh keeps the capture `name` (`capture-start NAME`).
-pub fn capture_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("RXE_DIR")
+/// Where rxe-peer.sh keeps its state (`$RXE_DIR`).
+fn rxe_dir() -> PathBuf {
+    std::env::var_os("RXE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
             PathBuf::from(home).join(".cache/rxe-peer")
-        });
-    dir.join("captures").join(format!("{name}.pcap"))
+        })
+}
+
+/// Where rxe-peer.sh keeps the capture `name` (`capture-start NAME`).
+pub fn capture_path(name: &str) -> PathBuf {
+    rxe_dir().join("captures").join(format!("{name}.pcap"))
+}
+
+/// The folder VM 1 sees as `/host` (a file put here runs in the VM as `/host/NAME`).
+pub fn vm_share() -> PathBuf {
+    rxe_dir().join("run/vm1/share")
 }
