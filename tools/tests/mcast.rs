@@ -4,7 +4,7 @@
 //! delivery of each datagram to two QPs (the datagrams' shape checked: the group's MAC and
 //! address, QPN 0xFFFFFF, rdma_cm's Q_Key), and rdma_cm's join and leave; and `mckey`
 //! against the kernel's rdma_cm and rxe in the VM, in both roles, both sides' datagrams of
-//! the same shape on the bridge.
+//! the same shape on the bridge, and the C programs passing unchanged on rxe itself.
 //!
 //! Needs root (namespaces, AF_XDP), rdmacm-utils, tcpdump and gcc; in CI a missing
 //! prerequisite fails the test, elsewhere it is skipped.
