@@ -1,4 +1,5 @@
-/* rdma_cm's multicast calls as librdmacm and the kernel's rdma_cm answer them on RoCE:
+/* rdma_cm's multicast calls as librdmacm and the kernel's rdma_cm answer them on RoCE (and
+ * rdma_getaddrinfo naming a group as pyverbs does):
  * the argument checks (EINVAL, ENOTSUP, EADDRNOTAVAIL, ENOTSUPP for an IPv6 group), the
  * join event's parameters (the group's GID from our IPv4 GID, hop limit 64, QPN 0xFFFFFF,
  * RDMA_UDP_QKEY, the join's context as private data), the QP attached on a full member's
@@ -57,6 +58,17 @@ int main(int argc, char **argv)
 	CHECK(inet_pton(AF_INET6, "ff12::5", &group6.sin6_addr) == 1);
 	channel = rdma_create_event_channel();
 	CHECK(channel);
+
+	/* A group's address as pyverbs names it: rdma_getaddrinfo with no node and no service
+	 * gives back the hints' own source. */
+	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_UDP,
+				       .ai_src_addr = (struct sockaddr *)&group,
+				       .ai_src_len = sizeof group },
+			     *info;
+	CHECK(rdma_getaddrinfo(NULL, NULL, &hints, &info) == 0);
+	CHECK(info->ai_src_len == sizeof group && !memcmp(info->ai_src_addr, &group, sizeof group));
+	CHECK(info->ai_dst_len == 0 && info->ai_port_space == RDMA_PS_UDP);
+	rdma_freeaddrinfo(info);
 
 	/* An id on no device yet: EINVAL, as the kernel's ucma answers. */
 	struct rdma_cm_id *unbound;
