@@ -2,5 +2,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod wire;
+pub mod host;
 pub mod target;
+mod wait;
+pub mod wire;

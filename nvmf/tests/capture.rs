@@ -70,7 +70,8 @@ fn conversation() -> Conversation {
                 if ip.src == HOST {
                     talk.commands.push(message);
                 } else {
-                    talk.responses.push((message, repr.ext.ieth.map(|ieth| ieth.rkey)));
+                    talk.responses
+                        .push((message, repr.ext.ieth.map(|ieth| ieth.rkey)));
                 }
             }
             Opcode::RcRdmaWriteFirst | Opcode::RcRdmaWriteOnly => {
@@ -185,7 +186,10 @@ fn admin_connect_capsule_and_keyed_data() {
     assert_eq!(data.emit()[..], talk.read_responses[0][..]);
     // Controller 1, with the host's key invalidated by the response (SEND with Invalidate).
     let (cqe, invalidated) = response(&talk, 0, sqe.cid());
-    assert_eq!((cqe.result, cqe.status, cqe.sq_head), (1, Status::SUCCESS, 1));
+    assert_eq!(
+        (cqe.result, cqe.status, cqe.sq_head),
+        (1, Status::SUCCESS, 1)
+    );
     assert_eq!(invalidated, Some(0xe810));
     assert_eq!(cqe.emit()[..], talk.responses[0].0[..]);
 }
@@ -291,7 +295,10 @@ fn identify_data_from_linux_target_parses() {
     assert_eq!(controller.kas, 10);
     assert_eq!(controller.maxcmd, 1024);
     assert_eq!((controller.sqes, controller.cqes), (0x66, 0x44));
-    assert_eq!(controller.sgls & (SGLS_KEYED | SGLS_OFFSETS), SGLS_KEYED | SGLS_OFFSETS);
+    assert_eq!(
+        controller.sgls & (SGLS_KEYED | SGLS_OFFSETS),
+        SGLS_KEYED | SGLS_OFFSETS
+    );
     assert_eq!(controller.in_capsule_len(), 4096);
     assert_eq!(controller.iorcsz, 1);
     // What we model survives our emitter.
@@ -303,7 +310,10 @@ fn identify_data_from_linux_target_parses() {
     let namespace = IdentifyNamespace::parse(data_of(&talk, by_cns(0, 1))).unwrap();
     assert_eq!(namespace.nsze, 64 << 20 >> 9);
     assert_eq!(namespace.lba_shift, 9);
-    assert_eq!(IdentifyNamespace::parse(&namespace.emit()), Some(namespace.clone()));
+    assert_eq!(
+        IdentifyNamespace::parse(&namespace.emit()),
+        Some(namespace.clone())
+    );
 
     assert_eq!(parse_namespace_list(data_of(&talk, by_cns(2, 0))), [1]);
     let descriptors = parse_descriptors(data_of(&talk, by_cns(3, 1)));
@@ -337,8 +347,7 @@ fn log_pages_and_features_as_linux_asks_for_them() {
         .iter()
         .map(|capsule| Sqe::parse(capsule).unwrap())
         .find(|sqe| {
-            sqe.opcode() == admin::SET_FEATURES
-                && sqe.dword(10) as u8 == feature::NUMBER_OF_QUEUES
+            sqe.opcode() == admin::SET_FEATURES && sqe.dword(10) as u8 == feature::NUMBER_OF_QUEUES
         })
         .unwrap();
     assert_eq!(response(&talk, 0, set_queues.cid()).0.result, 0x007f_007f);

@@ -259,10 +259,7 @@ impl Registry {
                 invalid::DATA_CNTLID,
             ))?;
         if subsystem.is_none() || connect.qid > limits.max_io_queues {
-            return Err(refuse(
-                Status::CONNECT_INVALID_PARAMETERS,
-                invalid::SQE_QID,
-            ));
+            return Err(refuse(Status::CONNECT_INVALID_PARAMETERS, invalid::SQE_QID));
         }
         if controller.csts & csts::RDY == 0 {
             return Err(refuse(Status::COMMAND_SEQUENCE, 0));
@@ -277,7 +274,11 @@ impl Registry {
     /// The lowest free controller ID (1–0xFFEF), after the last one handed out.
     fn free_id(&mut self) -> Option<u16> {
         for _ in 0..0xFFEF {
-            self.next = if self.next >= 0xFFEF { 1 } else { self.next + 1 };
+            self.next = if self.next >= 0xFFEF {
+                1
+            } else {
+                self.next + 1
+            };
             if !self.controllers.contains_key(&self.next) {
                 return Some(self.next);
             }
@@ -475,9 +476,7 @@ impl Controller {
             identify::CNS_CONTROLLER => {
                 Done::data(self.identify_controller(Some(subsystem), limits))
             }
-            identify::CNS_NAMESPACE if nsid == u32::MAX => {
-                Done::status(Status::INVALID_NS.dnr())
-            }
+            identify::CNS_NAMESPACE if nsid == u32::MAX => Done::status(Status::INVALID_NS.dnr()),
             // An inactive namespace is all zeros, as Linux's target answers.
             identify::CNS_NAMESPACE => Done::data(
                 subsystem
@@ -537,7 +536,12 @@ impl Controller {
                 id.elpe = ERROR_LOG_ENTRIES as u8 - 1;
                 id.sqes = 0x66;
                 id.cqes = 0x44;
-                id.nn = subsystem.namespaces.iter().map(|ns| ns.nsid).max().unwrap_or(0);
+                id.nn = subsystem
+                    .namespaces
+                    .iter()
+                    .map(|ns| ns.nsid)
+                    .max()
+                    .unwrap_or(0);
                 id.mnan = id.nn;
                 id.oncs = ONCS_DSM | ONCS_WRITE_ZEROES;
                 id.vwc = u8::from(subsystem.has_files());
@@ -796,7 +800,10 @@ mod tests {
             Some((Status::COMMAND_SEQUENCE.dnr(), 0))
         );
         let controller = registry.controllers.get_mut(&cntlid).unwrap();
-        assert_eq!(controller.property_set(property::CC, false, 0x0046_0001), Status::SUCCESS);
+        assert_eq!(
+            controller.property_set(property::CC, false, 0x0046_0001),
+            Status::SUCCESS
+        );
         assert!(controller.ready());
         assert_eq!(
             registry.io_connect(&connect(1, 127), &io, &subsystems, &limits, now),
@@ -815,7 +822,13 @@ mod tests {
             Some((invalid, invalid::SQE_SQSIZE))
         );
         assert_eq!(
-            status(registry.io_connect(&connect(2, 127), &data(SUBNQN, 77), &subsystems, &limits, now)),
+            status(registry.io_connect(
+                &connect(2, 127),
+                &data(SUBNQN, 77),
+                &subsystems,
+                &limits,
+                now
+            )),
             Some((invalid, invalid::DATA_CNTLID))
         );
         assert_eq!(CONNECT_DATA_LEN, 1024);
@@ -827,16 +840,27 @@ mod tests {
         let subsystems = subsystems(HostAccess::Any);
         let mut registry = Registry::default();
         let cntlid = registry
-            .admin_connect(&connect(0, 31), &data(SUBNQN, CNTLID_DYNAMIC), &subsystems, now)
+            .admin_connect(
+                &connect(0, 31),
+                &data(SUBNQN, CNTLID_DYNAMIC),
+                &subsystems,
+                now,
+            )
             .unwrap();
         let c = registry.controllers.get_mut(&cntlid).unwrap();
         let limits = Limits::default();
-        assert_eq!(c.property_get(property::CAP, true, &limits), Ok(127 | 15 << 24 | 1 << 37));
+        assert_eq!(
+            c.property_get(property::CAP, true, &limits),
+            Ok(127 | 15 << 24 | 1 << 37)
+        );
         assert_eq!(
             c.property_get(property::CAP, false, &limits),
             Err(Status::INVALID_FIELD.dnr())
         );
-        assert_eq!(c.property_set(property::CSTS, false, 1), Status::INVALID_FIELD.dnr());
+        assert_eq!(
+            c.property_set(property::CSTS, false, 1),
+            Status::INVALID_FIELD.dnr()
+        );
         // Linux's first write: disabled, CSS 6; then enabled.
         c.property_set(property::CC, false, 0x0046_0060);
         assert_eq!(c.property_get(property::CSTS, false, &limits), Ok(0));
@@ -857,12 +881,18 @@ mod tests {
         let limits = Limits::default();
         let mut registry = Registry::default();
         let cntlid = registry
-            .admin_connect(&connect(0, 31), &data(SUBNQN, CNTLID_DYNAMIC), &subsystems, now)
+            .admin_connect(
+                &connect(0, 31),
+                &data(SUBNQN, CNTLID_DYNAMIC),
+                &subsystems,
+                now,
+            )
             .unwrap();
         let c = registry.controllers.get_mut(&cntlid).unwrap();
         let mut identify = Sqe::new(admin::IDENTIFY, 1);
         identify.set_dword(10, 1);
-        let run = |c: &mut Controller, sqe: &Sqe, len| c.admin(sqe, len, &subsystems, &limits, &port());
+        let run =
+            |c: &mut Controller, sqe: &Sqe, len| c.admin(sqe, len, &subsystems, &limits, &port());
         // Not yet enabled.
         assert_eq!(
             run(c, &identify, 4096),
@@ -873,7 +903,10 @@ mod tests {
             panic!()
         };
         let id = IdentifyController::parse(done.data.as_deref().unwrap()).unwrap();
-        assert_eq!((id.cntlid, id.subnqn.as_str(), id.mdts), (cntlid, SUBNQN, MDTS));
+        assert_eq!(
+            (id.cntlid, id.subnqn.as_str(), id.mdts),
+            (cntlid, SUBNQN, MDTS)
+        );
         assert!(id.kas > 0 && id.sgls & SGLS_KEYED != 0);
         assert_eq!(id.in_capsule_len(), limits.in_capsule);
         // The SGL must cover the data exactly.
@@ -962,7 +995,7 @@ mod tests {
             assert_eq!(c.kato_ms, DISCOVERY_KATO_MS);
             c.property_set(property::CC, false, 1);
             let mut get_log = Sqe::new(admin::GET_LOG_PAGE, 1);
-            let len = 1024 * (1 + entries as u64);
+            let len = 1024 * (1 + entries);
             GetLogPage {
                 lid: log::LID_DISCOVERY,
                 lsp: 0,
@@ -971,16 +1004,23 @@ mod tests {
                 offset: 0,
             }
             .emit(&mut get_log);
-            let Reply::Done(done) =
-                c.admin(&get_log, len as u32, &subsystems, &Limits::default(), &port())
-            else {
+            let Reply::Done(done) = c.admin(
+                &get_log,
+                len as u32,
+                &subsystems,
+                &Limits::default(),
+                &port(),
+            ) else {
                 panic!()
             };
             let page = done.data.unwrap();
             assert_eq!(log::parse_discovery_header(&page), Some((0, entries)));
             if entries == 1 {
                 let entry = DiscoveryEntry::parse(&page[1024..]).unwrap();
-                assert_eq!((entry.subnqn.as_str(), entry.traddr.as_str()), (SUBNQN, "10.0.0.1"));
+                assert_eq!(
+                    (entry.subnqn.as_str(), entry.traddr.as_str()),
+                    (SUBNQN, "10.0.0.1")
+                );
             }
             // A discovery controller has no I/O commands' logs.
             let mut smart = Sqe::new(admin::GET_LOG_PAGE, 2);

@@ -68,9 +68,7 @@ impl Plan {
 /// Linux's target checks: the namespace, then the opcode, the transfer length, the range.
 pub fn plan(sqe: &Sqe, subsystem: &Subsystem, transfer_len: u32) -> Result<Plan, Status> {
     let nsid = sqe.nsid();
-    let ns = subsystem
-        .namespace(nsid)
-        .ok_or(Status::INVALID_NS.dnr())?;
+    let ns = subsystem.namespace(nsid).ok_or(Status::INVALID_NS.dnr())?;
     let blocks = |count: u64| count << BLOCK_SHIFT;
     let range = |slba: u64, nlb: u64| -> Result<u64, Status> {
         match slba.checked_add(nlb) {
@@ -151,8 +149,8 @@ pub fn dsm_ranges(data: &[u8], blocks: u64) -> Result<Vec<(u64, u64)>, Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::subsystem::{Counters, HostAccess, Namespace};
     use crate::target::storage::Storage;
+    use crate::target::subsystem::{Counters, HostAccess, Namespace};
 
     fn subsystem() -> Subsystem {
         let file = tempfile_like();
@@ -208,11 +206,19 @@ mod tests {
         );
         for (sqe, len, status) in [
             (rw(io::READ, 2, 0, 1), 512, Status::INVALID_NS.dnr()),
-            (rw(io::READ, 0xFFFF_FFFF, 0, 1), 512, Status::INVALID_NS.dnr()),
+            (
+                rw(io::READ, 0xFFFF_FFFF, 0, 1),
+                512,
+                Status::INVALID_NS.dnr(),
+            ),
             (rw(io::READ, 1, 0, 8), 512, Status::SGL_INVALID_DATA.dnr()),
             (rw(io::WRITE, 1, 993, 8), 4096, Status::LBA_RANGE.dnr()),
             (rw(io::READ, 1, u64::MAX, 1), 512, Status::LBA_RANGE.dnr()),
-            (rw(io::READ, 1, 0, 512), 256 << 10, Status::INVALID_FIELD.dnr()),
+            (
+                rw(io::READ, 1, 0, 512),
+                256 << 10,
+                Status::INVALID_FIELD.dnr(),
+            ),
             (rw(0x7D, 1, 0, 1), 0, Status::INVALID_OPCODE.dnr()),
         ] {
             assert_eq!(plan(&sqe, &s, len), Err(status), "{sqe:?}");
@@ -222,7 +228,10 @@ mod tests {
     #[test]
     fn other_commands() {
         let s = subsystem();
-        assert_eq!(plan(&rw(io::FLUSH, 1, 0, 1), &s, 0), Ok(Plan::Flush { nsid: 1 }));
+        assert_eq!(
+            plan(&rw(io::FLUSH, 1, 0, 1), &s, 0),
+            Ok(Plan::Flush { nsid: 1 })
+        );
         assert_eq!(
             plan(&rw(io::WRITE_ZEROES, 1, 999, 1), &s, 0),
             Ok(Plan::WriteZeroes {

@@ -23,7 +23,6 @@ use roce_verbs::{
     CmEventKind, CmId, CompChannel, ConnParam, ConnectRequest, Context, Cq, EventChannel, Pd,
     QpCaps, QpInitAttr, QpType, Sge, WcStatus, WorkCompletion,
 };
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 pub use controller::Limits;
 pub use storage::Backing;
@@ -250,7 +249,10 @@ impl Target {
         let pd = ctx.alloc_pd().map_err(verbs("allocating a PD"))?;
         let mut subsystems = Vec::new();
         for subsystem in &config.subsystems {
-            if subsystems.iter().any(|s: &Subsystem| s.nqn == subsystem.nqn) {
+            if subsystems
+                .iter()
+                .any(|s: &Subsystem| s.nqn == subsystem.nqn)
+            {
                 return Err(stdio::Error::other(format!(
                     "subsystem {} given twice",
                     subsystem.nqn
@@ -267,9 +269,7 @@ impl Target {
         let channel = ctx
             .create_event_channel()
             .map_err(verbs("creating an event channel"))?;
-        let listener = ctx
-            .create_id(&channel)
-            .map_err(verbs("creating a CM id"))?;
+        let listener = ctx.create_id(&channel).map_err(verbs("creating a CM id"))?;
         listener
             .bind_addr(config.listen)
             .map_err(verbs("binding the listening address"))?;
@@ -364,32 +364,17 @@ impl Target {
 
     /// Sleeps until a CM event, a completion or `timeout`.
     fn sleep(&mut self, timeout: Duration) -> stdio::Result<()> {
-        self.cq.req_notify(false).map_err(verbs("arming the CQ"))?;
-        // A completion that came before the arming would not wake us: look once more.
         let mut completions = Vec::new();
-        self.cq
-            .poll_into(BATCH, &mut completions)
-            .map_err(verbs("polling the CQ"))?;
-        if !completions.is_empty() {
-            let now = Instant::now();
-            for completion in &completions {
-                self.on_completion(completion, now);
-            }
-            return Ok(());
+        let cq = &self.cq;
+        crate::wait::sleep(cq, &self.comp, &self.channel, timeout.min(TICK), || {
+            cq.poll_into(BATCH, &mut completions)
+                .map_err(verbs("polling the CQ"))?;
+            Ok(!completions.is_empty())
+        })?;
+        let now = Instant::now();
+        for completion in &completions {
+            self.on_completion(completion, now);
         }
-        let timeout = Timespec::try_from(timeout.min(TICK)).unwrap_or(Timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        });
-        let mut fds = [
-            PollFd::new(&self.channel, PollFlags::IN),
-            PollFd::new(&self.comp, PollFlags::IN),
-        ];
-        match poll(&mut fds, Some(&timeout)) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(error) => return Err(error.into()),
-        }
-        while self.comp.get_cq_event(Some(Duration::ZERO)).is_ok() {}
         Ok(())
     }
 
@@ -457,7 +442,11 @@ impl Target {
             let _ = id.reject(&emit_reject(status));
             state.events.push(Event::Rejected {
                 peer,
-                why: format!("{why} (NVMe RDMA status {}: {})", status.code(), status.message()),
+                why: format!(
+                    "{why} (NVMe RDMA status {}: {})",
+                    status.code(),
+                    status.message()
+                ),
             });
         };
         let (nvme, shape) = match self.check(&request) {
@@ -502,7 +491,8 @@ impl Target {
         let cq_entries = shape.cq_entries();
         let queue = match Queue::new(request.id, qp, &self.state.pd, nvme, shape, now) {
             Ok(queue) => queue,
-            Err((id, why)) => {
+            Err(failed) => {
+                let (id, why) = *failed;
                 return reject(&mut self.state, &id, RejectStatus::NoResources, why);
             }
         };

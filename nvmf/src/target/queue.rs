@@ -70,7 +70,10 @@ enum Out {
 enum Stage {
     Free,
     /// Its host data is coming by RDMA READ (into its staging buffer unless `direct`).
-    Fetching { work: Work, direct: bool },
+    Fetching {
+        work: Work,
+        direct: bool,
+    },
     /// Waiting for a staging buffer to fetch its data into.
     WaitingToFetch(Work),
     /// Waiting for a staging buffer to send its data from.
@@ -153,18 +156,18 @@ impl Queue {
         request: CmRequest,
         shape: Shape,
         now: Instant,
-    ) -> Result<Queue, (CmId, Fatal)> {
+    ) -> Result<Queue, Box<(CmId, Fatal)>> {
         let recv_len = SQE_LEN + shape.in_capsule as usize;
         let recv = match pd.reg_mr(recv_len * shape.depth, AccessFlags::LOCAL_WRITE) {
             Ok(recv) => recv,
-            Err(error) => return Err((cm, format!("receive buffers: {error}"))),
+            Err(error) => return Err(Box::new((cm, format!("receive buffers: {error}")))),
         };
         let staging = (shape.staging > 0)
             .then(|| pd.reg_mr(STAGING_LEN * shape.staging, AccessFlags::LOCAL_WRITE))
             .transpose();
         let staging = match staging {
             Ok(staging) => staging,
-            Err(error) => return Err((cm, format!("staging buffers: {error}"))),
+            Err(error) => return Err(Box::new((cm, format!("staging buffers: {error}")))),
         };
         let contexts = (0..2 * shape.depth)
             .map(|_| Context {
@@ -200,7 +203,7 @@ impl Queue {
         };
         for slot in 0..queue.shape.depth {
             if let Err(why) = queue.post_recv(slot) {
-                return Err((queue.cm, why));
+                return Err(Box::new((queue.cm, why)));
             }
         }
         Ok(queue)
@@ -251,7 +254,10 @@ impl Queue {
             staging: None,
             stage: Stage::Free,
         };
-        if let Some(controller) = self.cntlid.and_then(|id| state.registry.controllers.get_mut(&id)) {
+        if let Some(controller) = self
+            .cntlid
+            .and_then(|id| state.registry.controllers.get_mut(&id))
+        {
             controller.last_seen = now;
         }
         self.begin(index, state, now)
@@ -335,8 +341,7 @@ impl Queue {
             return fail(self, state, Status::INTERNAL);
         };
         if qid == 0 {
-            let reply =
-                controller.admin(&sqe, transfer, &state.subsystems, &state.limits, &port);
+            let reply = controller.admin(&sqe, transfer, &state.subsystems, &state.limits, &port);
             return match reply {
                 Reply::Hold => {
                     self.contexts[index].stage = Stage::Held;
@@ -482,7 +487,9 @@ impl Queue {
                     }),
                 };
                 match result {
-                    Ok(cntlid) => self.finish(index, state, Status::SUCCESS, cntlid.into(), Out::None),
+                    Ok(cntlid) => {
+                        self.finish(index, state, Status::SUCCESS, cntlid.into(), Out::None)
+                    }
                     Err(refusal) => self.finish(
                         index,
                         state,
@@ -558,7 +565,10 @@ impl Queue {
         let pointer = context.pointer;
         let mut status = status;
         if !status.is_success() {
-            if let Some(controller) = self.cntlid.and_then(|id| state.registry.controllers.get_mut(&id)) {
+            if let Some(controller) = self
+                .cntlid
+                .and_then(|id| state.registry.controllers.get_mut(&id))
+            {
                 status = controller.log_error(self.qid.unwrap_or(0), &sqe, status);
             }
         }
@@ -597,17 +607,15 @@ impl Queue {
                     .and_then(|id| state.region_sge(id, nsid, offset, len)),
             };
             match (source, keyed) {
-                (Some(sge), Some((addr, len, key, _))) if sge.length == len => {
-                    wrs.push(SendWr {
-                        wr_id: wr_id(KIND_WRITE, index),
-                        op: SendOp::RdmaWrite {
-                            remote_addr: addr,
-                            rkey: key,
-                        },
-                        sg_list: [sge].into(),
-                        ..SendWr::default()
-                    })
-                }
+                (Some(sge), Some((addr, len, key, _))) if sge.length == len => wrs.push(SendWr {
+                    wr_id: wr_id(KIND_WRITE, index),
+                    op: SendOp::RdmaWrite {
+                        remote_addr: addr,
+                        rkey: key,
+                    },
+                    sg_list: [sge].into(),
+                    ..SendWr::default()
+                }),
                 (None, _) => {}
                 _ => {
                     // Data the SGL does not cover: a rule above was not kept.

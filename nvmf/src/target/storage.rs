@@ -63,7 +63,9 @@ impl Storage {
     pub(crate) fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
         let mut out = vec![0u8; len];
         match self {
-            Storage::Ram(mr) => mr.read(to_usize(offset)?, &mut out).map_err(io::Error::other)?,
+            Storage::Ram(mr) => mr
+                .read(to_usize(offset)?, &mut out)
+                .map_err(io::Error::other)?,
             Storage::File(file) => file.read_exact_at(&mut out, offset)?,
         }
         Ok(out)

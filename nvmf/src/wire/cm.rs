@@ -173,7 +173,9 @@ pub fn emit_reject(status: RejectStatus) -> [u8; REJECT_LEN] {
 /// Why a REJ's private data says the controller refused; `None` if it carries none.
 pub fn parse_reject(bytes: &[u8]) -> Option<RejectStatus> {
     let bytes = bytes.get(..REJECT_LEN)?;
-    Some(RejectStatus::from_code(u16::from_le_bytes([bytes[2], bytes[3]])))
+    Some(RejectStatus::from_code(u16::from_le_bytes([
+        bytes[2], bytes[3],
+    ])))
 }
 
 #[cfg(test)]

@@ -256,7 +256,10 @@ pub fn put_str(field: &mut [u8], text: &str) {
 /// Whether `name` is a well-formed NQN for this target's configuration: 1–223 bytes,
 /// starting `nqn.`, without NUL.
 pub fn valid_nqn(name: &str) -> bool {
-    !name.is_empty() && name.len() <= NQN_MAX_LEN && name.starts_with("nqn.") && !name.contains('\0')
+    !name.is_empty()
+        && name.len() <= NQN_MAX_LEN
+        && name.starts_with("nqn.")
+        && !name.contains('\0')
 }
 
 #[cfg(test)]

@@ -380,7 +380,10 @@ mod tests {
             iorcsz: 1,
             ..IdentifyController::default()
         };
-        assert_eq!(IdentifyController::parse(&controller.emit()), Some(controller.clone()));
+        assert_eq!(
+            IdentifyController::parse(&controller.emit()),
+            Some(controller.clone())
+        );
         assert_eq!(controller.max_transfer(), Some(128 << 10));
         assert_eq!(controller.in_capsule_len(), 8192);
         let namespace = IdentifyNamespace {
@@ -397,7 +400,10 @@ mod tests {
 
     #[test]
     fn lists_round_trip() {
-        assert_eq!(parse_namespace_list(&emit_namespace_list([3, 1, 2], 1)), [2, 3]);
+        assert_eq!(
+            parse_namespace_list(&emit_namespace_list([3, 1, 2], 1)),
+            [2, 3]
+        );
         let uuid = [5u8; 16];
         let list = emit_descriptors(&[(NIDT_UUID, &uuid), (NIDT_CSI, &[0])]);
         assert_eq!(

@@ -257,7 +257,9 @@ impl DiscoveryEntry {
         let b = b.get(..DISCOVERY_RECORD_LEN)?;
         let text = |field: &[u8]| {
             let end = field.iter().position(|&c| c == 0).unwrap_or(field.len());
-            String::from_utf8_lossy(&field[..end]).trim_end().to_string()
+            String::from_utf8_lossy(&field[..end])
+                .trim_end()
+                .to_string()
         };
         Some(DiscoveryEntry {
             trtype: b[0],
@@ -302,7 +304,9 @@ pub fn parse_discovery_header(b: &[u8]) -> Option<(u64, u64)> {
 /// Bytes `offset..offset + len` of `page`, zeros past its end, as a controller returns a
 /// log page read partly beyond it; `None` if `offset` is past the end.
 pub fn window(page: &[u8], offset: u64, len: usize) -> Option<Vec<u8>> {
-    let start = usize::try_from(offset).ok().filter(|&at| at <= page.len())?;
+    let start = usize::try_from(offset)
+        .ok()
+        .filter(|&at| at <= page.len())?;
     let mut out = vec![0u8; len];
     let have = (page.len() - start).min(len);
     out[..have].copy_from_slice(&page[start..start + have]);

@@ -146,8 +146,8 @@ mod tests {
     fn other_types_and_subtypes_are_refused_as_linux_refuses_them() {
         let mut bytes = [0u8; SGL_LEN];
         for (identifier, status) in [
-            (0x41, Status::INVALID_FIELD.dnr()), // keyed, offset subtype
-            (0x00, Status::INVALID_FIELD.dnr()), // data block, address subtype
+            (0x41, Status::INVALID_FIELD.dnr()),    // keyed, offset subtype
+            (0x00, Status::INVALID_FIELD.dnr()),    // data block, address subtype
             (0x20, Status::SGL_INVALID_TYPE.dnr()), // segment
             (0x30, Status::SGL_INVALID_TYPE.dnr()), // last segment
             (0x10, Status::SGL_INVALID_TYPE.dnr()), // bit bucket

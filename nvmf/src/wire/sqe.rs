@@ -178,7 +178,11 @@ mod tests {
         for flags in [0x41, 0x42, 0x00, 0x80, 0xC0] {
             let mut sqe = Sqe::new(0x02, 1);
             sqe.0[1] = flags;
-            assert_eq!(sqe.check_flags(), Err(Status::INVALID_FIELD.dnr()), "{flags:#x}");
+            assert_eq!(
+                sqe.check_flags(),
+                Err(Status::INVALID_FIELD.dnr()),
+                "{flags:#x}"
+            );
         }
     }
 }
