@@ -387,11 +387,29 @@ impl Controller {
         slot: u16,
         what: &'static str,
     ) -> Result<Cqe, Error> {
+        let cqe = self.wait_cqe(index, slot, what)?;
+        if !cqe.status.is_success() {
+            return Err(Error::Command {
+                command: what,
+                status: cqe.status,
+            });
+        }
+        Ok(cqe)
+    }
+
+    /// Waits for the completion of `slot` on queue `index` (`None`: admin), and for the
+    /// slot to be free again (its SEND complete).
+    fn wait_cqe(
+        &mut self,
+        index: Option<usize>,
+        slot: u16,
+        what: &'static str,
+    ) -> Result<Cqe, Error> {
         let deadline = Instant::now() + self.config.timeout;
         let queue_number = index.map_or(0, |i| i + 1);
         let mut found = None;
         let mut completions = Vec::new();
-        while found.is_none() {
+        while found.is_none() || !self.queue(index).is_free(slot) {
             if Instant::now() > deadline {
                 return Err(Error::Timeout(what));
             }
@@ -406,28 +424,34 @@ impl Controller {
                 self.release(completed.queue, completed.slot);
             }
         }
-        let cqe = found.unwrap_or(Cqe::new(slot, Status::INTERNAL, 0));
-        // The slot's SEND may complete after the response: wait for it, so the slot is
-        // free for the next command.
-        while !self.queue(index).is_free(slot) {
-            if Instant::now() > deadline {
-                break;
-            }
-            completions.clear();
-            if self.poll(&mut completions)? == 0 {
-                self.wait(Duration::from_millis(1))?;
-            }
-            for completed in completions.drain(..) {
-                self.release(completed.queue, completed.slot);
-            }
-        }
-        if !cqe.status.is_success() {
-            return Err(Error::Command {
-                command: what,
-                status: cqe.status,
-            });
-        }
-        Ok(cqe)
+        found.ok_or(Error::Timeout(what))
+    }
+
+    /// Runs a command on queue `queue` (0 the admin queue, `i` I/O queue `i`) and returns
+    /// its completion whatever its status: for probing a controller with commands a host
+    /// would not send. Data to the controller is taken from the slot's buffer, which holds
+    /// `data` first.
+    pub fn raw_command(
+        &mut self,
+        queue: usize,
+        sqe: Sqe,
+        transfer: Transfer,
+        data: &[u8],
+    ) -> Result<Cqe, Error> {
+        let index = queue.checked_sub(1);
+        let target = self.queue(index);
+        let slot = target
+            .take_slot()
+            .ok_or(Error::Protocol("no free slot".into()))?;
+        target.write_data(slot, 0, data)?;
+        target.submit(slot, sqe, transfer)?;
+        self.wait_cqe(index, slot, "a raw command")
+    }
+
+    /// Sends `bytes` (at most 64) as a capsule on queue `queue`, for probing how a
+    /// controller takes a malformed one.
+    pub fn raw_capsule(&mut self, queue: usize, bytes: &[u8]) -> Result<(), Error> {
+        self.queue(queue.checked_sub(1)).send_bytes(bytes)
     }
 
     /// Runs an admin command and waits for it.

@@ -25,6 +25,9 @@ pub enum Transfer {
     ToController(u32),
     /// `len` bytes from the controller into the slot's buffer.
     FromController(u32),
+    /// The command's data pointer as it is, and no data in the capsule (for testing how
+    /// a controller takes descriptors a host would not send).
+    AsIs,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -171,11 +174,13 @@ impl HostQueue {
                 }
             }
             transfer => {
-                let pointer = match transfer {
-                    Transfer::None => DataPointer::NONE,
-                    Transfer::ToController(len) | Transfer::FromController(len) => keyed(len),
-                };
-                sqe.set_data(&pointer);
+                match transfer {
+                    Transfer::None => sqe.set_data(&DataPointer::NONE),
+                    Transfer::ToController(len) | Transfer::FromController(len) => {
+                        sqe.set_data(&keyed(len))
+                    }
+                    Transfer::AsIs => {}
+                }
                 SendWr {
                     wr_id,
                     op: SendOp::Send,
@@ -189,6 +194,19 @@ impl HostQueue {
         entry.submitted = Some(Instant::now());
         self.qp
             .post_send([wr])
+            .map_err(|PostFailure { error, .. }| Error::from(error))
+    }
+
+    /// Sends `bytes` as a capsule of their own (at most 64: inline), answered by no slot.
+    pub(crate) fn send_bytes(&self, bytes: &[u8]) -> Result<(), Error> {
+        self.qp
+            .post_send([SendWr {
+                wr_id: KIND_SEND << 32 | u64::from(u32::MAX),
+                op: SendOp::Send,
+                inline_data: bytes.to_vec(),
+                flags: SendFlags::SIGNALED | SendFlags::INLINE,
+                ..SendWr::default()
+            }])
             .map_err(|PostFailure { error, .. }| Error::from(error))
     }
 

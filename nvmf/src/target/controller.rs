@@ -338,15 +338,11 @@ impl Controller {
         u64::from(max_depth - 1) | 15 << 24 | 1 << 37
     }
 
-    /// Property Get.
+    /// Property Get. CAP.MQES is the I/O queues' depth for a discovery controller too,
+    /// as Linux's target says (a host warns when it is below the depth it asks for).
     pub fn property_get(&self, offset: u32, wide: bool, limits: &Limits) -> Result<u64, Status> {
-        let depth = if self.subsystem.is_some() {
-            limits.max_queue_depth
-        } else {
-            ADMIN_QUEUE_DEPTH
-        };
         match (offset, wide) {
-            (property::CAP, true) => Ok(Self::capabilities(depth)),
+            (property::CAP, true) => Ok(Self::capabilities(limits.max_queue_depth)),
             (property::VS, false) => Ok(u64::from(VERSION_1_3)),
             (property::CC, false) => Ok(u64::from(self.cc)),
             (property::CSTS, false) => Ok(u64::from(self.csts)),
