@@ -238,10 +238,21 @@ fn the_linux_kernel_host_and_target_interoperate() {
     let Some(vm) = vm("the_linux_kernel_host_and_target_interoperate", "1500") else {
         return;
     };
-    // The kernel host against our target in the host namespace.
+    // The kernel host against our target in the host namespace, every frame recorded.
+    let pcap = tempfile::NamedTempFile::new().unwrap();
+    let pcap_path = pcap.path().to_str().unwrap();
     let server = Server::start(
         "rxe-host",
-        &["--ram", "64M", "--listen", "10.88.0.1", "-d", "host0"],
+        &[
+            "--ram",
+            "64M",
+            "--listen",
+            "10.88.0.1",
+            "-d",
+            "host0",
+            "--pcap",
+            pcap_path,
+        ],
     );
     let log = || server.log();
     let connect = |queues: u32| {
@@ -305,6 +316,23 @@ fn the_linux_kernel_host_and_target_interoperate() {
     );
     assert!(!target_log.contains("keep alive timeout"), "{target_log}");
     drop(server);
+    // Linux asks for remote invalidation (keyed SGL subtype 0xF): our responses were SEND
+    // with Invalidate; its in-capsule writes and READs of its data were answered by SEND.
+    let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
+        .args(["dump", "--summary", pcap_path])
+        .output()
+        .unwrap();
+    let summary = text(&dump);
+    let count = |name: &str| -> usize {
+        summary
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("RC_SEND_ONLY_WITH_INVALIDATE") > 100, "{summary}");
+    assert!(count("RC_RDMA_READ_REQUEST") > 100, "{summary}");
+    assert!(summary.contains("icrc_bad=0 malformed=0"), "{summary}");
 
     // Our host against the kernel's nvmet_rdma target on a RAM disk in the VM.
     let kernel_nqn = "nqn.2026-12.io.roce-xdp:ram0";
