@@ -113,6 +113,8 @@ const ADMIN_SLOTS: u16 = 4;
 const ADMIN_DATA: usize = 128 << 10;
 /// Completions taken per poll.
 const BATCH: usize = 64;
+/// How often a poll looks at connection events and the keep alive timer.
+const SERVICE_INTERVAL: Duration = Duration::from_millis(1);
 /// READs the controller may have outstanding at this host per queue.
 const RESPONDER_RESOURCES: u8 = 16;
 
@@ -140,6 +142,8 @@ pub struct Controller {
     lost: Option<String>,
     /// Completions taken while arming the CQ, handled by the next poll.
     pending: Vec<WorkCompletion>,
+    /// When `poll` next looks at connection events and Keep Alive.
+    next_service: Instant,
 }
 
 fn wr_parts(completion: &WorkCompletion) -> (u64, usize) {
@@ -199,6 +203,7 @@ impl Controller {
             next_keep_alive: None,
             lost: None,
             pending: Vec::new(),
+            next_service: Instant::now(),
         };
         controller.admin.set_invalidate(config.invalidate);
         let kato_ms = if subnqn == DISCOVERY_NQN {
@@ -624,7 +629,13 @@ impl Controller {
                 _ => {}
             }
         }
-        self.service()?;
+        // Connection events and the keep alive timer need no more than a look per
+        // millisecond; a poll of a busy queue should not pay for them each time.
+        let now = Instant::now();
+        if now >= self.next_service {
+            self.next_service = now + SERVICE_INTERVAL;
+            self.service()?;
+        }
         Ok(out.len() - before)
     }
 
