@@ -204,7 +204,8 @@ fn a_vanished_host_is_freed_and_the_next_one_served() {
     );
     let freed_after = killed.elapsed();
     assert!(
-        freed_after >= Duration::from_secs(2),
+        // (The timer counts from the host's last command, a moment before the kill.)
+        freed_after >= Duration::from_millis(1500),
         "freed after {freed_after:?}"
     );
     let output = perf(
@@ -269,7 +270,7 @@ fn the_linux_kernel_host_and_target_interoperate() {
         said.contains(NQN) && said.contains("traddr:  10.88.0.1"),
         "{said}"
     );
-    // One I/O queue, a small round trip; then four (as many as the VM has CPUs), 32 MiB.
+    // Random data written, caches dropped, read back: the same SHA-256.
     let round_trip = |mib: u32| {
         format!(
             "head -c {mib}M /dev/urandom > /tmp/x && dd if=/tmp/x of=/dev/nvme0n1 bs=1M conv=fsync 2>/dev/null \
@@ -278,10 +279,18 @@ fn the_linux_kernel_host_and_target_interoperate() {
              && echo \"wrote $a read $b\" && test \"$a\" = \"$b\""
         )
     };
+    // One I/O queue: a small round trip, then idle for more than two keep alive timeouts
+    // (Linux's 5 s) and still served. Four I/O queues asked for (Linux makes as many as
+    // the VM has CPUs): 32 MiB.
     in_vm(
         &vm,
         120,
-        &format!("{} && {} && {disconnect}", connect(1), round_trip(1)),
+        &format!(
+            "{} && {} && sleep 12 && head -c 4096 /dev/nvme0n1 > /tmp/y \
+             && head -c 4096 /tmp/x | cmp - /tmp/y && {disconnect}",
+            connect(1),
+            round_trip(1)
+        ),
         &log,
     );
     let said = in_vm(
@@ -291,16 +300,6 @@ fn the_linux_kernel_host_and_target_interoperate() {
         &log,
     );
     assert!(said.contains("wrote"), "{said}");
-    // Connected and idle for more than two keep alive timeouts (5 s): still served.
-    in_vm(
-        &vm,
-        120,
-        &format!(
-            "{} && sleep 12 && head -c 4096 /dev/nvme0n1 > /tmp/y && head -c 4096 /tmp/x | cmp - /tmp/y && {disconnect}",
-            connect(1)
-        ),
-        &log,
-    );
     let target_log = server.log();
     assert_eq!(
         target_log
@@ -311,7 +310,7 @@ fn the_linux_kernel_host_and_target_interoperate() {
     );
     assert_eq!(
         target_log.matches(&format!("connected to {NQN}")).count(),
-        3,
+        2,
         "{target_log}"
     );
     assert!(!target_log.contains("keep alive timeout"), "{target_log}");

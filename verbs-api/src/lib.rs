@@ -77,6 +77,7 @@ mod qp;
 mod queues;
 mod shared;
 mod srq;
+pub mod sysfs;
 mod wait;
 
 pub use ah::AddressHandle;
