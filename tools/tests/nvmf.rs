@@ -119,7 +119,14 @@ fn both_ends_ours_between_namespaces() {
         return;
     }
     let (a, b) = two_namespaces("roce-nvmf");
-    let server = Server::start(&b.name, &["--ram", "32M", "--listen", "10.84.0.2"]);
+    // Namespace 1 in RAM, namespace 2 a file (moved through staging buffers).
+    let file = tempfile::NamedTempFile::new().unwrap();
+    file.as_file().set_len(4 << 20).unwrap();
+    let file_path = file.path().to_str().unwrap();
+    let server = Server::start(
+        &b.name,
+        &["--ram", "32M", "--file", file_path, "--listen", "10.84.0.2"],
+    );
     let discovered = roce_in(&a, "nvmf", &["discover", "10.84.0.2"])
         .output()
         .unwrap();
@@ -157,6 +164,29 @@ fn both_ends_ours_between_namespaces() {
             server.log()
         );
     }
+    let output = perf(
+        &a,
+        "10.84.0.2",
+        &[
+            "--nsid",
+            "2",
+            "--rw",
+            "randrw",
+            "--bs",
+            "16k",
+            "--iodepth",
+            "8",
+            "--ios",
+            "600",
+            "--verify",
+        ],
+    );
+    assert!(
+        verified(&output),
+        "file:\n{}\n{}",
+        text(&output),
+        server.log()
+    );
     let log = server.log();
     assert!(log.contains("I/O queue 2, 16 entries"), "{log}");
     assert!(!log.contains("keep alive timeout"), "{log}");
