@@ -187,6 +187,11 @@ fn both_ends_ours_between_namespaces() {
         text(&output),
         server.log()
     );
+    let stored = std::fs::read(file.path()).unwrap();
+    assert!(
+        stored.iter().any(|&byte| byte != 0),
+        "nothing reached the file"
+    );
     let log = server.log();
     assert!(log.contains("I/O queue 2, 16 entries"), "{log}");
     assert!(!log.contains("keep alive timeout"), "{log}");
