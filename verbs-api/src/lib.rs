@@ -45,6 +45,9 @@
 //!
 //! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
 //!   posted once for many QPs, with the limit event among the async events.
+//! - **UD multicast** ([`Qp::attach_mcast`], [`CmId::join_multicast`]): a datagram to a group
+//!   reaches every attached QP; rdma_cm's join joins the host to the group (IGMP, by the
+//!   kernel), as for rxe.
 //!
 //! Not yet: memory windows.
 //!
@@ -52,11 +55,13 @@
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `async_events` (each context's queue of them),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
-//! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
+//! (choosing one), `cm_routes` (where CM events go), `groups` (multicast attachments and the
+//! interface's part in them), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
 //! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
-//! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
+//! rxe-named counters), `mcast` (attaching QPs to multicast groups), and `cm`, the
+//! connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -73,9 +78,11 @@ mod cq;
 pub mod device;
 mod engine_thread;
 mod error;
+mod groups;
 mod handshake;
 mod iova;
 mod limits;
+mod mcast;
 mod mr;
 mod neighbour;
 mod options;
@@ -91,8 +98,8 @@ pub use ah::AddressHandle;
 pub use backend::BackendKind;
 pub use channel::CompChannel;
 pub use cm::{
-    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, PathRecord, UdParam,
-    MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
+    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, McastJoin, PathRecord,
+    UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
 };
 pub use context::Context;
 pub use cq::Cq;

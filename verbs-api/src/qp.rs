@@ -299,6 +299,9 @@ impl Drop for Qp {
         if let Ok(mut core) = self.shared().lock() {
             core.submissions.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
+            // The MACs of groups that went with it leave the interface's filter.
+            let core = &mut *core;
+            core.multicast.forget_qp(core.engine.endpoint(), self.qpn);
         }
     }
 }

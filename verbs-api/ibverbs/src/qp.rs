@@ -22,6 +22,7 @@ use crate::qp_ex::{self, QpEx};
 use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
+const EBUSY: c_int = 16;
 
 /// Our `ibv_qp`: the `ibv_qp_ex` around it comes first (so the pointer callers hold is
 /// both), then what only the QP calls need.
@@ -43,9 +44,14 @@ impl Qp {
     ///
     /// # Safety
     /// `qp` is NULL or came from [`create_qp`] and is not destroyed.
-    unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+    pub(crate) unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
         // SAFETY: `ex.raw.qp_base` is the first field of our `#[repr(C)]` Qp.
         unsafe { qp.cast::<Qp>().as_ref() }
+    }
+
+    /// The `roce-verbs` QP behind it.
+    pub(crate) fn verbs_qp(&self) -> &roce_verbs::Qp {
+        &self.ex.qp
     }
 }
 
@@ -276,6 +282,11 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
+    // uverbs refuses to destroy a QP still attached to a multicast group.
+    if ours.qp.mcast_attachments() > 0 {
+        crate::log_failure("ibv_destroy_qp", &"still attached to a multicast group");
+        return EBUSY;
+    }
     let placement = ours.placement;
     // SAFETY: a QP's context, PD and CQs outlive it (they cannot go while it uses them).
     unsafe {
