@@ -103,7 +103,10 @@ impl Core {
             if let Ok(mut entries) = queue.entries.lock() {
                 // What does not fit waits in the endpoint's CQ, which overflows when full;
                 // pollers that empty their queue fetch it (see `Cq::poll_into`).
-                let room = queue.depth.saturating_sub(entries.len());
+                let room = queue
+                    .depth
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(entries.len());
                 moved.clear();
                 cq.poll(room, &mut moved);
                 entries.extend(moved.drain(..));

@@ -16,7 +16,10 @@
 //! - **Memory.** A region owns its bytes ([`Pd::reg_mr`], [`Pd::reg_mr_buffer`]) and programs
 //!   read and write them through [`Mr`], so nothing the peer can write is ever freed or moved
 //!   under it; or it covers the program's own memory ([`Pd::reg_mr_raw`], `unsafe`: the
-//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does.
+//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does; or it pages on
+//!   demand ([`Pd::reg_mr_on_demand`], [`Pd::reg_mr_implicit`]: nothing need be mapped, an
+//!   access where nothing is fails). [`Mr::rereg`] changes a region's PD, rights and memory
+//!   under the same keys.
 //! - **Locking.** With an engine thread, the data path never takes the context's lock:
 //!   posting checks the request against the QP's state and room as of the engine's last
 //!   round and queues it in the QP's own submission queue; polling reads the CQ's own queue,
@@ -103,7 +106,7 @@ pub use cq::Cq;
 pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
-pub use mr::{Mr, Pd};
+pub use mr::{Mr, Pd, Rereg};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;

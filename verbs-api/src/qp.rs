@@ -166,6 +166,11 @@ impl Qp {
         let result = core.endpoint().modify_qp(Instant::now(), self.qpn, attr);
         core.refresh_gates();
         result?;
+        if attr.state == Some(QpState::Reset) {
+            for cq in &self._cqs {
+                cq.discard_qp(&mut core, self.qpn)?;
+            }
+        }
         // Entering ERR completes work: let a waiting channel hear of it.
         self.shared().kick(&mut core)
     }

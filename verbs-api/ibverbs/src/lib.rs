@@ -19,7 +19,7 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening, importing and
 //! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
-//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `pd`, `cq` → `context` →
+//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
 //! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
 //! close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
@@ -78,11 +78,12 @@ export!("ibv_reg_mr" @ "IBVERBS_1.1" => pd::reg_mr);
 export!("ibv_reg_mr_iova" @ "IBVERBS_1.7" => pd::reg_mr_iova);
 export!("ibv_reg_mr_iova2" @ "IBVERBS_1.8" => pd::reg_mr_iova2);
 export!("ibv_dereg_mr" @ "IBVERBS_1.1" => pd::dereg_mr);
+export!("ibv_rereg_mr" @ "IBVERBS_1.1" => pd::rereg_mr);
 export!("ibv_create_comp_channel" @ "IBVERBS_1.0" => cq::create_comp_channel);
 export!("ibv_destroy_comp_channel" @ "IBVERBS_1.0" => cq::destroy_comp_channel);
 export!("ibv_create_cq" @ "IBVERBS_1.1" => cq::create_cq);
 export!("ibv_destroy_cq" @ "IBVERBS_1.1" => cq::destroy_cq);
-export!("ibv_resize_cq" @ "IBVERBS_1.1" => unsupported::int);
+export!("ibv_resize_cq" @ "IBVERBS_1.1" => cq::resize_cq);
 export!("ibv_get_cq_event" @ "IBVERBS_1.1" => cq::get_cq_event);
 export!("ibv_ack_cq_events" @ "IBVERBS_1.1" => cq::ack_cq_events);
 export!("ibv_create_qp" @ "IBVERBS_1.1" => qp::create_qp);
@@ -111,7 +112,6 @@ export!("ibv_unimport_pd" @ "IBVERBS_1.10" => import::unimport_pd);
 export!("ibv_unimport_mr" @ "IBVERBS_1.10" => import::unimport_mr);
 // Not supported by this device; rdma-core fails them the same way for a provider without
 // them.
-export!("ibv_rereg_mr" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_reg_dmabuf_mr" @ "IBVERBS_1.12" => unsupported::null);
 export!("ibv_import_dm" @ "IBVERBS_1.13" => unsupported::null);
 export!("ibv_unimport_dm" @ "IBVERBS_1.13" => unsupported::nothing);

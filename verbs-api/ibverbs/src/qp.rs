@@ -16,7 +16,7 @@ use crate::ah::{address_vector, Ah};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::logging::fail_null;
-use crate::pd::Pd;
+use crate::pd::{Pd, Placement, RES_TYPE_QP};
 use crate::post::{inline_bytes, post_list, post_recv_list, sg_list, MAX_INLINE_DATA};
 use crate::qp_ex::{self, QpEx};
 use crate::srq::Srq;
@@ -35,6 +35,8 @@ pub(crate) struct Qp {
     attr: Mutex<ibv_qp_attr>,
     /// Whether `ibv_qp_to_qp_ex` hands out the builders: created by `ibv_create_qp_ex`.
     extended: bool,
+    /// Where its memory came from (its parent domain's allocator, or the heap).
+    placement: Placement,
 }
 
 impl Qp {
@@ -202,7 +204,15 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
     let qp_num = qp.qp_num();
-    let ptr = Box::into_raw(Box::new(Qp::new(&c, ours.raw.context, qp, cap)));
+    let made = Qp::new(&c, ours.raw.context, qp, cap);
+    let ptr = match Placement::place(Some(ours), RES_TYPE_QP, made) {
+        Ok((ptr, placement)) => {
+            // SAFETY: just placed, not yet handed out.
+            unsafe { (*ptr).placement = placement };
+            ptr
+        }
+        Err(errno) => return fail_null(CALL, errno, &"the parent domain's allocator"),
+    };
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -261,6 +271,7 @@ impl Qp {
                 ..ibv_qp_attr::default()
             }),
             extended: c.extended,
+            placement: Placement::Heap,
         }
     }
 }
@@ -276,6 +287,7 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         crate::log_failure("ibv_destroy_qp", &"still attached to a multicast group");
         return EBUSY;
     }
+    let placement = ours.placement;
     // SAFETY: a QP's context, PD and CQs outlive it (they cannot go while it uses them).
     unsafe {
         if let Some(context) = Context::from_raw(ours.raw.qp_base.context) {
@@ -294,7 +306,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Some(srq) = Srq::from_raw(ours.raw.qp_base.srq) {
             srq.users.fetch_sub(1, Ordering::AcqRel);
         }
-        drop(Box::from_raw(qp.cast::<Qp>()));
+        // Placed by `create`; the caller gives it up.
+        placement.release(qp.cast::<Qp>());
     }
     0
 }
