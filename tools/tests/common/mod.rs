@@ -48,6 +48,21 @@ pub fn text(output: &Output) -> String {
     )
 }
 
+/// How a program ended, then its stdout and stderr: for failure messages, where an empty
+/// output alone does not tell a program killed by its time limit (`timeout`'s 124; stdout
+/// buffered and lost) or by a signal from one that printed nothing.
+pub fn said(output: &Output) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let status = output.status;
+    let how = match (status.code(), status.signal()) {
+        (Some(124), _) => "exit status 124: its time limit ended it".to_string(),
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => format!("{status}"),
+    };
+    format!("[{how}]\n{}", text(output))
+}
+
 /// Whether `text` has a perftest result row for `size` bytes and `iters` iterations.
 pub fn has_row(text: &str, size: &str, iters: &str) -> bool {
     text.lines().any(|line| {
