@@ -26,7 +26,7 @@ const RETRANSMIT_WAIT: Duration = Duration::from_secs(2);
 /// The first request comes right after the last barrier.
 const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// A client that sends nothing and does not end its run for this long has hung (the
-/// clients' loop should end a run after twice that).
+/// clients' loop should end a run some time after that, within `--patience`).
 const HUNG_AFTER: Duration = Duration::from_secs(5);
 /// Bound on each read and write of the exchange.
 const EXCHANGE_STALL: Duration = Duration::from_secs(10);
