@@ -48,9 +48,13 @@
 //!
 //! Where this follows the spec rather than rxe: `retry_cnt` 7 is seven retries, not
 //! infinity (rxe treats it as infinite; only `rnr_retry` 7 is infinite in the IBTA).
-//! Not done yet: SEND with invalidate reports the R_Key in the completion but invalidates
-//! nothing (there are no memory windows); SQD does not stop new work requests; path
-//! migration and alternate paths are not supported.
+//! Memory windows ([`mr::MwType`]) live in the region table beside the regions: binds and
+//! local invalidations are work requests the requester runs when its cursor reaches them
+//! (sending nothing, completing in order), and the responder reaches a region through a
+//! window's R_Key under the window's rules, and frees a window a SEND with invalidate names.
+//!
+//! Not done yet: SQD does not stop new work requests; path migration and alternate paths
+//! are not supported.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

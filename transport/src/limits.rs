@@ -58,6 +58,8 @@ pub struct DeviceLimits {
     pub max_srq_wr: u32,
     /// Most scatter elements per SRQ receive.
     pub max_srq_sge: u32,
+    /// Most memory windows alive at once.
+    pub max_mw: u32,
 }
 
 /// The limits of every roce-xdp device.
@@ -74,6 +76,7 @@ pub const LIMITS: DeviceLimits = DeviceLimits {
     max_srq: 1 << 16,
     max_srq_wr: 1 << 16,
     max_srq_sge: 32,
+    max_mw: 1 << 17,
 };
 
 impl DeviceLimits {

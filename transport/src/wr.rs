@@ -2,6 +2,7 @@
 
 use smallvec::SmallVec;
 
+use crate::access::AccessFlags;
 use crate::qp_state::AddressVector;
 
 /// A gather or scatter list: one element inline (rc_pingpong, perftest and most programs post
@@ -74,6 +75,44 @@ pub enum SendOp {
         /// Value added.
         add: u64,
     },
+    /// Binds a memory window to a range of a region (`IBV_WR_BIND_MW`, and what
+    /// `ibv_bind_mw` posts for a type 1 window); runs locally, sends nothing.
+    BindMw(MwBind),
+    /// Invalidates the type 2 memory window with this R_Key (`IBV_WR_LOCAL_INV`); runs
+    /// locally, sends nothing.
+    LocalInv(u32),
+}
+
+/// A memory window of an endpoint: its R_Key without the key byte, which stays the same
+/// through every bind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MwId(pub(crate) u32);
+
+impl MwId {
+    /// The window's index, the upper 24 bits of each of its R_Keys.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+/// What a memory window bind asks (`struct ibv_mw_bind_info` and the new R_Key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window.
+    pub mw: MwId,
+    /// The R_Key it takes: only its low 8 bits (the key byte the consumer owns) count.
+    pub rkey: u32,
+    /// The region's L_Key (ignored when `length` is 0, which unbinds a type 1 window).
+    pub mr_lkey: u32,
+    /// First address of the window, in the region's addresses.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub length: u64,
+    /// What peers may do through it (the remote rights of [`AccessFlags`]).
+    pub access: AccessFlags,
+    /// Peers address the window from 0 rather than from `addr` (`IBV_ACCESS_ZERO_BASED`;
+    /// type 2 windows only).
+    pub zero_based: bool,
 }
 
 impl SendOp {
@@ -88,6 +127,12 @@ impl SendOp {
     /// Whether this is an atomic.
     pub const fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// Whether this runs at the requester without sending a packet (memory window binds and
+    /// local invalidation).
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
     }
 }
 

@@ -252,6 +252,10 @@ fn ack_through(
         if !sq.started(index) {
             break;
         }
+        if wqe.local_done() {
+            index += 1;
+            continue;
+        }
         if wqe.wr.op.is_read_or_atomic() {
             let answered = wqe.answered_through() - 1;
             if psn.distance(answered) > 0 {
@@ -288,6 +292,10 @@ fn answered_before(
     while let Some(wqe) = sq.get(index) {
         if wqe.contains(psn) {
             return Ok(index);
+        }
+        if wqe.local_done() {
+            index += 1;
+            continue;
         }
         if wqe.wr.op.is_read_or_atomic() {
             let resume = wqe.answered_through();

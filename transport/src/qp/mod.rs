@@ -323,6 +323,7 @@ impl Qp {
                 return;
             }
         }
+        self.complete_local_front(ctx);
         match outcome.then {
             Then::Nothing => {}
             Then::Retry { from, wait } => {
@@ -395,7 +396,11 @@ impl Qp {
     #[inline]
     fn poll_request(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
         let (sq, timers) = (&mut self.sq, &mut self.timers);
-        match requester::next_packet(sq, timers, &mut self.common, ctx, out) {
+        let next = requester::next_packet(sq, timers, &mut self.common, ctx, out);
+        // Local operations the requester ran complete once nothing before them is left,
+        // ahead of the WQE whose packet just left.
+        self.complete_local_front(ctx);
+        match next {
             Next::Nothing => false,
             Next::Sent { completes_front } => {
                 if completes_front {
@@ -460,6 +465,17 @@ impl Qp {
         self.sq.pop_front();
         if let Some(completion) = completion {
             self.complete(ctx, self.common.send_cq, completion);
+        }
+    }
+
+    /// Completes the local operations (binds, local invalidations) at the front that have
+    /// run: they wait for nothing but the WQEs before them.
+    #[inline]
+    fn complete_local_front(&mut self, ctx: &mut Ctx) {
+        while self.sq.front().is_some_and(|wqe| wqe.local_done())
+            && self.common.state != QpState::Err
+        {
+            self.complete_front(ctx);
         }
     }
 

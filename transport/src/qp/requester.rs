@@ -21,7 +21,9 @@ const MAX_UNACKED_PSNS: i32 = 128;
 /// Queues a send work request the QP admitted, `len` bytes long.
 #[inline]
 pub(crate) fn post(sq: &mut SendQueue, config: &QpConfig, wr: &SendWr, len: u32) {
-    let npsn = if wr.op.is_atomic() {
+    let npsn = if wr.op.is_local() {
+        0
+    } else if wr.op.is_atomic() {
         1
     } else {
         config.packets(len)
@@ -145,8 +147,10 @@ pub(crate) fn next_packet(
     ctx: &mut Ctx,
     out: &mut OutPacket,
 ) -> Next {
-    let Some((index, k)) = sendable(sq, timers, qp) else {
-        return Next::Nothing;
+    let (index, k) = match next_remote(sq, timers, qp, ctx) {
+        Ok(Some(found)) => found,
+        Ok(None) => return Next::Nothing,
+        Err(failed) => return failed,
     };
     sq.begin_packet();
     let psn = sq.next_psn();
@@ -201,6 +205,47 @@ pub(crate) fn next_packet(
     Next::Sent {
         completes_front: advance.wqe_sent && qp.qp_type != QpType::Rc,
     }
+}
+
+/// The WQE and packet to send next, running the local operations the cursor passes on the
+/// way (each once: going back N passes them by); `Err` with the failure of one that fails.
+fn next_remote(
+    sq: &mut SendQueue,
+    timers: &TimerTable,
+    qp: &Common,
+    ctx: &mut Ctx,
+) -> Result<Option<(usize, u32)>, Next> {
+    loop {
+        let Some((index, k)) = sendable(sq, timers, qp) else {
+            return Ok(None);
+        };
+        let Some(wqe) = sq.get(index) else {
+            return Ok(None);
+        };
+        if !wqe.wr.op.is_local() {
+            return Ok(Some((index, k)));
+        }
+        if !wqe.done {
+            run_local(qp, ctx, &wqe.wr.op).map_err(|status| Next::Fail { index, status })?;
+        }
+        sq.pass_local();
+    }
+}
+
+/// Runs a memory window bind or a local invalidation (`rxe_do_local_ops`): a refused bind
+/// fails with `IBV_WC_MW_BIND_ERR`, a refused invalidation with `IBV_WC_LOC_QP_OP_ERR`.
+fn run_local(qp: &Common, ctx: &mut Ctx, op: &SendOp) -> Result<(), WcStatus> {
+    let result = match op {
+        SendOp::BindMw(bind) => (ctx.mrs.bind_mw(qp.pd, qp.qpn, bind).map(drop))
+            .map_err(|error| (error, WcStatus::MwBind)),
+        SendOp::LocalInv(rkey) => (ctx.mrs.invalidate(qp.pd, None, *rkey))
+            .map_err(|error| (error, WcStatus::LocalQpOperation)),
+        _ => Ok(()),
+    };
+    result.map_err(|(error, status)| {
+        tracing::debug!(qpn = qp.qpn, %error, "local operation failed");
+        status
+    })
 }
 
 /// The WQE and packet to send next, if the QP's state, the RNR wait, fences, read slots and

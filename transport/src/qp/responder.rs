@@ -491,6 +491,9 @@ fn receive_send(
         resp.in_message = Some(InMessage::Send { received });
         return Ok(());
     }
+    if let Some(ieth) = frame.ext.ieth {
+        invalidate(qp, ctx, ieth.rkey)?;
+    }
     let completion = WorkCompletion {
         byte_len: received,
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
@@ -574,7 +577,7 @@ fn receive_write(
         let write = AccessFlags::REMOTE_WRITE;
         qp_permits(qp, write)?;
         ctx.mrs
-            .write(qp.pd, rkey, address, frame.payload, write)
+            .write_remote(qp.pd, qp.qpn, rkey, address, frame.payload, write)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
     }
     if !ends {
@@ -604,6 +607,23 @@ fn receive_write(
     Ok(())
 }
 
+/// A SEND with invalidate frees the type 2 memory window it names, which must be bound by
+/// this QP (rxe's `invalidate_rkey`). Any other key (a region's, another QP's or PD's
+/// window, a stale one) is IBTA's class J error: the receive completes with
+/// `IBV_WC_REM_INV_REQ_ERR`, the request is NAKed as invalid and the QP enters ERR (rxe
+/// acknowledges it instead; its requester then completes the SEND successfully).
+fn invalidate(qp: &Common, ctx: &mut Ctx, rkey: u32) -> Result<(), Refusal> {
+    ctx.mrs
+        .invalidate(qp.pd, Some(qp.qpn), rkey)
+        .map_err(|error| {
+            tracing::debug!(qpn = qp.qpn, rkey, %error, "SEND with invalidate refused");
+            Refusal::Fatal(
+                NakCode::InvalidRequest,
+                Some(WcStatus::RemoteInvalidRequest),
+            )
+        })
+}
+
 /// The first half of the responder's access check: the QP's own remote rights.
 fn qp_permits(qp: &Common, needed: AccessFlags) -> Result<(), Refusal> {
     if qp.config.access.contains(needed) {
@@ -625,7 +645,7 @@ fn remote_access(
 ) -> Result<Location, Refusal> {
     qp_permits(qp, needed)?;
     ctx.mrs
-        .check(qp.pd, rkey, address, u64::from(len), needed)
+        .check_remote(qp.pd, qp.qpn, rkey, address, u64::from(len), needed)
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
@@ -649,7 +669,7 @@ fn atomic(
     };
     let original = ctx
         .mrs
-        .atomic(qp.pd, op.rkey, op.virtual_address, operation)
+        .atomic_remote(qp.pd, qp.qpn, op.rkey, op.virtual_address, operation)
         .map_err(|error| match error {
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),

@@ -24,12 +24,22 @@ pub(crate) struct SendWqe {
     pub npsn: u32,
     /// READ response packets received, in order.
     pub responses: u32,
+    /// A local operation (bind, local invalidate) that has run: going back N passes it by.
+    pub done: bool,
 }
 
 impl SendWqe {
+    /// PSN of its last packet (a local operation, which has none, is not asked).
     #[inline]
     pub fn last_psn(&self) -> Psn {
-        self.first_psn + (self.npsn - 1)
+        self.first_psn + (self.npsn.max(1) - 1)
+    }
+
+    /// Whether it is a local operation that has run: it completes as soon as every WQE
+    /// before it has.
+    #[inline]
+    pub fn local_done(&self) -> bool {
+        self.done && self.wr.op.is_local()
     }
 
     #[inline]
@@ -126,6 +136,7 @@ impl SendQueue {
         wqe.first_psn = Psn::new(0);
         wqe.npsn = npsn;
         wqe.responses = 0;
+        wqe.done = false;
     }
 
     /// The WQE to transmit from and the packet of it that goes next, if any WQE is left.
@@ -182,6 +193,19 @@ impl SendQueue {
             retransmit,
             wqe_sent,
         }
+    }
+
+    /// Moves the cursor past the local operation under it, which has run (or had run before
+    /// going back N): it takes no PSN.
+    #[inline]
+    pub fn pass_local(&mut self) {
+        let psn = self.next_psn;
+        if let Some(wqe) = self.wqes.get_mut(self.next) {
+            wqe.first_psn = psn;
+            wqe.done = true;
+        }
+        self.next += 1;
+        self.pkt_in_wqe = 0;
     }
 
     /// Moves the transmit cursor back to `psn` (go back N); a READ whose response packets
@@ -273,13 +297,16 @@ fn wc_opcode(wr: &SendWr) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::BindMw(_) => WcOpcode::BindMw,
+        SendOp::LocalInv(_) => WcOpcode::LocalInv,
     }
 }
 
-/// The wire operation a work request carries out, and what ends its message.
+/// The wire operation a work request carries out, and what ends its message; `None` for a
+/// local operation, which sends nothing.
 #[inline]
-fn operation(op: &SendOp) -> (Operation, Trailer) {
-    match op {
+fn operation(op: &SendOp) -> Option<(Operation, Trailer)> {
+    Some(match op {
         SendOp::Send => (Operation::Send, Trailer::None),
         SendOp::SendWithImm(_) => (Operation::Send, Trailer::Immediate),
         SendOp::SendWithInv(_) => (Operation::Send, Trailer::Invalidate),
@@ -288,7 +315,8 @@ fn operation(op: &SendOp) -> (Operation, Trailer) {
         SendOp::RdmaRead { .. } => (Operation::ReadRequest, Trailer::None),
         SendOp::CompareSwap { .. } => (Operation::CompareSwap, Trailer::None),
         SendOp::FetchAdd { .. } => (Operation::FetchAdd, Trailer::None),
-    }
+        SendOp::BindMw(_) | SendOp::LocalInv(_) => return None,
+    })
 }
 
 #[inline]
@@ -305,7 +333,7 @@ fn service(qp_type: QpType) -> Service {
 /// operation (the opcode table is what says READ is RC only, and so on).
 #[inline]
 pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -> Option<Opcode> {
-    let (operation, trailer) = operation(op);
+    let (operation, trailer) = operation(op)?;
     let trailer = if position.ends_message() {
         trailer
     } else {
@@ -315,7 +343,11 @@ pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -
 }
 
 /// Whether a QP of `qp_type` can carry out `wr` (a UD send also needs its destination).
+/// Memory window binds and local invalidation run on connected QPs (rxe: RC and UC).
 pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
+    if wr.op.is_local() {
+        return matches!(qp_type, QpType::Rc | QpType::Uc) && wr.sg_list.is_empty();
+    }
     let one_packet = request_opcode(qp_type, &wr.op, Position::Only).is_some();
     one_packet && (qp_type != QpType::Ud || wr.ud.is_some())
 }
