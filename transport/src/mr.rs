@@ -126,6 +126,11 @@ impl Mr {
         self.len() == 0
     }
 
+    /// How many memory windows are bound to it (while any is, it cannot be deregistered).
+    pub fn windows_bound(&self) -> u32 {
+        self.windows
+    }
+
     /// The bytes of a region that owns them; `None` over the caller's memory, which the
     /// caller reaches through its own pointer.
     pub fn bytes(&self) -> Option<&[u8]> {

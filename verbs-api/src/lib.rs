@@ -41,14 +41,15 @@
 //! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
 //!   posted once for many QPs, with the limit event among the async events.
 //!
-//! Not yet: memory windows.
+//! - **Memory windows** ([`Pd::alloc_mw`], [`Qp::bind_mw`], [`SendOp::BindMw`],
+//!   [`SendOp::LocalInv`]): type 1 and type 2 windows as rxe gives them.
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
-//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`, `mw`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
 //! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
@@ -70,6 +71,7 @@ mod handshake;
 mod iova;
 mod limits;
 mod mr;
+mod mw;
 mod neighbour;
 mod options;
 mod path;
@@ -92,6 +94,7 @@ pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd};
+pub use mw::{inc_rkey, Mw, MwBindInfo};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;
@@ -101,10 +104,13 @@ pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
 pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use roce_transport::endpoint::AsyncEvent;
+pub use roce_transport::mr::MwType;
 pub use roce_transport::qp::{QpCaps, QpStats};
 pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
 pub use roce_transport::srq::{SrqAttr, SrqModify};
-pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
+pub use roce_transport::wr::{
+    MwBind, MwId, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest,
+};
 pub use roce_transport::{AccessFlags, CqId, SrqId};
 pub use roce_wire::aeth::RnrTimer;
 pub use roce_wire::Psn;

@@ -39,14 +39,17 @@ pub type PostRecv =
 pub type PostSrqRecv =
     unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
 /// `struct ibv_context_ops`: what the inline `ibv_post_send`, `ibv_poll_cq`, ... call.
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_0_to_56: [usize; 7],
-    pub alloc_mw: usize,
-    pub bind_mw: usize,
-    pub dealloc_mw: usize,
+    pub alloc_mw: Option<AllocMw>,
+    pub bind_mw: Option<BindMw>,
+    pub dealloc_mw: Option<DeallocMw>,
     pub _compat_create_cq: usize,
     pub poll_cq: Option<PollCq>,
     pub req_notify_cq: Option<ReqNotifyCq>,
@@ -237,8 +240,9 @@ pub struct ibv_qp_ex {
     pub wr_flags: u32,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
-    pub wr_bind_mw: Option<WrUnsupported>,
-    pub wr_local_inv: Option<WrUnsupported>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
@@ -357,8 +361,51 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw` / `tso` union.
-    pub _bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` member of the `bind_mw` / `tso` union (the larger).
+    pub bind_mw: ibv_bind_mw_wr,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `type` (`enum ibv_mw_type`).
+    pub mw_type: u32,
+}
+
+pub const IBV_MW_TYPE_1: u32 = 1;
+pub const IBV_MW_TYPE_2: u32 = 2;
+/// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0.
+pub const IBV_ACCESS_ZERO_BASED: u32 = 1 << 5;
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind`: what `ibv_bind_mw` takes.
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_bind_mw_wr {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 pub const IBV_WR_RDMA_WRITE: u32 = 0;
@@ -368,6 +415,8 @@ pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub const IBV_WR_RDMA_READ: u32 = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+pub const IBV_WR_LOCAL_INV: u32 = 7;
+pub const IBV_WR_BIND_MW: u32 = 8;
 pub const IBV_WR_SEND_WITH_INV: u32 = 9;
 
 #[repr(C)]
@@ -585,7 +634,19 @@ mod layout_tests {
                 "qp_type.xrc.remote_srqn",
                 offset_of!(ibv_send_wr, remote_srqn),
             ),
-            ("bind_mw", offset_of!(ibv_send_wr, _bind_mw_or_tso)),
+            ("bind_mw", offset_of!(ibv_send_wr, bind_mw)),
+            (
+                "bind_mw.mw",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, mw),
+            ),
+            (
+                "bind_mw.rkey",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, rkey),
+            ),
+            (
+                "bind_mw.bind_info",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, bind_info),
+            ),
         ] {
             rows.push((format!("offsetof(struct ibv_send_wr, {member})"), value));
         }
@@ -612,7 +673,14 @@ mod layout_tests {
             ibv_srq_attr { max_wr, max_sge, srq_limit }
             ibv_srq_init_attr { srq_context, attr }
             ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
+            ibv_mw { context, pd, rkey, handle }
+            ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+            ibv_mw_bind { wr_id, send_flags, bind_info }
         });
+        rows.push((
+            "offsetof(struct ibv_mw, type)".into(),
+            offset_of!(ibv_mw, mw_type),
+        ));
         rows
     }
 

@@ -330,8 +330,9 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
         hw_ver: 0,
         max_qp: clamp(limits.max_qp.into()),
         max_qp_wr: clamp(limits.max_qp_wr.into()),
-        // IBV_DEVICE_RC_RNR_NAK_GEN: our responder sends RNR NAKs.
-        device_cap_flags: 1 << 12,
+        // IBV_DEVICE_RC_RNR_NAK_GEN: our responder sends RNR NAKs; IBV_DEVICE_MEM_WINDOW
+        // and IBV_DEVICE_MEM_WINDOW_TYPE_2B: memory windows of both types, as rxe's.
+        device_cap_flags: 1 << 12 | 1 << 17 | 1 << 24,
         max_sge: clamp(limits.max_sge.into()),
         max_sge_rd: clamp(limits.max_sge.into()),
         max_cq: 1 << 16,
@@ -347,7 +348,7 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
         atomic_cap: 1,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: clamp(limits.max_mw.into()),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,

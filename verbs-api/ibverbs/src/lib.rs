@@ -18,8 +18,8 @@
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening and closing a
-//! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
-//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
+//! device, the context's function tables) → `qp` → `mw` (memory windows, whose binds post
+//! through `ops.post_send`) → `srq` → `pd`, `cq` → `context` → `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
 //! and `strings` below all (the crate root only declares, exports and re-exports).
 
@@ -29,6 +29,7 @@ mod cq;
 mod device;
 mod errno;
 mod logging;
+mod mw;
 mod ops;
 mod pd;
 mod post;

@@ -7,7 +7,7 @@ use core::ffi::{c_int, c_void};
 
 use crate::abi::*;
 use crate::context::{self, query_port_ex, Context};
-use crate::{cq, qp, srq, stats};
+use crate::{cq, mw, qp, srq, stats};
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
@@ -38,6 +38,9 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
     ops.post_send = Some(qp::post_send);
     ops.post_recv = Some(qp::post_recv);
     ops.post_srq_recv = Some(srq::post_srq_recv);
+    ops.alloc_mw = Some(mw::alloc_mw);
+    ops.bind_mw = Some(mw::bind_mw);
+    ops.dealloc_mw = Some(mw::dealloc_mw);
     verbs_context {
         query_port: Some(query_port_ex),
         _ops_8_to_200: [0; 24],
@@ -65,9 +68,9 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
 fn zeroed_ops() -> ibv_context_ops {
     ibv_context_ops {
         _compat_0_to_56: [0; 7],
-        alloc_mw: 0,
-        bind_mw: 0,
-        dealloc_mw: 0,
+        alloc_mw: None,
+        bind_mw: None,
+        dealloc_mw: None,
         _compat_create_cq: 0,
         poll_cq: None,
         req_notify_cq: None,

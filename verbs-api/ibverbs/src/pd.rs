@@ -150,7 +150,13 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
 
 /// `ibv_dereg_mr`: from now on its keys are unknown to every peer and work request.
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
-    if mr.is_null() {
+    // SAFETY: the caller passes NULL or a region of ours.
+    let Some(region) = (unsafe { mr.cast::<Mr>().as_ref() }) else {
+        return EINVAL;
+    };
+    // Memory windows still bound to it keep it (rxe: IBTA 10.6.7.2.6).
+    if region.mr.windows_bound().unwrap_or(0) > 0 {
+        crate::log_failure("ibv_dereg_mr", &"memory windows are bound to the region");
         return EINVAL;
     }
     // SAFETY: the caller passes a region of ours and gives it up.

@@ -591,6 +591,9 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv(wr.imm_data),
+        // SAFETY: a bind names a window of ours and a region of the caller's.
+        IBV_WR_BIND_MW => unsafe { crate::mw::bind_op(&wr.bind_mw) }?,
         _ => return Err(EINVAL),
     };
     let flags = SendFlags::from_bits_truncate(wr.send_flags);
@@ -809,8 +812,8 @@ fn builders(qp_base: ibv_qp) -> ibv_qp_ex {
         wr_flags: 0,
         wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
         wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
-        wr_bind_mw: Some(wr_unsupported),
-        wr_local_inv: Some(wr_unsupported),
+        wr_bind_mw: Some(wr_bind_mw),
+        wr_local_inv: Some(wr_local_inv),
         wr_rdma_read: Some(wr_rdma_read),
         wr_rdma_write: Some(wr_rdma_write),
         wr_rdma_write_imm: Some(wr_rdma_write_imm),
@@ -908,7 +911,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     done.unwrap_or(EINVAL)
 }
 
-/// Memory windows, local invalidation, TSO, XRC and atomic writes: the batch fails.
+/// TSO, XRC and atomic writes: the batch fails.
 unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
     // SAFETY: the application passes its `ibv_qp_ex`.
     unsafe {
@@ -916,6 +919,42 @@ unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
             batch.error.get_or_insert(EOPNOTSUPP);
         });
     }
+}
+
+/// `ibv_wr_bind_mw`: a type 2 window's bind, with the R_Key the caller chose.
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: the application passes a window of ours and its bind information.
+    let op = unsafe { info.as_ref() }.ok_or(EINVAL).and_then(|info| {
+        let bind = ibv_bind_mw_wr {
+            mw,
+            rkey,
+            bind_info: *info,
+        };
+        // SAFETY: as above; the region in it is NULL or the caller's.
+        unsafe { crate::mw::bind_op(&bind) }
+    });
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        match op {
+            Ok(op) => begin(qp, op),
+            Err(errno) => {
+                with_batch(qp, |_, batch| {
+                    batch.error.get_or_insert(errno);
+                });
+            }
+        }
+    }
+}
+
+/// `ibv_wr_local_inv`.
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::LocalInv(rkey)) };
 }
 
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
