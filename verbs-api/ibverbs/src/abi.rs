@@ -448,7 +448,7 @@ pub struct ibv_wc {
 
 pub const IBV_WC_GRH: u32 = 1;
 pub const IBV_WC_WITH_IMM: u32 = 2;
-pub const IBV_WC_WITH_INV: u32 = 4;
+pub const IBV_WC_WITH_INV: u32 = 1 << 3;
 
 /// `enum ibv_qp_attr_mask`.
 pub mod qp_mask {
@@ -681,6 +681,25 @@ mod layout_tests {
             "offsetof(struct ibv_mw, type)".into(),
             offset_of!(ibv_mw, mw_type),
         ));
+        // The enum values the memory-window and invalidation paths use.
+        for (name, value) in [
+            ("IBV_WC_WITH_INV", IBV_WC_WITH_INV),
+            ("IBV_WR_LOCAL_INV", IBV_WR_LOCAL_INV),
+            ("IBV_WR_BIND_MW", IBV_WR_BIND_MW),
+            ("IBV_WR_SEND_WITH_INV", IBV_WR_SEND_WITH_INV),
+            ("IBV_MW_TYPE_1", IBV_MW_TYPE_1),
+            ("IBV_MW_TYPE_2", IBV_MW_TYPE_2),
+            ("IBV_ACCESS_ZERO_BASED", IBV_ACCESS_ZERO_BASED),
+            ("IBV_WC_BIND_MW", roce_verbs::WcOpcode::BindMw as u32),
+            ("IBV_WC_LOCAL_INV", roce_verbs::WcOpcode::LocalInv as u32),
+            ("IBV_WC_MW_BIND_ERR", roce_verbs::WcStatus::MwBind as u32),
+            (
+                "IBV_ACCESS_MW_BIND",
+                roce_verbs::AccessFlags::MW_BIND.bits(),
+            ),
+        ] {
+            rows.push((name.into(), value as usize));
+        }
         rows
     }
 
