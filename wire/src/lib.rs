@@ -49,6 +49,7 @@ pub mod mad;
 pub mod opcode;
 pub mod psn;
 pub mod reth;
+pub mod xrceth;
 
 pub use ext::ExtRepr;
 pub use frame::{Frame, FrameError, FrameRepr};
