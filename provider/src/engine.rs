@@ -570,6 +570,7 @@ mod tests {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         endpoint.post_send(now, qpn, &wr).unwrap();
         let addressing = Addressing {

@@ -53,6 +53,10 @@
 //! (sending nothing, completing in order), and the responder reaches a region through a
 //! window's R_Key under the window's rules, and frees a window a SEND with invalidate names.
 //!
+//! XRC ([`xrc`]): an XRC initiator QP sends like RC with an XRCETH naming the XRC SRQ each
+//! request is for; an XRC target QP of an XRC domain answers like RC, taking each request's
+//! receive, PD and CQ from the XRC SRQ of its domain the XRCETH names.
+//!
 //! Not done yet: SQD does not stop new work requests; path migration and alternate paths
 //! are not supported.
 #![deny(unsafe_code)]
@@ -75,6 +79,7 @@ pub mod sim;
 pub mod srq;
 mod timer;
 pub mod wr;
+pub mod xrc;
 
 pub use counters::Counters;
 pub use endpoint::{CqId, Endpoint, Transmit};

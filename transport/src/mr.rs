@@ -25,6 +25,11 @@ pub use mw::MwType;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PdId(u32);
 
+impl PdId {
+    /// No PD: an XRC target QP's own (each request is checked against its SRQ's PD).
+    pub(crate) const NONE: PdId = PdId(u32::MAX);
+}
+
 /// The bytes behind a region: its own, or the caller's.
 #[derive(Debug)]
 enum Memory {
@@ -237,6 +242,11 @@ impl MrTable {
         self.next_pd += 1;
         self.pds.insert(pd, 0);
         pd
+    }
+
+    /// Whether the protection domain exists.
+    pub fn has_pd(&self, pd: PdId) -> bool {
+        self.pds.contains_key(&pd)
     }
 
     /// Frees a protection domain that has no regions or windows left.

@@ -177,6 +177,9 @@ pub struct SendWr {
     pub flags: SendFlags,
     /// Destination of a UD send.
     pub ud: Option<UdDest>,
+    /// The XRC SRQ at the destination an XRC send is for (`qp_type.xrc.remote_srqn`);
+    /// ignored by other QPs.
+    pub xrc_srqn: u32,
 }
 
 /// A receive work request.
@@ -197,6 +200,7 @@ pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     }
 }
 
@@ -218,6 +222,7 @@ impl Clone for SendWr {
         self.inline_data.clone_from(&source.inline_data);
         self.flags = source.flags;
         self.ud = source.ud;
+        self.xrc_srqn = source.xrc_srqn;
     }
 }
 

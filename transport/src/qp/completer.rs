@@ -98,7 +98,8 @@ pub(crate) fn handle_response(
     ctx: &mut Ctx,
     frame: &FrameRepr,
 ) -> Option<Outcome> {
-    if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+    let requester = matches!(qp.qp_type, QpType::Rc | QpType::XrcSend);
+    if !requester || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
         return None;
     }

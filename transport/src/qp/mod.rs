@@ -25,7 +25,7 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
-pub(crate) use common::{Ctx, Failure};
+pub(crate) use common::{Ctx, Failure, NO_CQ};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
@@ -57,6 +57,9 @@ impl PostGate {
     /// Whether `wr` may be posted with `queued` more sends already admitted ahead of it;
     /// returns its message length.
     pub fn check_send(&self, wr: &SendWr, queued: usize) -> Result<u32, PostError> {
+        if self.qp_type == QpType::XrcRecv {
+            return Err(PostError::UnsupportedOperation);
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
             return Err(PostError::InvalidState);
         }
@@ -91,7 +94,8 @@ impl PostGate {
 
     /// Whether `wr` may be posted with `queued` more receives already admitted ahead of it.
     pub fn check_recv(&self, wr: &RecvWr, queued: usize) -> Result<(), PostError> {
-        if self.has_srq {
+        // XRC QPs have no receive queue: a target receives into XRC SRQs.
+        if self.has_srq || matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
             return Err(PostError::UsesSrq);
         }
         if self.state == QpState::Reset {
@@ -169,6 +173,7 @@ impl Qp {
                 config: QpConfig::default(),
                 stats: QpStats::default(),
                 srq: None,
+                xrcd: None,
                 cq_full: FullCqs::default(),
             },
             caps: init.caps,

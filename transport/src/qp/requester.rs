@@ -2,7 +2,7 @@
 //! queue's cursor.
 
 use roce_wire::opcode::Position;
-use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr};
+use roce_wire::{atomic_eth, deth, ieth, immdt, reth, xrceth, ExtRepr};
 
 use super::common::{Common, Ctx, OutPacket, QpConfig};
 use super::send_queue::{self, SendQueue, SendWqe};
@@ -123,6 +123,11 @@ fn ext_headers(qp: &Common, wqe: &SendWqe, index: u32, position: Position) -> Ex
         SendOp::SendWithInv(rkey) if ends => ext.ieth = Some(ieth::Repr { rkey }),
         _ => {}
     }
+    if qp.qp_type == QpType::XrcSend {
+        ext.xrceth = Some(xrceth::Repr {
+            srqn: wqe.wr.xrc_srqn & 0xFF_FFFF,
+        });
+    }
     if let Some(dest) = &wqe.wr.ud {
         // A Q_Key with the high bit set means "use the QP's own" (IBTA 10.2.5).
         let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
@@ -184,7 +189,8 @@ pub(crate) fn next_packet(
     );
     bth.solicited =
         consumes_receive && position.ends_message() && wqe.wr.flags.contains(SendFlags::SOLICITED);
-    if qp.qp_type == QpType::Rc {
+    let reliable = qp.qp_type.is_reliable();
+    if reliable {
         bth.ack_req =
             position.ends_message() || is_read || sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
     }
@@ -197,13 +203,13 @@ pub(crate) fn next_packet(
     if advance.retransmit {
         qp.stats.retransmits += 1;
     }
-    if qp.qp_type == QpType::Rc && !timers.is_set(Timer::Retransmit) {
+    if reliable && !timers.is_set(Timer::Retransmit) {
         if let Some(timeout) = qp.config.ack_timeout() {
             timers.set(Timer::Retransmit, ctx.now + timeout);
         }
     }
     Next::Sent {
-        completes_front: advance.wqe_sent && qp.qp_type != QpType::Rc,
+        completes_front: advance.wqe_sent && !reliable,
     }
 }
 
@@ -263,7 +269,7 @@ fn sendable(sq: &SendQueue, timers: &TimerTable, qp: &Common) -> Option<(usize, 
         return None;
     }
     let window = sq.next_psn().distance(sq.acked_psn());
-    if qp.qp_type == QpType::Rc && window > MAX_UNACKED_PSNS {
+    if qp.qp_type.is_reliable() && window > MAX_UNACKED_PSNS {
         return None;
     }
     Some((index, k))

@@ -3,15 +3,16 @@
 
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
 use roce_wire::frame::IpRepr;
-use roce_wire::opcode::{Operation, Position, Service, Trailer};
+use roce_wire::opcode::{Operation, Position};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use super::common::{Common, Ctx, Failure, OutPacket};
+use super::common::{response_opcode, service, Common, Ctx, Failure, OutPacket, NO_CQ};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
-use crate::mr::{AtomicOp, Location, MrError};
+use crate::mr::{AtomicOp, Location, MrError, PdId};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
+use crate::srq::SrqId;
 use crate::wr::RecvWr;
 use crate::AccessFlags;
 
@@ -53,6 +54,8 @@ pub(crate) struct Responder {
     pending_ack: Option<Psn>,
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
     uc_resync: bool,
+    /// XRC target: the SRQ of the message under way, which its every packet must name.
+    xrc_srq: Option<SrqId>,
 }
 
 impl Responder {
@@ -81,6 +84,7 @@ impl Responder {
     /// the front), leaving none and no message under way.
     pub fn take_receives(&mut self) -> Ring<RecvWr> {
         self.in_message = None;
+        self.xrc_srq = None;
         std::mem::take(&mut self.rq)
     }
 }
@@ -156,7 +160,8 @@ fn ack_packet(qp: &Common, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket 
         aeth: Some(aeth::Repr { syndrome, msn }),
         ..ExtRepr::default()
     };
-    qp.packet(qp.bth(Opcode::RcAcknowledge, psn, None), ext, Vec::new())
+    let opcode = response_opcode(qp.qp_type, Operation::Acknowledge, Position::Only);
+    qp.packet(qp.bth(opcode, psn, None), ext, Vec::new())
 }
 
 /// Puts any ACK owed in the queue, so what follows it stays in PSN order.
@@ -206,7 +211,12 @@ fn next_response(
         ResourceKind::Atomic { original } => {
             out.replace_with(atomic_ack_packet(qp, first_psn, original, resource.msn));
         }
-        ResourceKind::Read { address, rkey, len } => {
+        ResourceKind::Read {
+            address,
+            rkey,
+            len,
+            pd,
+        } => {
             let offset = u64::from(k) * mtu as u64;
             let chunk = (u64::from(len) - offset.min(u64::from(len))).min(mtu as u64) as u32;
             let position = Position::of(k - owed.start, resource.npsn - owed.start);
@@ -214,11 +224,12 @@ fn next_response(
             let read = AccessFlags::REMOTE_READ;
             // The region may have gone since the request was accepted.
             out.payload.clear();
-            let copied =
-                remote_access(qp, ctx, rkey, address + offset, chunk, read).and_then(|location| {
+            let copied = remote_access(qp, pd, ctx, rkey, address + offset, chunk, read).and_then(
+                |location| {
                     (ctx.mrs.append(location, chunk as usize, &mut out.payload))
                         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
-                });
+                },
+            );
             if copied.is_err() {
                 tracing::debug!(qpn = qp.qpn, %psn, "NAK sent: READ of memory gone");
                 qp.stats.naks_sent += 1;
@@ -232,12 +243,7 @@ fn next_response(
                 }
                 return true;
             };
-            let opcode = Opcode::find(
-                Service::Rc,
-                Operation::ReadResponse,
-                position,
-                Trailer::None,
-            );
+            let opcode = response_opcode(qp.qp_type, Operation::ReadResponse, position);
             let mut ext = ExtRepr::default();
             if position != Position::Middle {
                 ext.aeth = Some(aeth::Repr {
@@ -246,9 +252,7 @@ fn next_response(
                 });
             }
             out.ext = ext;
-            // RC has a READ response for every position (the opcode table's tests check),
-            // so the fallback is never taken.
-            out.bth = qp.bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
+            out.bth = qp.bth(opcode, psn, None);
             out.bth.pad_count = ((4 - chunk % 4) % 4) as u8;
             out.av = qp.connected_av();
         }
@@ -264,12 +268,9 @@ pub(crate) fn handle_request(
     ctx: &mut Ctx,
     frame: &FrameRepr,
 ) -> Option<Failure> {
-    let service_matches = matches!(
-        (qp.qp_type, frame.bth.opcode.service()),
-        (QpType::Rc, roce_wire::opcode::Service::Rc)
-            | (QpType::Uc, roce_wire::opcode::Service::Uc)
-            | (QpType::Ud, roce_wire::opcode::Service::Ud)
-    );
+    // An XRC initiator has no responder.
+    let service_matches =
+        frame.bth.opcode.service() == service(qp.qp_type) && qp.qp_type != QpType::XrcSend;
     if !service_matches || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
         return None;
@@ -279,10 +280,58 @@ pub(crate) fn handle_request(
     }
     match qp.qp_type {
         QpType::Rc => return rc_request(resp, qp, ctx, frame),
+        QpType::XrcRecv => return xrc_request(resp, qp, ctx, frame),
         QpType::Uc => uc_request(resp, qp, ctx, frame),
         QpType::Ud => ud_request(resp, qp, ctx, frame),
+        QpType::XrcSend => {}
     }
     None
+}
+
+/// An XRC target: the request is for the XRC SRQ its XRCETH names, which must be of the
+/// target's domain (and, within a message, the SRQ its first packet named). That SRQ gives
+/// the receive, the PD its keys are checked in and the CQ it completes in; then the request
+/// runs as RC's. A new request naming another SRQ is NAKed as an invalid request (counted in
+/// the NAKs sent) and the target enters ERR; a duplicate or early one is dropped.
+fn xrc_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
+    let named = frame
+        .ext
+        .xrceth
+        .zip(qp.xrcd)
+        .and_then(|(xrceth, xrcd)| ctx.srqs.xrc_target(xrceth.srqn, xrcd))
+        .filter(|(srq, _)| resp.in_message.is_none() || resp.xrc_srq == Some(*srq));
+    let Some((srq, xrc)) = named else {
+        tracing::debug!(qpn = qp.qpn, xrceth = ?frame.ext.xrceth, "XRCETH names no SRQ of the domain");
+        if frame.bth.psn == resp.epsn {
+            nak(
+                resp,
+                qp,
+                frame.bth.psn,
+                Syndrome::Nak(NakCode::InvalidRequest),
+            );
+            return Some(Failure::InvalidRequest);
+        }
+        qp.stats.dropped += 1;
+        return None;
+    };
+    qp.pd = xrc.pd;
+    qp.srq = Some(srq);
+    qp.recv_cq = xrc.cq;
+    let failure = rc_request(resp, qp, ctx, frame);
+    // Between messages the target has no SRQ; a receive held for a message under way keeps
+    // its CQ, where it is flushed if the target fails meanwhile.
+    qp.srq = None;
+    resp.xrc_srq = resp.in_message.is_some().then_some(srq);
+    if resp.rq.is_empty() {
+        qp.recv_cq = NO_CQ;
+        qp.pd = PdId::NONE;
+    }
+    failure
 }
 
 fn rc_request(
@@ -344,7 +393,7 @@ fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Frame
                 let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
                 let read = AccessFlags::REMOTE_READ;
                 resource.is_some_and(|r| r.covers_read(psn, mtu, rkey, address, len))
-                    && remote_access(qp, ctx, rkey, address, len, read).is_ok()
+                    && remote_access(qp, qp.pd, ctx, rkey, address, len, read).is_ok()
             })
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -401,7 +450,7 @@ fn execute(
     if !length_ok || too_long {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
+    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || !qp.qp_type.is_reliable();
     let read_or_atomic = operation == Operation::ReadRequest || operation.is_atomic();
     if read_or_atomic && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
@@ -420,7 +469,7 @@ fn execute(
     }
     resp.epsn = resp.epsn + 1;
     resp.ack_psn = resp.epsn;
-    if frame.bth.ack_req && qp.qp_type == QpType::Rc {
+    if frame.bth.ack_req && qp.qp_type.is_reliable() {
         resp.pending_ack = Some(frame.bth.psn);
     }
     Ok(())
@@ -438,14 +487,19 @@ fn read_request(
         .reth
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
-    remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
+    remote_access(qp, qp.pd, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
     let npsn = qp.config.packets(len);
     resp.msn = resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
         npsn,
         msn: resp.msn,
-        kind: ResourceKind::Read { address, rkey, len },
+        kind: ResourceKind::Read {
+            address,
+            rkey,
+            len,
+            pd: qp.pd,
+        },
         owed: Some(Owed { start: 0, next: 0 }),
     };
     remember(resp, qp, resource);
@@ -525,6 +579,7 @@ fn start_write(
         let write = AccessFlags::REMOTE_WRITE;
         remote_access(
             qp,
+            qp.pd,
             ctx,
             reth.rkey,
             reth.virtual_address,
@@ -633,10 +688,11 @@ fn qp_permits(qp: &Common, needed: AccessFlags) -> Result<(), Refusal> {
     }
 }
 
-/// The responder's access check, QP rights then R_Key, region and bounds: a violation is a
-/// remote access error NAK.
+/// The responder's access check, QP rights then R_Key, region and bounds in `pd`: a
+/// violation is a remote access error NAK.
 fn remote_access(
     qp: &Common,
+    pd: PdId,
     ctx: &Ctx,
     rkey: u32,
     address: u64,
@@ -645,7 +701,7 @@ fn remote_access(
 ) -> Result<Location, Refusal> {
     qp_permits(qp, needed)?;
     ctx.mrs
-        .check_remote(qp.pd, qp.qpn, rkey, address, u64::from(len), needed)
+        .check_remote(pd, qp.qpn, rkey, address, u64::from(len), needed)
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
@@ -695,11 +751,8 @@ fn atomic_ack_packet(qp: &Common, psn: Psn, original: u64, msn: u32) -> OutPacke
         atomic_ack_eth: Some(atomic_ack_eth::Repr { original }),
         ..ExtRepr::default()
     };
-    qp.packet(
-        qp.bth(Opcode::RcAtomicAcknowledge, psn, None),
-        ext,
-        Vec::new(),
-    )
+    let opcode = response_opcode(qp.qp_type, Operation::AtomicAcknowledge, Position::Only);
+    qp.packet(qp.bth(opcode, psn, None), ext, Vec::new())
 }
 
 /// Keeps a new READ/atomic (behind any ACK owed), forgetting the oldest beyond

@@ -4,9 +4,10 @@
 //! A WQE's packets are rebuilt from the WQE whenever they are (re)sent, so going back N after
 //! a NAK or timeout is only moving the cursor back ([`SendQueue::rewind`]).
 
-use roce_wire::opcode::{Operation, Position, Service, Trailer};
+use roce_wire::opcode::{Operation, Position, Trailer};
 use roce_wire::{Opcode, Psn};
 
+use super::common::service;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::qp_state::QpType;
 use crate::ring::Ring;
@@ -319,15 +320,6 @@ fn operation(op: &SendOp) -> Option<(Operation, Trailer)> {
     })
 }
 
-#[inline]
-fn service(qp_type: QpType) -> Service {
-    match qp_type {
-        QpType::Rc => Service::Rc,
-        QpType::Uc => Service::Uc,
-        QpType::Ud => Service::Ud,
-    }
-}
-
 /// The opcode of a request packet at `position` in the message of `op` (a READ request or
 /// an atomic is one packet whatever its response takes); `None` if the QP type has no such
 /// operation (the opcode table is what says READ is RC only, and so on).
@@ -343,10 +335,12 @@ pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -
 }
 
 /// Whether a QP of `qp_type` can carry out `wr` (a UD send also needs its destination).
-/// Memory window binds and local invalidation run on connected QPs (rxe: RC and UC).
+/// Memory window binds and local invalidation run on QPs that send to one peer (rxe: RC and
+/// UC; its XRC patches add the XRC initiator).
 pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
     if wr.op.is_local() {
-        return matches!(qp_type, QpType::Rc | QpType::Uc) && wr.sg_list.is_empty();
+        let connected = matches!(qp_type, QpType::Rc | QpType::Uc | QpType::XrcSend);
+        return connected && wr.sg_list.is_empty();
     }
     let one_packet = request_opcode(qp_type, &wr.op, Position::Only).is_some();
     one_packet && (qp_type != QpType::Ud || wr.ud.is_some())

@@ -619,6 +619,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
         inline_data,
         flags,
         ud,
+        xrc_srqn: wr.remote_srqn,
     })
 }
 
