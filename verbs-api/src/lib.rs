@@ -40,6 +40,8 @@
 //!
 //! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
 //!   posted once for many QPs, with the limit event among the async events.
+//! - **XRC** ([`Context::open_xrcd`], [`Pd::create_xrc_srq`], [`Xrcd::create_recv_qp`],
+//!   [`QpType::XrcSend`]): XRC domains, XRC SRQs and both halves of XRC connections.
 //!
 //! - **Memory windows** ([`Pd::alloc_mw`], [`Qp::bind_mw`], [`SendOp::BindMw`],
 //!   [`SendOp::LocalInv`]): type 1 and type 2 windows as rxe gives them.
@@ -49,7 +51,8 @@
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
-//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`, `mw`,
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `xrc` (XRC
+//! domains), `srq`, `qp`, `mw`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
 //! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
@@ -80,6 +83,7 @@ mod queues;
 mod shared;
 mod srq;
 mod wait;
+mod xrc;
 
 pub use ah::AddressHandle;
 pub use backend::BackendKind;
@@ -99,6 +103,7 @@ pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;
 pub use srq::Srq;
+pub use xrc::Xrcd;
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
@@ -111,6 +116,7 @@ pub use roce_transport::srq::{SrqAttr, SrqModify};
 pub use roce_transport::wr::{
     MwBind, MwId, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest,
 };
+pub use roce_transport::xrc::XrcdId;
 pub use roce_transport::{AccessFlags, CqId, SrqId};
 pub use roce_wire::aeth::RnrTimer;
 pub use roce_wire::Psn;
