@@ -77,6 +77,7 @@ impl Pd {
         let queues = Arc::new(Submission::new(gate));
         core.submissions.insert(qpn, Arc::clone(&queues));
         Ok(Qp {
+            _life: QpLife::new(shared, qpn),
             pd: Arc::clone(&self.inner),
             _cqs: vec![Arc::clone(send_cq), Arc::clone(recv_cq)],
             _srq: srq.map(|srq| Arc::clone(&srq.inner)),
@@ -110,6 +111,7 @@ impl Xrcd {
         let queues = Arc::new(Submission::new(gate));
         core.submissions.insert(qpn, Arc::clone(&queues));
         Ok(Qp {
+            _life: QpLife::new(shared, qpn),
             pd: Arc::clone(&self.inner.holder.inner),
             _cqs: Vec::new(),
             _srq: None,
@@ -122,9 +124,13 @@ impl Xrcd {
     }
 }
 
-/// A queue pair (`ibv_qp`). Destroyed on drop: packets for it are dropped from then on.
-/// It keeps its PD and CQs alive.
+/// A queue pair (`ibv_qp`). Destroyed on drop (the last handle of an XRC target opened
+/// again, [`Qp::open_xrc_recv`]): packets for it are dropped from then on. It keeps its PD
+/// and CQs alive.
 pub struct Qp {
+    /// Destroys the transport's QP when the last handle goes; first, so that it goes before
+    /// the CQs and SRQ it holds.
+    _life: Arc<QpLife>,
     pd: Arc<PdInner>,
     /// The send and receive CQs, held so they outlive the QP that completes into them (an
     /// XRC target has none).
@@ -151,9 +157,14 @@ impl Qp {
         self.qpn
     }
 
-    /// RC, UC or UD.
+    /// RC, UC, UD or an XRC half.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// The XRC domain of an XRC target QP.
+    pub fn xrcd_id(&self) -> Option<roce_transport::xrc::XrcdId> {
+        self._xrcd.as_ref().map(|xrcd| xrcd.id)
     }
 
     /// The current state (`ibv_query_qp`'s `qp_state`).
@@ -325,11 +336,47 @@ impl Qp {
     }
 }
 
-impl Drop for Qp {
+/// A QP's life in the transport, shared by its handles.
+struct QpLife {
+    shared: Arc<Shared>,
+    qpn: u32,
+}
+
+impl QpLife {
+    fn new(shared: &Arc<Shared>, qpn: u32) -> Arc<QpLife> {
+        Arc::new(QpLife {
+            shared: Arc::clone(shared),
+            qpn,
+        })
+    }
+}
+
+impl Drop for QpLife {
     fn drop(&mut self) {
-        if let Ok(mut core) = self.shared().lock() {
+        if let Ok(mut core) = self.shared.lock() {
             core.submissions.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
         }
+    }
+}
+
+impl Qp {
+    /// `ibv_open_qp`: another handle to this XRC target QP, which lives until its last
+    /// handle goes, as an opened shareable QP does; any other QP is `EINVAL`.
+    pub fn open_xrc_recv(&self) -> Result<Qp, Error> {
+        if self.qp_type != QpType::XrcRecv {
+            return Err(Error::InvalidArgument("only XRC target QPs are opened"));
+        }
+        Ok(Qp {
+            _life: Arc::clone(&self._life),
+            pd: Arc::clone(&self.pd),
+            _cqs: self._cqs.clone(),
+            _srq: self._srq.clone(),
+            _xrcd: self._xrcd.clone(),
+            qpn: self.qpn,
+            qp_type: self.qp_type,
+            first_psn: self.first_psn,
+            queues: Arc::clone(&self.queues),
+        })
     }
 }

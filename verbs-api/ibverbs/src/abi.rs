@@ -40,6 +40,11 @@ pub type PostSrqRecv =
     unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+pub type OpenQp = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+pub type GetSrqNum = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+pub type OpenXrcd =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+pub type CloseXrcd = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
 pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
 pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
@@ -82,11 +87,14 @@ pub struct verbs_context {
     pub create_cq_ex: usize,
     pub _priv: usize,
     pub query_device_ex: usize,
-    pub _ops_224_to_264: [usize; 5],
+    pub _ops_224_to_256: [usize; 4],
+    pub open_qp: Option<OpenQp>,
     pub create_qp_ex: Option<CreateQpEx>,
-    pub get_srq_num: usize,
+    pub get_srq_num: Option<GetSrqNum>,
     pub create_srq_ex: Option<CreateSrqEx>,
-    pub _ops_288_to_312: [usize; 3],
+    pub open_xrcd: Option<OpenXrcd>,
+    pub close_xrcd: Option<CloseXrcd>,
+    pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -251,7 +259,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_send_tso: Option<WrUnsupported>,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: Option<WrUnsupported>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     pub wr_set_inline_data_list:
         Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
@@ -291,6 +299,7 @@ pub struct ibv_qp_init_attr_ex {
 }
 
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 pub type CreateQpEx =
@@ -299,6 +308,44 @@ pub type CreateQpEx =
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UC: u32 = 3;
 pub const IBV_QPT_UD: u32 = 4;
+pub const IBV_QPT_XRC_SEND: u32 = 9;
+pub const IBV_QPT_XRC_RECV: u32 = 10;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `enum ibv_xrcd_init_attr_mask`.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+pub const IBV_XRCD_INIT_ATTR_RESERVED: u32 = 1 << 2;
+
+/// `struct ibv_qp_open_attr`: what `ibv_open_qp` takes.
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: u32,
+}
+
+/// `enum ibv_qp_open_attr_mask`.
+pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
+pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+pub const IBV_QP_OPEN_ATTR_RESERVED: u32 = 1 << 4;
 
 #[repr(C)]
 pub struct ibv_ah {
@@ -548,6 +595,10 @@ pub type CreateSrqEx =
 /// `enum ibv_srq_init_attr_mask`.
 pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+/// `IBV_SRQT_XRC`.
+pub const IBV_SRQT_XRC: u32 = 1;
 /// `IBV_SRQT_BASIC` of `enum ibv_srq_type` (the others are XRC and tag matching).
 pub const IBV_SRQT_BASIC: u32 = 0;
 /// `enum ibv_srq_attr_mask`.
@@ -572,7 +623,7 @@ mod layout_tests {
             ibv_context { ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
             verbs_context {
                 query_port, create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num,
-                create_srq_ex, context
+                create_srq_ex, context, open_qp, open_xrcd, close_xrcd
             }
             ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
@@ -676,6 +727,9 @@ mod layout_tests {
             ibv_mw { context, pd, rkey, handle }
             ibv_mw_bind_info { mr, addr, length, mw_access_flags }
             ibv_mw_bind { wr_id, send_flags, bind_info }
+            ibv_xrcd { context }
+            ibv_xrcd_init_attr { comp_mask, fd, oflags }
+            ibv_qp_open_attr { comp_mask, qp_num, xrcd, qp_context, qp_type }
         });
         rows.push((
             "offsetof(struct ibv_mw, type)".into(),
@@ -697,6 +751,14 @@ mod layout_tests {
                 "IBV_ACCESS_MW_BIND",
                 roce_verbs::AccessFlags::MW_BIND.bits(),
             ),
+            ("IBV_QPT_XRC_SEND", IBV_QPT_XRC_SEND),
+            ("IBV_QPT_XRC_RECV", IBV_QPT_XRC_RECV),
+            ("IBV_QP_INIT_ATTR_XRCD", IBV_QP_INIT_ATTR_XRCD),
+            ("IBV_SRQ_INIT_ATTR_XRCD", IBV_SRQ_INIT_ATTR_XRCD),
+            ("IBV_SRQ_INIT_ATTR_CQ", IBV_SRQ_INIT_ATTR_CQ),
+            ("IBV_SRQT_XRC", IBV_SRQT_XRC),
+            ("IBV_XRCD_INIT_ATTR_RESERVED", IBV_XRCD_INIT_ATTR_RESERVED),
+            ("IBV_QP_OPEN_ATTR_RESERVED", IBV_QP_OPEN_ATTR_RESERVED),
         ] {
             rows.push((name.into(), value as usize));
         }

@@ -19,7 +19,8 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening and closing a
 //! device, the context's function tables) → `qp` → `mw` (memory windows, whose binds post
-//! through `ops.post_send`) → `srq` → `pd`, `cq` → `context` → `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
+//! through `ops.post_send`) → `srq` → `xrc` (XRC domains) → `pd`, `cq` → `context` →
+//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
 //! and `strings` below all (the crate root only declares, exports and re-exports).
 
@@ -38,6 +39,7 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
+mod xrc;
 
 use roce_cabi::{export, unsupported};
 

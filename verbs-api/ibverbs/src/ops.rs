@@ -7,7 +7,7 @@ use core::ffi::{c_int, c_void};
 
 use crate::abi::*;
 use crate::context::{self, query_port_ex, Context};
-use crate::{cq, mw, qp, srq, stats};
+use crate::{cq, mw, qp, srq, stats, xrc};
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
@@ -47,11 +47,14 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
         create_cq_ex: 0,
         _priv: 0,
         query_device_ex: 0,
-        _ops_224_to_264: [0; 5],
+        _ops_224_to_256: [0; 4],
+        open_qp: Some(qp::open_qp),
         create_qp_ex: Some(qp::create_qp_ex),
-        get_srq_num: 0,
+        get_srq_num: Some(srq::get_srq_num),
         create_srq_ex: Some(srq::create_srq_ex),
-        _ops_288_to_312: [0; 3],
+        open_xrcd: Some(xrc::open_xrcd),
+        close_xrcd: Some(xrc::close_xrcd),
+        _abi_placeholder3: 0,
         sz: size_of::<verbs_context>(),
         context: ibv_context {
             device,
