@@ -82,6 +82,7 @@ mod qp;
 mod queues;
 mod shared;
 mod srq;
+pub mod sysfs;
 mod wait;
 mod xrc;
 

@@ -375,7 +375,8 @@ pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
         max_mtu: port.max_mtu as u32,
         active_mtu: port.active_mtu as u32,
         gid_tbl_len: port.gid_tbl_len as c_int,
-        port_cap_flags: 0,
+        // IB_PORT_CM_SUP, as rxe: the port takes connection management (our rdma_cm).
+        port_cap_flags: 1 << 16,
         // The transport's largest message.
         max_msg_sz: 1 << 31,
         pkey_tbl_len: 1,
