@@ -55,6 +55,8 @@ pub enum WcOpcode {
     BindMw = 5,
     /// A local invalidation completed.
     LocalInv = 6,
+    /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
+    AtomicWrite = 9,
     /// A receive consumed by a SEND.
     Recv = 128,
     /// A receive consumed by an RDMA WRITE with immediate.

@@ -300,6 +300,7 @@ fn wc_opcode(wr: &SendWr) -> WcOpcode {
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
         SendOp::BindMw(_) => WcOpcode::BindMw,
         SendOp::LocalInv(_) => WcOpcode::LocalInv,
+        SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
     }
 }
 
@@ -316,6 +317,7 @@ fn operation(op: &SendOp) -> Option<(Operation, Trailer)> {
         SendOp::RdmaRead { .. } => (Operation::ReadRequest, Trailer::None),
         SendOp::CompareSwap { .. } => (Operation::CompareSwap, Trailer::None),
         SendOp::FetchAdd { .. } => (Operation::FetchAdd, Trailer::None),
+        SendOp::AtomicWrite { .. } => (Operation::AtomicWrite, Trailer::None),
         SendOp::BindMw(_) | SendOp::LocalInv(_) => return None,
     })
 }
