@@ -78,6 +78,13 @@ pub enum MrError {
     /// window bound here.
     #[error("cannot invalidate: {0}")]
     Invalidate(&'static str),
+    /// Nothing (or nothing with the rights needed) is mapped there: an on-demand region's
+    /// page fault failed.
+    #[error("no page mapped there (on-demand page fault failed)")]
+    Unmapped,
+    /// A prefetch of a region not registered for on-demand paging.
+    #[error("region not registered for on-demand paging")]
+    NotOnDemand,
 }
 
 /// A remote atomic operation on an 8-byte word.
@@ -122,7 +129,7 @@ impl MrError {
         match self {
             MrError::PdBusy => errno::EBUSY,
             MrError::OutOfMemory => errno::ENOMEM,
-            MrError::NullAddress => errno::EFAULT,
+            MrError::NullAddress | MrError::Unmapped => errno::EFAULT,
             MrError::TooManyWindows => errno::ENOMEM,
             _ => errno::EINVAL,
         }

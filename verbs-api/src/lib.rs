@@ -16,7 +16,10 @@
 //! - **Memory.** A region owns its bytes ([`Pd::reg_mr`], [`Pd::reg_mr_buffer`]) and programs
 //!   read and write them through [`Mr`], so nothing the peer can write is ever freed or moved
 //!   under it; or it covers the program's own memory ([`Pd::reg_mr_raw`], `unsafe`: the
-//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does.
+//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does; or it pages on
+//!   demand ([`Pd::reg_mr_on_demand`], [`Pd::reg_mr_implicit`]: nothing need be mapped, an
+//!   access where nothing is fails). [`Mr::rereg`] changes a region's PD, rights and memory
+//!   under the same keys.
 //! - **Locking.** With an engine thread, the data path never takes the context's lock:
 //!   posting checks the request against the QP's state and room as of the engine's last
 //!   round and queues it in the QP's own submission queue; polling reads the CQ's own queue,
@@ -44,6 +47,9 @@
 //!   posted once for many QPs, with the limit event among the async events.
 //! - **XRC** ([`Context::open_xrcd`], [`Pd::create_xrc_srq`], [`Xrcd::create_recv_qp`],
 //!   [`QpType::XrcSend`]): XRC domains, XRC SRQs and both halves of XRC connections.
+//! - **UD multicast** ([`Qp::attach_mcast`], [`CmId::join_multicast`]): a datagram to a group
+//!   reaches every attached QP; rdma_cm's join joins the host to the group (IGMP, by the
+//!   kernel), as for rxe.
 //!
 //! - **Memory windows** ([`Pd::alloc_mw`], [`Qp::bind_mw`], [`SendOp::BindMw`],
 //!   [`SendOp::LocalInv`]): type 1 and type 2 windows as rxe gives them.
@@ -52,12 +58,14 @@
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
 //! `async_events` (each context's queue of them),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
-//! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
+//! (choosing one), `cm_routes` (where CM events go), `groups` (multicast attachments and the
+//! interface's part in them), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
 //! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `xrc` (XRC
 //! domains), `srq`, `qp`, `mw`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
-//! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
+//! rxe-named counters), `mcast` (attaching QPs to multicast groups), and `cm`, the
+//! connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -74,9 +82,11 @@ mod cq;
 pub mod device;
 mod engine_thread;
 mod error;
+mod groups;
 mod handshake;
 mod iova;
 mod limits;
+mod mcast;
 mod mr;
 mod mw;
 mod neighbour;
@@ -94,15 +104,15 @@ pub use ah::AddressHandle;
 pub use backend::BackendKind;
 pub use channel::CompChannel;
 pub use cm::{
-    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, PathRecord, UdParam,
-    MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
+    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, McastJoin, PathRecord,
+    UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
 };
 pub use context::Context;
 pub use cq::Cq;
 pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
-pub use mr::{Mr, Pd};
+pub use mr::{Mr, Pd, Rereg};
 pub use mw::{inc_rkey, Mw, MwBindInfo};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};

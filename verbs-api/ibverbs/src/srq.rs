@@ -13,7 +13,7 @@ use crate::abi::*;
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::logging::fail_null;
-use crate::pd::Pd;
+use crate::pd::{Pd, Placement, RES_TYPE_SRQ};
 use crate::post::post_recv_list;
 
 const EINVAL: c_int = 22;
@@ -28,6 +28,8 @@ pub(crate) struct Srq {
     pub(crate) users: AtomicUsize,
     /// An XRC SRQ's CQ (an `ibv_cq` of ours), whose users it counts in.
     xrc_cq: usize,
+    /// Where its memory came from (its parent domain's allocator, or the heap).
+    placement: Placement,
 }
 
 impl Srq {
@@ -190,7 +192,7 @@ unsafe fn create_with(
         attr.max_sge = given.max_sge;
     }
     let id = srq.id();
-    let ptr = Box::into_raw(Box::new(Srq {
+    let made = Srq {
         raw: ibv_srq {
             context: ours.raw.context,
             srq_context,
@@ -203,7 +205,16 @@ unsafe fn create_with(
         srq,
         users: AtomicUsize::new(0),
         xrc_cq: 0,
-    }));
+        placement: Placement::Heap,
+    };
+    let ptr = match Placement::place(Some(ours), RES_TYPE_SRQ, made) {
+        Ok((ptr, placement)) => {
+            // SAFETY: just placed, not yet handed out.
+            unsafe { (*ptr).placement = placement };
+            ptr
+        }
+        Err(errno) => return fail_null(CALL, errno, &"the parent domain's allocator"),
+    };
     ours.users.fetch_add(1, Ordering::AcqRel);
     if let Ok(mut srqs) = context.srqs.lock() {
         srqs.insert(id, ptr as usize);
@@ -273,6 +284,7 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     if ours.users.load(Ordering::Acquire) > 0 {
         return EBUSY;
     }
+    let placement = ours.placement;
     // SAFETY: an SRQ's context and PD outlive it (the PD cannot go while it is used).
     unsafe {
         if let Some(context) = Context::from_raw(ours.raw.context) {
@@ -286,8 +298,8 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Some(cq) = Cq::from_raw(ours.xrc_cq as *mut ibv_cq) {
             cq.users.fetch_sub(1, Ordering::AcqRel);
         }
-        // It was leaked from a Box in `create`, and the caller gives it up.
-        drop(Box::from_raw(srq.cast::<Srq>()));
+        // Placed by `create`; the caller gives it up.
+        placement.release(srq.cast::<Srq>());
     }
     0
 }
