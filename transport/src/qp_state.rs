@@ -33,7 +33,7 @@ pub enum QpType {
 impl QpType {
     /// Whether its connection is reliable (acknowledged, retried): RC and both XRC halves.
     pub const fn is_reliable(self) -> bool {
-        matches!(self, QpType::Rc | QpType::XrcSend | QpType::XrcRecv)
+        !matches!(self, QpType::Uc | QpType::Ud)
     }
 }
 

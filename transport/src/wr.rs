@@ -24,6 +24,7 @@ pub struct Sge {
 
 /// What a send work request does, with its operands (`ibv_wr_opcode` and `wr.rdma`/`wr.atomic`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
 pub enum SendOp {
     /// SEND.
     #[default]

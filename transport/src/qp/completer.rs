@@ -253,7 +253,7 @@ fn ack_through(
         if !sq.started(index) {
             break;
         }
-        if wqe.local_done() {
+        if sq.has_locals() && wqe.local_done() {
             index += 1;
             continue;
         }

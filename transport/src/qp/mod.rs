@@ -479,6 +479,13 @@ impl Qp {
     /// run: they wait for nothing but the WQEs before them.
     #[inline]
     fn complete_local_front(&mut self, ctx: &mut Ctx) {
+        if self.sq.has_locals() {
+            self.complete_local_front_now(ctx);
+        }
+    }
+
+    #[inline(never)]
+    fn complete_local_front_now(&mut self, ctx: &mut Ctx) {
         while self.sq.front().is_some_and(|wqe| wqe.local_done())
             && self.common.state != QpState::Err
         {

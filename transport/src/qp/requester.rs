@@ -224,6 +224,7 @@ pub(crate) fn next_packet(
 
 /// The WQE and packet to send next, running the local operations the cursor passes on the
 /// way (each once: going back N passes them by); `Err` with the failure of one that fails.
+#[inline(always)]
 fn next_remote(
     sq: &mut SendQueue,
     timers: &TimerTable,
@@ -234,17 +235,29 @@ fn next_remote(
         let Some((index, k)) = sendable(sq, timers, qp) else {
             return Ok(None);
         };
-        let Some(wqe) = sq.get(index) else {
-            return Ok(None);
-        };
-        if !wqe.wr.op.is_local() {
+        if !sq.has_locals() || !pass_local(sq, qp, ctx, index)? {
             return Ok(Some((index, k)));
         }
-        if !wqe.done {
-            run_local(qp, ctx, &wqe.wr.op).map_err(|status| Next::Fail { index, status })?;
-        }
-        sq.pass_local();
     }
+}
+
+/// If the WQE at `index`, under the cursor, is a local operation: runs it (unless it has
+/// run before going back N) and moves the cursor past it, `Ok(true)`. Out of the hot path:
+/// only queues with local operations get here.
+#[cold]
+#[inline(never)]
+fn pass_local(sq: &mut SendQueue, qp: &Common, ctx: &mut Ctx, index: usize) -> Result<bool, Next> {
+    let Some(wqe) = sq.get(index) else {
+        return Ok(false);
+    };
+    if !wqe.wr.op.is_local() {
+        return Ok(false);
+    }
+    if !wqe.done {
+        run_local(qp, ctx, &wqe.wr.op).map_err(|status| Next::Fail { index, status })?;
+    }
+    sq.pass_local();
+    Ok(true)
 }
 
 /// Runs a memory window bind or a local invalidation (`rxe_do_local_ops`): a refused bind

@@ -3,10 +3,10 @@
 
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
 use roce_wire::frame::IpRepr;
-use roce_wire::opcode::{Operation, Position};
+use roce_wire::opcode::{Operation, Position, Service};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Psn};
 
-use super::common::{response_opcode, service, Common, Ctx, Failure, OutPacket, NO_CQ};
+use super::common::{response_opcode, Common, Ctx, Failure, OutPacket, NO_CQ};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError, PdId};
@@ -282,8 +282,13 @@ pub(crate) fn handle_request(
     frame: &FrameRepr,
 ) -> Option<Failure> {
     // An XRC initiator has no responder.
-    let service_matches =
-        frame.bth.opcode.service() == service(qp.qp_type) && qp.qp_type != QpType::XrcSend;
+    let service_matches = matches!(
+        (qp.qp_type, frame.bth.opcode.service()),
+        (QpType::Rc, Service::Rc)
+            | (QpType::Uc, Service::Uc)
+            | (QpType::Ud, Service::Ud)
+            | (QpType::XrcRecv, Service::Xrc)
+    );
     if !service_matches || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
         return None;
@@ -347,6 +352,7 @@ fn xrc_request(
     failure
 }
 
+#[inline(always)]
 fn rc_request(
     resp: &mut Responder,
     qp: &mut Common,

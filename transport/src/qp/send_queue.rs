@@ -73,6 +73,9 @@ pub(crate) struct SendQueue {
     acked_psn: Psn,
     /// Packets sent since the last one with AckReq.
     noack_pkts: u32,
+    /// A local operation (bind, local invalidation) was posted since the queue was last
+    /// empty: until it empties again, the requester and completer look for them.
+    locals: bool,
 }
 
 /// What transmitting one packet did to the queue.
@@ -97,6 +100,12 @@ impl SendQueue {
     #[inline]
     pub fn front(&self) -> Option<&SendWqe> {
         self.wqes.front()
+    }
+
+    /// Whether any local operation is queued.
+    #[inline]
+    pub fn has_locals(&self) -> bool {
+        self.locals
     }
 
     #[inline]
@@ -138,6 +147,7 @@ impl SendQueue {
         wqe.npsn = npsn;
         wqe.responses = 0;
         wqe.done = false;
+        self.locals |= wr.op.is_local();
     }
 
     /// The WQE to transmit from and the packet of it that goes next, if any WQE is left.
@@ -253,6 +263,7 @@ impl SendQueue {
     #[inline]
     pub fn pop_front(&mut self) {
         self.wqes.pop_front();
+        self.locals &= !self.wqes.is_empty();
         self.next = self.next.saturating_sub(1);
     }
 
@@ -260,6 +271,7 @@ impl SendQueue {
     #[inline]
     pub fn take_all(&mut self) -> Ring<SendWqe> {
         self.next = 0;
+        self.locals = false;
         std::mem::take(&mut self.wqes)
     }
 
@@ -340,10 +352,9 @@ pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -
 /// Memory window binds and local invalidation run on QPs that send to one peer (rxe: RC and
 /// UC; its XRC patches add the XRC initiator).
 pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
-    if wr.op.is_local() {
-        let connected = matches!(qp_type, QpType::Rc | QpType::Uc | QpType::XrcSend);
-        return connected && wr.sg_list.is_empty();
+    if request_opcode(qp_type, &wr.op, Position::Only).is_some() {
+        return qp_type != QpType::Ud || wr.ud.is_some();
     }
-    let one_packet = request_opcode(qp_type, &wr.op, Position::Only).is_some();
-    one_packet && (qp_type != QpType::Ud || wr.ud.is_some())
+    let connected = matches!(qp_type, QpType::Rc | QpType::Uc | QpType::XrcSend);
+    wr.op.is_local() && connected && wr.sg_list.is_empty()
 }
