@@ -148,21 +148,32 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
     }
 }
 
-/// `ibv_dereg_mr`: from now on its keys are unknown to every peer and work request.
+/// `ibv_dereg_mr`: from now on its keys are unknown to every peer and work request. When
+/// it fails, the region stays registered and the program's `ibv_mr` valid, as rdma-core
+/// frees nothing before the kernel has deregistered it.
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
         return EINVAL;
     }
-    // SAFETY: the caller passes a region of ours and gives it up.
-    let ours = unsafe { Box::from_raw(mr.cast::<Mr>()) };
-    // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
-    if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
-        pd.users.fetch_sub(1, Ordering::AcqRel);
-    }
-    match ours.mr.dereg() {
-        Ok(_) => 0,
-        Err(error) => {
+    let ours = mr.cast::<Mr>();
+    // SAFETY: the caller passes a region of ours (`raw` is our Mr's first field); its
+    // region is moved out, and back in below unless the allocation is freed without it.
+    let region = unsafe { core::ptr::addr_of_mut!((*ours).mr).read() };
+    match region.try_dereg() {
+        Ok(_) => {
+            // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
+            if let Some(pd) = unsafe { Pd::from_raw((*ours).raw.pd) } {
+                pd.users.fetch_sub(1, Ordering::AcqRel);
+            }
+            // SAFETY: leaked from a Box in `reg_mr`, given up by the caller; its region was
+            // moved out above, so only the allocation goes (ManuallyDrop is transparent).
+            drop(unsafe { Box::from_raw(ours.cast::<core::mem::ManuallyDrop<Mr>>()) });
+            0
+        }
+        Err((region, error)) => {
             crate::log_failure("ibv_dereg_mr", &error);
+            // SAFETY: back where it was read from; the program's `ibv_mr` is unchanged.
+            unsafe { core::ptr::addr_of_mut!((*ours).mr).write(region) };
             crate::errno_of(&error)
         }
     }
