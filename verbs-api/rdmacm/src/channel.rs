@@ -179,7 +179,7 @@ impl Channel {
 }
 
 /// `rdma_create_event_channel`.
-pub(crate) extern "C" fn create_event_channel() -> *mut rdma_event_channel {
+pub extern "C" fn create_event_channel() -> *mut rdma_event_channel {
     if !crate::verbs::any_device() {
         set_errno(ENODEV);
         return core::ptr::null_mut();
@@ -194,7 +194,7 @@ pub(crate) extern "C" fn create_event_channel() -> *mut rdma_event_channel {
 }
 
 /// `rdma_destroy_event_channel`.
-pub(crate) unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_channel) {
+pub unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_channel) {
     if !channel.is_null() {
         // SAFETY: the caller passes a channel of ours, destroyed once, after its ids.
         let ours = unsafe { Box::from_raw(channel.cast::<Channel>()) };
@@ -207,7 +207,7 @@ pub(crate) unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_c
 }
 
 /// `rdma_event_str`.
-pub(crate) extern "C" fn event_str(event: c_int) -> *const core::ffi::c_char {
+pub extern "C" fn event_str(event: c_int) -> *const core::ffi::c_char {
     let name: &'static core::ffi::CStr = match event {
         0 => c"RDMA_CM_EVENT_ADDR_RESOLVED",
         1 => c"RDMA_CM_EVENT_ADDR_ERROR",

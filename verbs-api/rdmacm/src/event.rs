@@ -206,7 +206,7 @@ fn ud_param(qp_num: u32, qkey: u32, private_data: &[u8], ah_attr: ibv_ah_attr) -
 }
 
 /// `rdma_get_cm_event`.
-pub(crate) unsafe extern "C" fn get_cm_event(
+pub unsafe extern "C" fn get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
@@ -230,7 +230,7 @@ pub(crate) unsafe extern "C" fn get_cm_event(
 }
 
 /// `rdma_ack_cm_event`.
-pub(crate) unsafe extern "C" fn ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+pub unsafe extern "C" fn ack_cm_event(event: *mut rdma_cm_event) -> c_int {
     if event.is_null() {
         set_errno(EINVAL);
         return -1;

@@ -334,7 +334,7 @@ pub(crate) fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&Id) -> Result<(), c_i
 
 /// `rdma_create_id`: RC ids (`RDMA_PS_TCP`) and UD ids (`RDMA_PS_UDP`). With no channel
 /// the id is synchronous: its calls wait for their event, as rdma-core's do.
-pub(crate) unsafe extern "C" fn create_id(
+pub unsafe extern "C" fn create_id(
     channel: *mut rdma_event_channel,
     id: *mut *mut rdma_cm_id,
     context: *mut c_void,
@@ -377,7 +377,7 @@ pub(crate) unsafe extern "C" fn create_id(
 /// `rdma_destroy_id`: a connection still up is disconnected, a request not answered
 /// rejected, a listener stops. Returns once every event of the id the program took is acked
 /// (as rdma-core's), so that no event, nor a conversion under way, points into it.
-pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     let destroyed = with_id(id, |ours| {
         let mut inner = ours.lock()?;
         if let Some(cm) = inner.cm.take() {
