@@ -196,7 +196,7 @@ impl<B: Backend> Engine<B> {
         let mut outgoing = std::mem::take(&mut self.outgoing);
         let mut result = Ok(true);
         for _ in 0..Self::TX_BUDGET {
-            if !self.held && !self.endpoint.poll_transmit_into(now, &mut outgoing) {
+            if !self.held && !self.endpoint.poll_transmit_lent(now, &mut outgoing) {
                 result = Ok(false);
                 break;
             }
@@ -204,6 +204,8 @@ impl<B: Backend> Engine<B> {
             match self.transmit(now, &outgoing) {
                 Ok(true) => {}
                 Ok(false) => {
+                    // Kept for the next turn, by when its lent payload may have moved.
+                    self.endpoint.materialize(&mut outgoing);
                     self.held = true;
                     break;
                 }
@@ -251,10 +253,15 @@ impl<B: Backend> Engine<B> {
 
     /// Hands a packet addressed to us back to the endpoint as the frame the wire would
     /// carry: emitted, then parsed (ICRC checked) as a received frame is.
-    fn loop_back(&mut self, now: Instant, repr: &FrameRepr) -> io::Result<()> {
+    fn loop_back(&mut self, now: Instant, transmit: &Transmit, repr: &FrameRepr) -> io::Result<()> {
         let mut frame = std::mem::take(&mut self.looped);
-        frame.resize(repr.buffer_len(), 0);
-        let result = match repr.emit(&mut frame) {
+        let payload_len = transmit.packet.payload_len();
+        frame.resize(repr.buffer_len_with(payload_len), 0);
+        let endpoint = &self.endpoint;
+        let emitted = repr.emit_with(payload_len, &mut frame, |payload| {
+            endpoint.write_payload(transmit, payload)
+        });
+        let result = match emitted {
             Err(_) => Err(io::Error::other("packet does not fit a frame")),
             Ok(len) => {
                 let parsed = Frame::new_checked(&frame[..len]).and_then(|f| FrameRepr::parse(&f));
@@ -288,19 +295,43 @@ impl<B: Backend> Engine<B> {
             return Ok(true);
         };
         if repr.ethernet.dst == self.addressing.mac {
-            self.loop_back(now, &repr)?;
+            self.loop_back(now, transmit, &repr)?;
             return Ok(true);
         }
-        let mut emitted = Ok(());
-        let sent = self
-            .backend
-            .transmit(repr.buffer_len(), repr.udp_src_port, &mut |buffer| {
-                repr.emit(buffer).unwrap_or_else(|_| {
-                    emitted = Err(io::Error::other("packet does not fit a frame"));
+        // Headers, then the payload copied once, from where it lies (a region, the WQE)
+        // straight into the backend's buffer, then the ICRC over both.
+        let payload_len = transmit.packet.payload_len();
+        let (mut emitted, mut readable) = (Ok(()), true);
+        let Engine {
+            endpoint, backend, ..
+        } = self;
+        let sent = backend.transmit(
+            repr.buffer_len_with(payload_len),
+            repr.udp_src_port,
+            &mut |buffer| {
+                let written = repr.emit_with(payload_len, buffer, |payload| {
+                    readable = endpoint.write_payload(transmit, payload);
+                    readable
+                });
+                written.unwrap_or_else(|_| {
+                    if readable {
+                        emitted = Err(io::Error::other("packet does not fit a frame"));
+                    }
                     0
                 })
-            });
+            },
+        );
         emitted?;
+        if !readable {
+            // Checked when the transport made the packet; lost like a refused one if not.
+            tracing::warn!(
+                qpn = transmit.src_qpn,
+                "not sent: its payload could not be read"
+            );
+            self.stats.tx_failed += 1;
+            self.endpoint.transmit_failed();
+            return Ok(true);
+        }
         match sent {
             Ok(()) => self.stats.tx_frames += 1,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
