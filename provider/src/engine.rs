@@ -140,7 +140,11 @@ impl<B: Backend> Engine<B> {
     /// One bounded turn without blocking: up to [`Self::RX_BUDGET`] waiting frames, due
     /// timers, up to [`Self::TX_BUDGET`] packets out.
     pub fn poll(&mut self) -> io::Result<()> {
-        let now = Instant::now();
+        self.poll_at(Instant::now())
+    }
+
+    /// [`poll`](Self::poll) at `now`, a clock reading the caller took for this turn.
+    pub fn poll_at(&mut self, now: Instant) -> io::Result<()> {
         let more_rx = self.receive_turn(now)?;
         self.endpoint.handle_timeout(now);
         let more_tx = self.transmit_turn(now)?;

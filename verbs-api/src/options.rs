@@ -31,7 +31,9 @@ pub enum Progress {
     /// A background thread that polls for [`OpenOptions::spin`] after its last work, then
     /// sleeps in poll(2) until a frame, a timer or a post.
     Events,
-    /// No thread: posting and polling a CQ drive the engine (one thread per context).
+    /// No thread: a poll that finds its CQ short runs a round, as does a send to a QP with
+    /// nothing outstanding; sends behind others wait for the next poll (or wait for an
+    /// event, or [`Context::progress`](crate::Context::progress)). One thread per context.
     Caller,
 }
 

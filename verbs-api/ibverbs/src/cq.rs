@@ -92,8 +92,6 @@ pub(crate) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_chan
 pub(crate) struct Cq {
     pub(crate) raw: ibv_cq,
     pub(crate) cq: roce_verbs::Cq,
-    /// Where `poll_cq` takes completions before converting them (kept, not reallocated).
-    polled: Mutex<Vec<WorkCompletion>>,
     /// QPs that complete into it: while any is left, it cannot go.
     pub(crate) users: AtomicUsize,
 }
@@ -158,7 +156,6 @@ pub(crate) unsafe extern "C" fn create_cq(
     let ptr = Box::into_raw(Box::new(Cq {
         raw,
         cq,
-        polled: Mutex::new(Vec::with_capacity(depth.min(1024))),
         users: AtomicUsize::new(0),
     }));
     if let Some(channel) = channel {
@@ -252,20 +249,21 @@ pub(crate) unsafe extern "C" fn poll_cq(
     if wc.is_null() {
         return -1;
     }
-    let Ok(mut polled) = ours.polled.lock() else {
-        return -1;
-    };
-    polled.clear();
-    if let Err(error) = ours.cq.poll_into(max, &mut polled) {
-        crate::log_failure("ibv_poll_cq", &error);
-        return -1;
-    }
-    for (index, completion) in polled.iter().enumerate() {
-        // SAFETY: the caller passes room for `num_entries` completions; we took at most
-        // that many.
+    // Each completion goes from the CQ's ring straight into the caller's array.
+    let mut index = 0;
+    let polled = ours.cq.poll_with(max, |completion| {
+        // SAFETY: the caller passes room for `num_entries` completions; we are handed at
+        // most that many.
         unsafe { wc.add(index).write(to_wc(completion)) };
+        index += 1;
+    });
+    match polled {
+        Ok(count) => count as c_int,
+        Err(error) => {
+            crate::log_failure("ibv_poll_cq", &error);
+            -1
+        }
     }
-    polled.len() as c_int
 }
 
 /// `ops.req_notify_cq`.
