@@ -100,7 +100,10 @@ fn main() {
     qp_a.connect(&qp_b.endpoint(1).unwrap(), &options).unwrap();
     qp_b.connect(&qp_a.endpoint(1).unwrap(), &options).unwrap();
     let all = AccessFlags::all();
-    let (mr_a, mr_b) = (pd_a.reg_mr(128, all).unwrap(), pd_b.reg_mr(128, all).unwrap());
+    let (mr_a, mr_b) = (
+        pd_a.reg_mr(128, all).unwrap(),
+        pd_b.reg_mr(128, all).unwrap(),
+    );
     let send = |wr_id, op, sge| SendWr {
         wr_id,
         op,
@@ -139,7 +142,8 @@ fn main() {
             for i in 0..n {
                 qp_b.post_recv([recv(&mr_b)]).unwrap();
                 qp_a.post_recv([recv(&mr_a)]).unwrap();
-                qp_a.post_send([send(i, SendOp::Send, mr_a.sge(0, 64))]).unwrap();
+                qp_a.post_send([send(i, SendOp::Send, mr_a.sge(0, 64))])
+                    .unwrap();
                 // B answers its receive; A waits for its send and the answer.
                 let mut idle = 0;
                 let (mut a_done, mut b_replied) = (0, false);

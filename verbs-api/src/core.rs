@@ -18,10 +18,11 @@ use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 
+use crate::async_events::AsyncEvents;
 use crate::cm_routes::CmRoutes;
 use crate::error::Error;
 use crate::iova::IovaSpace;
-use crate::queues::{CqSlot, Doorbells, EventQueue, QpSlot};
+use crate::queues::{CqSlot, Doorbells, QpSlot};
 
 /// Everything behind the one lock of a context.
 pub(crate) struct Core {
@@ -33,8 +34,8 @@ pub(crate) struct Core {
     /// The QPs with requests handed to the endpoint and not all retired: their retired
     /// counts are published after each round.
     outstanding: Vec<u32>,
-    /// The context's async events, which a program takes without this lock.
-    async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Where async events go: each context's queue, which a program reads without this lock.
+    async_events: Arc<AsyncEvents>,
     /// Addresses for regions registered without one.
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
@@ -46,10 +47,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub(crate) fn new(
-        engine: Engine<Box<dyn Backend>>,
-        async_events: Arc<EventQueue<AsyncEvent>>,
-    ) -> Core {
+    pub(crate) fn new(engine: Engine<Box<dyn Backend>>, async_events: Arc<AsyncEvents>) -> Core {
         Core {
             engine,
             cqs: HashMap::new(),

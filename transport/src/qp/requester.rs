@@ -113,6 +113,15 @@ fn ext_headers(qp: &Common, wqe: &SendWqe, index: u32, position: Position) -> Ex
                 compare: 0,
             });
         }
+        SendOp::AtomicWrite {
+            remote_addr, rkey, ..
+        } => {
+            ext.reth = Some(reth::Repr {
+                virtual_address: remote_addr,
+                rkey,
+                dma_length: wqe.len,
+            });
+        }
         _ => {}
     }
     match wqe.wr.op {
@@ -227,7 +236,7 @@ fn sendable(sq: &SendQueue, timers: &TimerTable, qp: &Common) -> Option<(usize, 
 
 /// Says where the data of packet `k` of `wqe` (at `index` of the queue) lies, having
 /// checked that it may be read (none for a READ request or an atomic): the provider copies
-/// it from there into the frame.
+/// it from there into the frame. An ATOMIC WRITE's own 8 bytes the packet holds.
 fn payload(
     qp: &Common,
     ctx: &mut Ctx,
@@ -238,6 +247,10 @@ fn payload(
 ) -> Result<(), WcStatus> {
     out.payload.clear();
     out.lent = None;
+    if let SendOp::AtomicWrite { data, .. } = wqe.wr.op {
+        out.payload.extend_from_slice(&data);
+        return Ok(());
+    }
     if wqe.wr.op.is_read_or_atomic() {
         return Ok(());
     }
