@@ -109,6 +109,13 @@ pub struct OpenOptions {
     /// The connection manager's timeouts and retries (the kernel's by default; shorter
     /// ones let a test see an unreachable peer quickly).
     pub cm_timing: CmTiming,
+    /// Bind only this receive queue of the interface (AF_XDP only): an engine of its own,
+    /// beside the engines of the other queues, each opened with its own `queue` (one
+    /// device, one engine per queue; their QPs are separate). Frames must arrive where
+    /// their QP's engine is: on veth, the peer receives on the queue we send from, so
+    /// engines on queue k of both ends talk through queue k; on a NIC, steer each flow to
+    /// its queue (`ethtool -N`). `None` (the default): every queue, one engine.
+    pub queue: Option<u32>,
 }
 
 impl Default for OpenOptions {
@@ -122,6 +129,7 @@ impl Default for OpenOptions {
             loss: None,
             async_fd: None,
             cm_timing: CmTiming::default(),
+            queue: None,
         }
     }
 }
