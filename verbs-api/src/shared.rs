@@ -5,6 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::Engine;
@@ -141,6 +142,26 @@ impl Shared {
         core.round(&self.doorbells)
             .map(drop)
             .map_err(|error| self.fail(error))
+    }
+
+    /// How a caller-driven wait passes its time: a round, then, if it moved nothing, a
+    /// sleep in the backend until a frame may be waiting, the engine's next timer or
+    /// `slice`, then another round.
+    pub(crate) fn drive_waiting(&self, core: &mut Core, slice: Duration) -> Result<(), Error> {
+        let worked = core
+            .round(&self.doorbells)
+            .map_err(|error| self.fail(error))?;
+        if worked {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let until = core
+            .engine
+            .poll_timeout()
+            .map(|at| at.saturating_duration_since(now));
+        let wait = until.map_or(slice, |until| until.min(slice));
+        core.engine.backend().wait(Some(wait))?;
+        self.drive(core)
     }
 
     /// Records `error` as what stopped the engine (the first one stays) and returns it.
