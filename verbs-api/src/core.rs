@@ -21,6 +21,7 @@ use roce_transport::{AccessFlags, CqId, Endpoint};
 use crate::async_events::AsyncEvents;
 use crate::cm_routes::CmRoutes;
 use crate::error::Error;
+use crate::groups::Memberships;
 use crate::iova::IovaSpace;
 use crate::queues::{CqSlot, Doorbells, QpSlot};
 
@@ -40,6 +41,8 @@ pub(crate) struct Core {
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
     pub(crate) cm: CmRoutes,
+    /// Multicast attachments and the interface's part in them.
+    pub(crate) multicast: Memberships,
     /// The count of doorbells the last round took: while it stands, no QP rang.
     doorbells_seen: u64,
     /// The QPs that rang, taken from the doorbells (kept for its allocation).
@@ -56,6 +59,7 @@ impl Core {
             async_events,
             iova: IovaSpace::default(),
             cm: CmRoutes::default(),
+            multicast: Memberships::default(),
             doorbells_seen: 0,
             rung: Vec::new(),
         }

@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use roce_transport::cq::{NotifyOn, WorkCompletion};
-use roce_transport::CqId;
+use roce_transport::{CqId, LIMITS};
 
 use crate::channel::CompChannel;
+use crate::core::Core;
 use crate::error::Error;
 use crate::queues::{cq_queue, CqQueue};
-use crate::ring::Consumer;
 use crate::shared::Shared;
 
 /// One CQ, shared by its handle and the QPs that complete into it; destroyed in the
@@ -45,6 +45,17 @@ impl Drop for CqInner {
             // The last holder: no QP holds this CQ any more, so the transport cannot refuse.
             let _ = core.endpoint().destroy_cq(self.id);
         }
+    }
+}
+
+impl CqInner {
+    /// Forgets the completions of QP `qpn` not yet polled, in the engine's CQ and in the
+    /// queue pollers read (a QP entering RESET; see `roce_transport::cq::Cq::discard_qp`).
+    pub(crate) fn discard_qp(&self, core: &mut Core, qpn: u32) -> Result<(), Error> {
+        core.endpoint().cq(self.id).discard_qp(qpn);
+        let mut polling = self.queue.polling.lock().map_err(|_| Error::Poisoned)?;
+        polling.discard_qp(qpn);
+        Ok(())
     }
 }
 
@@ -119,14 +130,15 @@ impl Cq {
         if queue.overflowed.load(Ordering::Acquire) {
             return Err(Error::CqOverflow);
         }
-        let mut ring = queue.consumer.lock().map_err(|_| Error::Poisoned)?;
-        let mut count = take_from(&mut ring, max, &mut take);
+        let polling = || queue.polling.lock().map_err(|_| Error::Poisoned);
+        let mut count = polling()?.take(max, &mut take);
         if count < max {
             let backlog = queue.backlog.load(Ordering::Acquire);
             // The caller's progress: a round, as the engine thread's. With the thread, only
             // if the engine is free (its own round delivers otherwise), unless completions
             // wait behind a full ring: a program that drains before it waits for an event
-            // would otherwise wait for ever.
+            // would otherwise wait for ever. (The ring's lock is not held meanwhile: the
+            // device's lock comes first.)
             let core = if shared.caller_drives() || backlog {
                 Some(shared.lock()?)
             } else if count == 0 {
@@ -137,7 +149,7 @@ impl Cq {
             if let Some(mut core) = core {
                 shared.drive(&mut core)?;
                 drop(core);
-                count += take_from(&mut ring, max - count, &mut take);
+                count += polling()?.take(max - count, &mut take);
             }
         }
         Ok(count)
@@ -167,6 +179,35 @@ impl Cq {
         Ok(out)
     }
 
+    /// `ibv_resize_cq`: the CQ holds at least `depth` completions from now on, keeping those
+    /// that wait. Work posted before the call is handed to the engine and completions it
+    /// produced are counted first; more waiting than `depth` is refused (`EINVAL`, as rxe).
+    pub fn resize(&self, depth: usize) -> Result<(), Error> {
+        if !LIMITS.allows_cq_depth(depth) {
+            return Err(Error::InvalidArgument("a CQ needs 1 to max_cqe entries"));
+        }
+        let shared = &self.inner.shared;
+        let mut core = shared.lock()?;
+        shared.drive(&mut core)?;
+        let queue = &self.inner.queue;
+        if queue.overflowed.load(Ordering::Acquire) {
+            return Err(Error::CqOverflow);
+        }
+        let handed_over = queue.polling.lock().map_err(|_| Error::Poisoned)?.len();
+        let cq = core.endpoint().cq(self.inner.id);
+        if handed_over + cq.len() > depth {
+            return Err(Error::InvalidArgument(
+                "more completions wait than the new depth holds",
+            ));
+        }
+        // Cannot fail: fewer than `depth` wait in the engine's CQ.
+        // The ring keeps its size (a power of two at least the first depth): with the
+        // engine's CQ behind it, the CQ still holds at least `depth`.
+        let _ = cq.resize(depth);
+        core.deliver(std::time::Instant::now());
+        Ok(())
+    }
+
     /// Arms the CQ for one event on its channel (`ibv_req_notify_cq`): the next completion,
     /// or with `solicited_only` the next solicited one (or any error).
     pub fn req_notify(&self, solicited_only: bool) -> Result<(), Error> {
@@ -186,21 +227,4 @@ impl Cq {
             .request_notify(on);
         Ok(())
     }
-}
-
-/// Takes up to `max` completions from the ring to `take`; how many.
-fn take_from(
-    ring: &mut Consumer<WorkCompletion>,
-    max: usize,
-    take: &mut impl FnMut(&WorkCompletion),
-) -> usize {
-    let mut count = 0;
-    while count < max {
-        let Some(completion) = ring.pop() else {
-            break;
-        };
-        take(&completion);
-        count += 1;
-    }
-    count
 }

@@ -76,12 +76,48 @@ impl<T> AsFd for EventQueue<T> {
 
 /// A CQ as pollers see it: the ring the engine fills after its rounds (single producer,
 /// under the device lock) and pollers drain (single consumer, one poller at a time under
-/// `consumer`'s own lock, never the device's).
+/// `polling`'s own lock, never the device's; taken after the device's lock when both are
+/// held, so a poller releases it before it runs a round).
 pub(crate) struct CqQueue {
-    pub(crate) consumer: Mutex<Consumer<WorkCompletion>>,
+    pub(crate) polling: Mutex<Polling>,
     pub(crate) overflowed: AtomicBool,
     /// Completions still wait in the engine's CQ (the ring was full).
     pub(crate) backlog: AtomicBool,
+}
+
+/// The pollers' side of a CQ's ring, and the completions set aside from it when some had
+/// to be taken out of order (a QP reset forgets its own): those come first.
+pub(crate) struct Polling {
+    ring: Consumer<WorkCompletion>,
+    set_aside: VecDeque<WorkCompletion>,
+}
+
+impl Polling {
+    /// Hands up to `max` completions, oldest first, to `take`; how many.
+    pub(crate) fn take(&mut self, max: usize, take: &mut impl FnMut(&WorkCompletion)) -> usize {
+        let mut count = 0;
+        while count < max {
+            let Some(completion) = self.set_aside.pop_front().or_else(|| self.ring.pop()) else {
+                break;
+            };
+            take(&completion);
+            count += 1;
+        }
+        count
+    }
+
+    /// Completions waiting to be polled here.
+    pub(crate) fn len(&self) -> usize {
+        self.set_aside.len() + self.ring.len()
+    }
+
+    /// Forgets the waiting completions of QP `qpn`, keeping the others' order.
+    pub(crate) fn discard_qp(&mut self, qpn: u32) {
+        while let Some(completion) = self.ring.pop() {
+            self.set_aside.push_back(completion);
+        }
+        self.set_aside.retain(|completion| completion.qp_num != qpn);
+    }
 }
 
 /// The engine's side of a CQ: where it moves the transport's completions to.
@@ -94,11 +130,14 @@ pub(crate) struct CqSlot {
 
 /// A CQ of `depth` entries: the pollers' side and the engine's.
 pub(crate) fn cq_queue(depth: usize, channel: Option<Arc<ChannelEvents>>) -> CqSlot {
-    let (producer, consumer) = ring(depth);
+    let (producer, ring) = ring(depth);
     CqSlot {
         producer,
         queue: Arc::new(CqQueue {
-            consumer: Mutex::new(consumer),
+            polling: Mutex::new(Polling {
+                ring,
+                set_aside: VecDeque::new(),
+            }),
             overflowed: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
         }),

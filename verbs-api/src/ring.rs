@@ -132,6 +132,14 @@ impl<T> Consumer<T> {
         self.ring.tail.store(self.tail, Ordering::Release);
         Some(value)
     }
+
+    /// Values published and not yet read.
+    pub(crate) fn len(&self) -> usize {
+        self.ring
+            .head
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.tail)
+    }
 }
 
 #[cfg(test)]

@@ -24,16 +24,17 @@
 //!   `rdma_get_cm_event` fail with `EAGAIN`).
 //! - **Ids** take the device of their address at `rdma_bind_addr` or `rdma_resolve_addr`
 //!   (one opened context per device and process, kept open). RC (`RDMA_PS_TCP`) and UD
-//!   (`RDMA_PS_UDP`, resolved with SIDR) ids.
+//!   (`RDMA_PS_UDP`, resolved with SIDR, joining multicast groups) ids.
 //! - **Errors**: -1 with errno, as rdma-core. What is not offered fails with `ENOSYS`
-//!   (rsockets, multicast) or `EOPNOTSUPP` (other port spaces, SRQs, ECE), and says
+//!   (rsockets) or `EOPNOTSUPP` (other port spaces, SRQs, ECE), and says
 //!   why on stderr with `ROCE_LOG` set. `rpoll`/`rselect` are `poll`/`select`: with no
 //!   rsockets every fd is a plain one (rping, ucmatose and udaddy import `rpoll`).
 
 //!
 //! Modules, each building only on those before it: `abi`, `errors`, `qp_attr` and `verbs`
-//! (C shapes, errno, our libibverbs); `channel`; `id`; `event` (C events, which make the
-//! ids of requests); `calls` and `qp` (what the program does with an id); `ep`.
+//! (C shapes, errno, our libibverbs); `channel`; `joins` (an id's multicast joins, and
+//! attaching its QP when one is reported); `id`; `event` (C events, which make the ids of
+//! requests); `calls`, `qp` and `mcast` (what the program does with an id); `ep`.
 
 // The C entry points are public for the library that exports them; the safety contract of
 // each is rdma_cma.h's for that call.
@@ -47,6 +48,8 @@ mod ep;
 mod errors;
 mod event;
 mod id;
+mod joins;
+mod mcast;
 mod qp;
 mod qp_attr;
 mod verbs;
@@ -92,13 +95,13 @@ macro_rules! for_each_symbol {
         $m!(rdma_create_ep @ "RDMACM_1.0" => $crate::entry::create_ep, int);
         $m!(rdma_destroy_ep @ "RDMACM_1.0" => $crate::entry::destroy_ep, int);
         $m!(rdma_get_request @ "RDMACM_1.0" => $crate::entry::get_request, int);
+        $m!(rdma_join_multicast @ "RDMACM_1.0" => $crate::entry::join_multicast, int);
+        $m!(rdma_join_multicast_ex @ "RDMACM_1.1" => $crate::entry::join_multicast_ex, int);
+        $m!(rdma_leave_multicast @ "RDMACM_1.0" => $crate::entry::leave_multicast, int);
         // Not offered yet: fail cleanly.
         $m!(rdma_create_srq @ "RDMACM_1.0" => $crate::entry::unsupported::eopnotsupp, int);
         $m!(rdma_create_srq_ex @ "RDMACM_1.0" => $crate::entry::unsupported::eopnotsupp, int);
         $m!(rdma_destroy_srq @ "RDMACM_1.0" => $crate::entry::unsupported::nothing, int);
-        $m!(rdma_join_multicast @ "RDMACM_1.0" => $crate::entry::unsupported::enosys, int);
-        $m!(rdma_leave_multicast @ "RDMACM_1.0" => $crate::entry::unsupported::enosys, int);
-        $m!(rdma_join_multicast_ex @ "RDMACM_1.1" => $crate::entry::unsupported::enosys, int);
         $m!(rdma_get_remote_ece @ "RDMACM_1.3" => $crate::entry::unsupported::eopnotsupp, int);
         $m!(rdma_set_local_ece @ "RDMACM_1.3" => $crate::entry::unsupported::eopnotsupp, int);
         $m!(rdma_reject_ece @ "RDMACM_1.3" => $crate::entry::unsupported::eopnotsupp, int);
@@ -146,6 +149,7 @@ pub mod entry {
     pub use crate::ep::{create_ep, destroy_ep, get_request};
     pub use crate::event::{ack_cm_event, get_cm_event};
     pub use crate::id::{create_id, destroy_id};
+    pub use crate::mcast::{join_multicast, join_multicast_ex, leave_multicast};
     pub use crate::passthrough::{rpoll, rselect};
     pub use crate::qp::{create_qp, create_qp_ex, destroy_qp};
     pub use roce_cabi::unsupported;
