@@ -147,9 +147,16 @@ impl Cq {
                 None
             };
             if let Some(mut core) = core {
-                shared.drive(&mut core)?;
+                let worked = shared.round(&mut core)?;
                 drop(core);
                 count += polling()?.take(max - count, &mut take);
+                if !worked && count == 0 {
+                    // Nothing came: let the kernel's softirq thread run, if it waits on this
+                    // CPU (the veth's receive runs there once softirqs are deferred to it, and
+                    // a program polling in a tight loop would hold it off for a scheduler
+                    // slice, 4-8 ms measured; `docs/performance.md`).
+                    std::thread::yield_now();
+                }
             }
         }
         Ok(count)

@@ -139,8 +139,12 @@ impl Shared {
     /// One round of the engine ([`Core::round`]), recording a failure for every later
     /// call.
     pub(crate) fn drive(&self, core: &mut Core) -> Result<(), Error> {
+        self.round(core).map(drop)
+    }
+
+    /// [`drive`](Self::drive), saying whether the round moved work.
+    pub(crate) fn round(&self, core: &mut Core) -> Result<bool, Error> {
         core.round(&self.doorbells)
-            .map(drop)
             .map_err(|error| self.fail(error))
     }
 
