@@ -126,7 +126,8 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
 
-    /// After a post: make the new work leave now.
+    /// After a change under the lock (a CM step, `modify`): make what it queued leave now,
+    /// by a round here when the caller drives, else by the engine thread.
     pub(crate) fn kick(&self, core: &mut Core) -> Result<(), Error> {
         if self.caller_drives() {
             self.drive(core)
@@ -152,10 +153,7 @@ impl Shared {
     /// sleep in the backend until a frame may be waiting, the engine's next timer or
     /// `slice`, then another round.
     pub(crate) fn drive_waiting(&self, core: &mut Core, slice: Duration) -> Result<(), Error> {
-        let worked = core
-            .round(&self.doorbells)
-            .map_err(|error| self.fail(error))?;
-        if worked {
+        if self.round(core)? {
             return Ok(());
         }
         let now = Instant::now();
