@@ -403,9 +403,20 @@ impl Mr {
     /// returns). Memory windows still bound to it are unbound first (see
     /// [`windows_bound`](Self::windows_bound) for `ibv_dereg_mr`'s refusal).
     pub fn dereg(self) -> Result<Option<Box<[u8]>>, Error> {
-        // Dropping `self` afterwards finds the key gone, which it ignores.
-        let mut core = self.pd.shared.lock()?;
-        Ok(core.endpoint().mrs().dereg_mr_unbinding(self.key)?)
+        self.try_dereg().map_err(|(_, error)| error)
+    }
+
+    /// [`dereg`](Self::dereg), giving the region back with the error when it fails (as
+    /// `ibv_dereg_mr` leaves a region registered when it fails): it stays registered and
+    /// may be deregistered again.
+    pub fn try_dereg(self) -> Result<Option<Box<[u8]>>, (Mr, Error)> {
+        let deregistered = self
+            .pd
+            .shared
+            .lock()
+            .and_then(|mut core| Ok(core.endpoint().mrs().dereg_mr_unbinding(self.key)?));
+        // On success, dropping `self` finds the key gone, which it ignores.
+        deregistered.map_err(|error| (self, error))
     }
 
     /// How many memory windows are bound to the region now: while any is, `ibv_dereg_mr`
