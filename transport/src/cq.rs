@@ -17,6 +17,8 @@ pub enum WcStatus {
     LocalProtection = 4,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP entered ERR before the request ran.
     WrFlush = 5,
+    /// `IBV_WC_MW_BIND_ERR`: a memory window bind was refused.
+    MwBind = 6,
     /// `IBV_WC_BAD_RESP_ERR`: the responder answered with something impossible.
     BadResponse = 7,
     /// `IBV_WC_LOC_ACCESS_ERR`: a protection error on a local RDMA READ/atomic target.
@@ -49,6 +51,10 @@ pub enum WcOpcode {
     CompareSwap = 3,
     /// An atomic fetch-and-add completed.
     FetchAdd = 4,
+    /// A memory window bind completed.
+    BindMw = 5,
+    /// A local invalidation completed.
+    LocalInv = 6,
     /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
     AtomicWrite = 9,
     /// A receive consumed by a SEND.
@@ -208,6 +214,26 @@ impl Cq {
             self.event_pending = true;
         }
         Ok(())
+    }
+
+    /// Hands completions, oldest first, to `take` until it refuses one (which stays) or
+    /// `max` were taken; returns how many were taken. For a consumer that moves them on
+    /// without a container in between (the verbs layer's ring).
+    pub fn poll_with(
+        &mut self,
+        max: usize,
+        mut take: impl FnMut(&WorkCompletion) -> bool,
+    ) -> usize {
+        let (front, back) = self.entries.as_slices();
+        let mut count = 0;
+        for completion in front.iter().chain(back).take(max) {
+            if !take(completion) {
+                break;
+            }
+            count += 1;
+        }
+        self.entries.pop_front_n(count);
+        count
     }
 
     /// Moves up to `max` completions, oldest first, into `out`; returns how many.

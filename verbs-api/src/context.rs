@@ -36,6 +36,7 @@ use crate::options::{BackendChoice, CmTiming, OpenOptions, Progress};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
 use crate::wait;
+use crate::xrc::Xrcd;
 
 /// An open device.
 ///
@@ -65,8 +66,8 @@ impl Drop for DeviceEngine {
 }
 
 /// Which interface an engine serves: its network namespace (the inode of the opener's),
-/// name and index.
-type EngineKey = (u64, String, u32);
+/// name and index, and its receive queue if it has one of its own.
+type EngineKey = (u64, String, u32, Option<u32>);
 
 /// The engines of the devices open on their own interfaces in this process; the last
 /// context of a device drops its engine.
@@ -90,7 +91,7 @@ impl Context {
             Arc::new(DeviceEngine::start(device, options)?)
         } else {
             let netns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
-            let key = (netns, device.name.clone(), device.ifindex);
+            let key = (netns, device.name.clone(), device.ifindex, options.queue);
             // Held while a first open starts the engine, so a racing open waits and shares it.
             let mut engines = ENGINES.lock().map_err(|_| Error::Poisoned)?;
             engines.retain(|(_, engine)| engine.strong_count() > 0);
@@ -143,6 +144,11 @@ impl Context {
     /// Allocates a protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<Pd, Error> {
         Pd::new(self.shared())
+    }
+
+    /// Opens a new XRC domain (`ibv_open_xrcd`).
+    pub fn open_xrcd(&self) -> Result<Xrcd, Error> {
+        Xrcd::new(self.shared())
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel`).
@@ -246,6 +252,7 @@ impl DeviceEngine {
             options.backend,
             options.pcap.as_deref(),
             options.loss,
+            options.queue,
         )?;
         let seed = match options.seed {
             Some(seed) => seed,

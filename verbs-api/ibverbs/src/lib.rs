@@ -19,7 +19,8 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening, importing and
 //! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
-//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
+//! builders) → `ah` → `mw` (memory windows, whose binds post through `ops.post_send`) →
+//! `srq` → `xrc` (XRC domains) → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
 //! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
 //! close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
@@ -37,6 +38,7 @@ mod handles;
 mod import;
 mod logging;
 mod mcast;
+mod mw;
 mod ops;
 mod pd;
 mod post;
@@ -46,6 +48,7 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
+mod xrc;
 
 use roce_cabi::{export, unsupported};
 
@@ -122,7 +125,16 @@ export!("ibv_query_qp_data_in_order" @ "IBVERBS_1.14" => data_in_order_unknown);
 export!("ibv_copy_ah_attr_from_kern" @ "IBVERBS_1.1" => unsupported::nothing);
 export!("ibv_copy_qp_attr_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
 export!("ibv_copy_path_rec_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
-// For our librdmacm.so.1 only.
+// rdma_cm (roce-rdmacm, linked here): each call under a private name, which our
+// librdmacm.so.1 (verbs-api/rdmacm/shim) forwards its symbol to, so that one library owns
+// the process's roce-verbs state.
+macro_rules! export_rdmacm {
+    ($name:ident @ $version:literal => $entry:path, $returns:ident) => {
+        export!("roce_" + $name @ "ROCE_RDMACM_PRIVATE" => $entry);
+    };
+}
+roce_rdmacm::for_each_symbol!(export_rdmacm);
+// What roce-rdmacm asks of this library's verbs objects.
 export!("roce_rdmacm_verbs_context" @ "ROCE_RDMACM_PRIVATE" => rdmacm_hook::verbs_context);
 
 /// `ibv_query_qp_data_in_order`: 0 promises nothing about placement order.
