@@ -32,6 +32,7 @@ use crate::qp::{
 };
 use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable};
+use crate::tm::{TagMatching, TmOpError, TmOpWr, TmSrqCaps, TmStats};
 use crate::wr::{RecvWr, SendWr};
 
 /// Identifies a completion queue of an [`Endpoint`].
@@ -54,6 +55,9 @@ pub enum CreateQpError {
     /// A queue size or limit beyond the device's (named).
     #[error("{0} beyond the device's limit")]
     InvalidCap(&'static str),
+    /// A tag-matching SRQ receives for RC QPs only (`IBV_TM_CAP_RC`).
+    #[error("a tag-matching SRQ takes RC QPs only")]
+    TagMatchingNeedsRc,
 }
 
 /// Why destroying a CQ failed.
@@ -81,9 +85,10 @@ impl CreateQpError {
     /// The errno `ibv_create_qp` fails with.
     pub fn errno(&self) -> i32 {
         match self {
-            CreateQpError::UnknownCq | CreateQpError::UnknownSrq | CreateQpError::InvalidCap(_) => {
-                errno::EINVAL
-            }
+            CreateQpError::UnknownCq
+            | CreateQpError::UnknownSrq
+            | CreateQpError::InvalidCap(_)
+            | CreateQpError::TagMatchingNeedsRc => errno::EINVAL,
             CreateQpError::NoQpn => errno::ENOMEM,
         }
     }
@@ -425,7 +430,7 @@ impl Endpoint {
         if !self.cq_exists(id) {
             return Err(DestroyCqError::UnknownCq);
         }
-        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) {
+        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) || self.srqs.tm_uses_cq(id.0) {
             return Err(DestroyCqError::InUse);
         }
         self.cqs[id.0] = Cq::new(0);
@@ -468,6 +473,10 @@ impl Endpoint {
         if srq.is_some_and(|srq| !self.srqs.exists(srq)) {
             return Err(CreateQpError::UnknownSrq);
         }
+        let tagged = srq.is_some_and(|srq| self.srqs.tm(srq).is_some());
+        if tagged && init.qp_type != QpType::Rc {
+            return Err(CreateQpError::TagMatchingNeedsRc);
+        }
         if srq.is_some() {
             init.caps.max_recv_wr = 0;
             init.caps.max_recv_sge = 0;
@@ -490,6 +499,46 @@ impl Endpoint {
     /// Creates a shared receive queue (`ibv_create_srq`); `attr.srq_limit` is ignored.
     pub fn create_srq(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
         self.srqs.create(attr)
+    }
+
+    /// Creates a tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`): a shared receive
+    /// queue with a list of up to `caps.max_num_tags` tags, changed by
+    /// [`post_srq_ops`](Self::post_srq_ops); its list operations and the messages of its QPs
+    /// complete in `cq` (see [`tm`](crate::tm)).
+    pub fn create_tm_srq(
+        &mut self,
+        attr: SrqAttr,
+        caps: TmSrqCaps,
+        cq: CqId,
+    ) -> Result<SrqId, SrqError> {
+        if !self.cq_exists(cq) {
+            return Err(SrqError::InvalidAttr("cq"));
+        }
+        let tm = TagMatching::new(caps, cq.0).map_err(SrqError::InvalidAttr)?;
+        self.srqs.create_tm(attr, tm)
+    }
+
+    /// `ibv_post_srq_ops` for one list operation of a tag-matching SRQ, run now: ADD's
+    /// handle; a signaled operation's completion is in the SRQ's CQ.
+    pub fn post_srq_ops(&mut self, srq: SrqId, wr: &TmOpWr) -> Result<Option<u32>, TmOpError> {
+        let tm = self.srqs.tm_mut(srq).ok_or(TmOpError::NotTagMatching)?;
+        let cq = tm.cq;
+        // The list operations' own QP (mlx5's command QP) has no number here.
+        let (handle, completion) = tm.post(wr, 0)?;
+        if let Some(completion) = completion {
+            if self.cqs[cq].push(completion).is_err() {
+                self.events.push(AsyncEvent::CqOverflow {
+                    cq: CqId(cq),
+                    qpn: 0,
+                });
+            }
+        }
+        Ok(handle)
+    }
+
+    /// What a tag-matching SRQ saw; `None` for any other SRQ.
+    pub fn tm_stats(&self, srq: SrqId) -> Option<TmStats> {
+        self.srqs.tm(srq).map(|tm| tm.stats)
     }
 
     /// `ibv_modify_srq`: resizes it or arms its limit.
@@ -519,6 +568,9 @@ impl Endpoint {
     /// group it was attached to.
     pub fn destroy_qp(&mut self, qpn: u32) -> bool {
         self.mcast.remove_qp(qpn);
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.abandon_tags(&mut self.srqs);
+        }
         self.qps.remove(qpn)
     }
 

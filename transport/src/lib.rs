@@ -73,6 +73,7 @@ mod ring;
 pub mod sim;
 pub mod srq;
 mod timer;
+pub mod tm;
 pub mod wr;
 
 pub use counters::Counters;

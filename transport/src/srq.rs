@@ -8,6 +8,7 @@
 use crate::errno;
 use crate::limits::LIMITS;
 use crate::ring::Ring;
+use crate::tm::TagMatching;
 use crate::wr::RecvWr;
 
 /// Identifies a shared receive queue of an [`Endpoint`](crate::Endpoint).
@@ -81,6 +82,8 @@ struct Srq {
     /// The armed limit, 0 when disarmed.
     limit: u32,
     wqes: Ring<RecvWr>,
+    /// A tag-matching SRQ's list and counts (boxed: most SRQs have none).
+    tm: Option<Box<TagMatching>>,
 }
 
 /// The endpoint's SRQs, and the limit events they raised since the owner last took them.
@@ -107,6 +110,7 @@ impl SrqTable {
             max_sge: attr.max_sge.max(1),
             limit: 0,
             wqes: Ring::default(),
+            tm: None,
         };
         let free = self.srqs.iter().position(Option::is_none);
         let slot = match free {
@@ -137,6 +141,33 @@ impl SrqTable {
 
     pub fn exists(&self, id: SrqId) -> bool {
         self.get(id).is_ok()
+    }
+
+    /// [`create`](Self::create) for a tag-matching SRQ (`IBV_SRQT_TM`).
+    pub fn create_tm(&mut self, attr: SrqAttr, tm: TagMatching) -> Result<SrqId, SrqError> {
+        let id = self.create(attr)?;
+        if let Some(srq) = self.srqs[id.0].as_mut() {
+            srq.tm = Some(Box::new(tm));
+        }
+        Ok(id)
+    }
+
+    /// A tag-matching SRQ's list; `None` for any other SRQ.
+    pub fn tm(&self, id: SrqId) -> Option<&TagMatching> {
+        self.get(id).ok()?.tm.as_deref()
+    }
+
+    /// [`tm`](Self::tm), to change.
+    pub fn tm_mut(&mut self, id: SrqId) -> Option<&mut TagMatching> {
+        self.get_mut(id).ok()?.tm.as_deref_mut()
+    }
+
+    /// Whether a tag-matching SRQ completes into the CQ in slot `cq`.
+    pub fn tm_uses_cq(&self, cq: usize) -> bool {
+        self.srqs
+            .iter()
+            .flatten()
+            .any(|srq| srq.tm.as_ref().is_some_and(|tm| tm.cq == cq))
     }
 
     /// `ibv_modify_srq`, checked as a whole before anything changes.

@@ -50,6 +50,8 @@ pub mod multicast;
 pub mod opcode;
 pub mod psn;
 pub mod reth;
+pub mod rvh;
+pub mod tmh;
 
 pub use ext::ExtRepr;
 pub use frame::{Frame, FrameError, FrameRepr};

@@ -20,7 +20,9 @@ use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
 use crate::mr::PdId;
 use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
+use crate::srq::SrqTable;
 use crate::timer::{Timer, TimerTable};
+use crate::tm::Rendezvous;
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
@@ -29,8 +31,8 @@ pub(crate) use common::{Ctx, Failure};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
-use responder::Responder;
-use send_queue::SendQueue;
+use responder::{RendezvousRead, Responder};
+use send_queue::{Origin, SendQueue};
 
 /// Everything that decides whether a post is accepted, as of one moment: what the
 /// requester and responder check, and what a verbs layer checks to admit work from other
@@ -235,6 +237,7 @@ impl Qp {
         match to {
             QpState::Err if self.common.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
+                self.abandon_tags(ctx.srqs);
                 self.sq = SendQueue::default();
                 self.comp = Completer::default();
                 self.resp = Responder::default();
@@ -286,6 +289,9 @@ impl Qp {
         }
         if frame.bth.opcode.info().is_request {
             let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
+            if let Some(read) = self.resp.take_rendezvous() {
+                self.start_rendezvous(ctx, read);
+            }
             self.handle_cq_full(ctx);
             if let Some(failure) = failure {
                 self.fail_by_peer(ctx, failure);
@@ -378,7 +384,7 @@ impl Qp {
             caps: self.caps,
             state: self.common.state,
             mtu: self.common.config.mtu,
-            sq_len: self.sq.len(),
+            sq_len: self.sq.program_len(),
             rq_len: self.resp.rq_len(),
             has_srq: self.common.srq.is_some(),
         }
@@ -454,7 +460,13 @@ impl Qp {
     /// Removes the front send WQE, which succeeded, and reports it if it is signaled.
     #[inline(always)]
     fn complete_front(&mut self, ctx: &mut Ctx) {
-        if self.sq.front().is_none() {
+        let Some(front) = self.sq.front() else {
+            return;
+        };
+        if front.origin != Origin::Program {
+            let origin = front.origin;
+            self.sq.pop_front();
+            self.finish_own(ctx, origin, WcStatus::Success);
             return;
         }
         let completion = self.sq.success_of_front(self.common.qpn, self.sq_sig_all);
@@ -481,6 +493,12 @@ impl Qp {
                 count_send(ctx.counters, Some(&wqe.wr));
                 status
             };
+            if wqe.origin != Origin::Program {
+                let origin = wqe.origin;
+                self.sq.pop_front();
+                self.finish_own(ctx, origin, status);
+                continue;
+            }
             let completion = send_queue::completion(self.common.qpn, &wqe.wr, status, 0);
             self.sq.pop_front();
             self.complete(ctx, self.common.send_cq, completion);
@@ -508,14 +526,70 @@ impl Qp {
         self.timers = TimerTable::default();
         let sends = self.sq.take_all();
         for wqe in sends.iter() {
+            if wqe.origin != Origin::Program {
+                self.finish_own(ctx, wqe.origin, WcStatus::WrFlush);
+                continue;
+            }
             let completion = send_queue::completion(self.common.qpn, &wqe.wr, WcStatus::WrFlush, 0);
             self.complete(ctx, self.common.send_cq, completion);
         }
+        responder::flush_tagged(&mut self.resp, &mut self.common, ctx);
         let recvs = self.resp.take_receives();
         for wr in recvs.iter() {
             let completion = responder::recv_completion(self.common.qpn, wr, WcStatus::WrFlush);
             self.complete(ctx, self.common.recv_cq, completion);
         }
+    }
+}
+
+impl Qp {
+    /// Tag matching: sends the READ of a matched rendezvous request's data, as a WQE of the
+    /// QP's own behind those posted; a QP that failed meanwhile fails the tag at once.
+    fn start_rendezvous(&mut self, ctx: &mut Ctx, read: RendezvousRead) {
+        let origin = Origin::Rendezvous(read.rendezvous);
+        if self.common.state == QpState::Err {
+            self.finish_own(ctx, origin, WcStatus::WrFlush);
+            return;
+        }
+        let len = read.rendezvous.len;
+        let npsn = self.common.config.packets(len);
+        self.sq.push_from(origin, &read.wr, len, npsn);
+    }
+
+    /// A WQE of the QP's own ended with `status`. A rendezvous READ completes its tag
+    /// (`DATA_VALID`, or the failure) on the SRQ's CQ, frees it, and on success sends the FIN;
+    /// a FIN reports nothing.
+    fn finish_own(&mut self, ctx: &mut Ctx, origin: Origin, status: WcStatus) {
+        let Origin::Rendezvous(rendezvous) = origin else {
+            return;
+        };
+        let Some(tm) = ctx.srqs.tm_mut(rendezvous.srq) else {
+            return;
+        };
+        tm.release(rendezvous.handle);
+        let cq = tm.cq;
+        let completion = rendezvous.completion(self.common.qpn, status);
+        self.complete(ctx, cq, completion);
+        if status == WcStatus::Success && self.common.state != QpState::Err {
+            let fin = rendezvous.fin();
+            let len = fin.inline_data.len() as u32;
+            self.sq.push_from(Origin::Fin, &fin, len, 1);
+        }
+    }
+
+    /// Frees the tags this QP holds (a rendezvous being read, a tagged message arriving)
+    /// without completions: it is being destroyed or reset.
+    pub fn abandon_tags(&mut self, srqs: &mut SrqTable) {
+        let held = (0..self.sq.len()).filter_map(|index| match self.sq.get(index)?.origin {
+            Origin::Rendezvous(Rendezvous { srq, handle, .. }) => Some((srq, handle)),
+            _ => None,
+        });
+        for (srq, handle) in held.collect::<Vec<_>>() {
+            if let Some(tm) = srqs.tm_mut(srq) {
+                tm.release(handle);
+            }
+        }
+        responder::abandon_tagged(&mut self.resp, srqs);
     }
 }
 
