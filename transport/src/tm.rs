@@ -395,7 +395,12 @@ impl TagMatching {
                 };
                 let handle = self.allocate(tag);
                 self.posted.push_back(handle);
-                (Some(handle), WcOpcode::TmAdd, WcStatus::Success, self.sync_req(self.handled))
+                (
+                    Some(handle),
+                    WcOpcode::TmAdd,
+                    WcStatus::Success,
+                    self.sync_req(self.handled),
+                )
             }
             TmOp::Del { handle } => {
                 let index = *handle as usize;
@@ -588,7 +593,10 @@ mod tests {
             ..eager(0x12)
         };
         assert_eq!(tm.arrival(&no_tag), Arrival::NoTag);
-        assert!(tm.consume(0).is_none(), "a consumed tag is not consumed twice");
+        assert!(
+            tm.consume(0).is_none(),
+            "a consumed tag is not consumed twice"
+        );
     }
 
     #[test]
@@ -620,7 +628,11 @@ mod tests {
         assert_eq!(tm.count_unexpected(), TmFlags::empty());
         let (handle, completion) = tm.post(&add(1, !0, 1), 0).unwrap();
         assert_eq!(completion.unwrap().tm.flags, TmFlags::SYNC_REQ);
-        assert_eq!(tm.arrival(&eager(1)), Arrival::Unexpected, "not yet matchable");
+        assert_eq!(
+            tm.arrival(&eager(1)),
+            Arrival::Unexpected,
+            "not yet matchable"
+        );
         let sync = TmOpWr {
             op: TmOp::Sync,
             sync: Some(1),
@@ -628,7 +640,10 @@ mod tests {
         };
         let (_, completion) = tm.post(&sync, 0).unwrap();
         let completion = completion.unwrap();
-        assert_eq!((completion.opcode, completion.tm.flags), (WcOpcode::TmSync, TmFlags::empty()));
+        assert_eq!(
+            (completion.opcode, completion.tm.flags),
+            (WcOpcode::TmSync, TmFlags::empty())
+        );
         assert_eq!(tm.arrival(&eager(1)), Arrival::Matched(handle.unwrap()));
     }
 

@@ -141,7 +141,10 @@ mod tests {
     fn reserved_bytes_are_ignored() {
         let mut bytes = HEADER_BYTES;
         bytes[1..4].copy_from_slice(b"ccc");
-        assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()), Ok(REPR));
+        assert_eq!(
+            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+            Ok(REPR)
+        );
     }
 
     #[test]
@@ -149,7 +152,10 @@ mod tests {
         for opcode in [4, 0x80, 0xFF] {
             let mut bytes = HEADER_BYTES;
             bytes[0] = opcode;
-            assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()), Err(Error));
+            assert_eq!(
+                Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
+                Err(Error)
+            );
         }
         assert!(Packet::new_checked(&HEADER_BYTES[..15]).is_err());
     }

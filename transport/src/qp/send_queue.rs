@@ -259,7 +259,11 @@ impl SendQueue {
     /// Removes the front WQE (whose completion has been built from it).
     #[inline]
     pub fn pop_front(&mut self) {
-        if self.wqes.front().is_some_and(|wqe| wqe.origin != Origin::Program) {
+        if self
+            .wqes
+            .front()
+            .is_some_and(|wqe| wqe.origin != Origin::Program)
+        {
             self.own -= 1;
         }
         self.wqes.pop_front();

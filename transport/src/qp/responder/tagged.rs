@@ -141,7 +141,9 @@ fn begin(
         }
         Refusal::Fatal(NakCode::InvalidRequest, None)
     };
-    let srq = qp.srq.ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
+    let srq = qp
+        .srq
+        .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     let parsed = tmh::Packet::new_checked(frame.payload).and_then(|p| tmh::Repr::parse(&p));
     let Ok(tmh) = parsed else {
         return Err(malformed(ctx, srq, "TMH"));
@@ -279,9 +281,19 @@ fn finish(
             let tm = if flags.contains(TmFlags::MATCH) {
                 matched
             } else {
-                TmInfo { flags, ..TmInfo::NONE }
+                TmInfo {
+                    flags,
+                    ..TmInfo::NONE
+                }
             };
-            message_completion(qp.qpn, buffer.recv_wr_id, status, WcOpcode::TmRecv, data, tm)
+            message_completion(
+                qp.qpn,
+                buffer.recv_wr_id,
+                status,
+                WcOpcode::TmRecv,
+                data,
+                tm,
+            )
         }
         Target::Receive { opcode, .. } => {
             let Some(wqe) = resp.rq.front() else {
@@ -289,7 +301,10 @@ fn finish(
             };
             // Not matched: no tag to report (mlx5 scatters the TMH to the CQE on a match
             // only).
-            let tm = TmInfo { flags, ..TmInfo::NONE };
+            let tm = TmInfo {
+                flags,
+                ..TmInfo::NONE
+            };
             let completion = message_completion(qp.qpn, wqe.wr_id, status, opcode, received, tm);
             resp.rq.pop_front();
             completion
