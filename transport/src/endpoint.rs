@@ -10,6 +10,7 @@
 //! [`Cm`]: CM MADs it receives (UD SEND_ONLY with Q_Key [`mad::GSI_QKEY`]) go to the CM, the
 //! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
+use std::borrow::Borrow;
 use std::time::Instant;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -518,22 +519,31 @@ impl Endpoint {
         self.srqs.create_tm(attr, tm)
     }
 
-    /// `ibv_post_srq_ops` for one list operation of a tag-matching SRQ, run now: ADD's
-    /// handle; a signaled operation's completion is in the SRQ's CQ.
-    pub fn post_srq_ops(&mut self, srq: SrqId, wr: &TmOpWr) -> Result<Option<u32>, TmOpError> {
-        let tm = self.srqs.tm_mut(srq).ok_or(TmOpError::NotTagMatching)?;
-        let cq = tm.cq;
-        // The list operations' own QP (mlx5's command QP) has no number here.
-        let (handle, completion) = tm.post(wr, 0)?;
-        if let Some(completion) = completion {
-            if self.cqs[cq].push(completion).is_err() {
-                self.events.push(AsyncEvent::CqOverflow {
-                    cq: CqId(cq),
-                    qpn: 0,
-                });
+    /// `ibv_post_srq_ops`: runs a list of operations of a tag-matching SRQ in order, now,
+    /// telling `each` every one's index and ADD's handle; stops at the first refused and
+    /// returns its index with why. A signaled operation's completion is in the SRQ's CQ.
+    pub fn post_srq_ops<W: Borrow<TmOpWr>>(
+        &mut self,
+        srq: SrqId,
+        wrs: impl IntoIterator<Item = W>,
+        mut each: impl FnMut(usize, Option<u32>),
+    ) -> Result<(), (usize, TmOpError)> {
+        let tm = (self.srqs.tm_mut(srq)).ok_or((0, TmOpError::NotTagMatching))?;
+        tm.begin_list();
+        for (index, wr) in wrs.into_iter().enumerate() {
+            // The list operations' own QP (mlx5's command QP) has no number here.
+            let (handle, completion) = tm.post(wr.borrow(), 0).map_err(|error| (index, error))?;
+            if let Some(completion) = completion {
+                if self.cqs[tm.cq].push(completion).is_err() {
+                    self.events.push(AsyncEvent::CqOverflow {
+                        cq: CqId(tm.cq),
+                        qpn: 0,
+                    });
+                }
             }
+            each(index, handle);
         }
-        Ok(handle)
+        Ok(())
     }
 
     /// What a tag-matching SRQ saw; `None` for any other SRQ.

@@ -30,8 +30,10 @@
 //!   does an unexpected message's once the program is more than 0x3fff behind.
 //!
 //! Everything here is bounded: at most `max_num_tags` tags (grown as used), one scatter
-//! element each, and a run of unsignaled operations no longer than `max_ops` (mlx5's command
-//! queue, whose slots only a signaled operation's completion frees).
+//! element each, and at most `max_ops` operations outstanding, counted as mlx5's command
+//! queue counts its slots: those of one `ibv_post_srq_ops` list, and the unsignaled ones
+//! since the last signaled one (whose completion frees them). Operations run at once here,
+//! so a signaled one frees its slots when it completes rather than when it is polled.
 
 use std::collections::VecDeque;
 
@@ -312,7 +314,10 @@ pub(crate) struct TagMatching {
     /// Unexpected messages the program said it handled.
     handled: u16,
     /// Unsignaled operations since the last signaled one.
-    unreaped: u32,
+    trailing: u32,
+    /// Operations holding a slot of the queue: `trailing` as the current list began, and
+    /// those of the list.
+    occupied: u32,
     pub stats: TmStats,
 }
 
@@ -334,7 +339,8 @@ impl TagMatching {
             posted: VecDeque::new(),
             delivered: 0,
             handled: 0,
-            unreaped: 0,
+            trailing: 0,
+            occupied: 0,
             stats: TmStats::default(),
         })
     }
@@ -343,14 +349,19 @@ impl TagMatching {
         self.delivered == self.handled
     }
 
-    /// Runs one list operation, all of it or (refused) none of it; ADD's handle, and the
-    /// completion of a signaled operation.
+    /// A new list of operations (one `ibv_post_srq_ops` call) begins.
+    pub fn begin_list(&mut self) {
+        self.occupied = self.trailing;
+    }
+
+    /// Runs one operation of the current list, all of it or (refused) none of it; ADD's
+    /// handle, and the completion of a signaled operation.
     pub fn post(
         &mut self,
         wr: &TmOpWr,
         qpn: u32,
     ) -> Result<(Option<u32>, Option<WorkCompletion>), TmOpError> {
-        if self.unreaped >= self.caps.max_ops {
+        if self.occupied >= self.caps.max_ops {
             return Err(TmOpError::OpsFull);
         }
         match &wr.op {
@@ -417,11 +428,12 @@ impl TagMatching {
             }
             TmOp::Sync => (None, WcOpcode::TmSync, WcStatus::Success, TmFlags::empty()),
         };
+        self.occupied += 1;
         if !wr.signaled {
-            self.unreaped += 1;
+            self.trailing += 1;
             return Ok((handle, None));
         }
-        self.unreaped = 0;
+        self.trailing = 0;
         let tm = TmInfo {
             flags,
             ..TmInfo::NONE
@@ -648,19 +660,27 @@ mod tests {
     }
 
     #[test]
-    fn unsignaled_operations_fill_the_queue_until_a_signaled_one() {
-        let mut tm = list(8, 2);
+    fn a_list_and_the_unsignaled_operations_before_it_fill_the_queue() {
         let quiet = |wr: TmOpWr| TmOpWr {
             signaled: false,
             ..wr
         };
-        assert_eq!(tm.post(&quiet(add(1, !0, 1)), 0).unwrap().1, None);
-        tm.post(&quiet(add(2, !0, 2)), 0).unwrap();
-        assert_eq!(tm.post(&add(3, !0, 3), 0), Err(TmOpError::OpsFull));
+        // Unsignaled operations hold their slots across lists...
         let mut tm = list(8, 2);
+        for tag in 1..=2 {
+            tm.begin_list();
+            assert_eq!(tm.post(&quiet(add(tag, !0, tag)), 0).unwrap().1, None);
+        }
+        tm.begin_list();
+        assert_eq!(tm.post(&add(3, !0, 3), 0), Err(TmOpError::OpsFull));
+        // ... until a signaled one completes; a list holds a slot per operation.
+        let mut tm = list(8, 2);
+        tm.begin_list();
         tm.post(&quiet(add(1, !0, 1)), 0).unwrap();
         tm.post(&add(2, !0, 2), 0).unwrap();
-        tm.post(&quiet(add(3, !0, 3)), 0).unwrap();
+        assert_eq!(tm.post(&add(3, !0, 3), 0), Err(TmOpError::OpsFull));
+        tm.begin_list();
+        tm.post(&add(3, !0, 3), 0).unwrap();
         tm.post(&add(4, !0, 4), 0).unwrap();
     }
 

@@ -13,7 +13,7 @@ use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
 use roce_transport::srq::{SrqAttr, SrqError};
 use roce_transport::tm::{TmOp, TmOpError, TmOpWr, TmSrqCaps};
 use roce_transport::wr::SendOp;
-use roce_transport::{SrqId, LIMITS};
+use roce_transport::{Endpoint, SrqId, LIMITS};
 use roce_wire::tmh::{self, TmOpcode};
 
 mod common;
@@ -121,7 +121,7 @@ impl Pair {
             signaled: true,
             sync,
         };
-        self.sim.nodes[B].endpoint.post_srq_ops(self.srq, &wr)
+        post_one(&mut self.sim.nodes[B].endpoint, self.srq, wr)
     }
 
     /// ADDs a tag whose buffer is slot `slot` at `DST` (`len` bytes of it), expecting its
@@ -188,6 +188,15 @@ impl Pair {
         let at = wr_id as usize * SLOT;
         self.sim.mr_bytes(B, self.recv_key)[at..at + len].to_vec()
     }
+}
+
+/// `ibv_post_srq_ops` of a list of one: its handle, or why it was refused.
+fn post_one(endpoint: &mut Endpoint, srq: SrqId, wr: TmOpWr) -> Result<Option<u32>, TmOpError> {
+    let mut handle = None;
+    endpoint
+        .post_srq_ops(srq, [wr], |_, given| handle = given)
+        .map_err(|(_, error)| error)?;
+    Ok(handle)
 }
 
 /// What the test looks at in a completion.
@@ -523,13 +532,29 @@ fn bounds_of_the_list_and_of_tag_matching_srqs() {
         sync: None,
     };
     let endpoint = &mut p.sim.nodes[B].endpoint;
-    endpoint.post_srq_ops(p.srq, &quiet(TmOp::Sync)).unwrap();
-    endpoint.post_srq_ops(p.srq, &quiet(TmOp::Sync)).unwrap();
+    post_one(endpoint, p.srq, quiet(TmOp::Sync)).unwrap();
+    post_one(endpoint, p.srq, quiet(TmOp::Sync)).unwrap();
     assert_eq!(
-        endpoint.post_srq_ops(p.srq, &quiet(TmOp::Sync)),
+        post_one(endpoint, p.srq, quiet(TmOp::Sync)),
         Err(TmOpError::OpsFull)
     );
     assert_eq!(TmOpError::OpsFull.errno(), roce_transport::errno::ENOMEM);
+    // A list holds a slot per operation, signaled or not: the third of a list fails and
+    // names its index; the two before it ran.
+    let mut p = pair(2, 2);
+    let signaled = |wr_id| TmOpWr {
+        wr_id,
+        op: TmOp::Sync,
+        signaled: true,
+        sync: None,
+    };
+    let mut ran = Vec::new();
+    let endpoint = &mut p.sim.nodes[B].endpoint;
+    let refused = endpoint.post_srq_ops(p.srq, [signaled(1), signaled(2), signaled(3)], |index, _| ran.push(index));
+    assert_eq!((refused, ran), (Err((2, TmOpError::OpsFull)), vec![0, 1]));
+    let done = p.sim.poll_recv(B);
+    assert_eq!(done.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 2]);
+    let endpoint = &mut p.sim.nodes[B].endpoint;
     let basic = endpoint
         .create_srq(SrqAttr {
             max_wr: 4,
@@ -538,7 +563,7 @@ fn bounds_of_the_list_and_of_tag_matching_srqs() {
         })
         .unwrap();
     assert_eq!(
-        endpoint.post_srq_ops(basic, &quiet(TmOp::Sync)),
+        post_one(endpoint, basic, quiet(TmOp::Sync)),
         Err(TmOpError::NotTagMatching)
     );
     let node = &mut p.sim.nodes[B];
@@ -610,7 +635,7 @@ fn an_eager_message_longer_than_its_tag() {
             signaled: false,
             sync: None,
         };
-        node.endpoint.post_srq_ops(p.srq, &add).unwrap();
+        post_one(&mut node.endpoint, p.srq, add).unwrap();
     }
 }
 

@@ -92,6 +92,7 @@ mod queues;
 mod shared;
 mod srq;
 pub mod sysfs;
+mod tm;
 mod wait;
 
 pub use ah::AddressHandle;
@@ -114,11 +115,12 @@ pub use srq::Srq;
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
-pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+pub use roce_transport::cq::{TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 pub use roce_transport::endpoint::AsyncEvent;
 pub use roce_transport::qp::{QpCaps, QpStats};
 pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
 pub use roce_transport::srq::{SrqAttr, SrqModify};
+pub use roce_transport::tm::{TmOp, TmOpWr, TmSrqCaps, TmStats};
 pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
 pub use roce_transport::{AccessFlags, CqId, SrqId};
 pub use roce_wire::aeth::RnrTimer;

@@ -13,6 +13,7 @@ use roce_transport::srq::{SrqAttr, SrqModify};
 use roce_transport::wr::RecvWr;
 use roce_transport::SrqId;
 
+use crate::cq::CqInner;
 use crate::error::{Error, PostFailure};
 use crate::mr::{Pd, PdInner};
 use crate::shared::Shared;
@@ -20,8 +21,10 @@ use crate::shared::Shared;
 /// One SRQ, shared by its handles and the QPs on it; destroyed in the endpoint when the
 /// last of them goes.
 pub(crate) struct SrqInner {
-    pd: Arc<PdInner>,
+    pub(crate) pd: Arc<PdInner>,
     pub(crate) id: SrqId,
+    /// A tag-matching SRQ's CQ, held so that it outlives the SRQ.
+    pub(crate) tm_cq: Option<Arc<CqInner>>,
 }
 
 impl Drop for SrqInner {
@@ -54,6 +57,7 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&self.inner),
                 id,
+                tm_cq: None,
             }),
         })
     }

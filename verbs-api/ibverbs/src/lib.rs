@@ -46,6 +46,7 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
+mod tm;
 
 use roce_cabi::{export, unsupported};
 

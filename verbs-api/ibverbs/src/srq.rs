@@ -1,5 +1,5 @@
-//! Shared receive queues: `ibv_create_srq`, the `create_srq_ex` op (basic SRQs only; XRC
-//! and tag matching are `EOPNOTSUPP`), `ibv_modify_srq`, `ibv_query_srq`,
+//! Shared receive queues: `ibv_create_srq`, the `create_srq_ex` op (basic SRQs, and
+//! tag-matching ones, which `tm` makes; XRC is `EOPNOTSUPP`), `ibv_modify_srq`, `ibv_query_srq`,
 //! `ibv_destroy_srq` (`EBUSY` while a QP uses it) and `ops.post_srq_recv`. The
 //! `get_srq_num` op stays NULL, so the inline `ibv_get_srq_num` fails with `EOPNOTSUPP`, as
 //! rdma-core answers for a provider without XRC (rxe).
@@ -12,6 +12,7 @@ use roce_verbs::{SrqAttr, SrqModify};
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::cq::Cq;
 use crate::logging::fail_null;
 use crate::pd::{Pd, Placement, RES_TYPE_SRQ};
 use crate::post::post_recv_list;
@@ -65,7 +66,12 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
     let Some(init) = (unsafe { attr.as_mut() }) else {
         return fail_null(CALL, EINVAL, &"NULL attributes");
     };
-    let basic = init.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 || init.srq_type == IBV_SRQT_BASIC;
+    let typed = init.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0;
+    if typed && init.srq_type == IBV_SRQT_TM {
+        // SAFETY: the caller passes its PD and CQ, when the mask says so.
+        return unsafe { crate::tm::create_srq(context, init) };
+    }
+    let basic = !typed || init.srq_type == IBV_SRQT_BASIC;
     if !basic || init.comp_mask & !(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD) != 0 {
         return fail_null(CALL, EOPNOTSUPP, &"XRC or tag-matching SRQs");
     }
@@ -89,6 +95,24 @@ unsafe fn create(
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
 ) -> *mut ibv_srq {
+    // SAFETY: per this function's contract.
+    let Some(ours) = (unsafe { Pd::from_raw(pd) }) else {
+        return fail_null("ibv_create_srq", EINVAL, &"NULL PD");
+    };
+    // SAFETY: per this function's contract.
+    unsafe { create_with(pd, srq_context, attr, |wanted| ours.pd.create_srq(wanted)) }
+}
+
+/// Creates an SRQ in `pd` with `make`, writing the sizes given back into `attr`.
+///
+/// # Safety
+/// `pd` is NULL or a PD of ours.
+pub(crate) unsafe fn create_with(
+    pd: *mut ibv_pd,
+    srq_context: *mut c_void,
+    attr: &mut ibv_srq_attr,
+    make: impl FnOnce(SrqAttr) -> Result<roce_verbs::Srq, roce_verbs::Error>,
+) -> *mut ibv_srq {
     const CALL: &str = "ibv_create_srq";
     // SAFETY: per this function's contract.
     let Some(ours) = (unsafe { Pd::from_raw(pd) }) else {
@@ -103,7 +127,7 @@ unsafe fn create(
         max_sge: attr.max_sge,
         srq_limit: attr.srq_limit,
     };
-    let srq = match ours.pd.create_srq(wanted) {
+    let srq = match make(wanted) {
         Ok(srq) => srq,
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
@@ -213,6 +237,15 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         }
         if let Some(pd) = Pd::from_raw(ours.raw.pd) {
             pd.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        // A tag-matching SRQ held its CQ, which outlives it.
+        let tm_cq = ours.srq.tm_cq().and_then(|id| {
+            let context = Context::from_raw(ours.raw.context)?;
+            let address = *context.cqs.lock().ok()?.get(&id)?;
+            Cq::from_raw(address as *mut ibv_cq)
+        });
+        if let Some(cq) = tm_cq {
+            cq.users.fetch_sub(1, Ordering::AcqRel);
         }
         // Placed by `create`; the caller gives it up.
         placement.release(srq.cast::<Srq>());
