@@ -550,7 +550,11 @@ fn bounds_of_the_list_and_of_tag_matching_srqs() {
     };
     let mut ran = Vec::new();
     let endpoint = &mut p.sim.nodes[B].endpoint;
-    let refused = endpoint.post_srq_ops(p.srq, [signaled(1), signaled(2), signaled(3)], |index, _| ran.push(index));
+    let refused = endpoint.post_srq_ops(
+        p.srq,
+        [signaled(1), signaled(2), signaled(3)],
+        |index, _| ran.push(index),
+    );
     assert_eq!((refused, ran), (Err((2, TmOpError::OpsFull)), vec![0, 1]));
     let done = p.sim.poll_recv(B);
     assert_eq!(done.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 2]);

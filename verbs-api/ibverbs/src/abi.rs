@@ -970,8 +970,14 @@ mod layout_tests {
                 "tm.add.recv_wr_id",
                 add + offset_of!(ibv_ops_wr_tm_add, recv_wr_id),
             ),
-            ("tm.add.sg_list", add + offset_of!(ibv_ops_wr_tm_add, sg_list)),
-            ("tm.add.num_sge", add + offset_of!(ibv_ops_wr_tm_add, num_sge)),
+            (
+                "tm.add.sg_list",
+                add + offset_of!(ibv_ops_wr_tm_add, sg_list),
+            ),
+            (
+                "tm.add.num_sge",
+                add + offset_of!(ibv_ops_wr_tm_add, num_sge),
+            ),
             ("tm.add.tag", add + offset_of!(ibv_ops_wr_tm_add, tag)),
             ("tm.add.mask", add + offset_of!(ibv_ops_wr_tm_add, mask)),
         ] {
@@ -1003,7 +1009,10 @@ mod layout_tests {
             ("IBV_WC_TM_RECV", WcOpcode::TmRecv as usize),
             ("IBV_WC_TM_NO_TAG", WcOpcode::TmNoTag as usize),
             ("IBV_WC_TM_ERR", WcStatus::TmError as usize),
-            ("IBV_WC_TM_RNDV_INCOMPLETE", WcStatus::TmRndvIncomplete as usize),
+            (
+                "IBV_WC_TM_RNDV_INCOMPLETE",
+                WcStatus::TmRndvIncomplete as usize,
+            ),
         ] {
             rows.push((name.into(), value));
         }

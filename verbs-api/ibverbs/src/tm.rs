@@ -32,7 +32,11 @@ pub(crate) unsafe fn create_srq(
     const CALL: &str = "ibv_create_srq_ex";
     let needed = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
     if init.comp_mask & needed != needed {
-        return fail_null(CALL, EINVAL, &"a tag-matching SRQ without its PD, CQ or tm_cap");
+        return fail_null(
+            CALL,
+            EINVAL,
+            &"a tag-matching SRQ without its PD, CQ or tm_cap",
+        );
     }
     // SAFETY: per this function's contract.
     let (pd, cq) = unsafe { (Pd::from_raw(init.pd), Cq::from_raw(init.cq)) };
