@@ -5,6 +5,7 @@
 //! and the cases the program finishes itself, DEL, the bounds of the list and of its
 //! operations, and hostile TMHs, each NAKed and counted without a panic.
 
+use proptest::prelude::*;
 use roce_transport::cq::{TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use roce_transport::endpoint::{CreateQpError, DestroyCqError};
 use roce_transport::qp::{QpCaps, QpInit};
@@ -671,5 +672,131 @@ fn hostile_tmhs_are_naked_and_counted() {
         let done = p.sim.poll_recv(B);
         let del = done.iter().find(|c| c.opcode == WcOpcode::TmDel).unwrap();
         assert_eq!(del.status, WcStatus::Success, "case {n}");
+    }
+}
+
+/// What a random run does.
+#[derive(Debug, Clone)]
+enum Step {
+    Add {
+        tag: u8,
+        any_low_bit: bool,
+        len: u16,
+    },
+    Del {
+        handle: u8,
+    },
+    Sync {
+        handled: u8,
+    },
+    /// A SEND whose first byte is `opcode` (defined or not), then an app_ctx, the tag, and
+    /// `len` bytes of which the first 16 may pass for an RVH.
+    Send {
+        opcode: u8,
+        tag: u8,
+        len: u16,
+        rvh: (u64, u32, u32),
+    },
+    Receives,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (any::<u8>(), any::<bool>(), 0u16..5000).prop_map(|(tag, any_low_bit, len)| Step::Add {
+            tag: tag % 8,
+            any_low_bit,
+            len
+        }),
+        (0u8..6).prop_map(|handle| Step::Del { handle }),
+        (0u8..6).prop_map(|handled| Step::Sync { handled }),
+        (
+            0u8..6,
+            0u8..8,
+            0u16..5000,
+            (any::<u64>(), any::<u32>(), 0u32..9000)
+        )
+            .prop_map(|(opcode, tag, len, rvh)| Step::Send {
+                opcode,
+                tag,
+                len,
+                rvh
+            }),
+        Just(Step::Receives),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random list operations and random (often hostile) tagged SENDs, among them rendezvous
+    /// requests naming random memory or A's: nothing panics, no more tags complete with data
+    /// than were added, and the list never holds more than `max_num_tags`.
+    #[test]
+    fn random_operations_and_tmhs(steps in proptest::collection::vec(step(), 1..40)) {
+        let mut p = pair(4, 8);
+        let data = p.sim.reg(A, 0x80_0000, &pattern(9000, 5));
+        let mut completions = Vec::new();
+        let mut slot = 0;
+        for step in steps {
+            match step {
+                Step::Add { tag, any_low_bit, len } => {
+                    slot = (slot + 1) % 8;
+                    let op = TmOp::Add {
+                        tag: u64::from(tag) & !u64::from(any_low_bit),
+                        mask: if any_low_bit { !1 } else { !0 },
+                        recv_wr_id: 500 + slot,
+                        sg_list: [sge(DST + slot * SLOT as u64, usize::from(len).min(SLOT), p.tags_key)].into(),
+                    };
+                    let _ = p.op(1, op, None);
+                }
+                Step::Del { handle } => {
+                    let _ = p.op(2, TmOp::Del { handle: u32::from(handle) }, None);
+                }
+                Step::Sync { handled } => {
+                    let _ = p.op(3, TmOp::Sync, Some(u32::from(handled)));
+                }
+                Step::Send { opcode, tag, len, rvh: (va, rkey, rlen) } => {
+                    let mut bytes = message(TmOpcode::Eager, 1, u64::from(tag), &pattern(usize::from(len), 9));
+                    bytes[0] = opcode;
+                    if opcode == TmOpcode::Rndv as u8 && bytes.len() >= 32 && va % 2 == 0 {
+                        // Half of them name A's real buffer.
+                        let va = 0x80_0000 + va % 4096;
+                        bytes[16..32].copy_from_slice(&[va.to_be_bytes().as_slice(), &data.to_be_bytes(), &rlen.min(4000).to_be_bytes()].concat());
+                    } else if bytes.len() >= 32 {
+                        bytes[16..32].copy_from_slice(&[va.to_be_bytes().as_slice(), &rkey.to_be_bytes(), &rlen.to_be_bytes()].concat());
+                    }
+                    if state(&p.sim, A, p.qa) == QpState::Rts {
+                        p.send(&bytes);
+                    }
+                }
+                Step::Receives => p.post_receives(0, 2),
+            }
+            p.sim.run_until(2_000, |_| false);
+            completions.extend(p.sim.poll_recv(B));
+        }
+        settle(&mut p.sim);
+        completions.extend(p.sim.poll_recv(B));
+        let mut finals = std::collections::HashMap::<u64, usize>::new();
+        for c in completions.iter().filter(|c| c.opcode == WcOpcode::TmRecv && c.tm.flags.contains(TmFlags::MATCH | TmFlags::DATA_VALID) || c.tm.flags == TmFlags::DATA_VALID) {
+            *finals.entry(c.wr_id).or_default() += 1;
+        }
+        // A tag's receive completes once per ADD at most: never more often than it was added.
+        let adds = completions.iter().filter(|c| c.opcode == WcOpcode::TmAdd).count();
+        prop_assert!(finals.values().sum::<usize>() <= adds, "{completions:?}");
+        let stats = p.sim.nodes[B].endpoint.tm_stats(p.srq).unwrap();
+        prop_assert!(stats.matched <= adds as u64);
+        // At most 4 tags are ever in the list: a fifth ADD in a row is refused.
+        let endpoint = &mut p.sim.nodes[B].endpoint;
+        let mut refused = false;
+        for wr_id in 0..5 {
+            let add = TmOpWr {
+                wr_id,
+                op: TmOp::Add { tag: 0, mask: 0, recv_wr_id: wr_id, sg_list: Default::default() },
+                signaled: true,
+                sync: None,
+            };
+            refused |= post_one(endpoint, p.srq, add) == Err(TmOpError::ListFull);
+        }
+        prop_assert!(refused);
     }
 }

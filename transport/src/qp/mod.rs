@@ -22,11 +22,10 @@ use crate::mr::PdId;
 use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
 use crate::srq::SrqTable;
 use crate::timer::{Timer, TimerTable};
-use crate::tm::Rendezvous;
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
-use common::{Common, FullCqs, QpConfig};
+use common::{Common, FullCqs, QpConfig, Rendezvous};
 pub(crate) use common::{Ctx, Failure};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};

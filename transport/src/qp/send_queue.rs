@@ -7,10 +7,10 @@
 use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{Opcode, Psn};
 
+use super::common::Rendezvous;
 use crate::cq::{TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::qp_state::QpType;
 use crate::ring::Ring;
-use crate::tm::Rendezvous;
 use crate::wr::{SendFlags, SendOp, SendWr};
 
 /// Who queued a WQE: the program, or the QP itself for tag matching. The QP's own complete

@@ -19,8 +19,8 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening, importing and
 //! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
-//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
-//! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
+//! builders) → `ah` → `tm` (tag-matching SRQs, `ibv_post_srq_ops`) → `srq` → `import`
+//! (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` → `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
 //! close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
 //! `handles` (what makes objects importable: `cmd_fd`, handles) below `pd` and `context`;

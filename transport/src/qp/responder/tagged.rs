@@ -15,9 +15,10 @@ use roce_wire::{rvh, tmh, FrameRepr};
 use super::{receive_ready, InMessage, Refusal, Responder};
 use crate::cq::{TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::limits::LIMITS;
-use crate::qp::common::{Common, Ctx};
+
+use crate::qp::common::{Common, Ctx, Rendezvous};
 use crate::srq::SrqId;
-use crate::tm::{message_completion, Arrival, Rendezvous, TagBuffer};
+use crate::tm::{message_completion, Arrival, TagBuffer};
 use crate::wr::SendWr;
 
 /// The tagged message under way on a QP, and where it goes.
