@@ -13,7 +13,7 @@ use roce_transport::qp_state::{PathMtu, QpState, QpType};
 use roce_transport::sim::{LinkConfig, RetryConfig, Sim};
 use roce_transport::srq::{SrqAttr, SrqError};
 use roce_transport::tm::{TmOp, TmOpError, TmOpWr, TmSrqCaps};
-use roce_transport::wr::SendOp;
+use roce_transport::wr::{SendFlags, SendOp};
 use roce_transport::{Endpoint, SrqId, LIMITS};
 use roce_wire::tmh::{self, TmOpcode};
 
@@ -272,6 +272,22 @@ fn eager_messages_land_in_their_tags() {
     );
     // Both tags are free again, but a new one takes the next handle never used.
     assert_eq!(p.add(5, !0, 3, 2, SLOT).0, 2);
+    // A SEND with immediate data asking for a solicited event reports both.
+    let bytes = message(TmOpcode::Eager, 0, 5, &[7; 8]);
+    let key = p.sim.reg(A, 0x90_0000, &bytes);
+    let mut wr = signaled(50, SendOp::SendWithImm(0xC0FFEE), sge(0x90_0000, 24, key));
+    wr.flags |= SendFlags::SOLICITED;
+    p.sim.post_send(A, p.qa, &wr).unwrap();
+    let done = p.at_b(1);
+    assert_eq!(
+        (
+            done[0].wr_id,
+            done[0].byte_len,
+            done[0].imm_data,
+            done[0].solicited
+        ),
+        (3, 8, Some(0xC0FFEE), true)
+    );
 }
 
 /// A tagged message no tag matches, and an untagged one (NO_TAG, or a FIN as mlx5 reports

@@ -41,6 +41,13 @@ enum Target {
     Receive { opcode: WcOpcode, flags: TmFlags },
 }
 
+/// What a message's last packet adds to its completion.
+#[derive(Debug, Clone, Copy, Default)]
+struct Last {
+    imm: Option<u32>,
+    solicited: bool,
+}
+
 /// A rendezvous READ the responder asks its QP to send (see [`Responder::take_rendezvous`]).
 #[derive(Debug)]
 pub(crate) struct RendezvousRead {
@@ -105,7 +112,7 @@ pub(super) fn receive(
         } else {
             (NakCode::RemoteOperationalError, WcStatus::LocalProtection)
         };
-        finish(resp, qp, ctx, status, 0, TmFlags::empty(), None);
+        finish(resp, qp, ctx, status, 0, TmFlags::empty(), Last::default());
         return Err(Refusal::Fatal(code, None));
     }
     let received = received + frame.payload.len() as u32;
@@ -121,8 +128,11 @@ pub(super) fn receive(
         Target::Tag { .. } => TmFlags::MATCH | TmFlags::DATA_VALID,
         Target::Receive { flags, .. } => *flags,
     };
-    let imm = frame.ext.immdt.map(|immdt| immdt.immediate);
-    finish(resp, qp, ctx, status, received, flags, imm);
+    let last = Last {
+        imm: frame.ext.immdt.map(|immdt| immdt.immediate),
+        solicited: frame.bth.solicited,
+    };
+    finish(resp, qp, ctx, status, received, flags, last);
     resp.msn = resp.msn.wrapping_add(1);
     Ok(())
 }
@@ -254,7 +264,7 @@ fn begin(
 }
 
 /// Completes the message under way with `status` (its length `received` bytes on the wire,
-/// TMH included, and its immediate data) and lets go of its tag or receive.
+/// TMH included, and what its last packet said) and lets go of its tag or receive.
 fn finish(
     resp: &mut Responder,
     qp: &mut Common,
@@ -262,7 +272,7 @@ fn finish(
     status: WcStatus,
     received: u32,
     flags: TmFlags,
-    imm: Option<u32>,
+    last: Last,
 ) {
     resp.in_message = None;
     let Some(delivery) = resp.tagged.take() else {
@@ -312,7 +322,8 @@ fn finish(
         }
     };
     let completion = WorkCompletion {
-        imm_data: imm,
+        imm_data: last.imm,
+        solicited: last.solicited,
         ..completion
     };
     qp.complete(ctx, delivery.cq, completion);
@@ -329,7 +340,15 @@ pub(crate) fn flush(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx) {
             ..
         })
     ) {
-        finish(resp, qp, ctx, WcStatus::WrFlush, 0, TmFlags::empty(), None);
+        finish(
+            resp,
+            qp,
+            ctx,
+            WcStatus::WrFlush,
+            0,
+            TmFlags::empty(),
+            Last::default(),
+        );
     }
     resp.tagged = None;
 }
