@@ -37,12 +37,12 @@
 
 use std::collections::VecDeque;
 
-use roce_wire::tmh;
+use roce_wire::{rvh, tmh};
 
 use crate::cq::{TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
 use crate::limits::LIMITS;
-use crate::wr::SgList;
+use crate::wr::{SendFlags, SendOp, SendWr, SgList, Sge};
 
 /// The sizes of a tag-matching SRQ's list (`struct ibv_tm_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,6 +166,9 @@ struct Tag {
     /// It may match: the program had handled every unexpected message when it was added, or
     /// has synchronised since.
     matchable: bool,
+    /// The TMH of the message that consumed it: a rendezvous's FIN carries its `app_ctx`
+    /// and tag back.
+    matched: (u32, u64),
 }
 
 /// What a tagged buffer's receive needs: its `wr_id` and buffer.
@@ -180,6 +183,31 @@ impl TagBuffer {
     /// Bytes the buffer holds.
     pub fn room(&self) -> u64 {
         self.sg_list.iter().map(|sge| u64::from(sge.length)).sum()
+    }
+
+    /// The RDMA READ of what a rendezvous request's RVH names into the start of the buffer
+    /// (which holds it).
+    pub fn rendezvous_read(&self, rvh: &rvh::Repr) -> SendWr {
+        let mut left = rvh.dma_length;
+        let sg_list = self
+            .sg_list
+            .iter()
+            .map_while(|sge| {
+                let length = sge.length.min(left);
+                left -= length;
+                (length > 0).then_some(Sge { length, ..*sge })
+            })
+            .collect();
+        SendWr {
+            wr_id: self.recv_wr_id,
+            op: SendOp::RdmaRead {
+                remote_addr: rvh.virtual_address,
+                rkey: rvh.rkey,
+            },
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            ..SendWr::default()
+        }
     }
 }
 
@@ -323,6 +351,7 @@ impl TagMatching {
                     sg_list: sg_list.clone(),
                     phase: self.handled,
                     matchable: self.in_sync(),
+                    matched: (0, 0),
                 };
                 let handle = self.allocate(tag);
                 self.posted.push_back(handle);
@@ -408,14 +437,15 @@ impl TagMatching {
         }
     }
 
-    /// Takes the tag a message matched out of the list: it is the message's now, until
-    /// [`release`](Self::release)d.
-    pub fn consume(&mut self, handle: u32) -> Option<TagBuffer> {
+    /// Takes the tag the message with this TMH matched out of the list: it is the message's
+    /// now, until [`release`](Self::release)d.
+    pub fn consume(&mut self, handle: u32, tmh: &tmh::Repr) -> Option<TagBuffer> {
         let tag = self.tags.get_mut(handle as usize)?;
         if tag.state != TagState::Posted {
             return None;
         }
         tag.state = TagState::Consumed;
+        tag.matched = (tmh.app_ctx, tmh.tag);
         self.posted.retain(|&posted| posted != handle);
         self.stats.matched += 1;
         let tag = &self.tags[handle as usize];
@@ -424,6 +454,53 @@ impl TagMatching {
             recv_wr_id: tag.recv_wr_id,
             sg_list: tag.sg_list.clone(),
         })
+    }
+
+    /// Ends the rendezvous of the consumed tag `handle`, whose READ of `len` bytes ended with
+    /// `status` on QP `qpn`: frees the tag; its second completion (`DATA_VALID`, or the
+    /// failure), and on success the FIN to send (a TMH with opcode FIN and the request's
+    /// `app_ctx` and tag). `None` if the tag is not consumed.
+    pub fn finish_rendezvous(
+        &mut self,
+        handle: u32,
+        qpn: u32,
+        status: WcStatus,
+        len: u32,
+    ) -> Option<(WorkCompletion, Option<SendWr>)> {
+        let tag = self.tags.get(handle as usize)?;
+        if tag.state != TagState::Consumed {
+            return None;
+        }
+        let (recv_wr_id, (app_ctx, tag)) = (tag.recv_wr_id, tag.matched);
+        self.release(handle);
+        let done = status == WcStatus::Success;
+        let info = TmInfo {
+            flags: if done {
+                TmFlags::DATA_VALID
+            } else {
+                TmFlags::empty()
+            },
+            ..TmInfo::NONE
+        };
+        let len = if done { len } else { 0 };
+        let completion = message_completion(qpn, recv_wr_id, status, WcOpcode::TmRecv, len, info);
+        let fin = done.then(|| {
+            let mut inline_data = vec![0; tmh::HEADER_LEN];
+            let fin = tmh::Repr {
+                opcode: tmh::TmOpcode::Fin,
+                app_ctx,
+                tag,
+            };
+            fin.emit(&mut tmh::Packet::new_unchecked(&mut inline_data[..]));
+            SendWr {
+                wr_id: recv_wr_id,
+                op: SendOp::Send,
+                inline_data,
+                flags: SendFlags::INLINE,
+                ..SendWr::default()
+            }
+        });
+        Some((completion, fin))
     }
 
     /// Counts a request refused for its TMH or RVH.
@@ -516,7 +593,7 @@ mod tests {
         tm.post(&add(0x12, 0xFF, 2), 0).unwrap();
         tm.post(&add(0x10, 0xF0, 3), 0).unwrap();
         assert_eq!(tm.arrival(&eager(0x12)), Arrival::Matched(0));
-        assert_eq!(tm.consume(0).unwrap().recv_wr_id, 1);
+        assert_eq!(tm.consume(0, &eager(0x12)).unwrap().recv_wr_id, 1);
         assert_eq!(tm.arrival(&eager(0x12)), Arrival::Matched(1));
         assert_eq!(tm.arrival(&eager(0x1F)), Arrival::Matched(2));
         assert_eq!(tm.arrival(&eager(0x21)), Arrival::Unexpected);
@@ -526,7 +603,7 @@ mod tests {
         };
         assert_eq!(tm.arrival(&no_tag), Arrival::NoTag);
         assert!(
-            tm.consume(0).is_none(),
+            tm.consume(0, &eager(0x12)).is_none(),
             "a consumed tag is not consumed twice"
         );
     }
@@ -535,7 +612,7 @@ mod tests {
     fn deleting_a_consumed_tag_fails_in_its_completion() {
         let mut tm = list(8, 16);
         let handle = tm.post(&add(5, !0, 5), 0).unwrap().0.unwrap();
-        tm.consume(handle).unwrap();
+        tm.consume(handle, &eager(5)).unwrap();
         let del = TmOpWr {
             op: TmOp::Del { handle },
             ..add(0, 0, 77)

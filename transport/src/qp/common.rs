@@ -5,16 +5,15 @@
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::RnrTimer;
-use roce_wire::{bth, rvh, tmh, ExtRepr, Opcode, Psn};
+use roce_wire::{bth, ExtRepr, Opcode, Psn};
 
 use crate::counters::Counters;
-use crate::cq::{Cq, TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{Cq, TmFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{AddressVector, PathMtu, QpState, QpType};
 use crate::srq::{SrqId, SrqTable};
-use crate::tm::{message_completion, TagBuffer};
-use crate::wr::{SendFlags, SendOp, SendWr, Sge, UdDest};
+use crate::wr::UdDest;
 use crate::AccessFlags;
 
 /// Why a post was refused (the call fails; no completion is generated).
@@ -286,83 +285,4 @@ fn push_completion(ctx: &mut Ctx, cq: usize, completion: WorkCompletion) -> bool
         ctx.counters.rdma_recvs += 1;
     }
     ctx.cqs[cq].push(completion).is_ok()
-}
-
-/// A matched rendezvous request whose data its receiving QP reads: what the READ's
-/// completion finishes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rendezvous {
-    pub srq: SrqId,
-    pub handle: u32,
-    pub recv_wr_id: u64,
-    /// Bytes read.
-    pub len: u32,
-    /// The request's TMH: the FIN carries its `app_ctx` and tag back.
-    pub app_ctx: u32,
-    pub tag: u64,
-}
-
-impl Rendezvous {
-    /// The RDMA READ of what `rvh` names into the first `self.len` bytes of `buffer`.
-    pub fn read(&self, rvh: &rvh::Repr, buffer: &TagBuffer) -> SendWr {
-        let mut left = self.len;
-        let sg_list = buffer
-            .sg_list
-            .iter()
-            .map_while(|sge| {
-                let length = sge.length.min(left);
-                left -= length;
-                (length > 0).then_some(Sge { length, ..*sge })
-            })
-            .collect();
-        SendWr {
-            wr_id: self.recv_wr_id,
-            op: SendOp::RdmaRead {
-                remote_addr: rvh.virtual_address,
-                rkey: rvh.rkey,
-            },
-            sg_list,
-            flags: SendFlags::SIGNALED,
-            ..SendWr::default()
-        }
-    }
-
-    /// The SEND that tells the sender its data was read: a TMH with opcode FIN and the
-    /// request's `app_ctx` and tag.
-    pub fn fin(&self) -> SendWr {
-        let mut inline_data = vec![0; tmh::HEADER_LEN];
-        let fin = tmh::Repr {
-            opcode: tmh::TmOpcode::Fin,
-            app_ctx: self.app_ctx,
-            tag: self.tag,
-        };
-        fin.emit(&mut tmh::Packet::new_unchecked(&mut inline_data[..]));
-        SendWr {
-            wr_id: self.recv_wr_id,
-            op: SendOp::Send,
-            inline_data,
-            flags: SendFlags::INLINE,
-            ..SendWr::default()
-        }
-    }
-
-    /// The second completion of the tag (`DATA_VALID`), or its failure.
-    pub fn completion(&self, qpn: u32, status: WcStatus) -> WorkCompletion {
-        let done = status == WcStatus::Success;
-        message_completion(
-            qpn,
-            self.recv_wr_id,
-            status,
-            WcOpcode::TmRecv,
-            if done { self.len } else { 0 },
-            TmInfo {
-                flags: if done {
-                    TmFlags::DATA_VALID
-                } else {
-                    TmFlags::empty()
-                },
-                ..TmInfo::NONE
-            },
-        )
-    }
 }

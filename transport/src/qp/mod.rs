@@ -25,7 +25,7 @@ use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
-use common::{Common, FullCqs, QpConfig, Rendezvous};
+use common::{Common, FullCqs, QpConfig};
 pub(crate) use common::{Ctx, Failure};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
@@ -463,9 +463,9 @@ impl Qp {
             return;
         };
         if front.origin != Origin::Program {
-            let origin = front.origin;
+            let (origin, len) = (front.origin, front.len);
             self.sq.pop_front();
-            self.finish_own(ctx, origin, WcStatus::Success);
+            self.finish_own(ctx, origin, WcStatus::Success, len);
             return;
         }
         let completion = self.sq.success_of_front(self.common.qpn, self.sq_sig_all);
@@ -493,9 +493,9 @@ impl Qp {
                 status
             };
             if wqe.origin != Origin::Program {
-                let origin = wqe.origin;
+                let (origin, len) = (wqe.origin, wqe.len);
                 self.sq.pop_front();
-                self.finish_own(ctx, origin, status);
+                self.finish_own(ctx, origin, status, len);
                 continue;
             }
             let completion = send_queue::completion(self.common.qpn, &wqe.wr, status, 0);
@@ -526,7 +526,7 @@ impl Qp {
         let sends = self.sq.take_all();
         for wqe in sends.iter() {
             if wqe.origin != Origin::Program {
-                self.finish_own(ctx, wqe.origin, WcStatus::WrFlush);
+                self.finish_own(ctx, wqe.origin, WcStatus::WrFlush, wqe.len);
                 continue;
             }
             let completion = send_queue::completion(self.common.qpn, &wqe.wr, WcStatus::WrFlush, 0);
@@ -545,32 +545,33 @@ impl Qp {
     /// Tag matching: sends the READ of a matched rendezvous request's data, as a WQE of the
     /// QP's own behind those posted; a QP that failed meanwhile fails the tag at once.
     fn start_rendezvous(&mut self, ctx: &mut Ctx, read: RendezvousRead) {
-        let origin = Origin::Rendezvous(read.rendezvous);
+        let origin = Origin::Rendezvous(read.handle);
+        let len = read.wr.sg_list.iter().map(|sge| sge.length).sum();
         if self.common.state == QpState::Err {
-            self.finish_own(ctx, origin, WcStatus::WrFlush);
+            self.finish_own(ctx, origin, WcStatus::WrFlush, len);
             return;
         }
-        let len = read.rendezvous.len;
         let npsn = self.common.config.packets(len);
         self.sq.push_from(origin, &read.wr, len, npsn);
     }
 
-    /// A WQE of the QP's own ended with `status`. A rendezvous READ completes its tag
-    /// (`DATA_VALID`, or the failure) on the SRQ's CQ, frees it, and on success sends the FIN;
-    /// a FIN reports nothing.
-    fn finish_own(&mut self, ctx: &mut Ctx, origin: Origin, status: WcStatus) {
-        let Origin::Rendezvous(rendezvous) = origin else {
+    /// A WQE of the QP's own, `len` bytes long, ended with `status`. A rendezvous READ
+    /// completes its tag (`DATA_VALID`, or the failure) on the SRQ's CQ, frees it, and on
+    /// success sends the FIN; a FIN reports nothing.
+    fn finish_own(&mut self, ctx: &mut Ctx, origin: Origin, status: WcStatus, len: u32) {
+        let (Origin::Rendezvous(handle), Some(srq)) = (origin, self.common.srq) else {
             return;
         };
-        let Some(tm) = ctx.srqs.tm_mut(rendezvous.srq) else {
+        let Some(tm) = ctx.srqs.tm_mut(srq) else {
             return;
         };
-        tm.release(rendezvous.handle);
         let cq = tm.cq;
-        let completion = rendezvous.completion(self.common.qpn, status);
+        let Some((completion, fin)) = tm.finish_rendezvous(handle, self.common.qpn, status, len)
+        else {
+            return;
+        };
         self.complete(ctx, cq, completion);
-        if status == WcStatus::Success && self.common.state != QpState::Err {
-            let fin = rendezvous.fin();
+        if let (Some(fin), false) = (fin, self.common.state == QpState::Err) {
             let len = fin.inline_data.len() as u32;
             self.sq.push_from(Origin::Fin, &fin, len, 1);
         }
@@ -579,13 +580,11 @@ impl Qp {
     /// Frees the tags this QP holds (a rendezvous being read, a tagged message arriving)
     /// without completions: it is being destroyed or reset.
     pub fn abandon_tags(&mut self, srqs: &mut SrqTable) {
-        let held = (0..self.sq.len()).filter_map(|index| match self.sq.get(index)?.origin {
-            Origin::Rendezvous(Rendezvous { srq, handle, .. }) => Some((srq, handle)),
-            _ => None,
-        });
-        for (srq, handle) in held.collect::<Vec<_>>() {
-            if let Some(tm) = srqs.tm_mut(srq) {
-                tm.release(handle);
+        if let Some(tm) = self.common.srq.and_then(|srq| srqs.tm_mut(srq)) {
+            for index in 0..self.sq.len() {
+                if let Some(Origin::Rendezvous(handle)) = self.sq.get(index).map(|wqe| wqe.origin) {
+                    tm.release(handle);
+                }
             }
         }
         responder::abandon_tagged(&mut self.resp, srqs);

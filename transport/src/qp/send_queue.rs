@@ -7,7 +7,6 @@
 use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{Opcode, Psn};
 
-use super::common::Rendezvous;
 use crate::cq::{TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::qp_state::QpType;
 use crate::ring::Ring;
@@ -19,8 +18,9 @@ use crate::wr::{SendFlags, SendOp, SendWr};
 pub(crate) enum Origin {
     #[default]
     Program,
-    /// The RDMA READ of a matched rendezvous request's data into its tag's buffer.
-    Rendezvous(Rendezvous),
+    /// The RDMA READ of a matched rendezvous request's data into the buffer of the tag of
+    /// this handle (of the QP's SRQ, which keeps the rest).
+    Rendezvous(u32),
     /// The SEND that tells a rendezvous sender its data was read.
     Fin,
 }

@@ -16,7 +16,7 @@ use super::{receive_ready, InMessage, Refusal, Responder};
 use crate::cq::{TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::limits::LIMITS;
 
-use crate::qp::common::{Common, Ctx, Rendezvous};
+use crate::qp::common::{Common, Ctx};
 use crate::srq::SrqId;
 use crate::tm::{message_completion, Arrival, TagBuffer};
 use crate::wr::SendWr;
@@ -51,7 +51,8 @@ struct Last {
 /// A rendezvous READ the responder asks its QP to send (see [`Responder::take_rendezvous`]).
 #[derive(Debug)]
 pub(crate) struct RendezvousRead {
-    pub rendezvous: Rendezvous,
+    /// The handle of the tag it reads into.
+    pub handle: u32,
     pub wr: SendWr,
 }
 
@@ -197,7 +198,7 @@ fn begin(
             } else {
                 None
             };
-            let Some(buffer) = ctx.srqs.tm_mut(srq).and_then(|tm| tm.consume(handle)) else {
+            let Some(buffer) = ctx.srqs.tm_mut(srq).and_then(|tm| tm.consume(handle, &tmh)) else {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
             };
             let Some(rvh) = rvh else {
@@ -229,14 +230,6 @@ fn begin(
                     srq,
                 }));
             }
-            let rendezvous = Rendezvous {
-                srq,
-                handle,
-                recv_wr_id: buffer.recv_wr_id,
-                len: rvh.dma_length,
-                app_ctx: tmh.app_ctx,
-                tag: tmh.tag,
-            };
             let matched = message_completion(
                 qp.qpn,
                 buffer.recv_wr_id,
@@ -254,8 +247,8 @@ fn begin(
                 tm.stats.rendezvous += 1;
             }
             resp.rendezvous = Some(RendezvousRead {
-                rendezvous,
-                wr: rendezvous.read(&rvh, &buffer),
+                handle,
+                wr: buffer.rendezvous_read(&rvh),
             });
             resp.msn = resp.msn.wrapping_add(1);
             Ok(None)
