@@ -51,7 +51,7 @@ impl Srq {
         let mut core = self.shared().lock().map_err(|error| fail(0, error))?;
         let posted = core.endpoint().post_srq_ops(self.inner.id, wrs, each);
         // Completions go where pollers take them now, not at the next round.
-        core.deliver();
+        core.deliver(std::time::Instant::now());
         posted.map_err(|(index, error)| fail(index, error.into()))
     }
 
