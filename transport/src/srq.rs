@@ -7,9 +7,15 @@
 
 use crate::errno;
 use crate::limits::LIMITS;
+use crate::mr::PdId;
 use crate::ring::Ring;
 use crate::tm::TagMatching;
 use crate::wr::RecvWr;
+use crate::xrc::XrcdId;
+
+/// The SRQ number of the SRQ in slot 0 (`ibv_get_srq_num`; rxe's first SRQ index): what an
+/// XRCETH names.
+const FIRST_SRQN: u32 = 0x2_0001;
 
 /// Identifies a shared receive queue of an [`Endpoint`](crate::Endpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,6 +80,16 @@ impl SrqError {
     }
 }
 
+/// What makes an SRQ an XRC SRQ (`IBV_SRQT_XRC`): its domain, and the PD and CQ its
+/// receives use, since the XRC target QPs that take from it have neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSrq {
+    pub xrcd: XrcdId,
+    pub pd: PdId,
+    /// The CQ's slot.
+    pub cq: usize,
+}
+
 /// One SRQ.
 #[derive(Debug)]
 struct Srq {
@@ -84,6 +100,7 @@ struct Srq {
     wqes: Ring<RecvWr>,
     /// A tag-matching SRQ's list and counts (boxed: most SRQs have none).
     tm: Option<Box<TagMatching>>,
+    xrc: Option<XrcSrq>,
 }
 
 /// The endpoint's SRQs, and the limit events they raised since the owner last took them.
@@ -99,6 +116,15 @@ impl SrqTable {
     /// `ibv_create_srq`: `max_wr` 1 to `max_srq_wr`, `max_sge` up to `max_srq_sge` (0 is
     /// raised to 1, as rxe does); the limit starts disarmed.
     pub fn create(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
+        self.create_with(attr, None)
+    }
+
+    /// [`create`](Self::create) for an XRC SRQ.
+    pub fn create_xrc(&mut self, attr: SrqAttr, xrc: XrcSrq) -> Result<SrqId, SrqError> {
+        self.create_with(attr, Some(xrc))
+    }
+
+    fn create_with(&mut self, attr: SrqAttr, xrc: Option<XrcSrq>) -> Result<SrqId, SrqError> {
         if attr.max_wr == 0 || attr.max_wr > LIMITS.max_srq_wr {
             return Err(SrqError::InvalidAttr("max_wr"));
         }
@@ -111,6 +137,7 @@ impl SrqTable {
             limit: 0,
             wqes: Ring::default(),
             tm: None,
+            xrc,
         };
         let free = self.srqs.iter().position(Option::is_none);
         let slot = match free {
@@ -162,12 +189,33 @@ impl SrqTable {
         self.get_mut(id).ok()?.tm.as_deref_mut()
     }
 
-    /// Whether a tag-matching SRQ completes into the CQ in slot `cq`.
-    pub fn tm_uses_cq(&self, cq: usize) -> bool {
+    /// The SRQ's number (`ibv_get_srq_num`), what an XRCETH names.
+    pub fn number(&self, id: SrqId) -> Result<u32, SrqError> {
+        self.get(id)?;
+        Ok(FIRST_SRQN + id.0 as u32)
+    }
+
+    /// The XRC SRQ numbered `srqn` of domain `xrcd`, with its PD and CQ: where an XRC
+    /// request for it goes. `None` for any other number (a basic SRQ's too).
+    pub fn xrc_target(&self, srqn: u32, xrcd: XrcdId) -> Option<(SrqId, XrcSrq)> {
+        let slot = srqn.checked_sub(FIRST_SRQN)? as usize;
+        let xrc = self.srqs.get(slot)?.as_ref()?.xrc?;
+        (xrc.xrcd == xrcd).then_some((SrqId(slot), xrc))
+    }
+
+    /// Whether an XRC or tag-matching SRQ completes into the CQ in slot `cq`.
+    pub fn uses_cq(&self, cq: usize) -> bool {
+        self.srqs.iter().flatten().any(|srq| {
+            srq.xrc.is_some_and(|xrc| xrc.cq == cq) || srq.tm.as_ref().is_some_and(|tm| tm.cq == cq)
+        })
+    }
+
+    /// Whether an XRC SRQ belongs to `xrcd`.
+    pub fn uses_xrcd(&self, xrcd: XrcdId) -> bool {
         self.srqs
             .iter()
             .flatten()
-            .any(|srq| srq.tm.as_ref().is_some_and(|tm| tm.cq == cq))
+            .any(|srq| srq.xrc.is_some_and(|xrc| xrc.xrcd == xrcd))
     }
 
     /// `ibv_modify_srq`, checked as a whole before anything changes.

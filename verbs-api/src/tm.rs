@@ -31,6 +31,7 @@ impl Pd {
                 pd: Arc::clone(&self.inner),
                 id,
                 tm_cq: Some(Arc::clone(&cq.inner)),
+                _xrc: None,
             }),
         })
     }

@@ -53,6 +53,7 @@ pub mod psn;
 pub mod reth;
 pub mod rvh;
 pub mod tmh;
+pub mod xrceth;
 
 pub use ext::ExtRepr;
 pub use frame::{Frame, FrameError, FrameRepr};

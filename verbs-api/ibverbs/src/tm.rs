@@ -55,6 +55,10 @@ pub(crate) unsafe fn create_srq(
     let srq = unsafe { create_with(init.pd, init.srq_context, &mut init.attr, make) };
     if !srq.is_null() {
         cq.users.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: just created, ours.
+        if let Some(ours) = unsafe { srq.cast::<Srq>().as_mut() } {
+            ours.held_cq = init.cq as usize;
+        }
     }
     srq
 }
