@@ -741,35 +741,180 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// A tag in the property test's model of B's list.
+#[derive(Debug)]
+struct ModelTag {
+    /// Its receive's `wr_id`, which also orders the tags as they were added.
+    wr_id: u64,
+    tag: u64,
+    mask: u64,
+    /// A rendezvous request matched it: its READ is under way.
+    reading: bool,
+    /// Messages may match it: it was added, or a sync came, while the program had handled
+    /// every unexpected message.
+    matchable: bool,
+}
+
+/// What the property test knows of B's tag list and of the messages on their way to it.
+#[derive(Default)]
+struct ListModel {
+    /// The tags in use, by handle.
+    live: std::collections::HashMap<u32, ModelTag>,
+    /// Tags' receives that completed for good.
+    done: std::collections::HashSet<u64>,
+    /// A's SENDs that B has not completed yet: each TMH's opcode byte and tag.
+    sent: std::collections::VecDeque<(u8, u64)>,
+    /// Messages B received as unexpected.
+    unexpected: u16,
+    /// The unexpected messages the program said it handled, with its last sync.
+    handled: u16,
+}
+
+/// First `recv_wr_id` of the tags the property test ADDs (each its own, increasing): B's
+/// ordinary receives are below it.
+const TAG_WR_ID: u64 = 1000;
+
+impl ListModel {
+    /// Checks B's completions, in the order B made them, against the messages A sent (B
+    /// completes them in order: one refused stops the QPs, so what B completes is a prefix
+    /// of what A sent) and the list. Untagged messages and FINs go to ordinary receives. A
+    /// tagged message goes to a tag it matches (under the tag's mask, reported with the
+    /// sender's tag and `app_ctx`): to the first added of the matchable tags that match it,
+    /// or, if none, to an ordinary receive. A tag completes once, or (a rendezvous) with
+    /// MATCH alone and then once more; its last completion frees its handle.
+    fn take(&mut self, completions: &[WorkCompletion]) -> Result<(), TestCaseError> {
+        for c in completions {
+            if !matches!(c.opcode, WcOpcode::TmRecv | WcOpcode::TmNoTag) {
+                continue;
+            }
+            prop_assert!(
+                !self.done.contains(&c.wr_id),
+                "a tag completed twice: {c:?}"
+            );
+            let tag = self.live.iter_mut().find(|(_, t)| t.wr_id == c.wr_id);
+            if let Some((&handle, tag)) = tag.filter(|(_, t)| t.reading) {
+                // The end of a rendezvous: no message of its own.
+                prop_assert!(!c.tm.flags.contains(TmFlags::MATCH), "{c:?}");
+                self.done.insert(tag.wr_id);
+                self.live.remove(&handle);
+                continue;
+            }
+            let Some((opcode, sent_tag)) = self.sent.pop_front() else {
+                return Err(TestCaseError::fail(format!(
+                    "a message A did not send: {c:?}"
+                )));
+            };
+            let untagged = [TmOpcode::NoTag as u8, TmOpcode::Fin as u8];
+            let tagged = [TmOpcode::Eager as u8, TmOpcode::Rndv as u8];
+            if untagged.contains(&opcode) {
+                prop_assert_eq!((c.opcode, c.wr_id < TAG_WR_ID), (WcOpcode::TmNoTag, true));
+                continue;
+            }
+            prop_assert!(
+                tagged.contains(&opcode),
+                "an undefined TMH delivered: {c:?}"
+            );
+            prop_assert_eq!(c.opcode, WcOpcode::TmRecv);
+            let first = (self.live.values())
+                .filter(|t| t.matchable && !t.reading && sent_tag & t.mask == t.tag)
+                .map(|t| t.wr_id)
+                .min();
+            prop_assert_eq!(first, (c.wr_id >= TAG_WR_ID).then_some(c.wr_id), "{:?}", c);
+            if c.wr_id < TAG_WR_ID {
+                self.unexpected = self.unexpected.wrapping_add(1);
+                continue;
+            }
+            let found = self.live.iter_mut().find(|(_, t)| t.wr_id == c.wr_id);
+            let Some((&handle, tag)) = found else {
+                return Err(TestCaseError::fail(format!(
+                    "completion of no live tag: {c:?}"
+                )));
+            };
+            prop_assert_eq!(sent_tag & tag.mask, tag.tag, "{:?}", c);
+            if c.tm.flags.contains(TmFlags::MATCH) {
+                prop_assert_eq!((c.tm.tag, c.tm.app_ctx), (sent_tag, 1));
+            }
+            if c.tm.flags == TmFlags::MATCH && c.status == WcStatus::Success {
+                tag.reading = true;
+            } else {
+                self.done.insert(tag.wr_id);
+                self.live.remove(&handle);
+            }
+        }
+        Ok(())
+    }
+
+    fn in_sync(&self) -> bool {
+        self.unexpected == self.handled
+    }
+
+    /// The program's sync: it has handled `handled` unexpected messages.
+    fn sync(&mut self, handled: u16) {
+        self.handled = handled;
+        if self.in_sync() {
+            self.live.values_mut().for_each(|t| t.matchable = true);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Random list operations and random (often hostile) tagged SENDs, among them rendezvous
-    /// requests naming random memory or A's: nothing panics, no more tags complete with data
-    /// than were added, and the list never holds more than `max_num_tags`.
+    /// requests naming random memory or A's, checked step by step against a model of the
+    /// list: an ADD is refused exactly when `max_num_tags` tags are in use (none leaks) and
+    /// gets a handle not in use; a DEL succeeds exactly on a tag still posted; every tag's
+    /// receive completes as [`ListModel::take`] says, with a tag that matches it; nothing
+    /// panics; at the end, with every tag deleted, the whole list can be added again.
     #[test]
     fn random_operations_and_tmhs(steps in proptest::collection::vec(step(), 1..40)) {
-        let mut p = pair(4, 8);
+        const TAGS: usize = 4;
+        let mut p = pair(TAGS as u32, 8);
         let data = p.sim.reg(A, 0x80_0000, &pattern(9000, 5));
-        let mut completions = Vec::new();
+        let mut model = ListModel::default();
+        let mut next_wr_id = TAG_WR_ID;
         let mut slot = 0;
         for step in steps {
             match step {
                 Step::Add { tag, any_low_bit, len } => {
                     slot = (slot + 1) % 8;
+                    let (tag, mask) = (u64::from(tag) & !u64::from(any_low_bit), if any_low_bit { !1 } else { !0 });
                     let op = TmOp::Add {
-                        tag: u64::from(tag) & !u64::from(any_low_bit),
-                        mask: if any_low_bit { !1 } else { !0 },
-                        recv_wr_id: 500 + slot,
+                        tag,
+                        mask,
+                        recv_wr_id: next_wr_id,
                         sg_list: [sge(DST + slot * SLOT as u64, usize::from(len).min(SLOT), p.tags_key)].into(),
                     };
-                    let _ = p.op(1, op, None);
+                    let added = p.op(1, op, None);
+                    if model.live.len() == TAGS {
+                        prop_assert_eq!(added, Err(TmOpError::ListFull));
+                    } else {
+                        let handle = added.unwrap().unwrap();
+                        prop_assert!(!model.live.contains_key(&handle), "handle {} given twice", handle);
+                        let matchable = model.in_sync();
+                        model.live.insert(handle, ModelTag { wr_id: next_wr_id, tag, mask, reading: false, matchable });
+                        next_wr_id += 1;
+                    }
                 }
                 Step::Del { handle } => {
-                    let _ = p.op(2, TmOp::Del { handle: u32::from(handle) }, None);
+                    let handle = u32::from(handle);
+                    let deleted = p.op(2, TmOp::Del { handle }, None);
+                    if handle >= TAGS as u32 {
+                        prop_assert_eq!(deleted, Err(TmOpError::UnknownHandle));
+                    } else {
+                        let done = p.sim.poll_recv(B);
+                        let del = done.iter().find(|c| c.opcode == WcOpcode::TmDel).unwrap();
+                        let posted = model.live.get(&handle).is_some_and(|tag| !tag.reading);
+                        let expected = if posted { WcStatus::Success } else { WcStatus::TmError };
+                        prop_assert_eq!(del.status, expected, "DEL of handle {}", handle);
+                        if posted {
+                            model.live.remove(&handle);
+                        }
+                    }
                 }
                 Step::Sync { handled } => {
-                    let _ = p.op(3, TmOp::Sync, Some(u32::from(handled)));
+                    prop_assert_eq!(p.op(3, TmOp::Sync, Some(u32::from(handled))), Ok(None));
+                    model.sync(u16::from(handled));
                 }
                 Step::Send { opcode, tag, len, rvh: (va, rkey, rlen) } => {
                     let mut bytes = message(TmOpcode::Eager, 1, u64::from(tag), &pattern(usize::from(len), 9));
@@ -783,36 +928,39 @@ proptest! {
                     }
                     if state(&p.sim, A, p.qa) == QpState::Rts {
                         p.send(&bytes);
+                        model.sent.push_back((opcode, u64::from(tag)));
                     }
                 }
                 Step::Receives => p.post_receives(0, 2),
             }
             p.sim.run_until(2_000, |_| false);
-            completions.extend(p.sim.poll_recv(B));
+            model.take(&p.sim.poll_recv(B))?;
         }
         settle(&mut p.sim);
-        completions.extend(p.sim.poll_recv(B));
-        let mut finals = std::collections::HashMap::<u64, usize>::new();
-        for c in completions.iter().filter(|c| c.opcode == WcOpcode::TmRecv && c.tm.flags.contains(TmFlags::MATCH | TmFlags::DATA_VALID) || c.tm.flags == TmFlags::DATA_VALID) {
-            *finals.entry(c.wr_id).or_default() += 1;
-        }
-        // A tag's receive completes once per ADD at most: never more often than it was added.
-        let adds = completions.iter().filter(|c| c.opcode == WcOpcode::TmAdd).count();
-        prop_assert!(finals.values().sum::<usize>() <= adds, "{completions:?}");
+        model.take(&p.sim.poll_recv(B))?;
         let stats = p.sim.nodes[B].endpoint.tm_stats(p.srq).unwrap();
-        prop_assert!(stats.matched <= adds as u64);
-        // At most 4 tags are ever in the list: a fifth ADD in a row is refused.
+        prop_assert!(stats.matched <= next_wr_id - TAG_WR_ID);
+        // Every tag still posted is deleted; then the whole list is free again.
+        let posted: Vec<u32> = model.live.iter().filter(|(_, tag)| !tag.reading).map(|(&h, _)| h).collect();
+        for handle in posted {
+            prop_assert_eq!(p.op(2, TmOp::Del { handle }, None), Ok(None));
+            model.live.remove(&handle);
+        }
+        prop_assert!(model.live.is_empty(), "a rendezvous never finished: {:?}", model.live);
         let endpoint = &mut p.sim.nodes[B].endpoint;
-        let mut refused = false;
-        for wr_id in 0..5 {
+        for wr_id in 0..=TAGS as u64 {
             let add = TmOpWr {
                 wr_id,
                 op: TmOp::Add { tag: 0, mask: 0, recv_wr_id: wr_id, sg_list: Default::default() },
                 signaled: true,
                 sync: None,
             };
-            refused |= post_one(endpoint, p.srq, add) == Err(TmOpError::ListFull);
+            let added = post_one(endpoint, p.srq, add);
+            if wr_id < TAGS as u64 {
+                prop_assert!(added.is_ok(), "{:?}", added);
+            } else {
+                prop_assert_eq!(added, Err(TmOpError::ListFull));
+            }
         }
-        prop_assert!(refused);
     }
 }
