@@ -1,5 +1,16 @@
 //! The background thread that drives a context's engine: busy-polling, or sleeping in
 //! poll(2) until a frame, a timer or a wake-up.
+//!
+//! A sleeping thread listens on the socket only while it is the one taking the frames. A
+//! program that polls its CQ in a loop (`ib_send_lat`, `ibv_rc_pingpong`) takes each frame
+//! itself, as its empty polls run the engine's round; the thread's wake-up by the same
+//! frame then finds nothing, and on two cores it preempts a program for nothing (a context
+//! switch per received frame, `docs/performance.md`). After [`DEFER_AFTER`] such wake-ups
+//! in a row the thread sleeps off the socket, in slices of [`DEFER_SLICE`], and listens
+//! again as soon as the program stops running rounds over a slice, its round finds frames
+//! the program left, or the program blocks for an event ([`Shared::listen`]). A program that
+//! spins on memory (`ib_write_lat`: only the engine can take the peer's WRITE) keeps the
+//! thread listening, as each wake-up finds its frame.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -19,6 +30,16 @@ use crate::shared::Shared;
 const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// A thread off the socket listens again when its own rounds took at least one frame in
+/// this many of those the program's took over a slice.
+const LEFT_SHARE: u64 = 4;
+/// How long a thread whose program left frames for it listens before it may leave the
+/// socket again.
+const LISTEN_AFTER_LEFT: Duration = Duration::from_millis(100);
+/// How long a thread off the socket sleeps before it looks whether the program still polls:
+/// a program that stops polling without blocking for an event has its frames taken this
+/// late at worst, once.
+const DEFER_SLICE: Duration = Duration::from_micros(500);
 /// How often the thread asks whether the interface is up (the port's state). One ioctl
 /// per interval, on no frame's path, and no later than the longest sleep wakes it anyway;
 /// an rtnetlink subscription would notice sooner but adds a socket to drain and parse in
@@ -83,14 +104,22 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
     };
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
+    let mut policy = SocketPolicy::default();
+    let mut woken_by_socket = false;
     while !shared.stop_requested() {
-        let (worked, next_timer, seen) = {
+        let (worked, received, next_timer, seen) = {
             let Some(mut core) = shared.engine_lock() else {
                 shared.fail(io::Error::other("a thread panicked inside a verbs call"));
                 return;
             };
+            let rx_before = core.engine.stats.rx_frames;
             match core.round(&shared.doorbells) {
-                Ok(worked) => (worked, core.engine.poll_timeout(), core.doorbells_seen()),
+                Ok(worked) => (
+                    worked,
+                    core.engine.stats.rx_frames.wrapping_sub(rx_before),
+                    core.engine.poll_timeout(),
+                    core.doorbells_seen(),
+                ),
                 Err(error) => {
                     drop(core);
                     shared.fail(error);
@@ -108,6 +137,9 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             std::thread::yield_now();
             continue;
         }
+        let listen = policy.after_round(shared, now, received, woken_by_socket);
+        woken_by_socket = false;
+        policy.before_sleep(shared);
         // Spin a while after work: the next frame or post (a reply, the program's next
         // request) usually comes within microseconds, sooner than a wake-up would.
         if worked {
@@ -117,15 +149,116 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             std::thread::yield_now();
             continue;
         }
+        let socket = if listen { readiness.as_ref() } else { None };
         shared.sleep_unless_posted(seen, || {
-            sleep(shared, readiness.as_ref(), next_timer);
+            woken_by_socket = sleep(shared, socket, listen, next_timer);
         });
     }
 }
 
-/// Sleeps until a frame may be waiting, the next timer, a wake-up, or a bound.
-fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instant>) {
-    let bound = if readiness.is_some() {
+/// Whether the sleeping thread listens on the socket ([the module's docs](self)); the
+/// context's `deferring` flag is the decision, which a blocking program clears.
+#[derive(Default)]
+struct SocketPolicy {
+    /// The program's rounds when the thread last went to sleep.
+    rounds_at_sleep: u64,
+    /// While off the socket: when the current slice began, and the program's rounds and
+    /// received frames then, and the frames the thread's own rounds took since.
+    slice: Option<Slice>,
+    /// Until when the thread listens whatever the program does: its program left frames
+    /// for it (it waits for them without polling, as `ib_write_lat` spins on memory).
+    listen_until: Option<Instant>,
+}
+
+struct Slice {
+    began: Instant,
+    caller_rounds: u64,
+    caller_frames: u64,
+    engine_frames: u64,
+}
+
+impl SocketPolicy {
+    /// After the thread's round (`received`: the frames it took; `woken_by_socket`: the
+    /// socket woke it for that round): whether its next sleep listens on the socket.
+    fn after_round(
+        &mut self,
+        shared: &Shared,
+        now: Instant,
+        received: u64,
+        woken_by_socket: bool,
+    ) -> bool {
+        if !shared.deferring() {
+            self.slice = None;
+            // A frame woke the thread while the program was polling: the program's next
+            // poll would have taken it. Leave the socket to it, unless it left frames
+            // for the thread lately.
+            let polling = shared.caller_rounds() != self.rounds_at_sleep;
+            let listening = self.listen_until.is_some_and(|until| now < until);
+            if !(woken_by_socket && polling) || listening {
+                return true;
+            }
+            shared.set_deferring(true);
+            self.slice = Some(Slice::new(shared, now));
+            return false;
+        }
+        let Some(slice) = self.slice.as_mut() else {
+            self.slice = Some(Slice::new(shared, now));
+            return false;
+        };
+        slice.engine_frames += received;
+        if now.saturating_duration_since(slice.began) < DEFER_SLICE {
+            return false;
+        }
+        let rounds = shared.caller_rounds();
+        let caller_frames = shared.caller_frames().wrapping_sub(slice.caller_frames);
+        if rounds == slice.caller_rounds {
+            // A slice without the program's rounds: it stopped polling.
+            return self.listen(shared);
+        }
+        if slice.engine_frames * LEFT_SHARE >= caller_frames && slice.engine_frames > 0 {
+            // The program polls, but leaves frames the thread must take: it waits for
+            // them some other way.
+            self.listen_until = Some(now + LISTEN_AFTER_LEFT);
+            return self.listen(shared);
+        }
+        *slice = Slice::new(shared, now);
+        false
+    }
+
+    /// Before the thread sleeps.
+    fn before_sleep(&mut self, shared: &Shared) {
+        self.rounds_at_sleep = shared.caller_rounds();
+    }
+
+    fn listen(&mut self, shared: &Shared) -> bool {
+        shared.set_deferring(false);
+        self.slice = None;
+        true
+    }
+}
+
+impl Slice {
+    fn new(shared: &Shared, now: Instant) -> Slice {
+        Slice {
+            began: now,
+            caller_rounds: shared.caller_rounds(),
+            caller_frames: shared.caller_frames(),
+            engine_frames: 0,
+        }
+    }
+}
+
+/// Sleeps until a frame may be waiting on `readiness` (when listening), the next timer, a
+/// wake-up, or a bound; whether the socket woke it.
+fn sleep(
+    shared: &Shared,
+    readiness: Option<&OwnedFd>,
+    listen: bool,
+    next_timer: Option<Instant>,
+) -> bool {
+    let bound = if !listen {
+        DEFER_SLICE
+    } else if readiness.is_some() {
         MAX_SLEEP
     } else {
         POLL_WITHOUT_FD
@@ -133,7 +266,7 @@ fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instan
     let until_timer = next_timer.map(|at| at.saturating_duration_since(Instant::now()));
     let timeout = until_timer.map_or(bound, |until| until.min(bound));
     let Ok(timeout) = Timespec::try_from(timeout) else {
-        return;
+        return false;
     };
     let wake = shared.wake_fd();
     let mut fds = [
@@ -149,4 +282,5 @@ fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instan
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(wake, &mut counter);
     }
+    watched == 2 && fds[1].revents().contains(PollFlags::IN)
 }
