@@ -34,8 +34,8 @@ const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// this many of those the program's took over a slice.
 const LEFT_SHARE: u64 = 4;
 /// How long a thread whose program left frames for it listens before it may leave the
-/// socket again.
-const LISTEN_AFTER_LEFT: Duration = Duration::from_millis(100);
+/// socket again: each time it does, one frame may wait for a slice.
+const LISTEN_AFTER_LEFT: Duration = Duration::from_secs(1);
 /// How long a thread off the socket sleeps before it looks whether the program still polls:
 /// a program that stops polling without blocking for an event has its frames taken this
 /// late at worst, once.
@@ -157,7 +157,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
 }
 
 /// Whether the sleeping thread listens on the socket ([the module's docs](self)); the
-/// context's `deferring` flag is the decision, which a blocking program clears.
+/// context's `deferring` flag holds the decision, which a blocking program clears.
 #[derive(Default)]
 struct SocketPolicy {
     /// The program's rounds when the thread last went to sleep.
@@ -172,14 +172,30 @@ struct SocketPolicy {
 
 struct Slice {
     began: Instant,
-    caller_rounds: u64,
-    caller_frames: u64,
+    program: Program,
     engine_frames: u64,
+}
+
+/// What the program's threads did, as counted by [`Shared::round`].
+#[derive(Clone, Copy)]
+struct Program {
+    rounds: u64,
+    frames: u64,
+}
+
+impl Program {
+    fn of(shared: &Shared) -> Program {
+        Program {
+            rounds: shared.caller_rounds(),
+            frames: shared.caller_frames(),
+        }
+    }
 }
 
 impl SocketPolicy {
     /// After the thread's round (`received`: the frames it took; `woken_by_socket`: the
-    /// socket woke it for that round): whether its next sleep listens on the socket.
+    /// socket woke it for that round): whether its next sleep listens on the socket,
+    /// recorded in `shared`.
     fn after_round(
         &mut self,
         shared: &Shared,
@@ -187,62 +203,72 @@ impl SocketPolicy {
         received: u64,
         woken_by_socket: bool,
     ) -> bool {
-        if !shared.deferring() {
+        let deferring = shared.deferring();
+        let defer = self.decide(deferring, Program::of(shared), now, received, woken_by_socket);
+        if defer != deferring {
+            shared.set_deferring(defer);
+        }
+        !defer
+    }
+
+    /// Whether the thread stays or goes off the socket (`deferring`: it is off).
+    fn decide(
+        &mut self,
+        deferring: bool,
+        program: Program,
+        now: Instant,
+        received: u64,
+        woken_by_socket: bool,
+    ) -> bool {
+        if !deferring {
             self.slice = None;
             // A frame woke the thread while the program was polling: the program's next
             // poll would have taken it. Leave the socket to it, unless it left frames
             // for the thread lately.
-            let polling = shared.caller_rounds() != self.rounds_at_sleep;
+            let polling = program.rounds != self.rounds_at_sleep;
             let listening = self.listen_until.is_some_and(|until| now < until);
             if !(woken_by_socket && polling) || listening {
-                return true;
+                return false;
             }
-            shared.set_deferring(true);
-            self.slice = Some(Slice::new(shared, now));
-            return false;
+            self.slice = Some(Slice::new(program, now));
+            return true;
         }
         let Some(slice) = self.slice.as_mut() else {
-            self.slice = Some(Slice::new(shared, now));
-            return false;
+            self.slice = Some(Slice::new(program, now));
+            return true;
         };
         slice.engine_frames += received;
         if now.saturating_duration_since(slice.began) < DEFER_SLICE {
+            return true;
+        }
+        let program_frames = program.frames.wrapping_sub(slice.program.frames);
+        if slice.engine_frames > 0 && slice.engine_frames * LEFT_SHARE >= program_frames {
+            // The program leaves frames the thread must take: it waits for them some other
+            // way than polling (it may poll too, for other completions).
+            self.listen_until = Some(now + LISTEN_AFTER_LEFT);
+            self.slice = None;
             return false;
         }
-        let rounds = shared.caller_rounds();
-        let caller_frames = shared.caller_frames().wrapping_sub(slice.caller_frames);
-        if rounds == slice.caller_rounds {
+        if program.rounds == slice.program.rounds {
             // A slice without the program's rounds: it stopped polling.
-            return self.listen(shared);
+            self.slice = None;
+            return false;
         }
-        if slice.engine_frames * LEFT_SHARE >= caller_frames && slice.engine_frames > 0 {
-            // The program polls, but leaves frames the thread must take: it waits for
-            // them some other way.
-            self.listen_until = Some(now + LISTEN_AFTER_LEFT);
-            return self.listen(shared);
-        }
-        *slice = Slice::new(shared, now);
-        false
+        *slice = Slice::new(program, now);
+        true
     }
 
     /// Before the thread sleeps.
     fn before_sleep(&mut self, shared: &Shared) {
         self.rounds_at_sleep = shared.caller_rounds();
     }
-
-    fn listen(&mut self, shared: &Shared) -> bool {
-        shared.set_deferring(false);
-        self.slice = None;
-        true
-    }
 }
 
 impl Slice {
-    fn new(shared: &Shared, now: Instant) -> Slice {
+    fn new(program: Program, now: Instant) -> Slice {
         Slice {
             began: now,
-            caller_rounds: shared.caller_rounds(),
-            caller_frames: shared.caller_frames(),
+            program,
             engine_frames: 0,
         }
     }
@@ -283,4 +309,68 @@ fn sleep(
         let _ = rustix::io::read(wake, &mut counter);
     }
     watched == 2 && fds[1].revents().contains(PollFlags::IN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(rounds: u64, frames: u64) -> Program {
+        Program { rounds, frames }
+    }
+
+    /// A thread listening, asleep since the program's `rounds`-th round.
+    fn asleep_at(rounds: u64) -> SocketPolicy {
+        SocketPolicy {
+            rounds_at_sleep: rounds,
+            ..SocketPolicy::default()
+        }
+    }
+
+    #[test]
+    fn a_frame_that_wakes_the_thread_while_the_program_polls_sends_it_off_the_socket() {
+        let now = Instant::now();
+        // The program ran rounds while the thread slept: off the socket.
+        assert!(asleep_at(10).decide(false, program(12, 0), now, 1, true));
+        // It ran none: the thread is the one taking frames.
+        assert!(!asleep_at(10).decide(false, program(10, 0), now, 1, true));
+        // A post or a timer woke the thread, not a frame: it stays.
+        assert!(!asleep_at(10).decide(false, program(12, 0), now, 0, false));
+    }
+
+    #[test]
+    fn off_the_socket_the_thread_stays_off_while_the_program_polls_and_takes_its_frames() {
+        let start = Instant::now();
+        let mut policy = asleep_at(10);
+        assert!(policy.decide(false, program(12, 0), start, 1, true));
+        // Within the slice, nothing is decided.
+        assert!(policy.decide(true, program(12, 0), start + DEFER_SLICE / 2, 0, false));
+        // A slice in which the program polled and took its frames (one left over).
+        let later = start + DEFER_SLICE;
+        assert!(policy.decide(true, program(500, 20), later, 1, false));
+        // A slice without the program's rounds: it stopped polling, the thread listens.
+        assert!(!policy.decide(true, program(500, 20), later + DEFER_SLICE, 0, false));
+    }
+
+    #[test]
+    fn a_program_that_leaves_frames_to_the_thread_keeps_it_listening_for_a_while() {
+        let start = Instant::now();
+        let mut policy = asleep_at(10);
+        assert!(policy.decide(false, program(12, 0), start, 1, true));
+        // The program polled (for its ACKs) but the thread took one frame in four.
+        let later = start + DEFER_SLICE;
+        assert!(!policy.decide(true, program(40, 4), later, 1, false));
+        // Frames that wake it while the program polls no longer send it off...
+        policy.rounds_at_sleep = 40;
+        assert!(!policy.decide(false, program(45, 5), later, 1, true));
+        // A program that stopped polling when the frame came (it spins on memory) too.
+        let mut policy = asleep_at(10);
+        assert!(policy.decide(false, program(12, 0), start, 1, true));
+        assert!(!policy.decide(true, program(12, 0), later, 1, false));
+        policy.rounds_at_sleep = 12;
+        assert!(!policy.decide(false, program(15, 0), later, 1, true));
+        // ...until the while is over.
+        let after = later + LISTEN_AFTER_LEFT;
+        assert!(policy.decide(false, program(50, 6), after, 1, true));
+    }
 }
