@@ -209,7 +209,13 @@ impl SocketPolicy {
         woken_by_socket: bool,
     ) -> bool {
         let deferring = shared.deferring();
-        let defer = self.decide(deferring, Program::of(shared), now, received, woken_by_socket);
+        let defer = self.decide(
+            deferring,
+            Program::of(shared),
+            now,
+            received,
+            woken_by_socket,
+        );
         if defer != deferring {
             shared.set_deferring(defer);
         }
@@ -364,8 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn a_program_that_leaves_frames_to_the_thread_twice_in_a_row_keeps_it_listening_for_a_while()
-    {
+    fn a_program_that_leaves_frames_to_the_thread_twice_in_a_row_keeps_it_listening_for_a_while() {
         let mut now = Instant::now();
         let mut policy = asleep_at(10);
         for time in 0..LEFT_TIMES {
@@ -374,7 +379,11 @@ mod tests {
             // The program polled (for its ACKs) but the thread took one frame in four, or
             // it stopped polling when the frame came (it spins on memory).
             now += DEFER_SLICE;
-            let program = if time == 0 { program(40, 4) } else { program(12, 0) };
+            let program = if time == 0 {
+                program(40, 4)
+            } else {
+                program(12, 0)
+            };
             assert!(!policy.decide(true, program, now, 1, false), "{time}");
         }
         // Frames that wake it while the program polls no longer send it off...

@@ -164,8 +164,7 @@ impl Shared {
         if received > 0 {
             self.caller_frames.fetch_add(received, Ordering::Relaxed);
         }
-        worked
-            .map_err(|error| self.fail(error))
+        worked.map_err(|error| self.fail(error))
     }
 
     /// How a caller-driven wait passes its time: a round, then, if it moved nothing, a
