@@ -2,15 +2,17 @@
 //! poll(2) until a frame, a timer or a wake-up.
 //!
 //! A sleeping thread listens on the socket only while it is the one taking the frames. A
-//! program that polls its CQ in a loop (`ib_send_lat`, `ibv_rc_pingpong`) takes each frame
-//! itself, as its empty polls run the engine's round; the thread's wake-up by the same
-//! frame then finds nothing, and on two cores it preempts a program for nothing (a context
-//! switch per received frame, `docs/performance.md`). After [`DEFER_AFTER`] such wake-ups
-//! in a row the thread sleeps off the socket, in slices of [`DEFER_SLICE`], and listens
-//! again as soon as the program stops running rounds over a slice, its round finds frames
-//! the program left, or the program blocks for an event ([`Shared::listen`]). A program that
-//! spins on memory (`ib_write_lat`: only the engine can take the peer's WRITE) keeps the
-//! thread listening, as each wake-up finds its frame.
+//! program that polls its CQ in a loop (`ib_send_lat`, `ibv_rc_pingpong`) would take each
+//! frame itself, as its empty polls run the engine's round; but the frame's arrival wakes
+//! the thread inside the peer's `sendto` (veth runs the receive there), the woken thread
+//! preempts at once and takes the frame first: a few context switches per message on two
+//! cores (`docs/performance.md`). So when a frame wakes the thread while the program has
+//! been running rounds, the thread sleeps off the socket, in slices of [`DEFER_SLICE`],
+//! and listens again as soon as the program runs no round over a slice, leaves frames for
+//! the thread, or blocks for an event ([`Shared::listen`]). A time off that ends within
+//! [`SHORT_DEFERRAL`] keeps the thread listening for [`LISTEN_AFTER_SHORT`]: a program
+//! that spins on memory (`ib_write_lat`: only the engine can take the peer's WRITE) polls
+//! between messages, and must not have its WRITEs wait for a slice each.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -33,12 +35,15 @@ const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// A thread off the socket listens again when its own rounds took at least one frame in
 /// this many of those the program's took over a slice.
 const LEFT_SHARE: u64 = 4;
-/// How many times in a row the program leaves frames before the thread stops leaving the
-/// socket to it for a while.
-const LEFT_TIMES: u32 = 2;
-/// How long a thread whose program left frames for it listens before it may leave the
-/// socket again: each time it does, one frame may wait for a slice.
-const LISTEN_AFTER_LEFT: Duration = Duration::from_secs(1);
+/// A time off the socket that ends sooner than this (the program left frames, or stopped
+/// polling) says the program does not take its frames reliably: the thread then listens
+/// for [`LISTEN_AFTER_SHORT`] whatever the program does. A program that polls all along
+/// (`ib_send_lat`) keeps the thread off for its whole run.
+const SHORT_DEFERRAL: Duration = Duration::from_millis(2);
+/// How long the thread listens after a short time off the socket: each time off may hold
+/// one frame back for up to a slice (`ib_write_lat`, which spins on memory and polls only
+/// for its own ACKs, loses at most one slice in this).
+const LISTEN_AFTER_SHORT: Duration = Duration::from_millis(100);
 /// How long a thread off the socket sleeps before it looks whether the program still polls:
 /// a program that stops polling without blocking for an event has its frames taken this
 /// late at worst, once.
@@ -168,14 +173,13 @@ struct SocketPolicy {
     /// While off the socket: when the current slice began, and the program's rounds and
     /// received frames then, and the frames the thread's own rounds took since.
     slice: Option<Slice>,
-    /// Until when the thread listens whatever the program does: its program left frames
-    /// for it (it waits for them without polling, as `ib_write_lat` spins on memory).
+    /// Until when the thread listens whatever the program does (after a short time off).
     listen_until: Option<Instant>,
-    /// How many times in a row leaving the socket ended with frames the program left.
-    left: u32,
 }
 
 struct Slice {
+    /// When the thread left the socket.
+    off_since: Instant,
     began: Instant,
     program: Program,
     engine_frames: u64,
@@ -234,8 +238,8 @@ impl SocketPolicy {
         if !deferring {
             self.slice = None;
             // A frame woke the thread while the program was polling: the program's next
-            // poll would have taken it. Leave the socket to it, unless it left frames
-            // for the thread lately.
+            // poll would have taken it. Leave the socket to it, unless the last time off
+            // was short.
             let polling = program.rounds != self.rounds_at_sleep;
             let listening = self.listen_until.is_some_and(|until| now < until);
             if !(woken_by_socket && polling) || listening {
@@ -253,25 +257,21 @@ impl SocketPolicy {
             return true;
         }
         let program_frames = program.frames.wrapping_sub(slice.program.frames);
-        if slice.engine_frames > 0 && slice.engine_frames * LEFT_SHARE >= program_frames {
-            // The program left frames the thread had to take. Once, it may have lost its
-            // CPU for the slice; twice in a row, it waits for them some other way than
-            // polling (`ib_write_lat` spins on memory, polling only for its own ACKs).
-            self.left += 1;
-            if self.left >= LEFT_TIMES {
-                self.left = 0;
-                self.listen_until = Some(now + LISTEN_AFTER_LEFT);
+        // The program left frames the thread had to take (it waits for them some other way
+        // than polling, as `ib_write_lat` spins on memory and polls only for its ACKs, or
+        // it lost its CPU for the slice), or it ran no round over the slice (it stopped
+        // polling): listen again.
+        let left = slice.engine_frames > 0 && slice.engine_frames * LEFT_SHARE >= program_frames;
+        if left || program.rounds == slice.program.rounds {
+            if now.saturating_duration_since(slice.off_since) < SHORT_DEFERRAL {
+                self.listen_until = Some(now + LISTEN_AFTER_SHORT);
             }
             self.slice = None;
             return false;
         }
-        if program.rounds == slice.program.rounds {
-            // A slice without the program's rounds: it stopped polling.
-            self.slice = None;
-            return false;
-        }
-        self.left = 0;
+        let off_since = slice.off_since;
         *slice = Slice::new(program, now);
+        slice.off_since = off_since;
         true
     }
 
@@ -284,6 +284,7 @@ impl SocketPolicy {
 impl Slice {
     fn new(program: Program, now: Instant) -> Slice {
         Slice {
+            off_since: now,
             began: now,
             program,
             engine_frames: 0,
@@ -362,48 +363,43 @@ mod tests {
         assert!(policy.decide(false, program(12, 0), start, 1, true));
         // Within the slice, nothing is decided.
         assert!(policy.decide(true, program(12, 0), start + DEFER_SLICE / 2, 0, false));
-        // A slice in which the program polled and took its frames (one left over).
-        let later = start + DEFER_SLICE;
-        assert!(policy.decide(true, program(500, 20), later, 1, false));
-        // A slice without the program's rounds: it stopped polling, the thread listens.
-        assert!(!policy.decide(true, program(500, 20), later + DEFER_SLICE, 0, false));
-    }
-
-    #[test]
-    fn a_program_that_leaves_frames_to_the_thread_twice_in_a_row_keeps_it_listening_for_a_while() {
-        let mut now = Instant::now();
-        let mut policy = asleep_at(10);
-        for time in 0..LEFT_TIMES {
-            policy.rounds_at_sleep = 10;
-            assert!(policy.decide(false, program(12, 0), now, 1, true), "{time}");
-            // The program polled (for its ACKs) but the thread took one frame in four, or
-            // it stopped polling when the frame came (it spins on memory).
+        // Slices in which the program polled and took its frames (one left over).
+        let mut now = start;
+        let mut rounds = 12;
+        while now < start + SHORT_DEFERRAL {
             now += DEFER_SLICE;
-            let program = if time == 0 {
-                program(40, 4)
-            } else {
-                program(12, 0)
-            };
-            assert!(!policy.decide(true, program, now, 1, false), "{time}");
+            rounds += 500;
+            assert!(policy.decide(true, program(rounds, rounds / 25), now, 1, false));
         }
-        // Frames that wake it while the program polls no longer send it off...
-        policy.rounds_at_sleep = 40;
-        assert!(!policy.decide(false, program(45, 5), now, 1, true));
-        // ...until the while is over.
-        let after = now + LISTEN_AFTER_LEFT;
-        assert!(policy.decide(false, program(50, 6), after, 1, true));
+        // A slice without the program's rounds: it stopped polling, the thread listens...
+        now += DEFER_SLICE;
+        assert!(!policy.decide(true, program(rounds, rounds / 25), now, 0, false));
+        // ...and leaves again at the next frame that finds it polling (the time off was long).
+        policy.rounds_at_sleep = rounds;
+        assert!(policy.decide(false, program(rounds + 2, 0), now, 1, true));
     }
 
     #[test]
-    fn a_program_that_left_frames_once_gets_the_socket_back_at_the_next_wake_up() {
-        let start = Instant::now();
-        let mut policy = asleep_at(10);
-        assert!(policy.decide(false, program(12, 0), start, 1, true));
-        // Descheduled for the slice, it left a frame: the thread listens...
-        let later = start + DEFER_SLICE;
-        assert!(!policy.decide(true, program(12, 0), later, 1, false));
-        // ...and leaves the socket again at the next frame that finds the program polling.
-        policy.rounds_at_sleep = 12;
-        assert!(policy.decide(false, program(14, 1), later, 1, true));
+    fn a_short_time_off_keeps_the_thread_listening_for_a_while() {
+        for left_frames in [true, false] {
+            let start = Instant::now();
+            let mut policy = asleep_at(10);
+            assert!(policy.decide(false, program(12, 0), start, 1, true));
+            // After one slice: the program polled for its ACKs (one frame) but left the
+            // thread one in two; or it stopped polling (it spins on memory).
+            let later = start + DEFER_SLICE;
+            let (program_now, taken) = if left_frames {
+                (program(40, 1), 1)
+            } else {
+                (program(12, 0), 0)
+            };
+            assert!(!policy.decide(true, program_now, later, taken, false));
+            // Frames that wake it while the program polls no longer send it off...
+            policy.rounds_at_sleep = 40;
+            assert!(!policy.decide(false, program(45, 5), later, 1, true));
+            // ...until the while is over.
+            let after = later + LISTEN_AFTER_SHORT;
+            assert!(policy.decide(false, program(50, 6), after, 1, true));
+        }
     }
 }
