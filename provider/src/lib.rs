@@ -31,6 +31,7 @@ pub mod fault;
 pub mod link;
 pub mod memory;
 pub mod netns;
+pub mod switch;
 pub mod udp;
 mod umem;
 pub mod xdp;

@@ -15,6 +15,7 @@ mod progress;
 mod rdma;
 mod signals;
 mod sim;
+mod switch;
 mod tcp;
 mod workload;
 
@@ -45,6 +46,8 @@ enum Command {
     Sim(sim::Args),
     /// Run an unmodified rdma-core program (ibv_rc_pingpong, ib_write_bw, ...) over our libibverbs.
     Exec(exec::Args),
+    /// Run the switch that lets several processes use one device, in the foreground (root).
+    Switch(switch::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Exec(args) => exec::run(&args),
+        Command::Switch(args) => switch::run(&args),
     }
 }
 

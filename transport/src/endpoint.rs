@@ -157,6 +157,9 @@ pub enum AsyncEvent {
     PortActive,
     /// The port's link went down (`IBV_EVENT_PORT_ERR`); raised by the device's owner.
     PortError,
+    /// The device is gone for good (its switch died): every QP was moved to ERR, flushing
+    /// its work requests (`IBV_EVENT_DEVICE_FATAL`); see [`Endpoint::device_fatal`].
+    DeviceFatal,
 }
 
 /// A device: its memory regions, CQs and QPs.
@@ -171,6 +174,8 @@ pub struct Endpoint {
     last_qpn: u32,
     /// The block of a shared device's identifiers this endpoint owns, if set.
     id_block: Option<u8>,
+    /// Whether [`device_fatal`](Self::device_fatal) happened.
+    fatal: bool,
     /// Slot of the QP to look at first in the next `poll_transmit`, so no QP starves the
     /// others.
     transmit_cursor: usize,
@@ -336,6 +341,7 @@ impl Endpoint {
             next_qpn: FIRST_QPN,
             last_qpn: FIRST_QPN + (LIMITS.max_qp - 1),
             id_block: None,
+            fatal: false,
             transmit_cursor: 0,
             events: Vec::new(),
             port_mtu: PathMtu::Mtu1024,
@@ -581,6 +587,25 @@ impl Endpoint {
     ) -> Result<(), ModifyQpError> {
         self.with_qp(qpn, now, |qp, ctx| qp.modify(ctx, attr))
             .unwrap_or(Err(ModifyQpError::OutOfRange("qpn")))
+    }
+
+    /// The device is gone for good, as an HCA's fatal error: every QP moves to ERR,
+    /// completing its outstanding work requests with flush errors, and
+    /// [`AsyncEvent::DeviceFatal`] is raised, once. Nothing will arrive any more.
+    pub fn device_fatal(&mut self, now: Instant) {
+        if std::mem::replace(&mut self.fatal, true) {
+            return;
+        }
+        let qpns: Vec<u32> = self.qps.qps.iter().map(|qp| qp.common.qpn).collect();
+        let error = QpAttr {
+            state: Some(QpState::Err),
+            ..QpAttr::default()
+        };
+        for qpn in qpns {
+            // Every state may move to ERR.
+            let _ = self.modify_qp(now, qpn, &error);
+        }
+        self.events.push(AsyncEvent::DeviceFatal);
     }
 
     /// The QP's state, or `None` if it does not exist.

@@ -757,11 +757,31 @@ impl CmId {
             PortSpace::Tcp
         };
         let service_id = ServiceId::rdma_ip(space, port);
+        // On a shared device the switch must send this service's requests to us, and
+        // nobody else may listen on it.
+        crate::backend::claim(&self.shared)?;
+        if let Some(link) = self.shared.kind.switch() {
+            link.listen(service_id.0)
+                .map_err(|error| match error.raw_os_error() {
+                    Some(code) if code == rustix::io::Errno::ADDRINUSE.raw_os_error() => {
+                        Error::Cm(roce_transport::cm::CmError::AddressInUse)
+                    }
+                    _ => Error::Io(error),
+                })?;
+        }
         let mut core = self.shared.lock()?;
-        core.endpoint()
+        let listened = core
+            .endpoint()
             .cm()
-            .ok_or(Error::Gone)?
-            .listen(service_id, backlog)?;
+            .ok_or(Error::Gone)
+            .and_then(|cm| Ok(cm.listen(service_id, backlog)?));
+        if let Err(error) = listened {
+            drop(core);
+            if let Some(link) = self.shared.kind.switch() {
+                let _ = link.unlisten(service_id.0);
+            }
+            return Err(error);
+        }
         let route = Route {
             bound: state.src,
             ..self.route(None)?
@@ -1057,5 +1077,9 @@ impl Drop for CmId {
         // that exits right after rdma_destroy_id (perftest's server) would otherwise leave
         // its peer resending DREQs to nobody until its retries run out.
         let _ = self.shared.drive(&mut core);
+        drop(core);
+        if let (Some(service_id), Some(link)) = (state.listening, self.shared.kind.switch()) {
+            let _ = link.unlisten(service_id.0);
+        }
     }
 }

@@ -85,7 +85,7 @@ pub mod sysfs;
 mod wait;
 
 pub use ah::AddressHandle;
-pub use backend::BackendKind;
+pub use backend::{BackendKind, SwitchLink};
 pub use channel::CompChannel;
 pub use cm::{
     CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, PathRecord, UdParam,

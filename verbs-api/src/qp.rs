@@ -67,6 +67,8 @@ impl Pd {
         rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
             .map_err(std::io::Error::from)?;
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
+        // A shared device's QP numbers come from this process's block.
+        crate::backend::claim(shared)?;
         let mut core = shared.lock()?;
         limits::check_qp_count(core.submissions.len())?;
         let qpn = match srq {
