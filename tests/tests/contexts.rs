@@ -121,5 +121,8 @@ fn two_contexts_of_a_device_share_its_engine_and_reach_each_other() {
 /// Native AF_XDP, opened by this process itself or through the device's switch (which
 /// lends it the device while it is the only process on it).
 fn af_xdp(kind: &BackendKind) -> bool {
-    matches!(kind, BackendKind::AfXdp(XdpMode::Native) | BackendKind::Switch(_))
+    matches!(
+        kind,
+        BackendKind::AfXdp(XdpMode::Native) | BackendKind::Switch(_)
+    )
 }

@@ -191,7 +191,8 @@ impl SwitchClient {
                 version: PROTOCOL_VERSION,
                 ifindex: self.ifindex,
             };
-            let answer = protocol::send(&socket, &hello, &[]).and_then(|()| protocol::recv(&socket));
+            let answer =
+                protocol::send(&socket, &hello, &[]).and_then(|()| protocol::recv(&socket));
             match answer {
                 Ok(Received::Message(
                     Message::Welcome {

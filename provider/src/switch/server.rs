@@ -109,7 +109,7 @@ enum Device {
     /// To be opened at `next` (after a release), giving up at `until`.
     Opening { next: Instant, until: Instant },
     /// Ours.
-    Open(Box<AfXdpBackend>),
+    Open(Box<dyn Backend>),
 }
 
 /// A REQ or SIDR_REQ waiting for its service's listener.
@@ -146,6 +146,17 @@ pub struct Switch {
 }
 
 impl Switch {
+    /// A switch over `wire` rather than the interface's AF_XDP sockets (an in-memory wire in
+    /// tests); it never lends the device.
+    pub fn with_backend(config: SwitchConfig, wire: Box<dyn Backend>) -> io::Result<Switch> {
+        let mut switch = Switch::bind(SwitchConfig {
+            lend: false,
+            ..config
+        })?;
+        switch.device = Device::Open(wire);
+        Ok(switch)
+    }
+
     /// Claims the device's switch address; `AddrInUse` when another switch serves it.
     pub fn bind(config: SwitchConfig) -> io::Result<Switch> {
         let listener = protocol::seqpacket()?;
@@ -207,11 +218,7 @@ impl Switch {
             self.publish();
             self.expire_held(now);
             if self.config.on_demand && self.finished(now) {
-                let kernel = match &self.device {
-                    Device::Open(device) => device.kernel_statistics().ok(),
-                    _ => None,
-                };
-                tracing::debug!(interface = %self.config.interface, stats = ?self.stats(), ?kernel, "last client left");
+                tracing::debug!(interface = %self.config.interface, stats = ?self.stats(), "last client left");
                 return Ok(());
             }
             if !worked {
@@ -551,7 +558,7 @@ impl Switch {
         match opened {
             Ok(device) => {
                 tracing::debug!(%interface, "device opened");
-                self.device = Device::Open(Box::new(device));
+                self.device = Device::Open(Box::new(device) as Box<dyn Backend>);
                 Ok(())
             }
             // The lender's sockets may not be released yet.
@@ -593,7 +600,7 @@ impl Switch {
     /// waits in its ring (with those behind it).
     fn transmit_clients(&mut self) -> io::Result<bool> {
         let mut device = match &mut self.device {
-            Device::Open(device) => Some(&mut **device),
+            Device::Open(device) => Some(device),
             _ => None,
         };
         let mut moved = false;
@@ -737,7 +744,7 @@ impl Steering<'_> {
 #[allow(clippy::too_many_arguments)]
 fn drain(
     slot: u8,
-    mut device: Option<&mut AfXdpBackend>,
+    mut device: Option<&mut Box<dyn Backend>>,
     clients: &mut [Option<Client>],
     services: &HashMap<ServiceId, u8>,
     held: &mut Vec<Held>,
