@@ -2,7 +2,8 @@
 //! where (by QP block, by CM ID, by listened service), what never reaches the wire (frames
 //! between clients), what it refuses (another client's identity), a client that stops
 //! reading (its frames dropped and counted, the others' all delivered), a client that goes
-//! (its block's frames dropped and counted), and a switch that goes (the device is lost).
+//! (what it sent last still leaves; its block's frames are dropped and counted), and a
+//! switch that goes (the device is lost).
 //!
 //! The switch listens on an abstract Unix socket of this network namespace, named after a
 //! made-up interface unique to each test; nothing touches a network.
@@ -350,9 +351,18 @@ fn a_process_that_stops_reading_loses_its_frames_and_slows_nobody() {
 fn a_process_that_goes_frees_its_block_and_a_switch_that_goes_loses_the_device() {
     let mut switch = Running::start();
     let (one, mut one_backend, _) = switch.client();
-    let (two, two_backend, two_slot) = switch.client();
+    let (two, mut two_backend, two_slot) = switch.client();
+    // What it sent just before it went still leaves (a DREQ before exit), though the
+    // switch, asleep, hears of the frame and of the end at once.
+    std::thread::sleep(Duration::from_millis(50));
+    let last_words = frame(OURS, PEER, Opcode::RcSendOnly, 0x11, 0, b"bye");
+    two_backend.send(&last_words).unwrap();
     drop(two_backend);
     drop(two);
+    assert_eq!(
+        take(&mut switch.wire, Some(1), Duration::from_secs(5)),
+        [last_words]
+    );
     let stats = stats_when(&one, |stats| stats.clients == 1);
     assert_eq!((stats.clients, stats.clients_lost), (1, 1), "{stats:?}");
     let two_qp = (u32::from(two_slot) << 16) | 0x11;

@@ -59,6 +59,13 @@ pub enum MrError {
     /// Longer than the device's `max_mr_size`.
     #[error("region larger than max_mr_size")]
     TooLarge,
+    /// Nothing (or nothing with the rights needed) is mapped there: an on-demand region's
+    /// page fault failed.
+    #[error("no page mapped there (on-demand page fault failed)")]
+    Unmapped,
+    /// A prefetch of a region not registered for on-demand paging.
+    #[error("region not registered for on-demand paging")]
+    NotOnDemand,
 }
 
 /// A remote atomic operation on an 8-byte word.
@@ -103,7 +110,7 @@ impl MrError {
         match self {
             MrError::PdBusy => errno::EBUSY,
             MrError::OutOfMemory => errno::ENOMEM,
-            MrError::NullAddress => errno::EFAULT,
+            MrError::NullAddress | MrError::Unmapped => errno::EFAULT,
             _ => errno::EINVAL,
         }
     }

@@ -65,6 +65,7 @@ pub mod cq;
 pub mod endpoint;
 pub mod errno;
 pub mod limits;
+pub mod mcast;
 pub mod mr;
 pub mod qp;
 pub mod qp_state;

@@ -68,6 +68,12 @@ pub(crate) enum What {
     /// The REP came for a QP the program moves (`RDMA_CM_EVENT_CONNECT_RESPONSE`).
     ConnectResponse,
     Cm(Box<CmEvent>),
+    /// A group joined (`RDMA_CM_EVENT_MULTICAST_JOIN`), told unless `live` was cleared by
+    /// a leave meanwhile.
+    MulticastJoin {
+        join: Box<crate::cm::McastJoin>,
+        live: Arc<std::sync::atomic::AtomicBool>,
+    },
 }
 
 /// The channel of one id, and its QP once it has one.

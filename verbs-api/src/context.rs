@@ -30,6 +30,7 @@ use crate::cq::Cq;
 use crate::device::{Device, PortAttr, PortState};
 use crate::engine_thread;
 use crate::error::Error;
+use crate::groups::Memberships;
 use crate::mr::Pd;
 use crate::options::{BackendChoice, CmTiming, OpenOptions, Progress};
 use crate::queues::EventQueue;
@@ -263,7 +264,9 @@ impl DeviceEngine {
         tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
+        let multicast = Memberships::new(device, &kind)?;
         let shared = Arc::new(Shared::new(engine, device.clone(), kind)?);
+        shared.lock()?.multicast = multicast;
         let thread = match options.progress {
             Progress::Caller => None,
             progress => Some(engine_thread::spawn(&shared, progress, options.spin)?),

@@ -15,6 +15,7 @@ use roce_transport::{AccessFlags, CqId, Endpoint};
 use crate::async_events::AsyncEvents;
 use crate::cm_routes::{refresh_gate, CmRoutes};
 use crate::error::Error;
+use crate::groups::Memberships;
 use crate::iova::IovaSpace;
 use crate::queues::{ChannelEvents, CqQueue, Pending, Submission};
 
@@ -33,6 +34,8 @@ pub(crate) struct Core {
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
     pub(crate) cm: CmRoutes,
+    /// Multicast attachments and the interface's part in them.
+    pub(crate) multicast: Memberships,
     /// The count of posts (`Shared::posted`) the last hand-over
     /// covered: while it stands, the submission queues hold nothing new.
     handed_over: u64,
@@ -48,6 +51,7 @@ impl Core {
             async_events,
             iova: IovaSpace::default(),
             cm: CmRoutes::default(),
+            multicast: Memberships::default(),
             handed_over: 0,
         }
     }
@@ -99,7 +103,10 @@ impl Core {
             if let Ok(mut entries) = queue.entries.lock() {
                 // What does not fit waits in the endpoint's CQ, which overflows when full;
                 // pollers that empty their queue fetch it (see `Cq::poll_into`).
-                let room = queue.depth.saturating_sub(entries.len());
+                let room = queue
+                    .depth
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(entries.len());
                 moved.clear();
                 cq.poll(room, &mut moved);
                 entries.extend(moved.drain(..));

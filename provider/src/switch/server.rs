@@ -334,6 +334,9 @@ impl Switch {
                     Ok(Received::Nothing) => break,
                     Ok(Received::Message(message, _)) => message,
                     Ok(Received::Closed) | Err(_) => {
+                        // What it published before it went (the DREQ of a program that
+                        // disconnects and exits) still leaves.
+                        self.flush(slot as u8);
                         self.detach(slot as u8);
                         worked = true;
                         break;
@@ -538,6 +541,39 @@ impl Switch {
         if client.state != State::Ring {
             // It held the device; its sockets closed with it.
             self.lender_gone();
+        }
+    }
+
+    /// Sends everything client `slot` published and we have not taken yet (bounded by its
+    /// ring; nothing if its ring is broken or the wire is not ours).
+    fn flush(&mut self, slot: u8) {
+        let mut device = match &mut self.device {
+            Device::Open(device) => Some(device),
+            _ => None,
+        };
+        if self.clients[usize::from(slot)]
+            .as_ref()
+            .is_none_or(|client| client.state != State::Ring)
+        {
+            return;
+        }
+        for _ in 0..FROM_CLIENT_RING / (64 * TX_BATCH) {
+            let taken = drain(
+                slot,
+                device.as_deref_mut(),
+                &mut self.clients,
+                &self.services,
+                &mut self.held,
+                &mut self.stats,
+                &self.config.identity,
+                &mut self.scratch,
+            );
+            if !matches!(taken, Ok(count) if count > 0) {
+                break;
+            }
+        }
+        if let Some(device) = device {
+            let _ = device.submit();
         }
     }
 

@@ -497,16 +497,24 @@ fn receive_send(
     let Some(wqe) = resp.rq.front() else {
         return Err(Refusal::NotReady);
     };
-    if let Err(error) = ctx
+    if ctx
         .mrs
         .scatter(qp.pd, &wqe.sg_list, u64::from(received), frame.payload)
+        .is_err()
     {
-        let status = if error == MrError::OutOfBounds {
-            WcStatus::LocalLength
+        // A message longer than the receive is the sender's error (class C, as rxe's
+        // RESPST_ERR_LENGTH); a receive whose own keys, PD, ranges or pages fail is ours: the
+        // sender hears Remote Operational Error (rxe's RESPST_ERR_MALFORMED_WQE).
+        let room: u64 = wqe.sg_list.iter().map(|sge| u64::from(sge.length)).sum();
+        let needed = u64::from(received) + frame.payload.len() as u64;
+        return Err(if needed > room {
+            Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::LocalLength))
         } else {
-            WcStatus::LocalProtection
-        };
-        return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(status)));
+            Refusal::Fatal(
+                NakCode::RemoteOperationalError,
+                Some(WcStatus::LocalProtection),
+            )
+        });
     }
     let received = received + frame.payload.len() as u32;
     if !position.ends_message() {

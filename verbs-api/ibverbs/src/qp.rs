@@ -16,12 +16,13 @@ use crate::ah::{address_vector, Ah};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::logging::fail_null;
-use crate::pd::Pd;
+use crate::pd::{Pd, Placement, RES_TYPE_QP};
 use crate::post::{inline_bytes, post_list, post_recv_list, sg_list, MAX_INLINE_DATA};
 use crate::qp_ex::{self, QpEx};
 use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
+const EBUSY: c_int = 16;
 
 /// Our `ibv_qp`: the `ibv_qp_ex` around it comes first (so the pointer callers hold is
 /// both), then what only the QP calls need.
@@ -34,6 +35,8 @@ pub(crate) struct Qp {
     attr: Mutex<ibv_qp_attr>,
     /// Whether `ibv_qp_to_qp_ex` hands out the builders: created by `ibv_create_qp_ex`.
     extended: bool,
+    /// Where its memory came from (its parent domain's allocator, or the heap).
+    placement: Placement,
 }
 
 impl Qp {
@@ -41,9 +44,14 @@ impl Qp {
     ///
     /// # Safety
     /// `qp` is NULL or came from [`create_qp`] and is not destroyed.
-    unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+    pub(crate) unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
         // SAFETY: `ex.raw.qp_base` is the first field of our `#[repr(C)]` Qp.
         unsafe { qp.cast::<Qp>().as_ref() }
+    }
+
+    /// The `roce-verbs` QP behind it.
+    pub(crate) fn verbs_qp(&self) -> &roce_verbs::Qp {
+        &self.ex.qp
     }
 }
 
@@ -196,7 +204,15 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
     let qp_num = qp.qp_num();
-    let ptr = Box::into_raw(Box::new(Qp::new(&c, ours.raw.context, qp, cap)));
+    let made = Qp::new(&c, ours.raw.context, qp, cap);
+    let ptr = match Placement::place(Some(ours), RES_TYPE_QP, made) {
+        Ok((ptr, placement)) => {
+            // SAFETY: just placed, not yet handed out.
+            unsafe { (*ptr).placement = placement };
+            ptr
+        }
+        Err(errno) => return fail_null(CALL, errno, &"the parent domain's allocator"),
+    };
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -255,6 +271,7 @@ impl Qp {
                 ..ibv_qp_attr::default()
             }),
             extended: c.extended,
+            placement: Placement::Heap,
         }
     }
 }
@@ -265,6 +282,12 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
+    // uverbs refuses to destroy a QP still attached to a multicast group.
+    if ours.qp.mcast_attachments() > 0 {
+        crate::log_failure("ibv_destroy_qp", &"still attached to a multicast group");
+        return EBUSY;
+    }
+    let placement = ours.placement;
     // SAFETY: a QP's context, PD and CQs outlive it (they cannot go while it uses them).
     unsafe {
         if let Some(context) = Context::from_raw(ours.raw.qp_base.context) {
@@ -283,7 +306,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Some(srq) = Srq::from_raw(ours.raw.qp_base.srq) {
             srq.users.fetch_sub(1, Ordering::AcqRel);
         }
-        drop(Box::from_raw(qp.cast::<Qp>()));
+        // Placed by `create`; the caller gives it up.
+        placement.release(qp.cast::<Qp>());
     }
     0
 }
