@@ -524,6 +524,8 @@ struct IdState {
     ud: bool,
     /// The multicast groups it joined.
     joins: Vec<mcast::Joined>,
+    /// The local ACK timeout its QP gets at RTS (`RDMA_OPTION_ID_ACK_TIMEOUT`), if set.
+    ack_timeout: Option<u8>,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -619,7 +621,19 @@ impl CmId {
             qpn,
             program_qp: false,
             bound: None,
+            ack_timeout: None,
         })
+    }
+
+    /// Sets the local ACK timeout (4.096 µs × 2^`timeout`) its QP gets when the connection
+    /// moves it to RTS, in place of the one derived from the packet lifetime
+    /// (`rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`); `rdma_init_qp_attr` reports it too.
+    pub fn set_ack_timeout(&self, timeout: u8) -> Result<(), Error> {
+        if timeout > 31 {
+            return Err(Error::InvalidArgument("an ACK timeout above 31"));
+        }
+        self.state()?.ack_timeout = Some(timeout);
+        Ok(())
     }
 
     /// The index of our GID for a peer at `dst`, as the kernel picks the source address:
@@ -883,6 +897,7 @@ impl CmId {
                 .connect(Instant::now(), &params, &private)?;
         let route = Route {
             program_qp,
+            ack_timeout: state.ack_timeout,
             ..self.route((!program_qp).then_some(qpn))?
         };
         core.cm.conns.insert(conn, route);
@@ -936,7 +951,10 @@ impl CmId {
         core.submit(now);
         let endpoint = core.endpoint();
         let cm = endpoint.cm().ok_or(Error::Gone)?;
-        let attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        let mut attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        if state.ack_timeout.is_some() {
+            attrs.rts.timeout = state.ack_timeout;
+        }
         if program_qp {
             drop(state);
             return self.shared.kick(&mut core);

@@ -618,7 +618,7 @@ impl SwitchBackend {
         budget: usize,
         handler: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        let Some(rings) = self.rings.as_mut() else {
+        let Some(rings) = self.rings.as_mut().filter(|_| budget > 0) else {
             return Ok(0);
         };
         let mut delivered = 0;
@@ -652,16 +652,16 @@ impl Backend for SwitchBackend {
     fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
         match self.state() {
             DORMANT => Ok(0),
+            // Our own sockets, then the ring: the switch puts there what the processes that
+            // came since send us until we give the device back.
             DIRECT => {
                 let mut direct = self.direct()?;
-                match direct.as_mut() {
-                    Some(device) => device.receive(budget, handler),
-                    // Given back just now.
-                    None => {
-                        drop(direct);
-                        self.receive_rings(budget, handler)
-                    }
-                }
+                let taken = match direct.as_mut() {
+                    Some(device) => device.receive(budget, handler)?,
+                    None => 0,
+                };
+                drop(direct);
+                Ok(taken + self.receive_rings(budget - taken, handler)?)
             }
             RING => self.receive_rings(budget, handler),
             _ if !self.reported => {
