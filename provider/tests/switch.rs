@@ -56,6 +56,7 @@ impl Running {
             mode: None,
             on_demand: false,
             lend: false,
+            spin: Duration::ZERO,
         };
         let mut switch = Switch::with_backend(config, Box::new(ours)).unwrap();
         let stop = Arc::new(AtomicBool::new(false));

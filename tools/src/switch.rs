@@ -4,6 +4,7 @@
 use std::io;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use roce_provider::switch::{Identity, Switch, SwitchConfig};
 use roce_provider::xdp::XdpMode;
@@ -26,6 +27,18 @@ pub struct Args {
     /// AF_XDP mode: native or generic (default: native, else generic).
     #[arg(long, value_name = "MODE")]
     mode: Option<String>,
+}
+
+/// How long the switch polls after its last work: `ROCE_SPIN_US` (a process that starts
+/// a switch passes its own on), else the engine threads' default.
+fn spin() -> Duration {
+    std::env::var("ROCE_SPIN_US")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .map_or(
+            roce_verbs::OpenOptions::default().spin,
+            Duration::from_micros,
+        )
 }
 
 pub fn run(args: &Args) -> ExitCode {
@@ -60,6 +73,7 @@ fn serve(args: &Args) -> io::Result<()> {
         mode,
         on_demand: args.on_demand,
         lend: !args.no_lend,
+        spin: spin(),
     };
     let mut switch = match Switch::bind(config) {
         // Another process started one first: it serves.

@@ -23,9 +23,9 @@
 
 pub mod client;
 pub mod protocol;
-mod ring;
+pub mod ring;
 pub mod server;
-mod shm;
+pub mod shm;
 pub mod steer;
 
 pub use client::{switch_program, SwitchBackend, SwitchClient};

@@ -21,7 +21,7 @@ use super::shm::SharedMemory;
 use crate::backend::MAX_FRAME;
 
 /// Bytes of a ring's header: three cache lines used, one spare.
-pub(crate) const RING_HEADER: usize = 256;
+pub const RING_HEADER: usize = 256;
 /// Bytes in front of each frame.
 const RECORD_HEADER: usize = 8;
 /// Records start on cache lines.
@@ -44,7 +44,7 @@ impl From<Broken> for io::Error {
 }
 
 /// Bytes a ring of `capacity` data bytes takes in a mapping.
-pub(crate) const fn ring_len(capacity: usize) -> usize {
+pub const fn ring_len(capacity: usize) -> usize {
     RING_HEADER + capacity
 }
 
@@ -141,7 +141,7 @@ impl RingMemory {
 }
 
 /// The producing end of a ring.
-pub(crate) struct Producer {
+pub struct Producer {
     ring: RingMemory,
     /// Our index (published by [`publish`](Self::publish)).
     head: u64,
@@ -155,11 +155,7 @@ pub(crate) struct Producer {
 
 impl Producer {
     /// The producing end of the ring at `offset` of `memory`, which starts empty.
-    pub(crate) fn new(
-        memory: Arc<SharedMemory>,
-        offset: usize,
-        capacity: usize,
-    ) -> io::Result<Producer> {
+    pub fn new(memory: Arc<SharedMemory>, offset: usize, capacity: usize) -> io::Result<Producer> {
         let ring = RingMemory::new(memory, offset, capacity)?;
         let head = ring.index(PRODUCER).load(Ordering::Acquire);
         let tail = ring.index(CONSUMER).load(Ordering::Acquire);
@@ -194,7 +190,7 @@ impl Producer {
     /// Lends room for a frame of up to `len` bytes (at most [`MAX_FRAME`]), in one piece;
     /// `None` when the ring has no room now. [`commit`](Self::commit) says how much was
     /// written.
-    pub(crate) fn reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, Broken> {
+    pub fn reserve(&mut self, len: usize) -> Result<Option<&mut [u8]>, Broken> {
         if len > MAX_FRAME {
             return Ok(None);
         }
@@ -227,7 +223,7 @@ impl Producer {
 
     /// Ends the record [`reserve`](Self::reserve) lent, holding its first `written` bytes
     /// (0: nothing); it reaches the consumer at the next [`publish`](Self::publish).
-    pub(crate) fn commit(&mut self, written: usize) {
+    pub fn commit(&mut self, written: usize) {
         let Some((pos, len)) = self.reserved.take() else {
             return;
         };
@@ -240,7 +236,7 @@ impl Producer {
     }
 
     /// Copies one frame in; `false` when the ring has no room now.
-    pub(crate) fn push(&mut self, frame: &[u8]) -> Result<bool, Broken> {
+    pub fn push(&mut self, frame: &[u8]) -> Result<bool, Broken> {
         match self.reserve(frame.len())? {
             Some(room) => {
                 room.copy_from_slice(frame);
@@ -253,7 +249,7 @@ impl Producer {
 
     /// Makes the records committed so far visible to the consumer; `true` when the consumer
     /// had asked to be woken ([`Consumer::arm`]) and should be now.
-    pub(crate) fn publish(&mut self) -> bool {
+    pub fn publish(&mut self) -> bool {
         if self.head == self.published {
             return false;
         }
@@ -266,7 +262,7 @@ impl Producer {
 }
 
 /// The consuming end of a ring.
-pub(crate) struct Consumer {
+pub struct Consumer {
     ring: RingMemory,
     /// Our index (published by [`release`](Self::release)).
     tail: u64,
@@ -279,11 +275,7 @@ pub(crate) struct Consumer {
 
 impl Consumer {
     /// The consuming end of the ring at `offset` of `memory`, which starts empty.
-    pub(crate) fn new(
-        memory: Arc<SharedMemory>,
-        offset: usize,
-        capacity: usize,
-    ) -> io::Result<Consumer> {
+    pub fn new(memory: Arc<SharedMemory>, offset: usize, capacity: usize) -> io::Result<Consumer> {
         let ring = RingMemory::new(memory, offset, capacity)?;
         let tail = ring.index(CONSUMER).load(Ordering::Acquire);
         Ok(Consumer {
@@ -346,7 +338,7 @@ impl Consumer {
 
     /// The next frame where it lies, if one waits. Only for a ring whose producer is
     /// trusted to leave published records alone (the switch's, read by its client).
-    pub(crate) fn peek(&mut self) -> Result<Option<&[u8]>, Broken> {
+    pub fn peek(&mut self) -> Result<Option<&[u8]>, Broken> {
         let Some((pos, len)) = self.locate()? else {
             return Ok(None);
         };
@@ -359,14 +351,14 @@ impl Consumer {
     }
 
     /// The length of the next frame, if one waits, for [`copy_current`](Self::copy_current).
-    pub(crate) fn next_len(&mut self) -> Result<Option<usize>, Broken> {
+    pub fn next_len(&mut self) -> Result<Option<usize>, Broken> {
         Ok(self.locate()?.map(|(_, len)| len))
     }
 
     /// Copies the frame [`next_len`](Self::next_len) found into `buffer` (at least that
     /// long) without ever referencing the shared bytes, which a misbehaving producer may be
     /// writing: the copy is then garbage, which the caller's checks refuse, never more.
-    pub(crate) fn copy_current(&self, buffer: &mut [u8]) -> usize {
+    pub fn copy_current(&self, buffer: &mut [u8]) -> usize {
         let Some((pos, len, _)) = self.current else {
             return 0;
         };
@@ -381,14 +373,14 @@ impl Consumer {
     }
 
     /// Moves past the frame last found.
-    pub(crate) fn advance(&mut self) {
+    pub fn advance(&mut self) {
         if let Some((_, _, record)) = self.current.take() {
             self.tail += record as u64;
         }
     }
 
     /// Gives the producer back the room of every frame moved past.
-    pub(crate) fn release(&mut self) {
+    pub fn release(&mut self) {
         if self.tail != self.released {
             self.released = self.tail;
             self.ring
@@ -399,19 +391,19 @@ impl Consumer {
 
     /// Asks the producer to wake us at its next publish; `true` when something is already
     /// waiting (then do not sleep).
-    pub(crate) fn arm(&mut self) -> Result<bool, Broken> {
+    pub fn arm(&mut self) -> Result<bool, Broken> {
         self.ring.armed().store(1, Ordering::SeqCst);
         self.refresh()?;
         Ok(self.tail != self.head)
     }
 
     /// Whether the producer took up our last [`arm`](Self::arm) (and so signalled us).
-    pub(crate) fn was_signalled(&self) -> bool {
+    pub fn was_signalled(&self) -> bool {
         self.ring.armed().load(Ordering::Acquire) == 0
     }
 
     /// Whether our last [`arm`](Self::arm) still stands.
-    pub(crate) fn is_armed(&self) -> bool {
+    pub fn is_armed(&self) -> bool {
         !self.was_signalled()
     }
 }

@@ -72,6 +72,10 @@ pub struct SwitchConfig {
     pub mode: Option<XdpMode>,
     /// Leave once the last client has (started by a client); else run until stopped.
     pub on_demand: bool,
+    /// How long the loop keeps polling after its last work before it sleeps (a frame or a
+    /// client's next batch usually comes sooner than a wake-up would), as the engine
+    /// thread's `ROCE_SPIN_US`.
+    pub spin: Duration,
     /// Lend the device to a process while it is the only one (see the module docs).
     pub lend: bool,
 }
@@ -205,6 +209,7 @@ impl Switch {
     /// the device's: every client then sees its socket close.
     pub fn run(&mut self, stop: &AtomicBool) -> io::Result<()> {
         let mut last_control = Instant::now();
+        let mut last_work = last_control;
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             let mut worked = false;
@@ -221,7 +226,11 @@ impl Switch {
                 tracing::debug!(interface = %self.config.interface, stats = ?self.stats(), "last client left");
                 return Ok(());
             }
-            if !worked {
+            if worked {
+                last_work = now;
+            } else if now.saturating_duration_since(last_work) < self.config.spin {
+                std::thread::yield_now();
+            } else {
                 self.sleep(now)?;
                 last_control = Instant::now();
                 self.serve_control()?;

@@ -9,7 +9,7 @@ use rustix::fs::{fstat, ftruncate, memfd_create, MemfdFlags};
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 
 /// A shared mapping of a memfd, unmapped on drop.
-pub(crate) struct SharedMemory {
+pub struct SharedMemory {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -24,7 +24,7 @@ unsafe impl Sync for SharedMemory {}
 
 impl SharedMemory {
     /// A new memfd of `len` zeroed bytes, mapped; the fd is for the other process.
-    pub(crate) fn create(name: &str, len: usize) -> io::Result<(SharedMemory, OwnedFd)> {
+    pub fn create(name: &str, len: usize) -> io::Result<(SharedMemory, OwnedFd)> {
         let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
         ftruncate(&fd, len as u64)?;
         let memory = Self::map_len(&fd, len)?;
@@ -32,7 +32,7 @@ impl SharedMemory {
     }
 
     /// Maps the whole of a memfd another process made.
-    pub(crate) fn map(fd: &OwnedFd) -> io::Result<SharedMemory> {
+    pub fn map(fd: &OwnedFd) -> io::Result<SharedMemory> {
         let len = usize::try_from(fstat(fd)?.st_size).map_err(io::Error::other)?;
         Self::map_len(fd, len)
     }
@@ -58,12 +58,12 @@ impl SharedMemory {
     }
 
     /// The first byte (page-aligned).
-    pub(crate) fn ptr(&self) -> NonNull<u8> {
+    pub fn ptr(&self) -> NonNull<u8> {
         self.ptr
     }
 
     /// Bytes mapped.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
     }
 }
