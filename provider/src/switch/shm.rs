@@ -62,9 +62,14 @@ impl SharedMemory {
         self.ptr
     }
 
-    /// Bytes mapped.
+    /// Bytes mapped (never 0).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether nothing is mapped (never: a mapping has at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
