@@ -15,6 +15,9 @@
 //! - [`multicast`]: an interface's multicast MAC filter and the host's IP membership of
 //!   groups (IGMP), as the kernel keeps them for rxe;
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
+//! - [`switch`]: the device switch, which lets several processes share a device (it owns
+//!   the AF_XDP sockets; each process's [`switch::SwitchBackend`] reaches it through
+//!   shared-memory rings, or holds the sockets itself while it is alone on the device);
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
 //!
