@@ -19,8 +19,8 @@ use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
 use roce_tests::rxe_vm::vm;
 
 use common::{
-    can_compile_c, compile_c, exec_in, has_row, installed, roce_in, text, wait_for_listener,
-    VERBS_H,
+    build_libraries, can_compile_c, compile_c, exec_in, has_row, installed, roce_in, text,
+    wait_for_listener, VERBS_H,
 };
 
 fn root_and(test: &str, programs: &[&str]) -> bool {
@@ -339,6 +339,8 @@ fn a_killed_switch_fails_its_clients_and_nobody_hangs() {
     if !root_and(test, &["ib_send_bw"]) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
+    // Built before the switches start: they run under a bound of their own.
+    build_libraries();
     let (a, b) = two_namespaces();
     // A switch run by hand, which lends the device to nobody: the pair's frames go
     // through it from the first.
