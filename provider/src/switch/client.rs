@@ -36,6 +36,8 @@ use crate::xdp::XdpMode;
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request to the switch may wait for its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a lent device may take to be free (the switch's sockets closing).
+const LEND_WAIT: Duration = Duration::from_secs(2);
 
 /// Where the client is.
 const DORMANT: u8 = 0;
@@ -271,12 +273,21 @@ impl SwitchClient {
         )
     }
 
-    /// Opens the device's AF_XDP sockets ourselves (the switch lent it).
+    /// Opens the device's AF_XDP sockets ourselves (the switch lent it). A switch whose
+    /// last client just left closes its own sockets and lends the device to the next one;
+    /// the kernel may not have let go of them yet, so we retry for a while.
     fn open_direct(&self) -> io::Result<AfXdpBackend> {
-        match self.mode {
-            Some(mode) => AfXdpBackend::open(&self.interface, mode),
-            None => AfXdpBackend::open(&self.interface, XdpMode::Native)
-                .or_else(|_| AfXdpBackend::open(&self.interface, XdpMode::Generic)),
+        let until = Instant::now() + LEND_WAIT;
+        loop {
+            let opened = match self.mode {
+                Some(mode) => AfXdpBackend::open(&self.interface, mode),
+                None => AfXdpBackend::open(&self.interface, XdpMode::Native)
+                    .or_else(|_| AfXdpBackend::open(&self.interface, XdpMode::Generic)),
+            };
+            match opened {
+                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                opened => return opened,
+            }
         }
     }
 

@@ -551,6 +551,10 @@ impl Switch {
             // It held the device; its sockets closed with it.
             self.lender_gone();
         }
+        if self.config.lend && self.slots().next().is_none() {
+            // Nobody left: the next process to come alone gets the device itself.
+            self.device = Device::Closed;
+        }
     }
 
     /// Sends everything client `slot` published and we have not taken yet (bounded by its
