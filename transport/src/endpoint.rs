@@ -28,8 +28,8 @@ use crate::limits::LIMITS;
 use crate::mcast::{McastError, McastTable, Mgid};
 use crate::mr::{MrTable, PdId};
 use crate::qp::{
-    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpCaps, QpInit, QpStats, ResponderBacklog,
-    NO_CQ,
+    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpCaps, QpInit, QpRetry, QpStats,
+    ResponderBacklog, NO_CQ,
 };
 use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable, XrcSrq};
@@ -758,6 +758,15 @@ impl Endpoint {
     /// The QP's state, or `None` if it does not exist.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(qpn).map(|qp| qp.common.state)
+    }
+
+    /// The QP's retry settings, or `None` if it does not exist.
+    pub fn qp_retry(&self, qpn: u32) -> Option<QpRetry> {
+        self.qps.get(qpn).map(|qp| QpRetry {
+            timeout: qp.common.config.timeout,
+            retry_cnt: qp.common.config.retry_cnt,
+            rnr_retry: qp.common.config.rnr_retry,
+        })
     }
 
     /// What decides whether a post to the QP is accepted now.

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use roce_transport::qp::{QpCaps, QpInit, QpStats};
+use roce_transport::qp::{QpCaps, QpInit, QpRetry, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
 };
@@ -184,6 +184,15 @@ impl Qp {
             .lock()?
             .endpoint()
             .qp_stats(self.qpn)
+            .ok_or(Error::Gone)
+    }
+
+    /// The requester's retry settings as they are (the CM's, once it moved the QP to RTS).
+    pub fn retry(&self) -> Result<QpRetry, Error> {
+        self.shared()
+            .lock()?
+            .endpoint()
+            .qp_retry(self.qpn)
             .ok_or(Error::Gone)
     }
 
