@@ -129,6 +129,47 @@ fn a_perftest_server_and_client_share_one_device_and_nothing_reaches_the_wire() 
     }
 }
 
+#[test]
+fn a_switch_run_by_hand_lends_its_device_again_once_its_processes_left() {
+    let test = "a_switch_run_by_hand_lends_its_device_again_once_its_processes_left";
+    if !root_and(test, &["ib_send_bw"]) {
+        return;
+    }
+    build_libraries();
+    let (a, b) = two_namespaces();
+    let mut switch = roce_in(&a, "switch", &["mpa0"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let flags = ["ib_send_bw", "-x", "1", "-F", "-n", "20"];
+    let pair = |client_ns: &Netns, client_dev: &str| {
+        let server = start(&a, &[&flags[..], &["-d", "mpa0"]].concat());
+        wait_for_listener(&a, 18515);
+        let client = start(
+            client_ns,
+            &[&flags[..], &["-d", client_dev, "10.97.0.1"]].concat(),
+        )
+        .wait_with_output()
+        .unwrap();
+        let server = server.wait_with_output().unwrap();
+        assert!(client.status.success(), "client: {}", text(&client));
+        assert!(server.status.success(), "server: {}", text(&server));
+        text(&server)
+    };
+    // Two processes on the device: the switch took it back and looped their frames.
+    let said = pair(&a, "mpa0");
+    assert!(switch_counter(&said, "looped").unwrap_or(0) > 0, "{said}");
+    // Both gone, the next process alone holds the device again: nothing steered to it.
+    let said = pair(&b, "mpb0");
+    assert_eq!(
+        switch_counter(&said, "this_process_steered"),
+        Some(0),
+        "{said}"
+    );
+    let _ = switch.kill();
+    let _ = switch.wait();
+}
+
 /// Four `ib_send_bw` servers on `a`'s device and four clients on `b`'s, at once, for
 /// `seconds` (perftest's `-D`); `kill`: SIGKILL the first server after `kill` seconds of
 /// traffic. Returns each pair's (client, server) output, and `ibv_devinfo`'s, run while the
