@@ -11,9 +11,9 @@
 //!
 //! While only one process uses the device, the switch lends it the device: the process
 //! opens AF_XDP itself ([`Mode::Direct`]) and the switch holds nothing. When a second
-//! attaches, the switch asks the first to close its sockets ([`Message::Release`]), opens
-//! its own once it has ([`Message::Released`], or the first is gone), and both use their
-//! rings from then on. Frames that arrive in between (the kernel needs some tens of
+//! says hello, the switch asks the first to close its sockets ([`Message::Release`]), and
+//! once it has ([`Message::Released`], or the first is gone) welcomes the second and opens
+//! its own sockets; both use their rings from then on. Frames that arrive in between (the kernel needs some tens of
 //! milliseconds to let go of one socket and bind the next) are lost, and RC retransmits
 //! them.
 
@@ -58,6 +58,9 @@ const MAX_SLEEP: Duration = Duration::from_millis(100);
 const CONTROL_CHECK: Duration = Duration::from_millis(1);
 /// How long the switch keeps trying to bind the device after its lender let go.
 const OPEN_TRIES: Duration = Duration::from_secs(5);
+/// How long a newcomer's welcome waits for the process that holds the device to let it
+/// go, at most (one that does not answer is not waited for longer).
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// What a switch serves, and how.
 #[derive(Debug, Clone)]
@@ -133,6 +136,12 @@ pub struct Switch {
     clients: Vec<Option<Client>>,
     /// Connections that have not said hello yet.
     pending: Vec<OwnedFd>,
+    /// Hellos (socket, version, ifindex) answered once the process that holds the device
+    /// has let it go, or at the deadline: a newcomer then starts on its ring while the
+    /// other already uses its own, so neither sends to the other where it cannot be seen
+    /// (a REQ a lender looped to its own CM, which listens on nothing: refused).
+    welcoming: Vec<(OwnedFd, u64, u32)>,
+    welcome_by: Option<Instant>,
     /// Who listens on which service.
     services: HashMap<ServiceId, u8>,
     held: Vec<Held>,
@@ -186,6 +195,8 @@ impl Switch {
             device,
             clients: (0..SLOTS).map(|_| None).collect(),
             pending: Vec::new(),
+            welcoming: Vec::new(),
+            welcome_by: None,
             services: HashMap::new(),
             held: Vec::new(),
             next_slot: 0,
@@ -241,7 +252,9 @@ impl Switch {
 
     /// Whether an on-demand switch has nobody left to serve.
     fn finished(&self, now: Instant) -> bool {
-        let nobody = self.pending.is_empty() && self.clients.iter().all(Option::is_none);
+        let nobody = self.pending.is_empty()
+            && self.welcoming.is_empty()
+            && self.clients.iter().all(Option::is_none);
         nobody && (self.served || now - self.started >= FIRST_CLIENT_WAIT)
     }
 
@@ -326,7 +339,13 @@ impl Switch {
                 Ok(Received::Nothing) => index += 1,
                 Ok(Received::Message(Message::Hello { version, ifindex }, _)) => {
                     let socket = self.pending.swap_remove(index);
-                    self.attach(socket, version, ifindex)?;
+                    if self.lent() {
+                        self.take_device_back();
+                        self.welcome_by.get_or_insert(Instant::now() + RELEASE_WAIT);
+                        self.welcoming.push((socket, version, ifindex));
+                    } else {
+                        self.attach(socket, version, ifindex)?;
+                    }
                     worked = true;
                 }
                 // Anything else before a hello, or a closed or broken connection: gone.
@@ -357,7 +376,24 @@ impl Switch {
                 }
             }
         }
+        if !self.welcoming.is_empty()
+            && (!self.lent() || self.welcome_by.is_some_and(|by| Instant::now() >= by))
+        {
+            self.welcome_by = None;
+            for (socket, version, ifindex) in std::mem::take(&mut self.welcoming) {
+                self.attach(socket, version, ifindex)?;
+            }
+            worked = true;
+        }
         Ok(worked)
+    }
+
+    /// Whether a client holds the device (or has not said it let it go).
+    fn lent(&self) -> bool {
+        self.clients
+            .iter()
+            .flatten()
+            .any(|client| client.state != State::Ring)
     }
 
     /// Attaches a process that said hello, or refuses it.
