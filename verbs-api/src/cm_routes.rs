@@ -88,6 +88,9 @@ pub(crate) struct Route {
     pub(crate) program_qp: bool,
     /// A listener's address: which requests it takes ([`takes`]).
     pub(crate) bound: Option<SocketAddr>,
+    /// The local ACK timeout the program set (`RDMA_OPTION_ID_ACK_TIMEOUT`), for the RTS
+    /// the REP brings.
+    pub(crate) ack_timeout: Option<u8>,
 }
 
 impl Route {
@@ -164,6 +167,10 @@ impl CmRoutes {
                     if route.program_qp {
                         route.tell(What::ConnectResponse);
                         continue;
+                    }
+                    let mut qp = qp;
+                    if route.ack_timeout.is_some() {
+                        qp.rts.timeout = route.ack_timeout;
                     }
                     let applied = route.qpn.map(|qpn| {
                         let applied = apply_qp_attrs(endpoint, now, qpn, &qp);

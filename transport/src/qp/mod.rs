@@ -27,7 +27,7 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
 pub(crate) use common::{Ctx, Failure, Lent, NO_CQ};
-pub use common::{OutPacket, PostError, QpStats};
+pub use common::{OutPacket, PostError, QpRetry, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
 use responder::{RendezvousRead, Responder};

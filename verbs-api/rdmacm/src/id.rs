@@ -152,6 +152,7 @@ impl Id {
             inner.device = device;
             if let Some(device) = device {
                 id.raw(&mut inner).verbs = device.ibv;
+                id.raw(&mut inner).pd = device.pd;
                 id.raw(&mut inner).port_num = 1;
             }
             id.describe(&mut inner, &cm);
@@ -209,6 +210,7 @@ impl Id {
             channel.register(cm.handle(), self.key());
             let raw = self.raw(inner);
             raw.verbs = device.ibv;
+            raw.pd = device.pd;
             raw.port_num = 1;
             inner.device = Some(device);
             inner.cm = Some(cm);
