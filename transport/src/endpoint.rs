@@ -10,6 +10,7 @@
 //! [`Cm`]: CM MADs it receives (UD SEND_ONLY with Q_Key [`mad::GSI_QKEY`]) go to the CM, the
 //! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -18,6 +19,7 @@ use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
+use crate::congestion::{CongestionConfig, QpRate};
 
 use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
@@ -188,6 +190,8 @@ pub struct Endpoint {
     pub misaddressed_drops: u64,
     /// rxe's hardware counters.
     counters: Counters,
+    /// How QPs take part in congestion control (shared with each QP).
+    congestion: Arc<CongestionConfig>,
 }
 
 /// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
@@ -332,7 +336,28 @@ impl Endpoint {
             gsi_drops: 0,
             misaddressed_drops: 0,
             counters: Counters::default(),
+            congestion: Arc::new(CongestionConfig::default()),
         }
+    }
+
+    /// How the device takes part in congestion control (ECN, CNPs, DCQCN, selective
+    /// repeat).
+    pub fn congestion(&self) -> CongestionConfig {
+        *self.congestion
+    }
+
+    /// Changes how the device takes part in congestion control, for every QP, existing or
+    /// to come.
+    pub fn set_congestion(&mut self, config: CongestionConfig) {
+        self.congestion = Arc::new(config);
+        for qp in &mut self.qps.qps {
+            qp.set_congestion(self.congestion.clone());
+        }
+    }
+
+    /// The QP's rates (its pacer's, DCQCN's, its limit) as of `now`.
+    pub fn qp_rate(&mut self, now: Instant, qpn: u32) -> Option<QpRate> {
+        self.qps.get_mut(qpn).map(|qp| qp.rate(now))
     }
 
     /// The device's counters, with rxe's names and meanings.
@@ -472,7 +497,7 @@ impl Endpoint {
         }
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
+        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0, self.congestion.clone());
         qp.common.config.mtu = self.port_mtu.bytes();
         qp.common.srq = srq;
         self.qps.insert(qp);

@@ -6,16 +6,21 @@
 
 mod common;
 mod completer;
+mod congestion;
+mod dcqcn;
+mod pacer;
 mod requester;
 mod resources;
 mod responder;
 mod send_queue;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use roce_wire::frame::IpRepr;
 use roce_wire::{FrameRepr, Opcode};
 
+use crate::congestion::{CongestionConfig, QpRate};
 use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
 use crate::mr::PdId;
@@ -28,6 +33,7 @@ use common::{Common, FullCqs, QpConfig};
 pub(crate) use common::{Ctx, Failure};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
+use congestion::Congestion;
 use requester::Next;
 use responder::Responder;
 use send_queue::SendQueue;
@@ -134,6 +140,7 @@ pub(crate) struct Qp {
     comp: Completer,
     resp: Responder,
     timers: TimerTable,
+    congestion: Congestion,
 }
 
 /// What a QP is created with, besides its CQs (which
@@ -156,8 +163,15 @@ impl Qp {
         self.common.send_cq == cq || self.common.recv_cq == cq
     }
 
-    /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`.
-    pub fn new(qpn: u32, init: QpInit, send_cq: usize, recv_cq: usize) -> Self {
+    /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`, on a
+    /// device configured for congestion control as `congestion` says.
+    pub fn new(
+        qpn: u32,
+        init: QpInit,
+        send_cq: usize,
+        recv_cq: usize,
+        congestion: Arc<CongestionConfig>,
+    ) -> Self {
         Qp {
             common: Common {
                 qpn,
@@ -177,6 +191,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
+            congestion: Congestion::new(congestion),
             cq_overflowed: FullCqs::default(),
             failure: None,
             last_wqe_reached: false,
@@ -193,7 +208,7 @@ impl Qp {
             config.qkey = qkey;
         }
         if let Some(av) = attr.av {
-            config.av = Some(av);
+            config.av = Some(self.congestion.traffic_class(av));
         }
         if let Some(mtu) = attr.path_mtu {
             config.mtu = mtu.bytes();
@@ -227,6 +242,10 @@ impl Qp {
         if let Some(psn) = attr.sq_psn {
             self.sq.set_psn(psn);
         }
+        if let Some(limit) = attr.rate_limit {
+            self.congestion.set_limit(Some(limit));
+            self.arm_congestion_timer();
+        }
         if to != self.common.state {
             tracing::debug!(qpn = self.common.qpn, from = ?self.common.state, ?to, "QP state (modify_qp)");
         }
@@ -237,6 +256,7 @@ impl Qp {
                 self.comp = Completer::default();
                 self.resp = Responder::default();
                 self.timers = TimerTable::default();
+                self.congestion.reset();
                 self.common.state = QpState::Reset;
             }
             _ => self.common.state = to,
@@ -282,6 +302,9 @@ impl Qp {
             self.common.stats.dropped += 1;
             return;
         }
+        if connected && frame.ip.ecn() == crate::congestion::CE {
+            self.congestion.on_ce(ctx.now, ctx.counters);
+        }
         if frame.bth.opcode.info().is_request {
             let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
             self.handle_cq_full(ctx);
@@ -290,7 +313,29 @@ impl Qp {
             }
         } else if frame.bth.opcode != Opcode::Cnp {
             self.handle_response(ctx, frame);
+        } else if connected {
+            self.congestion.on_cnp(ctx.now, ctx.counters);
+            self.arm_congestion_timer();
         }
+    }
+
+    /// Sets the congestion timer to what congestion control waits for next.
+    fn arm_congestion_timer(&mut self) {
+        match self.congestion.next_deadline() {
+            Some(at) => self.timers.set(Timer::Congestion, at),
+            None => self.timers.stop(Timer::Congestion),
+        }
+    }
+
+    /// The device's congestion settings changed.
+    pub fn set_congestion(&mut self, config: Arc<CongestionConfig>) {
+        self.congestion.set_config(config);
+        self.arm_congestion_timer();
+    }
+
+    /// The QP's rates as of `now`.
+    pub fn rate(&mut self, now: Instant) -> QpRate {
+        self.congestion.snapshot(now)
     }
 
     fn handle_response(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
@@ -365,6 +410,10 @@ impl Qp {
                     self.apply(ctx, outcome);
                 }
                 Timer::RnrWait => {}
+                Timer::Congestion => {
+                    self.congestion.on_timeout(ctx.now, ctx.counters);
+                    self.arm_congestion_timer();
+                }
             }
         }
     }
@@ -387,8 +436,45 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+        if self.congestion.active() {
+            return self.poll_congested(ctx, out);
+        }
         responder::next_packet(&mut self.resp, &mut self.common, ctx, out)
             || self.poll_request(ctx, out)
+    }
+
+    /// [`Self::poll_packet`] for a QP that owes a CNP or has a pacer: the CNP first, then
+    /// the responder's packets (never paced), then a request if the pacer lets it go.
+    #[inline(never)]
+    fn poll_congested(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+        let peer = self.common.config.dest_qpn;
+        let av = self.common.connected_av();
+        if let Some((bth, ext, av)) = self.congestion.take_cnp(peer, av, ctx.counters) {
+            out.replace_with(OutPacket {
+                bth,
+                ext,
+                payload: Vec::new(),
+                av,
+            });
+            return true;
+        }
+        if responder::next_packet(&mut self.resp, &mut self.common, ctx, out) {
+            return true;
+        }
+        if self.congestion.pace(ctx.now).is_err() {
+            self.arm_congestion_timer();
+            return false;
+        }
+        if !self.poll_request(ctx, out) {
+            return false;
+        }
+        let bytes = congestion::FRAME_OVERHEAD
+            + out.payload.len() as u64
+            + u64::from(out.bth.pad_count)
+            + roce_wire::ExtRepr::buffer_len(out.bth.opcode) as u64;
+        self.congestion.sent(ctx.now, bytes);
+        self.arm_congestion_timer();
+        true
     }
 
     /// The requester's next packet, finishing what it reports.
