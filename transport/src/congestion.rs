@@ -42,7 +42,7 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 >= 1_000_000 && self.0 % 1000 == 0 {
+        if self.0 >= 1_000_000 && self.0.is_multiple_of(1000) {
             write!(f, "{}Mb/s", self.0 / 1000)
         } else {
             write!(f, "{}kb/s", self.0)
@@ -51,7 +51,8 @@ impl fmt::Display for Rate {
 }
 
 /// A rate limit on what one QP sends (`ibv_modify_qp_rate_limit`, or `IBV_QP_RATE_LIMIT`
-/// of `ibv_modify_qp` with no burst): a token bucket.
+/// of `ibv_modify_qp` with no burst): a token bucket. Set with
+/// [`Endpoint::set_rate_limit`](crate::Endpoint::set_rate_limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RateLimit {
     /// The rate; 0 removes the limit.

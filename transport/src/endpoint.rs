@@ -19,7 +19,7 @@ use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
-use crate::congestion::{CongestionConfig, QpRate};
+use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 
 use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
@@ -346,13 +346,29 @@ impl Endpoint {
         *self.congestion
     }
 
-    /// Changes how the device takes part in congestion control, for every QP, existing or
-    /// to come.
-    pub fn set_congestion(&mut self, config: CongestionConfig) {
+    /// Changes at `now` how the device takes part in congestion control, for every QP,
+    /// existing or to come.
+    pub fn set_congestion(&mut self, now: Instant, config: CongestionConfig) {
         self.congestion = Arc::new(config);
         for qp in &mut self.qps.qps {
-            qp.set_congestion(self.congestion.clone());
+            qp.set_congestion(now, self.congestion.clone());
         }
+    }
+
+    /// Sets (or, with `None` or a rate of 0, clears) a limit on the rate QP `qpn` sends at,
+    /// from `now` (`ibv_modify_qp_rate_limit`, `IBV_QP_RATE_LIMIT`): its pacer lets the
+    /// least of the limit and DCQCN's rate through. Refused unless the QP is in RTR, RTS or
+    /// SQD.
+    pub fn set_rate_limit(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        limit: Option<RateLimit>,
+    ) -> Result<(), ModifyQpError> {
+        self.qps
+            .get_mut(qpn)
+            .ok_or(ModifyQpError::OutOfRange("qpn"))?
+            .set_rate_limit(now, limit)
     }
 
     /// The QP's rates (its pacer's, DCQCN's, its limit) as of `now`.

@@ -4,7 +4,8 @@
 //!
 //! The QP asks [`Congestion::active`] once per packet it polls: false (no CNP owed, no
 //! limit) keeps it on its usual path, so an unlimited QP pays one flag test and nothing
-//! else.
+//! else. What a QP needs once it takes part (the CNP timing, DCQCN, the limit, the pacer)
+//! is allocated then, so a QP that never does carries a flag and two pointers.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,37 +26,45 @@ pub(crate) const FRAME_OVERHEAD: u64 = 14 + 20 + 8 + 12 + 4;
 /// A QP's congestion state.
 #[derive(Debug)]
 pub(crate) struct Congestion {
+    /// `cnp_owed || pacer.is_some()`: whether the QP must leave its usual path.
+    active: bool,
     config: Arc<CongestionConfig>,
+    /// From the first CE mark, CNP or limit on.
+    state: Option<Box<State>>,
+}
+
+/// What a QP that took part in congestion control keeps.
+#[derive(Debug, Default)]
+struct State {
     /// A CNP is owed to the peer.
     cnp_owed: bool,
     /// When the last CNP was owed.
     last_cnp: Option<Instant>,
     /// DCQCN, from the first CNP until the QP is back at the highest rate.
-    rp: Option<Box<ReactionPoint>>,
+    rp: Option<ReactionPoint>,
     /// The user's limit.
     limit: Option<RateLimit>,
     /// Applies the least of DCQCN's rate and the limit, while either exists.
     pacer: Option<Pacer>,
     /// When the pacer refused a packet last: the instant it allows the next.
     pace_wake: Option<Instant>,
-    /// `cnp_owed || pacer.is_some()`: whether the QP must leave its usual path.
-    active: bool,
-    /// Cuts of QPs' reaction points that have since finished.
+    /// Cuts of reaction points that have since finished.
     past_cuts: u64,
+}
+
+impl State {
+    /// Cuts so far, finished reaction points' included.
+    fn cuts(&self) -> u64 {
+        self.past_cuts + self.rp.as_ref().map_or(0, |rp| rp.cuts)
+    }
 }
 
 impl Congestion {
     pub fn new(config: Arc<CongestionConfig>) -> Congestion {
         Congestion {
-            config,
-            cnp_owed: false,
-            last_cnp: None,
-            rp: None,
-            limit: None,
-            pacer: None,
-            pace_wake: None,
             active: false,
-            past_cuts: 0,
+            config,
+            state: None,
         }
     }
 
@@ -65,19 +74,24 @@ impl Congestion {
         self.active
     }
 
+    fn state(&mut self) -> &mut State {
+        self.state.get_or_insert_with(Box::default)
+    }
+
     /// The device's settings changed (its line rate, DCQCN's knobs...).
-    pub fn set_config(&mut self, config: Arc<CongestionConfig>) {
+    pub fn set_config(&mut self, now: Instant, config: Arc<CongestionConfig>) {
         self.config = config;
         let max = self.config.max_rate();
-        if let Some(rp) = &mut self.rp {
+        if let Some(rp) = self.state.as_mut().and_then(|state| state.rp.as_mut()) {
             rp.clamp(max);
         }
-        self.refresh();
+        self.refresh(now);
     }
 
     /// Back to RESET: no CNP owed, no DCQCN state, no limit.
     pub fn reset(&mut self) {
-        *self = Congestion::new(self.config.clone());
+        self.active = false;
+        self.state = None;
     }
 
     /// The traffic class a connected QP sends with: ECT(0) in its ECN bits, when the device
@@ -93,35 +107,35 @@ impl Congestion {
         }
     }
 
-    /// A packet marked CE arrived for this QP at `now`: the notification point.
-    pub fn on_ce(&mut self, now: Instant, counters: &mut Counters) {
+    /// A packet marked CE arrived for this QP at `now`: the notification point. Only a
+    /// request draws a CNP: the peer's pacer slows its requests down, nothing else.
+    pub fn on_ce(&mut self, now: Instant, request: bool, counters: &mut Counters) {
         counters.np_ecn_marked_roce_packets += 1;
-        if !self.config.np {
+        if !self.config.np || !request {
             return;
         }
         let interval =
             crate::congestion::DcqcnParams::us(self.config.dcqcn.np_min_time_between_cnps);
-        if self.last_cnp.is_some_and(|last| now < last + interval) {
+        let state = self.state();
+        if state.last_cnp.is_some_and(|last| now < last + interval) {
             return;
         }
-        self.last_cnp = Some(now);
-        self.cnp_owed = true;
+        state.last_cnp = Some(now);
+        state.cnp_owed = true;
         self.active = true;
     }
 
-    /// Writes the CNP owed, if one is, into `bth`/`ext`/`av` (to the peer QP `dest_qpn` at
-    /// `av`): BECN set, PSN 0, 16 zero bytes, DSCP `np_cnp_dscp`, not ECN-capable.
+    /// The CNP owed, if one is (to the peer QP `dest_qpn` at `av`): BECN set, PSN 0,
+    /// 16 zero bytes, DSCP `np_cnp_dscp`, not ECN-capable.
     pub fn take_cnp(
         &mut self,
         dest_qpn: u32,
         av: AddressVector,
         counters: &mut Counters,
     ) -> Option<(bth::Repr, ExtRepr, AddressVector)> {
-        if !self.cnp_owed {
-            return None;
-        }
-        self.cnp_owed = false;
-        self.active = self.pacer.is_some();
+        let state = self.state.as_mut().filter(|state| state.cnp_owed)?;
+        state.cnp_owed = false;
+        self.active = state.pacer.is_some();
         counters.np_cnp_sent += 1;
         let mut header = bth::Repr::new(Opcode::Cnp, dest_qpn, Psn::new(0));
         header.becn = true;
@@ -144,115 +158,128 @@ impl Congestion {
         }
         counters.rp_cnp_handled += 1;
         let params = self.config.dcqcn;
-        let cuts_before = self.cuts();
-        match &mut self.rp {
+        let rate = self.config.max_rate();
+        let state = self.state();
+        let cuts_before = state.cuts();
+        match &mut state.rp {
             Some(rp) => rp.on_cnp(now, &params),
-            None => {
-                let rate = self.config.max_rate();
-                self.rp = Some(Box::new(ReactionPoint::first_cnp(now, rate, &params)));
-            }
+            None => state.rp = Some(ReactionPoint::first_cnp(now, rate, &params)),
         }
-        counters.rp_rate_cuts += self.cuts() - cuts_before;
-        self.refresh();
+        counters.rp_rate_cuts += state.cuts() - cuts_before;
+        self.refresh(now);
     }
 
     /// Sets or clears the user's rate limit.
-    pub fn set_limit(&mut self, limit: Option<RateLimit>) {
-        self.limit = limit.filter(|limit| limit.rate.kbps() > 0);
-        self.refresh();
+    pub fn set_limit(&mut self, now: Instant, limit: Option<RateLimit>) {
+        self.state().limit = limit.filter(|limit| limit.rate.kbps() > 0);
+        self.refresh(now);
     }
 
     /// `Ok` if the requester may send a packet at `now`; otherwise remembers when it may.
     #[inline]
     pub fn pace(&mut self, now: Instant) -> Result<(), Instant> {
-        let Some(pacer) = &self.pacer else {
+        let Some(state) = &mut self.state else {
+            return Ok(());
+        };
+        let Some(pacer) = &state.pacer else {
             return Ok(());
         };
         pacer
             .check(now)
-            .inspect_err(|&at| self.pace_wake = Some(at))
+            .inspect_err(|&at| state.pace_wake = Some(at))
     }
 
     /// The requester sent a packet of `bytes` (headers and payload) at `now`.
     pub fn sent(&mut self, now: Instant, bytes: u64) {
-        if let Some(pacer) = &mut self.pacer {
-            pacer.charge(now, bytes);
-        }
         let params = self.config.dcqcn;
         let max = self.config.max_rate();
-        if let Some(rp) = &mut self.rp {
+        let Some(state) = &mut self.state else {
+            return;
+        };
+        if let Some(pacer) = &mut state.pacer {
+            pacer.charge(now, bytes);
+        }
+        if let Some(rp) = &mut state.rp {
             let before = rp.current();
             rp.on_sent(bytes, &params, max);
             if rp.current() != before {
-                self.refresh();
+                self.refresh(now);
             }
         }
     }
 
     /// When [`on_timeout`](Self::on_timeout) has something to do.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let rp = self
+        let state = self.state.as_ref()?;
+        let rp = state
             .rp
             .as_ref()
             .map(|rp| rp.next_deadline(&self.config.dcqcn));
-        [rp, self.pace_wake].into_iter().flatten().min()
+        [rp, state.pace_wake].into_iter().flatten().min()
     }
 
     /// Runs what is due at `now`: DCQCN's pending cut and increases; the pacer's wake-up
     /// (after which the requester is asked again).
     pub fn on_timeout(&mut self, now: Instant, counters: &mut Counters) {
-        if self.pace_wake.is_some_and(|at| at <= now) {
-            self.pace_wake = None;
-        }
         let params = self.config.dcqcn;
         let max = self.config.max_rate();
-        let cuts_before = self.cuts();
-        if let Some(rp) = &mut self.rp {
+        let Some(state) = &mut self.state else {
+            return;
+        };
+        if state.pace_wake.is_some_and(|at| at <= now) {
+            state.pace_wake = None;
+        }
+        let cuts_before = state.cuts();
+        if let Some(rp) = &mut state.rp {
             if rp.next_deadline(&params) <= now {
                 rp.on_timeout(now, &params, max);
             }
         }
-        counters.rp_rate_cuts += self.cuts() - cuts_before;
-        self.refresh();
-    }
-
-    /// Cuts so far, finished reaction points' included.
-    fn cuts(&self) -> u64 {
-        self.past_cuts + self.rp.as_ref().map_or(0, |rp| rp.cuts)
+        counters.rp_rate_cuts += state.cuts() - cuts_before;
+        self.refresh(now);
     }
 
     /// Drops a finished reaction point and makes the pacer apply the least of the limits.
-    fn refresh(&mut self) {
+    fn refresh(&mut self, now: Instant) {
         let max = self.config.max_rate();
-        if self.rp.as_ref().is_some_and(|rp| rp.finished(max)) {
-            self.past_cuts += self.rp.take().map_or(0, |rp| rp.cuts);
+        let Some(state) = &mut self.state else {
+            self.active = false;
+            return;
+        };
+        if state.rp.as_ref().is_some_and(|rp| rp.finished(max)) {
+            state.past_cuts += state.rp.take().map_or(0, |rp| rp.cuts);
         }
-        let dcqcn = self.rp.as_ref().map(|rp| rp.current());
-        let limit = self.limit.map(|limit| limit.rate);
+        let dcqcn = state.rp.as_ref().map(|rp| rp.current());
+        let limit = state.limit.map(|limit| limit.rate);
         let rate = [dcqcn, limit].into_iter().flatten().min();
-        let burst = self.limit.map_or(0, |limit| u64::from(limit.max_burst));
-        match (rate, &mut self.pacer) {
+        let burst = state.limit.map_or(0, |limit| u64::from(limit.max_burst));
+        match (rate, &mut state.pacer) {
             (None, _) => {
-                self.pacer = None;
-                self.pace_wake = None;
+                state.pacer = None;
+                state.pace_wake = None;
             }
-            (Some(rate), Some(pacer)) => pacer.set(rate, burst),
-            (Some(rate), None) => self.pacer = Some(Pacer::new(rate, burst)),
+            (Some(rate), Some(pacer)) => pacer.set(now, rate, burst),
+            (Some(rate), None) => state.pacer = Some(Pacer::new(rate, burst)),
         }
-        self.active = self.cnp_owed || self.pacer.is_some();
+        self.active = state.cnp_owed || state.pacer.is_some();
     }
 
     /// The QP's rates, as of `now`.
     pub fn snapshot(&mut self, now: Instant) -> QpRate {
         let params = self.config.dcqcn;
-        let cuts = self.cuts();
-        let rp = self.rp.as_deref_mut();
+        let Some(state) = &mut self.state else {
+            return QpRate::default();
+        };
+        let cuts = state.cuts();
+        let pacer = state.pacer;
+        let limit = state.limit;
+        let rp = state.rp.as_mut();
         QpRate {
-            current: self.pacer.map(|pacer| pacer.rate()),
+            current: pacer.map(|pacer| pacer.rate()),
             dcqcn_current: rp.as_ref().map(|rp| rp.current()),
             dcqcn_target: rp.as_ref().map(|rp| rp.target()),
             alpha: rp.map(|rp| rp.alpha(now, &params)),
-            limit: self.limit.map(|limit| limit.rate),
+            limit: limit.map(|limit| limit.rate),
             cuts,
             selective_repeat: false,
         }

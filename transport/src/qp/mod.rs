@@ -20,7 +20,7 @@ use std::time::Instant;
 use roce_wire::frame::IpRepr;
 use roce_wire::{FrameRepr, Opcode};
 
-use crate::congestion::{CongestionConfig, QpRate};
+use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
 use crate::mr::PdId;
@@ -242,10 +242,6 @@ impl Qp {
         if let Some(psn) = attr.sq_psn {
             self.sq.set_psn(psn);
         }
-        if let Some(limit) = attr.rate_limit {
-            self.congestion.set_limit(Some(limit));
-            self.arm_congestion_timer();
-        }
         if to != self.common.state {
             tracing::debug!(qpn = self.common.qpn, from = ?self.common.state, ?to, "QP state (modify_qp)");
         }
@@ -302,10 +298,11 @@ impl Qp {
             self.common.stats.dropped += 1;
             return;
         }
+        let is_request = frame.bth.opcode.info().is_request;
         if connected && frame.ip.ecn() == crate::congestion::CE {
-            self.congestion.on_ce(ctx.now, ctx.counters);
+            self.congestion_experienced(ctx, is_request);
         }
-        if frame.bth.opcode.info().is_request {
+        if is_request {
             let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
             self.handle_cq_full(ctx);
             if let Some(failure) = failure {
@@ -314,9 +311,23 @@ impl Qp {
         } else if frame.bth.opcode != Opcode::Cnp {
             self.handle_response(ctx, frame);
         } else if connected {
-            self.congestion.on_cnp(ctx.now, ctx.counters);
-            self.arm_congestion_timer();
+            self.congestion_notified(ctx);
         }
+    }
+
+    /// A packet for this QP came marked CE (out of line: the usual packet pays one test).
+    #[cold]
+    #[inline(never)]
+    fn congestion_experienced(&mut self, ctx: &mut Ctx, request: bool) {
+        self.congestion.on_ce(ctx.now, request, ctx.counters);
+    }
+
+    /// A CNP for this QP came from its peer.
+    #[cold]
+    #[inline(never)]
+    fn congestion_notified(&mut self, ctx: &mut Ctx) {
+        self.congestion.on_cnp(ctx.now, ctx.counters);
+        self.arm_congestion_timer();
     }
 
     /// Sets the congestion timer to what congestion control waits for next.
@@ -327,10 +338,31 @@ impl Qp {
         }
     }
 
-    /// The device's congestion settings changed.
-    pub fn set_congestion(&mut self, config: Arc<CongestionConfig>) {
-        self.congestion.set_config(config);
+    /// The device's congestion settings changed at `now`.
+    pub fn set_congestion(&mut self, now: Instant, config: Arc<CongestionConfig>) {
+        self.congestion.set_config(now, config);
         self.arm_congestion_timer();
+    }
+
+    /// Sets or clears the QP's rate limit at `now`; only a QP that sends or is about to
+    /// (RTR, RTS, SQD) takes one, as `IBV_QP_RATE_LIMIT` is only taken on the way to RTS
+    /// and in it.
+    pub fn set_rate_limit(
+        &mut self,
+        now: Instant,
+        limit: Option<RateLimit>,
+    ) -> Result<(), ModifyQpError> {
+        if !matches!(
+            self.common.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd
+        ) {
+            return Err(ModifyQpError::OutOfRange(
+                "rate_limit (not in RTR, RTS or SQD)",
+            ));
+        }
+        self.congestion.set_limit(now, limit);
+        self.arm_congestion_timer();
+        Ok(())
     }
 
     /// The QP's rates as of `now`.
@@ -445,6 +477,7 @@ impl Qp {
 
     /// [`Self::poll_packet`] for a QP that owes a CNP or has a pacer: the CNP first, then
     /// the responder's packets (never paced), then a request if the pacer lets it go.
+    #[cold]
     #[inline(never)]
     fn poll_congested(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
         let peer = self.common.config.dest_qpn;
@@ -474,6 +507,12 @@ impl Qp {
             + roce_wire::ExtRepr::buffer_len(out.bth.opcode) as u64;
         self.congestion.sent(ctx.now, bytes);
         self.arm_congestion_timer();
+        // The pacer, not the peer, is what delays the ACK of what went before: the ACK timer
+        // runs from the latest request, as rxe restarts it with every packet it sends.
+        if let (QpType::Rc, Some(timeout)) = (self.common.qp_type, self.common.config.ack_timeout())
+        {
+            self.timers.set(Timer::Retransmit, ctx.now + timeout);
+        }
         true
     }
 

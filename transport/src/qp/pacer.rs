@@ -38,8 +38,13 @@ impl Pacer {
         self.rate
     }
 
-    /// Changes the rate (and burst); what was charged stays charged.
-    pub fn set(&mut self, rate: Rate, burst: u64) {
+    /// Changes the rate (and burst) at `now`: the bytes charged and not yet drained drain
+    /// at the new rate from now on, as tokens would refill at it.
+    pub fn set(&mut self, now: Instant, rate: Rate, burst: u64) {
+        if let Some(drained_at) = self.drained_at.filter(|&at| at > now) {
+            let owed = (drained_at - now).as_nanos() * u128::from(self.rate.kbps()) / 8_000_000;
+            self.drained_at = Some(now + rate.time_for(owed as u64));
+        }
         self.rate = rate;
         self.burst = burst;
     }
@@ -120,19 +125,20 @@ mod tests {
     }
 
     #[test]
-    fn a_new_rate_applies_to_what_follows() {
+    fn a_new_rate_applies_to_what_is_left_to_drain() {
         let mut pacer = Pacer::new(Rate::gbps(1), 0);
         let t0 = Instant::now();
         pacer.charge(t0, 1250);
-        pacer.set(Rate::mbps(100), 0);
+        // Half the packet has drained at 1 Gb/s; the other half drains at 100 Mb/s.
+        let half = t0 + Duration::from_micros(5);
+        pacer.set(half, Rate::mbps(100), 0);
         assert_eq!(pacer.rate(), Rate::mbps(100));
-        let next = t0 + Duration::from_micros(10);
-        assert_eq!(
-            pacer.check(t0),
-            Err(next),
-            "the charged packet keeps its time"
-        );
+        let next = half + Duration::from_micros(50);
+        assert_eq!(pacer.check(half), Err(next));
         pacer.charge(next, 1250);
         assert_eq!(pacer.check(next), Err(next + Duration::from_micros(100)));
+        // A rate rising again shortens what is left to drain.
+        pacer.set(next, Rate::gbps(1), 0);
+        assert_eq!(pacer.check(next), Err(next + Duration::from_micros(10)));
     }
 }
