@@ -73,15 +73,26 @@ pub enum AtomicOp {
     },
     /// Add to the word (wrapping).
     FetchAdd(u64),
+    /// Store the value (ATOMIC WRITE); it needs remote write rights, not atomic ones.
+    Write(u64),
 }
 
 impl AtomicOp {
+    /// The right the region (and the QP) must grant.
+    pub(crate) fn needs(self) -> AccessFlags {
+        match self {
+            AtomicOp::Write(_) => AccessFlags::REMOTE_WRITE,
+            _ => AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+
     /// The word's new value when it held `original`.
     pub(crate) fn apply(self, original: u64) -> u64 {
         match self {
             AtomicOp::CompareSwap { compare, swap } if original == compare => swap,
             AtomicOp::CompareSwap { .. } => original,
             AtomicOp::FetchAdd(add) => original.wrapping_add(add),
+            AtomicOp::Write(value) => value,
         }
     }
 }

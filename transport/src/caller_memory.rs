@@ -154,6 +154,7 @@ impl CallerMemory {
                 }
             }
             AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Write(value) => word.swap(value, Ordering::SeqCst),
         })
     }
 }

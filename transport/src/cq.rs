@@ -49,6 +49,8 @@ pub enum WcOpcode {
     CompareSwap = 3,
     /// An atomic fetch-and-add completed.
     FetchAdd = 4,
+    /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
+    AtomicWrite = 9,
     /// A receive consumed by a SEND.
     Recv = 128,
     /// A receive consumed by an RDMA WRITE with immediate.

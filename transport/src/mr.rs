@@ -410,8 +410,8 @@ impl MrTable {
 
     /// A remote atomic on the 8-byte word at `address`, which must be aligned (in the
     /// region's addresses and, over the caller's memory, in the process's too): checks it as
-    /// [`check`](Self::check) does with `REMOTE_ATOMIC`, performs it and returns the word's
-    /// value before it.
+    /// [`check`](Self::check) does with `REMOTE_ATOMIC` (`REMOTE_WRITE` for an ATOMIC
+    /// WRITE), performs it and returns the word's value before it.
     pub fn atomic(
         &mut self,
         pd: PdId,
@@ -423,7 +423,7 @@ impl MrTable {
             return Err(MrError::Misaligned);
         }
         let mr = self.mrs.get_mut(key).ok_or(MrError::UnknownKey)?;
-        let offset = mr.permits(pd, address, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let offset = mr.permits(pd, address, 8, op.needs())?;
         mr.memory.atomic(offset, op)
     }
 }

@@ -9,14 +9,14 @@ use std::time::Instant;
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::{Engine, EngineStats};
-use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 
+use crate::async_events::AsyncEvents;
 use crate::cm_routes::{refresh_gate, CmRoutes};
 use crate::error::Error;
 use crate::iova::IovaSpace;
-use crate::queues::{ChannelEvents, CqQueue, EventQueue, Pending, Submission};
+use crate::queues::{ChannelEvents, CqQueue, Pending, Submission};
 
 /// Everything behind the one lock of a context.
 pub(crate) struct Core {
@@ -27,8 +27,8 @@ pub(crate) struct Core {
     pub(crate) cqs: HashMap<CqId, Arc<CqQueue>>,
     /// Each QP's submission queues, which posting fills without this lock.
     pub(crate) submissions: BTreeMap<u32, Arc<Submission>>,
-    /// The context's async events, which a program takes without this lock.
-    async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Where async events go: each context's queue, which a program reads without this lock.
+    async_events: Arc<AsyncEvents>,
     /// Addresses for regions registered without one.
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
@@ -39,10 +39,7 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub(crate) fn new(
-        engine: Engine<Box<dyn Backend>>,
-        async_events: Arc<EventQueue<AsyncEvent>>,
-    ) -> Core {
+    pub(crate) fn new(engine: Engine<Box<dyn Backend>>, async_events: Arc<AsyncEvents>) -> Core {
         Core {
             engine,
             channels: HashMap::new(),

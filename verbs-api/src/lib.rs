@@ -10,7 +10,9 @@
 //! - **Progress.** A context drives its transport endpoint over a backend (AF_XDP, kernel UDP
 //!   sockets, or any [`Backend`](roce_provider::backend::Backend)) from a background thread
 //!   that busy-polls or sleeps in poll(2) ([`Progress`]), or from the caller's own posts and
-//!   polls ([`Progress::Caller`], lowest latency for one thread).
+//!   polls ([`Progress::Caller`], lowest latency for one thread). Every context of a device
+//!   in one process drives the same endpoint (one QP number space, one loopback), each with
+//!   async events of its own.
 //! - **Memory.** A region owns its bytes ([`Pd::reg_mr`], [`Pd::reg_mr_buffer`]) and programs
 //!   read and write them through [`Mr`], so nothing the peer can write is ever freed or moved
 //!   under it; or it covers the program's own memory ([`Pd::reg_mr_raw`], `unsafe`: the
@@ -45,6 +47,7 @@
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
+//! `async_events` (each context's queue of them),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
 //! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
@@ -55,6 +58,7 @@
 #![warn(missing_docs)]
 
 mod ah;
+mod async_events;
 mod backend;
 mod channel;
 mod cm;
@@ -77,6 +81,7 @@ mod qp;
 mod queues;
 mod shared;
 mod srq;
+pub mod sysfs;
 mod wait;
 
 pub use ah::AddressHandle;

@@ -256,7 +256,7 @@ pub struct ibv_qp_ex {
     pub wr_start: Option<WrStart>,
     pub wr_complete: Option<WrComplete>,
     pub wr_abort: Option<WrStart>,
-    pub wr_atomic_write: Option<WrUnsupported>,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
 #[repr(C)]
@@ -287,6 +287,7 @@ pub struct ibv_qp_init_attr_ex {
 }
 
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 pub type CreateQpEx =

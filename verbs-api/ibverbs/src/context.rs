@@ -1,5 +1,5 @@
-//! An opened device (`ibv_open_device`): one `roce-verbs` context, so one engine, per call;
-//! the device, port and GID queries; async events.
+//! An opened device (`ibv_open_device`): one `roce-verbs` context per call (the contexts of
+//! one device share its engine); the device, port and GID queries; async events.
 
 use core::ffi::c_int;
 use std::collections::HashMap;
@@ -42,6 +42,9 @@ pub(crate) struct Context {
     /// `ibv_context.async_fd`: an eventfd, blocking until the caller makes it
     /// `O_NONBLOCK` (as rdma-core's), that the engine signals while async events wait.
     async_fd: OwnedFd,
+    /// `ibv_context.cmd_fd`: what `ibv_import_device` takes (see `handles`); closed with
+    /// the context.
+    _cmd_fd: OwnedFd,
     _holder: Arc<DeviceLock>,
 }
 
@@ -77,7 +80,8 @@ impl Context {
         self.engine.get()
     }
 
-    /// The `roce-verbs` context, started on first use (one engine per opened device).
+    /// The `roce-verbs` context, started on first use (the device's engine, shared with its
+    /// other contexts).
     pub(crate) fn verbs(&self) -> Result<&roce_verbs::Context, roce_verbs::Error> {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
@@ -195,12 +199,33 @@ pub(crate) type Table = fn(*mut ibv_device, c_int) -> verbs_context;
 /// # Safety
 /// `device` is NULL or from the device list.
 pub(crate) unsafe fn open_device(device: *mut ibv_device, table: Table) -> *mut ibv_context {
+    match crate::handles::new_cmd_fd(device) {
+        // SAFETY: per this function's contract.
+        Ok(cmd_fd) => unsafe { open_device_with(device, table, cmd_fd) },
+        Err(error) => {
+            crate::log_failure("ibv_open_device", &error);
+            set_errno(error.raw_os_error().unwrap_or(EINVAL));
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// [`open_device`] with `cmd_fd` as the context's (a new one, or the one
+/// `ibv_import_device` was given, whose object space the context then shares).
+///
+/// # Safety
+/// `device` is NULL or from the device list.
+pub(crate) unsafe fn open_device_with(
+    device: *mut ibv_device,
+    table: Table,
+    cmd_fd: OwnedFd,
+) -> *mut ibv_context {
     // SAFETY: the caller passes a device from the list.
     let Some(slot) = (unsafe { DeviceSlot::from_raw(device) }) else {
         set_errno(EINVAL);
         return core::ptr::null_mut();
     };
-    match open(slot, device, table) {
+    match open(slot, device, table, cmd_fd) {
         Ok(context) => context,
         Err((errno, why)) => {
             crate::log_failure("ibv_open_device", &why);
@@ -214,6 +239,7 @@ fn open(
     slot: &DeviceSlot,
     device: *mut ibv_device,
     table: Table,
+    cmd_fd: OwnedFd,
 ) -> Result<*mut ibv_context, (c_int, String)> {
     let info = slot
         .refresh()
@@ -227,8 +253,10 @@ fn open(
     open_options().map_err(|why| (EINVAL, why))?;
     let async_fd = eventfd(0, EventfdFlags::CLOEXEC)
         .map_err(|error| (error.raw_os_error(), error.to_string()))?;
+    let mut raw = table(device, async_fd.as_raw_fd());
+    raw.context.cmd_fd = cmd_fd.as_raw_fd();
     let context = Box::new(Context {
-        raw: table(device, async_fd.as_raw_fd()),
+        raw,
         device: info,
         engine: OnceLock::new(),
         starting: Mutex::new(()),
@@ -236,6 +264,7 @@ fn open(
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
         async_fd,
+        _cmd_fd: cmd_fd,
         _holder: holder,
     });
     let context = Box::leak(context);
@@ -374,7 +403,8 @@ pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
         max_mtu: port.max_mtu as u32,
         active_mtu: port.active_mtu as u32,
         gid_tbl_len: port.gid_tbl_len as c_int,
-        port_cap_flags: 0,
+        // IB_PORT_CM_SUP, as rxe: the port takes connection management (our rdma_cm).
+        port_cap_flags: 1 << 16,
         // The transport's largest message.
         max_msg_sz: 1 << 31,
         pkey_tbl_len: 1,
@@ -660,12 +690,10 @@ impl Context {
             AsyncEvent::PortError => return Some((IBV_EVENT_PORT_ERR, PORT)),
             _ => {}
         }
+        // Every context of the device hears every event: this one keeps its own objects'.
         let (event_type, qpn) = event_of(event)?;
-        let qps = self.qps.lock().ok();
-        Some((
-            event_type,
-            qps.and_then(|qps| qps.get(&qpn).copied()).unwrap_or(0),
-        ))
+        let qps = self.qps.lock().ok()?;
+        Some((event_type, *qps.get(&qpn)?))
     }
 }
 

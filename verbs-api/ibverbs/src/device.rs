@@ -207,8 +207,8 @@ pub(crate) extern "C" fn get_sysfs_path() -> *const c_char {
 }
 
 /// `ibv_read_sysfs_file`: reads `dir/file` into `buf` (NUL-terminated, without the
-/// trailing newline); the byte count, or -1. Our devices have no sysfs files, so this
-/// reads real ones only.
+/// trailing newline); the byte count, or -1. Under `roce exec` our devices' files are
+/// there too (`roce_verbs::sysfs`).
 pub(crate) unsafe extern "C" fn read_sysfs_file(
     dir: *const c_char,
     file: *const c_char,

@@ -7,7 +7,8 @@ use core::ffi::{c_int, c_void};
 
 use crate::abi::*;
 use crate::context::{self, query_port_ex, Context};
-use crate::{cq, qp, srq, stats};
+use crate::logging::fail_null;
+use crate::{cq, handles, qp, srq, stats};
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
@@ -18,6 +19,25 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
         stats::opened(ours);
     }
     context
+}
+
+/// `ibv_import_device`: another context in the object space of `cmd_fd` (a context's
+/// `cmd_fd` or a dup of it; see `handles`), which takes the fd over and closes it when it is
+/// closed. An fd that is not open fails with `EBADF`, one of no context with `EINVAL`.
+pub(crate) unsafe extern "C" fn import_device(cmd_fd: c_int) -> *mut ibv_context {
+    // SAFETY: `ibv_import_device` takes the fd over when it succeeds.
+    match unsafe { handles::import_cmd_fd(cmd_fd) } {
+        Ok((device, fd)) => {
+            // SAFETY: the device of a context we opened, from the list.
+            let context = unsafe { context::open_device_with(device, table, fd) };
+            // SAFETY: NULL or just opened.
+            if let Some(ours) = unsafe { Context::from_raw(context) } {
+                stats::opened(ours);
+            }
+            context
+        }
+        Err(errno) => fail_null("ibv_import_device", errno, &"not a context's cmd_fd"),
+    }
 }
 
 /// `ibv_close_device`: reports the device's counters (`ROCE_STATS`), then closes it.

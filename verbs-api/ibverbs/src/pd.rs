@@ -8,6 +8,7 @@ use roce_verbs::AccessFlags;
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::handles::{self, Kind};
 
 const EINVAL: c_int = 22;
 const EBUSY: c_int = 16;
@@ -40,12 +41,16 @@ pub(crate) unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_
         return core::ptr::null_mut();
     };
     match ours.verbs().and_then(roce_verbs::Context::alloc_pd) {
-        Ok(pd) => Box::into_raw(Box::new(Pd {
-            raw: ibv_pd { context, handle: 0 },
-            pd,
-            users: AtomicUsize::new(0),
-        }))
-        .cast(),
+        Ok(pd) => {
+            let ptr = Box::into_raw(Box::new(Pd {
+                raw: ibv_pd { context, handle: 0 },
+                pd,
+                users: AtomicUsize::new(0),
+            }));
+            // SAFETY: just made; nobody else has it yet.
+            unsafe { (*ptr).raw.handle = handles::register(Kind::Pd, ptr as usize) };
+            ptr.cast()
+        }
         Err(error) => {
             crate::log_failure("ibv_alloc_pd", &error);
             set_errno(crate::errno_of(&error));
@@ -63,7 +68,9 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     if ours.users.load(Ordering::Acquire) > 0 {
         return EBUSY;
     }
-    // SAFETY: it was leaked from a Box in `alloc_pd`, and the caller gives it up.
+    handles::forget(ours.raw.handle, pd as usize);
+    // SAFETY: it was leaked from a Box in `alloc_pd` (or `ibv_import_pd`), and the caller
+    // gives it up.
     drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
     0
 }
@@ -138,7 +145,10 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
                 lkey: mr.lkey(),
                 rkey: mr.rkey(),
             };
-            Box::into_raw(Box::new(Mr { raw, mr })).cast()
+            let ptr = Box::into_raw(Box::new(Mr { raw, mr }));
+            // SAFETY: just made; nobody else has it yet.
+            unsafe { (*ptr).raw.handle = handles::register(Kind::Mr, ptr as usize) };
+            ptr.cast()
         }
         Err(error) => {
             crate::log_failure("ibv_reg_mr", &error);
@@ -153,8 +163,14 @@ pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
         return EINVAL;
     }
+    // An imported copy goes alone; the original stays its importer's.
+    // SAFETY: the caller passes a region of ours and gives it up.
+    if unsafe { handles::free_imported_mr(mr) } {
+        return 0;
+    }
     // SAFETY: the caller passes a region of ours and gives it up.
     let ours = unsafe { Box::from_raw(mr.cast::<Mr>()) };
+    handles::forget(ours.raw.handle, mr as usize);
     // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
     if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
         pd.users.fetch_sub(1, Ordering::AcqRel);

@@ -1,6 +1,11 @@
 //! `roce exec`: runs an unmodified program linked against rdma-core over our libraries
 //! (`libibverbs.so.1`, `librdmacm.so.1` and the `libmlx5.so.1`/`libefa.so.1` stubs), by
-//! putting them first on the library path. Nothing is installed system-wide.
+//! putting them first on the library path, and shows it our devices where programs look for
+//! RDMA devices: in sysfs and `/dev`, as the kernel shows rxe devices, inside a mount
+//! namespace of the program's own (`view`). Nothing is installed system-wide, and nothing
+//! changes outside the program's namespace.
+
+mod view;
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -38,6 +43,11 @@ pub struct Args {
     /// (sets ROCE_PROGRESS).
     #[arg(long, value_name = "KIND")]
     progress: Option<String>,
+    /// Leave sysfs and /dev as they are: no /sys/class/infiniband, /sys/class/infiniband_verbs
+    /// or /dev/infiniband entries for our devices (which need root: a private mount
+    /// namespace).
+    #[arg(long)]
+    no_device_view: bool,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -114,7 +124,32 @@ fn exec(args: &Args) -> Result<std::convert::Infallible, String> {
     if let Some(progress) = &args.progress {
         command.env("ROCE_PROGRESS", progress);
     }
+    if !args.no_device_view {
+        device_view()?;
+    }
     // Only returns on failure; the program's exit status becomes ours.
     let error = command.exec();
     Err(format!("{}: {error}", program.to_string_lossy()))
+}
+
+/// Shows the program the devices `ibv_get_device_list` lists (the up interfaces, in its
+/// order), in a mount namespace of its own; without root, says so and goes on without.
+fn device_view() -> Result<(), String> {
+    let devices: Vec<roce_verbs::Device> = roce_verbs::devices()
+        .map_err(|error| format!("listing the devices: {error}"))?
+        .into_iter()
+        .filter(|device| device.up)
+        .collect();
+    match view::install(&roce_verbs::sysfs::tree(&devices)) {
+        Ok(()) => Ok(()),
+        Err(view::Failure::NotPermitted(error)) => {
+            eprintln!(
+                "roce exec: no device view in sysfs and /dev ({error}: a private mount namespace needs root)"
+            );
+            Ok(())
+        }
+        Err(view::Failure::Broken(why)) => Err(format!(
+            "making the device view: {why} (--no-device-view runs without it)"
+        )),
+    }
 }
