@@ -101,6 +101,10 @@ pub struct Args {
     /// DCQCN's reaction point on every endpoint (off: CNPs are still sent, and ignored).
     #[arg(long, value_enum, default_value = "on")]
     dcqcn: OnOff,
+    /// Offer selective repeat on every endpoint (they all accept it): only what was lost
+    /// is sent again, instead of going back N.
+    #[arg(long)]
+    selective_repeat: bool,
     /// A DCQCN knob, by mlx5's name (`--dcqcn-param rp_ai_rate=40`; repeatable).
     #[arg(long, value_name = "NAME=VALUE")]
     dcqcn_param: Vec<String>,
@@ -180,6 +184,7 @@ impl Args {
         let mut config = CongestionConfig {
             rp: self.dcqcn == OnOff::On,
             dcqcn,
+            selective_repeat: self.selective_repeat,
             ..CongestionConfig::default()
         };
         if let Some(switch) = self.switch() {
@@ -848,6 +853,7 @@ fn total_stats(sim: &Sim, run: &Run) -> QpStats {
             total.naks_sent += stats.naks_sent;
             total.naks_received += stats.naks_received;
             total.dropped += stats.dropped;
+            total.responses_resent += stats.responses_resent;
         }
     }
     total
@@ -970,25 +976,40 @@ fn report(
             .map_or_else(|| "line".to_string(), |rate| rate.to_string());
         writeln!(
             out,
-            "qp {:#x}->{:#x} retransmits={} timeouts={} naks_sent={} naks_received={} \
-             dropped={} goodput_mbps={:.0} rate={paced} rate_cuts={}",
+            "qp {:#x}->{:#x} retransmits={} responses_resent={} timeouts={} naks_sent={} \
+             naks_received={} dropped={} goodput_mbps={:.0} rate={paced} rate_cuts={} \
+             selective_repeat={}",
             lane.pair.a.1,
             lane.pair.b.1,
             a.retransmits + b.retransmits,
+            a.responses_resent + b.responses_resent,
             a.timeouts + b.timeouts,
             a.naks_sent + b.naks_sent,
             a.naks_received + b.naks_received,
             a.dropped + b.dropped,
             rate * 8.0 / 1e6,
             qp_rate.cuts,
+            if qp_rate.selective_repeat {
+                "on"
+            } else {
+                "off"
+            },
         )?;
     }
+    let total = total_stats(sim, run);
+    writeln!(
+        out,
+        "recovery retransmits={} responses_resent={} lost={} per_loss={:.2}",
+        total.retransmits,
+        total.responses_resent,
+        net.lost,
+        total.retransmits as f64 / net.lost.max(1) as f64,
+    )?;
     let mib_per_s = run.verified as f64 / (1 << 20) as f64 / wall.as_secs_f64().max(1e-9);
     writeln!(
         out,
         "simulated={simulated:.3?} wall={wall:.3?} ({mib_per_s:.1} MiB/s verified)"
     )?;
-    let total = total_stats(sim, run);
     let utilisation = match sim.switch() {
         Some(switch) => format!(
             "{:.3}",

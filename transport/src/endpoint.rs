@@ -776,6 +776,7 @@ impl Endpoint {
             becn: false,
             dest_qpn: mad::GSI_QPN,
             ack_req: false,
+            resv7: 0,
             psn,
         };
         packet.ext = ExtRepr {

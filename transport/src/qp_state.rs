@@ -10,7 +10,6 @@ use roce_wire::aeth::RnrTimer;
 use roce_wire::Psn;
 
 use crate::access::AccessFlags;
-use crate::congestion::RateLimit;
 use crate::errno;
 use crate::limits::LIMITS;
 
@@ -131,8 +130,6 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
     /// Outgoing RDMA READs and atomics in flight at once.
     pub max_rd_atomic: Option<u8>,
-    /// A limit on the rate the QP sends at (`IBV_QP_RATE_LIMIT`; a rate of 0 removes it).
-    pub rate_limit: Option<RateLimit>,
 }
 
 /// Why `modify_qp` refused.
@@ -226,8 +223,6 @@ bitflags::bitflags! {
         const MAX_DEST_RD_ATOMIC = 1 << 17;
         /// `IBV_QP_DEST_QPN`.
         const DEST_QPN = 1 << 20;
-        /// `IBV_QP_RATE_LIMIT`.
-        const RATE_LIMIT = 1 << 25;
     }
 }
 
@@ -269,7 +264,6 @@ impl QpAttr {
             (self.sq_psn.is_some(), Attrs::SQ_PSN),
             (self.max_dest_rd_atomic.is_some(), Attrs::MAX_DEST_RD_ATOMIC),
             (self.dest_qp_num.is_some(), Attrs::DEST_QPN),
-            (self.rate_limit.is_some(), Attrs::RATE_LIMIT),
         ];
         fields
             .iter()
@@ -283,15 +277,11 @@ fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(Attr
     use QpState::*;
     use QpType::*;
     let none = Attrs::empty();
-    // Attributes a connected QP's responder and requester may tune while sending. The
-    // kernel's table allows a rate limit only on raw packet QPs; ours pace every type.
-    let rts_tunable = |qp_type| {
-        Attrs::RATE_LIMIT
-            | match qp_type {
-                Ud => Attrs::CUR_STATE | Attrs::QKEY,
-                Uc => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS,
-                Rc => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS | Attrs::MIN_RNR_TIMER,
-            }
+    // Attributes a connected QP's responder and requester may tune while sending.
+    let rts_tunable = |qp_type| match qp_type {
+        Ud => Attrs::CUR_STATE | Attrs::QKEY,
+        Uc => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS,
+        Rc => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS | Attrs::MIN_RNR_TIMER,
     };
     let init_attrs = match qp_type {
         Ud => Attrs::PKEY_INDEX | Attrs::PORT | Attrs::QKEY,

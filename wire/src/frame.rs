@@ -806,6 +806,7 @@ mod tests {
                 becn: false,
                 dest_qpn: 0x11,
                 ack_req: false,
+                resv7: 0,
                 psn: crate::Psn::new(0x18d6bb),
             },
             ext: ExtRepr {

@@ -28,6 +28,13 @@ pub(crate) struct Completer {
     rnr_retries_left: u8,
     /// Where the retry under way resumed; cleared by progress or a timeout.
     recovering: Option<Psn>,
+    /// Selective repeat agreed: sequence NAKs name one missing packet, READ responses are
+    /// taken out of order, and only the missing ones asked for again.
+    pub selective: bool,
+    /// Selective repeat: the PSN the last sequence NAK named. A NAK naming a later one is
+    /// progress (the responder executed up to it), even while the acknowledged PSN waits
+    /// at a READ or atomic whose response was lost.
+    last_named: Option<Psn>,
 }
 
 impl Completer {
@@ -39,6 +46,12 @@ impl Completer {
     /// A new `rnr_retry`, which is also the RNR budget from now on.
     pub fn set_rnr_retry(&mut self, n: u8) {
         self.rnr_retries_left = n;
+    }
+
+    /// Selective repeat probed at the ACK timer with one packet: the NAK that answers it
+    /// names a loss to recover, where go-back-N would have resent it already.
+    pub fn forget_recovery(&mut self) {
+        self.recovering = None;
     }
 
     /// Progress was made: the budgets are full again.
@@ -64,6 +77,10 @@ pub(crate) enum Then {
     Nothing,
     /// Go back N: resend from `from` (after `wait`, for an RNR NAK).
     Retry { from: Psn, wait: Option<Duration> },
+    /// Selective repeat: the packet at this PSN is missing (the peer kept what came after);
+    /// send it alone, unless it was sent again since the last progress. No retry is charged
+    /// yet: the QP charges one when it does send.
+    Resend(Psn),
     /// The front WQE fails with this status and the QP enters ERR.
     Fail(WcStatus),
 }
@@ -216,6 +233,14 @@ fn nak_retry(
         // Progress first, then charge this NAK's retry against the fresh budget.
         comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
     }
+    if comp.selective && matches!(why, Retry::Transport) {
+        // The peer kept what came after `psn`: that one alone is missing.
+        if comp.last_named.is_none_or(|last| psn.distance(last) > 0) {
+            comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
+        }
+        comp.last_named = Some(psn);
+        return done.then(Then::Resend(psn));
+    }
     if comp.recovering.is_some() && matches!(why, Retry::Transport) {
         qp.stats.dropped += 1;
         return done;
@@ -324,25 +349,38 @@ fn read_response(
     let SendOp::RdmaRead { .. } = wqe.wr.op else {
         return done.then(Then::Fail(WcStatus::BadResponse));
     };
-    match psn.distance(expected) {
-        0 => {}
+    let ahead = match psn.distance(expected) {
+        0 => 0,
         behind if behind < 0 => {
             qp.stats.dropped += 1;
             return done;
         }
+        ahead if comp.selective => ahead as u32,
         _ => return done.then(retry_lost(comp, qp, expected)),
-    }
+    };
     // A retried READ is answered as a new message (FIRST again), and reordering can mix the
     // two answers; what must hold is that only the final packet ends the message and every
-    // packet carries exactly the bytes that belong at its offset.
-    let k = wqe.responses;
+    // packet carries exactly the bytes that belong at its offset. With selective repeat a
+    // retry asks for the missing packets alone, so only the bytes are checked.
+    let k = wqe.responses + ahead;
+    if k >= wqe.npsn {
+        return done.then(Then::Fail(WcStatus::BadResponse));
+    }
     let last = k + 1 == wqe.npsn;
     let offset = k as usize * mtu;
     let want_len = (wqe.len as usize - offset).min(mtu);
     let ends = frame.bth.opcode.info().position.ends_message();
-    if ends != last || frame.payload.len() != want_len {
+    if (ends != last && !comp.selective) || frame.payload.len() != want_len {
         return done.then(Then::Fail(WcStatus::BadResponse));
     }
+    if ahead > 0 && !sq.record_early(index, ahead) {
+        // Had it already, or too far ahead to track: it will be asked for again.
+        qp.stats.dropped += 1;
+        return done.then(ask_again(comp, qp, expected));
+    }
+    let Some(wqe) = sq.get(index) else {
+        return done;
+    };
     if ctx
         .mrs
         .scatter(qp.pd, &wqe.wr.sg_list, offset as u64, frame.payload)
@@ -350,9 +388,26 @@ fn read_response(
     {
         return done.then(Then::Fail(WcStatus::LocalProtection));
     }
+    if ahead > 0 {
+        return done.then(ask_again(comp, qp, expected));
+    }
     let all_in = sq.record_response(index);
-    sq.acknowledge(psn);
-    Outcome::complete(index + usize::from(all_in))
+    let Some(wqe) = sq.get(index) else {
+        return done;
+    };
+    let (through, gap) = (wqe.answered_through(), wqe.early != 0);
+    sq.acknowledge(through - 1);
+    let outcome = Outcome::complete(index + usize::from(all_in));
+    if gap && !all_in {
+        // What landed early ends at the next gap: that one is missing too.
+        return outcome.then(ask_again(comp, qp, through));
+    }
+    outcome
+}
+
+/// Selective repeat: the READ response at `psn` is missing while later ones came.
+fn ask_again(_comp: &mut Completer, _qp: &mut Common, psn: Psn) -> Then {
+    Then::Resend(psn)
 }
 
 /// The answer to the ATOMIC WRITE at `index` (expected at `expected`): a READ response
@@ -408,6 +463,9 @@ fn atomic_ack(
 /// A response is missing before `psn` (responses after it arrived, or an ACK implied it):
 /// go back for it, unless a retry is already under way (see [`nak_retry`]).
 fn retry_lost(comp: &mut Completer, qp: &mut Common, psn: Psn) -> Then {
+    if comp.selective {
+        return Then::Resend(psn);
+    }
     if comp.recovering.is_some() {
         qp.stats.dropped += 1;
         return Then::Nothing;

@@ -74,6 +74,13 @@ impl Congestion {
         self.active
     }
 
+    /// Whether a pacer applies.
+    pub fn paced(&self) -> bool {
+        self.state
+            .as_ref()
+            .is_some_and(|state| state.pacer.is_some())
+    }
+
     fn state(&mut self) -> &mut State {
         self.state.get_or_insert_with(Box::default)
     }

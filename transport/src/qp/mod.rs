@@ -12,13 +12,14 @@ mod pacer;
 mod requester;
 mod resources;
 mod responder;
+mod selective;
 mod send_queue;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use roce_wire::frame::IpRepr;
-use roce_wire::{FrameRepr, Opcode};
+use roce_wire::{FrameRepr, Opcode, Psn};
 
 use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 use crate::counters::Counters;
@@ -36,6 +37,7 @@ use completer::{Completer, Outcome, Then};
 use congestion::Congestion;
 use requester::Next;
 use responder::Responder;
+use selective::Selective;
 use send_queue::SendQueue;
 
 /// Everything that decides whether a post is accepted, as of one moment: what the
@@ -143,6 +145,7 @@ pub(crate) struct Qp {
     resp: Responder,
     timers: TimerTable,
     congestion: Congestion,
+    selective: Selective,
 }
 
 /// What a QP is created with, besides its CQs (which
@@ -193,6 +196,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
+            selective: Selective::new(selective_repeat(&init, &congestion)),
             congestion: Congestion::new(congestion),
             cq_overflowed: FullCqs::default(),
             failure: None,
@@ -255,6 +259,7 @@ impl Qp {
                 self.resp = Responder::default();
                 self.timers = TimerTable::default();
                 self.congestion.reset();
+                self.selective = Selective::new(self.selective.enabled());
                 self.common.state = QpState::Reset;
             }
             _ => self.common.state = to,
@@ -301,6 +306,9 @@ impl Qp {
             return;
         }
         let is_request = frame.bth.opcode.info().is_request;
+        if self.selective.enabled() {
+            self.selective_seen(frame, is_request);
+        }
         if connected && frame.ip.ecn() == crate::congestion::CE {
             self.congestion_experienced(ctx, is_request);
         }
@@ -315,6 +323,20 @@ impl Qp {
         } else if connected {
             self.congestion_notified(ctx);
         }
+    }
+
+    /// A packet from the peer, on a device that takes part in selective repeat: an offer
+    /// (in a request) or the answer to ours (in a response).
+    #[inline(never)]
+    fn selective_seen(&mut self, frame: &FrameRepr, is_request: bool) {
+        if self.selective.on_packet(&frame.bth, is_request) {
+            tracing::debug!(
+                qpn = self.common.qpn,
+                "selective repeat: the peer offered it"
+            );
+            self.resp.keep_out_of_order();
+        }
+        self.comp.selective = self.selective.accepted;
     }
 
     /// A packet for this QP came marked CE (out of line: the usual packet pays one test).
@@ -367,9 +389,12 @@ impl Qp {
         Ok(())
     }
 
-    /// The QP's rates as of `now`.
+    /// The QP's rates as of `now`, and whether it agreed selective repeat.
     pub fn rate(&mut self, now: Instant) -> QpRate {
-        self.congestion.snapshot(now)
+        QpRate {
+            selective_repeat: self.selective.accepted,
+            ..self.congestion.snapshot(now)
+        }
     }
 
     fn handle_response(&mut self, ctx: &mut Ctx, frame: &FrameRepr) {
@@ -380,6 +405,9 @@ impl Qp {
             return;
         };
         self.apply(ctx, outcome);
+        if self.sq.acked_psn() != acked_before {
+            self.selective.progress();
+        }
         if self.common.state != QpState::Err {
             completer::settle(
                 &mut self.comp,
@@ -410,8 +438,23 @@ impl Qp {
                     self.timers.set(Timer::RnrWait, ctx.now + wait);
                 } else {
                     ctx.counters.completer_retry_err += 1;
+                    if self.selective.accepted {
+                        // The ACK timer, with a peer that keeps what comes after a gap:
+                        // probe with one packet (see `handle_timeout`).
+                        self.selective.probe(from);
+                        return;
+                    }
                 }
                 self.sq.rewind(from);
+            }
+            Then::Resend(psn) => {
+                // Only the ACK timer spends retries, as with go-back-N: a packet that goes
+                // missing again and again ends in RETRY_EXC_ERR after `retry_cnt` timers
+                // without progress.
+                if self.selective.wants(psn) {
+                    ctx.counters.completer_retry_err += 1;
+                    self.selective.queue(psn);
+                }
             }
             Then::Fail(status) => {
                 tracing::debug!(qpn = self.common.qpn, ?status, "send work request failed");
@@ -442,6 +485,23 @@ impl Qp {
                     let outcome =
                         completer::ack_timeout(&mut self.comp, &mut self.sq, &mut self.common);
                     self.apply(ctx, outcome);
+                    if self.selective.accepted && self.selective.next_resend().is_some() {
+                        // Selective repeat probes with the last packet sent: in order, it
+                        // fills a lost tail; beyond a gap, it draws the NAK that names it;
+                        // a duplicate, it draws the ACK that was lost. The last PSN of a
+                        // READ or atomic is a response's: then the oldest unanswered
+                        // request goes again (asking for what is missing of it).
+                        let last = self.sq.max_sent_psn();
+                        let request = self
+                            .sq
+                            .holding(last)
+                            .is_some_and(|wqe| !wqe.wr.op.is_read_or_atomic());
+                        if request {
+                            self.selective.probe(last);
+                        }
+                        // The NAK it draws is news, not an echo of the loss just retried.
+                        self.comp.forget_recovery();
+                    }
                 }
                 Timer::RnrWait => {}
                 Timer::Congestion => {
@@ -470,18 +530,19 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
-        if self.congestion.active() {
-            return self.poll_congested(ctx, out);
+        if self.congestion.active() || self.selective.active() {
+            return self.poll_slow(ctx, out);
         }
         responder::next_packet(&mut self.resp, &mut self.common, ctx, out)
             || self.poll_request(ctx, out)
     }
 
-    /// [`Self::poll_packet`] for a QP that owes a CNP or has a pacer: the CNP first, then
-    /// the responder's packets (never paced), then a request if the pacer lets it go.
+    /// [`Self::poll_packet`] for a QP that owes a CNP, has a pacer, or takes part in
+    /// selective repeat: the CNP first, then the responder's packets (never paced), then,
+    /// if the pacer lets one go, a packet selective repeat sends again or the next request.
     #[cold]
     #[inline(never)]
-    fn poll_congested(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+    fn poll_slow(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
         let peer = self.common.config.dest_qpn;
         let av = self.common.connected_av();
         if let Some((bth, ext, av)) = self.congestion.take_cnp(peer, av, ctx.counters) {
@@ -494,14 +555,25 @@ impl Qp {
             return true;
         }
         if responder::next_packet(&mut self.resp, &mut self.common, ctx, out) {
+            self.selective.mark(&mut out.bth, false);
             return true;
         }
         if self.congestion.pace(ctx.now).is_err() {
             self.arm_congestion_timer();
             return false;
         }
-        if !self.poll_request(ctx, out) {
-            return false;
+        let again = self
+            .selective
+            .next_resend()
+            .is_some_and(|psn| self.send_again(ctx, out, psn));
+        if !again {
+            if !self.poll_request(ctx, out) {
+                return false;
+            }
+            self.selective.mark(&mut out.bth, true);
+        }
+        if !self.congestion.paced() {
+            return true;
         }
         let bytes = congestion::FRAME_OVERHEAD
             + out.payload.len() as u64
@@ -516,6 +588,36 @@ impl Qp {
             self.timers.set(Timer::Retransmit, ctx.now + timeout);
         }
         true
+    }
+
+    /// Selective repeat: writes the packet at `psn` (sent before) into `out`, without moving
+    /// where transmission stands; `false` if it cannot go now (or was acknowledged since).
+    fn send_again(&mut self, ctx: &mut Ctx, out: &mut OutPacket, psn: Psn) -> bool {
+        let unacked = psn.distance(self.sq.acked_psn()) > 0;
+        if !unacked || psn.distance(self.sq.next_psn()) >= 0 {
+            self.selective.resent(false);
+            return false;
+        }
+        let cursor = self.sq.save_cursor();
+        self.sq.rewind(psn);
+        // A READ asks only for the responses missing from `psn` to the next one received.
+        let read_part = self.sq.cursor().and_then(|(index, k)| {
+            let wqe = self.sq.get(index)?;
+            let mtu = self.common.config.mtu as u32;
+            matches!(wqe.wr.op, SendOp::RdmaRead { .. })
+                .then(|| (wqe.missing_from(k) * mtu).min(wqe.len - k * mtu))
+        });
+        let sent = self.poll_request(ctx, out);
+        self.sq.restore_cursor(cursor);
+        if sent {
+            tracing::debug!(qpn = self.common.qpn, %psn, "selective repeat: sent again");
+            self.selective.resent(true);
+            out.bth.ack_req = true;
+            if let (Some(len), Some(reth)) = (read_part, &mut out.ext.reth) {
+                reth.dma_length = len;
+            }
+        }
+        sent
     }
 
     /// The requester's next packet, finishing what it reports.
@@ -642,6 +744,12 @@ impl Qp {
             self.complete(ctx, self.common.recv_cq, completion);
         }
     }
+}
+
+/// Whether a QP created with `init` on a device configured with `config` takes part in
+/// selective repeat (only RC has something to repeat).
+fn selective_repeat(init: &QpInit, config: &CongestionConfig) -> bool {
+    config.selective_repeat && init.qp_type == QpType::Rc
 }
 
 /// rxe's `rdma_sends`: a SEND work request (of any kind) completing, whatever its status.
