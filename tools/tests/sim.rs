@@ -261,3 +261,37 @@ fn incast_reports_the_switch_and_traces_dcqcn() {
         "some QP ran DCQCN: {stderr}"
     );
 }
+
+/// The other check: at 5 % loss, selective repeat between two of ours sends again
+/// about what was lost (at most 1.3 times as many packets), where go-back-N sends again a
+/// multiple of it.
+#[test]
+fn selective_repeat_sends_again_about_what_was_lost() {
+    let args = ["--loss", "5", "--bytes", "4M"];
+    let selective = assert_ok(&[&args[..], &["--selective-repeat"]].concat(), 4 << 20);
+    let (again, lost) = (
+        number(&selective, "retransmits"),
+        number(&selective, "lost"),
+    );
+    assert!(lost > 100, "{selective:?}");
+    assert!(
+        again * 10 <= lost * 13,
+        "{again} sent again for {lost} lost"
+    );
+    let go_back_n = assert_ok(&args, 4 << 20);
+    let (again, lost) = (
+        number(&go_back_n, "retransmits"),
+        number(&go_back_n, "lost"),
+    );
+    assert!(
+        again > 5 * lost,
+        "go-back-N: {again} sent again for {lost} lost"
+    );
+    // The QP lines say which recovery each pair used.
+    let output = roce_sim(&[&args[..], &["--selective-repeat"]].concat());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let qp = stdout.lines().find(|l| l.starts_with("qp ")).unwrap();
+    assert!(qp.ends_with(" selective_repeat=on"), "{qp}");
+    let recovery = stdout.lines().find(|l| l.starts_with("recovery ")).unwrap();
+    assert!(recovery.contains(" responses_resent="), "{recovery}");
+}

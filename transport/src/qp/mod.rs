@@ -406,7 +406,7 @@ impl Qp {
         };
         self.apply(ctx, outcome);
         if self.sq.acked_psn() != acked_before {
-            self.selective.progress();
+            self.selective.progress(self.sq.acked_psn());
         }
         if self.common.state != QpState::Err {
             completer::settle(
@@ -440,7 +440,7 @@ impl Qp {
                     ctx.counters.completer_retry_err += 1;
                     if self.selective.accepted {
                         // The ACK timer, with a peer that keeps what comes after a gap:
-                        // probe with one packet (see `handle_timeout`).
+                        // see `handle_timeout`.
                         self.selective.probe(from);
                         return;
                     }
@@ -490,7 +490,7 @@ impl Qp {
                         // fills a lost tail; beyond a gap, it draws the NAK that names it;
                         // a duplicate, it draws the ACK that was lost. The last PSN of a
                         // READ or atomic is a response's: then the oldest unanswered
-                        // request goes again (asking for what is missing of it).
+                        // request goes (asking for what is missing of it).
                         let last = self.sq.max_sent_psn();
                         let request = self
                             .sq
@@ -593,6 +593,15 @@ impl Qp {
     /// Selective repeat: writes the packet at `psn` (sent before) into `out`, without moving
     /// where transmission stands; `false` if it cannot go now (or was acknowledged since).
     fn send_again(&mut self, ctx: &mut Ctx, out: &mut OutPacket, psn: Psn) -> bool {
+        // Within a READ, from its first response still missing: what came stays.
+        let psn = match self.sq.holding(psn) {
+            Some(wqe)
+                if wqe.wr.op.is_read_or_atomic() && psn.distance(wqe.answered_through()) < 0 =>
+            {
+                wqe.answered_through()
+            }
+            _ => psn,
+        };
         let unacked = psn.distance(self.sq.acked_psn()) > 0;
         if !unacked || psn.distance(self.sq.next_psn()) >= 0 {
             self.selective.resent(false);

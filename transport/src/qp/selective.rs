@@ -6,8 +6,8 @@
 //! It is negotiated in band, so that every other peer sees plain go-back-N:
 //!
 //! - A requester configured for it *offers*: its requests carry [`SR`], a bit of the BTH's
-//!   reserved `Resv7` field (byte 8, under the ICRC), which IBTA receivers ignore. It
-//!   offers until the first response from the peer.
+//!   reserved `Resv7` field (byte 8, under the ICRC), which IBTA receivers ignore, and
+//!   AckReq. It offers until the first response from the peer.
 //! - A responder configured for it that sees the offer *answers*: from then on it keeps
 //!   out-of-order requests of that connection (up to [`WINDOW`] PSNs ahead, in a bounded
 //!   buffer) and sets [`SR`] on every response, ACK and NAK it sends.
@@ -23,12 +23,14 @@
 //! Recovery, once agreed: the responder NAKs the expected PSN for every packet it keeps,
 //! and again whenever it has executed up to a gap with packets kept beyond it (a NAK that
 //! replaces any ACK owed: it acknowledges the same); the requester sends the named packet
-//! once (AckReq set) and ignores further NAKs for it until progress or its ACK timer. On
-//! that timer it sends its last packet alone, as a probe: in order, it fills a lost tail;
-//! beyond a gap, it draws the NAK that names the gap; a duplicate, it draws the ACK that was
-//! lost. READ responses are taken out of order too (bit by bit, up to 128 ahead of the
-//! first missing one), and a READ request sent again asks only for the responses missing
-//! up to the next one received, which the responder answers alone.
+//! once (AckReq set) and ignores further NAKs for it until it is acknowledged or its ACK
+//! timer goes off. On that timer it sends its last packet alone, as a probe: in order, it
+//! fills a lost tail; beyond a gap, it draws the NAK that names the gap; a duplicate, it
+//! draws the ACK that was lost. READ and atomic responses are taken out of order too (bit
+//! by bit, up to 128 ahead of the first missing one): a READ request sent again asks only
+//! for the responses missing up to the next one received, which the responder answers
+//! alone, and the SENDs and WRITEs after a READ complete once its last missing response
+//! comes (the responder executed them already).
 //!
 //! Until the first response of the connection the requester does not know its peer: a
 //! loss before it is recovered by going back N.
@@ -59,8 +61,8 @@ pub(crate) struct Selective {
     pub accepted: bool,
     /// Requester: packets to send again, alone, oldest first.
     resend: VecDeque<Psn>,
-    /// Requester: packets sent again since the last progress (the NAKs and READ responses
-    /// that name them again are echoes of the same loss).
+    /// Requester: packets sent again and not yet acknowledged (the NAKs and READ responses
+    /// that name them again are echoes of the same loss), until the ACK timer.
     sent_again: Vec<Psn>,
     /// Responder: the peer offered; we keep out-of-order requests and mark responses.
     pub answering: bool,
@@ -82,8 +84,8 @@ impl Selective {
         self.offering || self.answering || !self.resend.is_empty()
     }
 
-    /// Whether `psn` is to be sent again: `false` if it was since the last progress or is
-    /// queued already.
+    /// Whether `psn` is to be sent again: `false` if it was (and is not acknowledged yet)
+    /// or is queued already.
     pub fn wants(&self, psn: Psn) -> bool {
         !self.sent_again.contains(&psn) && !self.resend.contains(&psn)
     }
@@ -111,12 +113,13 @@ impl Selective {
         }
     }
 
-    /// The acknowledged PSN moved, or the ACK timer went off: a new recovery.
-    pub fn progress(&mut self) {
-        self.sent_again.clear();
+    /// Everything through `acked` is acknowledged: what was sent again up to there is done.
+    pub fn progress(&mut self, acked: Psn) {
+        self.sent_again.retain(|psn| psn.distance(acked) > 0);
     }
 
-    /// The ACK timer went off: the probe replaces what was queued.
+    /// The ACK timer went off: the probe replaces what was queued, and what was sent again
+    /// may be sent again when a NAK names it.
     pub fn probe(&mut self, psn: Psn) {
         self.resend.clear();
         self.sent_again.clear();
@@ -146,9 +149,13 @@ impl Selective {
         false
     }
 
-    /// Marks a packet we send: requests while offering, responses while answering.
+    /// Marks a packet we send: requests while offering (asking for an ACK, so that the
+    /// answer comes within a round trip), responses while answering.
     pub fn mark(&self, bth: &mut bth::Repr, is_request: bool) {
-        if (is_request && self.offering) || (!is_request && self.answering) {
+        if is_request && self.offering {
+            bth.resv7 |= SR;
+            bth.ack_req = true;
+        } else if !is_request && self.answering {
             bth.resv7 |= SR;
         }
     }

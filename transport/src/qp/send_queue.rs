@@ -27,6 +27,9 @@ pub(crate) struct SendWqe {
     /// Selective repeat: READ responses received ahead of `responses`, bit `i` for packet
     /// `responses + 1 + i`.
     pub early: u128,
+    /// Selective repeat: the READ's last response came (early or not): its stream of
+    /// responses has ended, so a gap in it is a loss, not responses still on their way.
+    pub tail_seen: bool,
 }
 
 impl SendWqe {
@@ -150,6 +153,7 @@ impl SendQueue {
         wqe.npsn = npsn;
         wqe.responses = 0;
         wqe.early = 0;
+        wqe.tail_seen = false;
     }
 
     /// The WQE to transmit from and the packet of it that goes next, if any WQE is left.
@@ -227,6 +231,7 @@ impl SendQueue {
         if matches!(wqe.wr.op, SendOp::RdmaRead { .. }) && wqe.responses != k {
             wqe.responses = k;
             wqe.early = 0;
+            wqe.tail_seen = false;
         }
         self.next = index;
         self.pkt_in_wqe = k;
@@ -274,6 +279,7 @@ impl SendQueue {
     #[inline]
     pub fn record_response(&mut self, index: usize) -> bool {
         self.wqes.get_mut(index).is_some_and(|wqe| {
+            wqe.tail_seen |= wqe.responses + 1 == wqe.npsn;
             wqe.responses += 1;
             if wqe.early != 0 {
                 // Bit i is now packet responses + i: take the run that landed early.
@@ -292,6 +298,7 @@ impl SendQueue {
         let Some(wqe) = self.wqes.get_mut(index) else {
             return false;
         };
+        wqe.tail_seen |= wqe.responses + ahead + 1 == wqe.npsn;
         let Some(bit) = ahead.checked_sub(1).filter(|&bit| bit < u128::BITS) else {
             return false;
         };
