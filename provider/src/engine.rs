@@ -1,8 +1,8 @@
 //! Drives a transport [`Endpoint`] over a [`Backend`] with the real clock: frames in, parsed
 //! and checked; timers fired; packets out as rxe-shaped IPv4 or IPv6 frames.
 //!
-//! Each [`poll`](Engine::poll) is one bounded turn: at most [`RX_BUDGET`] received frames,
-//! then due timers, then at most [`TX_BUDGET`] packets out. So no input rate, however high,
+//! Each [`poll`](Engine::poll) is one bounded turn: at most [`Engine::RX_BUDGET`] received
+//! frames, then due timers, then at most [`Engine::TX_BUDGET`] packets out. So no input rate, however high,
 //! keeps responses, ACKs and retransmissions from leaving, and a long send queue does not
 //! keep received frames waiting either. Timers come before the transmit half of the turn so
 //! a retransmission they schedule leaves in the same turn.
@@ -14,14 +14,10 @@ use std::time::{Duration, Instant};
 
 use roce_transport::{Endpoint, Transmit};
 use roce_wire::frame::IpRepr;
+use roce_wire::multicast::{is_group_mac, multicast_mac};
 use roce_wire::{Frame, FrameError, FrameRepr};
 
 use crate::backend::Backend;
-
-/// Most received frames handled per turn.
-pub const RX_BUDGET: usize = 1024;
-/// Most packets sent per turn.
-pub const TX_BUDGET: usize = 1024;
 
 /// Who this endpoint is on the link, and the neighbours it can reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +35,9 @@ pub struct Addressing {
 pub struct EngineStats {
     /// Frames received.
     pub rx_frames: u64,
-    /// Received frames whose Ethernet destination is not our MAC (broadcast and multicast
-    /// included: RoCEv2 unicast uses neither), dropped before parsing.
+    /// Received frames whose Ethernet destination is neither our MAC nor, while a QP of ours
+    /// is attached to a multicast group, a group address (multicast datagrams go on to the
+    /// endpoint, which knows its groups), dropped before parsing.
     pub rx_not_ours: u64,
     /// Received frames that were not RoCEv2 (ARP, other UDP, ...).
     pub rx_other: u64,
@@ -110,9 +107,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Most received frames handled per turn.
-    pub const RX_BUDGET: usize = 64;
+    pub const RX_BUDGET: usize = 1024;
     /// Most packets sent per turn.
-    pub const TX_BUDGET: usize = 64;
+    pub const TX_BUDGET: usize = 1024;
 
     /// Who this endpoint is on the link.
     pub fn addressing(&self) -> &Addressing {
@@ -142,10 +139,14 @@ impl<B: Backend> Engine<B> {
         self.gids = gids;
     }
 
-    /// One bounded turn without blocking: up to [`RX_BUDGET`] waiting frames, due timers, up
-    /// to [`TX_BUDGET`] packets out.
+    /// One bounded turn without blocking: up to [`Self::RX_BUDGET`] waiting frames, due
+    /// timers, up to [`Self::TX_BUDGET`] packets out.
     pub fn poll(&mut self) -> io::Result<()> {
-        let now = Instant::now();
+        self.poll_at(Instant::now())
+    }
+
+    /// [`poll`](Self::poll) at `now`, a clock reading the caller took for this turn.
+    pub fn poll_at(&mut self, now: Instant) -> io::Result<()> {
         let more_rx = self.receive_turn(now)?;
         self.endpoint.handle_timeout(now);
         let more_tx = self.transmit_turn(now)?;
@@ -174,7 +175,7 @@ impl<B: Backend> Engine<B> {
         self.poll()
     }
 
-    /// Takes up to [`RX_BUDGET`] frames, each parsed where the backend holds it; `true`
+    /// Takes up to [`Self::RX_BUDGET`] frames, each parsed where the backend holds it; `true`
     /// when more may be waiting.
     fn receive_turn(&mut self, now: Instant) -> io::Result<bool> {
         let Engine {
@@ -186,22 +187,22 @@ impl<B: Backend> Engine<B> {
             ..
         } = self;
         let mac = addressing.mac;
-        let received = backend.receive(RX_BUDGET, &mut |frame| {
+        let received = backend.receive(Self::RX_BUDGET, &mut |frame| {
             if let Some(repr) = receive(endpoint, stats, mac, now, frame) {
                 learn_cm_peer(addressing, neighbours6, &repr);
             }
         })?;
-        Ok(received == RX_BUDGET)
+        Ok(received == Self::RX_BUDGET)
     }
 
-    /// Sends up to [`TX_BUDGET`] packets, then submits them; `true` when more wait (the
+    /// Sends up to [`Self::TX_BUDGET`] packets, then submits them; `true` when more wait (the
     /// budget ran out, or the backend's queue is full and the packet is held for the next
     /// turn).
     fn transmit_turn(&mut self, now: Instant) -> io::Result<bool> {
         let mut outgoing = std::mem::take(&mut self.outgoing);
         let mut result = Ok(true);
-        for _ in 0..TX_BUDGET {
-            if !self.held && !self.endpoint.poll_transmit_into(now, &mut outgoing) {
+        for _ in 0..Self::TX_BUDGET {
+            if !self.held && !self.endpoint.poll_transmit_lent(now, &mut outgoing) {
                 result = Ok(false);
                 break;
             }
@@ -209,6 +210,8 @@ impl<B: Backend> Engine<B> {
             match self.transmit(now, &outgoing) {
                 Ok(true) => {}
                 Ok(false) => {
+                    // Kept for the next turn, by when its lent payload may have moved.
+                    self.endpoint.materialize(&mut outgoing);
                     self.held = true;
                     break;
                 }
@@ -225,26 +228,27 @@ impl<B: Backend> Engine<B> {
 
     /// The frame for `transmit`: IPv4 from our address to a known IPv4 neighbour, or IPv6
     /// from the GID the packet names to a known IPv6 neighbour; to our own MAC when the
-    /// destination is one of our addresses.
+    /// destination is one of our addresses, to the group's MAC when it is a multicast group.
     fn frame<'t>(&self, transmit: &'t Transmit) -> Option<roce_wire::FrameRepr<'t>> {
         let mac = self.addressing.mac;
         let dgid = transmit.packet.av.dgid;
         let ours = self.gids.contains(&dgid)
             || (dgid == self.addressing.ip.to_ipv6_mapped().octets()
                 && !self.addressing.ip.is_unspecified());
+        let group = multicast_mac(&dgid);
         if let Some(ip) = transmit.ipv4_destination() {
-            let neighbour = if ours {
-                mac
-            } else {
-                *self.addressing.neighbours.get(&ip)?
+            let neighbour = match group {
+                _ if ours => mac,
+                Some(group) => group,
+                None => *self.addressing.neighbours.get(&ip)?,
             };
             return transmit.frame(mac, self.addressing.ip.into(), neighbour);
         }
         let ip = transmit.ipv6_destination()?;
-        let neighbour = if ours {
-            mac
-        } else {
-            *self.neighbours6.get(&ip)?
+        let neighbour = match group {
+            _ if ours => mac,
+            Some(group) => group,
+            None => *self.neighbours6.get(&ip)?,
         };
         let source = self.gids.get(usize::from(transmit.packet.av.sgid_index))?;
         let source = Ipv6Addr::from(*source);
@@ -256,10 +260,15 @@ impl<B: Backend> Engine<B> {
 
     /// Hands a packet addressed to us back to the endpoint as the frame the wire would
     /// carry: emitted, then parsed (ICRC checked) as a received frame is.
-    fn loop_back(&mut self, now: Instant, repr: &FrameRepr) -> io::Result<()> {
+    fn loop_back(&mut self, now: Instant, transmit: &Transmit, repr: &FrameRepr) -> io::Result<()> {
         let mut frame = std::mem::take(&mut self.looped);
-        frame.resize(repr.buffer_len(), 0);
-        let result = match repr.emit(&mut frame) {
+        let payload_len = transmit.packet.payload_len();
+        frame.resize(repr.buffer_len_with(payload_len), 0);
+        let endpoint = &self.endpoint;
+        let emitted = repr.emit_with(payload_len, &mut frame, |payload| {
+            endpoint.write_payload(transmit, payload)
+        });
+        let result = match emitted {
             Err(_) => Err(io::Error::other("packet does not fit a frame")),
             Ok(len) => {
                 let parsed = Frame::new_checked(&frame[..len]).and_then(|f| FrameRepr::parse(&f));
@@ -293,21 +302,53 @@ impl<B: Backend> Engine<B> {
             return Ok(true);
         };
         if repr.ethernet.dst == self.addressing.mac {
-            self.loop_back(now, &repr)?;
+            self.loop_back(now, transmit, &repr)?;
             return Ok(true);
         }
-        let mut emitted = Ok(());
-        let sent = self
-            .backend
-            .transmit(repr.buffer_len(), repr.udp_src_port, &mut |buffer| {
-                repr.emit(buffer).unwrap_or_else(|_| {
-                    emitted = Err(io::Error::other("packet does not fit a frame"));
+        // Headers, then the payload copied once, from where it lies (a region, the WQE)
+        // straight into the backend's buffer, then the ICRC over both.
+        let payload_len = transmit.packet.payload_len();
+        let (mut emitted, mut readable) = (Ok(()), true);
+        let Engine {
+            endpoint, backend, ..
+        } = self;
+        let sent = backend.transmit(
+            repr.buffer_len_with(payload_len),
+            repr.udp_src_port,
+            &mut |buffer| {
+                let written = repr.emit_with(payload_len, buffer, |payload| {
+                    readable = endpoint.write_payload(transmit, payload);
+                    readable
+                });
+                written.unwrap_or_else(|_| {
+                    if readable {
+                        emitted = Err(io::Error::other("packet does not fit a frame"));
+                    }
                     0
                 })
-            });
+            },
+        );
         emitted?;
+        if !readable {
+            // Checked when the transport made the packet; lost like a refused one if not.
+            tracing::warn!(
+                qpn = transmit.src_qpn,
+                "not sent: its payload could not be read"
+            );
+            self.stats.tx_failed += 1;
+            self.endpoint.transmit_failed();
+            return Ok(true);
+        }
         match sent {
-            Ok(()) => self.stats.tx_frames += 1,
+            Ok(()) => {
+                self.stats.tx_frames += 1;
+                // A multicast datagram also reaches our own attached QPs while the host is
+                // a member of its group, as the kernel loops it back to rxe.
+                let dgid = transmit.packet.av.dgid;
+                if is_group_mac(&repr.ethernet.dst) && self.endpoint.mcast_loopback(&dgid) {
+                    self.loop_back(now, transmit, &repr)?;
+                }
+            }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 self.stats.tx_full += 1;
                 return Ok(false);
@@ -345,8 +386,8 @@ fn concerns_one_packet(error: &io::Error) -> bool {
     )
 }
 
-/// Parses, checks and hands one received frame to the endpoint, if it is addressed to `mac`.
-/// Hands a frame to the endpoint; the frame, parsed, if it was RoCEv2 and to us.
+/// Parses, checks and hands one received frame to the endpoint, if it is addressed to `mac`
+/// or a group address; the frame, parsed, if it was RoCEv2 and to us.
 fn receive<'a>(
     endpoint: &mut Endpoint,
     stats: &mut EngineStats,
@@ -355,7 +396,11 @@ fn receive<'a>(
     bytes: &'a [u8],
 ) -> Option<FrameRepr<'a>> {
     stats.rx_frames += 1;
-    if bytes.get(..6) != Some(&mac[..]) {
+    // A group's frame is worth parsing only while a QP of ours is in a group.
+    let to_us = bytes.first_chunk::<6>().is_some_and(|dst| {
+        *dst == mac || (is_group_mac(dst) && endpoint.mcast_groups().next().is_some())
+    });
+    if !to_us {
         tracing::trace!(len = bytes.len(), "dropped: not to our MAC");
         stats.rx_not_ours += 1;
         return None;
@@ -408,11 +453,14 @@ fn learn_cm_peer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::{memory_pair, MemoryBackend};
     use roce_transport::cq::WcStatus;
     use roce_transport::mr::PdId;
     use roce_transport::qp::{QpCaps, QpInit};
-    use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType};
-    use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList};
+    use roce_transport::qp_state::{connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpType};
+    use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
+    use roce_transport::AccessFlags;
+    use roce_wire::multicast::MULTICAST_QPN;
     use roce_wire::Psn;
     use std::time::Duration;
 
@@ -487,35 +535,231 @@ mod tests {
             let backend = engine.backend();
             assert_eq!(
                 backend.sent_after,
-                [RX_BUDGET],
+                [Engine::<Flooded>::RX_BUDGET],
                 "one turn: a batch in, the SEND out"
             );
             assert!(engine.poll_timeout().is_some_and(|at| at <= Instant::now()));
         }
     }
 
-    #[test]
-    fn only_frames_to_our_mac_are_parsed() {
-        let mut engine = engine_with_a_send(Refusing(libc::EPERM));
-        let now = Instant::now();
-        for mac in [
-            [0xff; 6],
-            [0x01, 0, 0x5e, 0, 0, 1],
-            [2, 0, 0, 0, 0, 9],
-            OUR_MAC,
-        ] {
-            let frame = junk_to(mac);
-            receive(
-                &mut engine.endpoint,
-                &mut engine.stats,
-                OUR_MAC,
-                now,
-                &frame,
-            );
+    /// Takes every frame and counts it.
+    struct Counting(usize);
+
+    impl Backend for Counting {
+        fn transmit(
+            &mut self,
+            len: usize,
+            _: u16,
+            fill: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
+            let mut buffer = vec![0; len];
+            fill(&mut buffer);
+            self.0 += 1;
+            Ok(())
         }
-        let stats = engine.stats;
-        assert_eq!((stats.rx_frames, stats.rx_not_ours), (4, 3));
-        assert_eq!(stats.rx_other + stats.rx_rejected, 1, "{stats:?}");
+        fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_turn_sends_at_most_its_budget() {
+        let budget = Engine::<Counting>::TX_BUDGET;
+        let mut endpoint = Endpoint::new([3; 32]);
+        let pd: PdId = endpoint.mrs().alloc_pd();
+        let cq = endpoint.create_cq(4 * budget).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 2 * budget as u32,
+            ..QpCaps::default()
+        };
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            caps,
+            sq_sig_all: false,
+        };
+        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
+        let now = Instant::now();
+        for attr in roce_transport::qp_state::ud_attrs(0x11, Psn::new(1)) {
+            endpoint.modify_qp(now, qpn, &attr).unwrap();
+        }
+        let peer = Ipv4Addr::new(10, 9, 9, 2);
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: Vec::new(),
+            flags: SendFlags::empty(),
+            ud: Some(roce_transport::wr::UdDest {
+                av: AddressVector {
+                    dgid: peer.to_ipv6_mapped().octets(),
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                    flow_label: 0,
+                },
+                remote_qpn: 0x12,
+                remote_qkey: 0x11,
+            }),
+            xrc_srqn: 0,
+        };
+        for _ in 0..budget + 10 {
+            endpoint.post_send(now, qpn, &wr).unwrap();
+        }
+        let addressing = Addressing {
+            mac: OUR_MAC,
+            ip: Ipv4Addr::new(10, 9, 9, 1),
+            neighbours: HashMap::from([(peer, [2, 0, 0, 0, 0, 2])]),
+        };
+        let mut engine = Engine::new(endpoint, Counting(0), addressing);
+        engine.poll().unwrap();
+        assert_eq!(engine.backend().0, budget, "one turn, one budget");
+        engine.poll().unwrap();
+        assert_eq!(engine.backend().0, budget + 10, "the rest in the next");
+    }
+
+    #[test]
+    fn only_frames_to_our_mac_or_while_in_a_group_a_group_address_are_parsed() {
+        let (wire, _peer) = memory_pair();
+        let (mut engine, _, qpn) = engine_in_group(wire, 1);
+        let mac = engine.addressing().mac;
+        let now = Instant::now();
+        let parsed = |engine: &mut Engine<MemoryBackend>| {
+            let before = engine.stats;
+            for to in [[0xff; 6], [0x01, 0, 0x5e, 0, 0, 1], [2, 0, 0, 0, 0, 9], mac] {
+                receive(
+                    &mut engine.endpoint,
+                    &mut engine.stats,
+                    mac,
+                    now,
+                    &junk_to(to),
+                );
+            }
+            let stats = engine.stats;
+            let rejected = stats.rx_other + stats.rx_rejected;
+            (
+                stats.rx_not_ours - before.rx_not_ours,
+                rejected - before.rx_other - before.rx_rejected,
+            )
+        };
+        assert_eq!(parsed(&mut engine), (1, 3));
+        engine.endpoint().detach_mcast(qpn, GROUP).unwrap();
+        assert_eq!(parsed(&mut engine), (3, 1));
+    }
+
+    /// 239.1.2.3 as a GID, and its MAC.
+    const GROUP: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 239, 1, 2, 3];
+    const GROUP_MAC: [u8; 6] = [0x01, 0x00, 0x5E, 0x01, 0x02, 0x03];
+
+    /// An engine at 10.9.9.`host` on `backend` with a UD QP at RTS attached to [`GROUP`],
+    /// one receive posted: the engine, its CQ and the QP.
+    fn engine_in_group(
+        backend: MemoryBackend,
+        host: u8,
+    ) -> (Engine<MemoryBackend>, roce_transport::CqId, u32) {
+        let mut endpoint = Endpoint::new([host; 32]);
+        let pd: PdId = endpoint.mrs().alloc_pd();
+        let cq = endpoint.create_cq(8).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
+        let now = Instant::now();
+        for attr in ud_attrs(0x0123_4567, Psn::new(0)) {
+            endpoint.modify_qp(now, qpn, &attr).unwrap();
+        }
+        let key = endpoint
+            .mrs()
+            .reg_mr(pd, 0x1000, 64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let mut sg_list = SgList::new();
+        sg_list.push(Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: key,
+        });
+        let recv = RecvWr { wr_id: 7, sg_list };
+        endpoint.post_recv(now, qpn, &recv).unwrap();
+        endpoint.attach_mcast(qpn, GROUP).unwrap();
+        let addressing = Addressing {
+            mac: [2, 0, 0, 0, 0, host],
+            ip: Ipv4Addr::new(10, 9, 9, host),
+            neighbours: HashMap::new(),
+        };
+        (Engine::new(endpoint, backend, addressing), cq, qpn)
+    }
+
+    fn send_to_group(engine: &mut Engine<MemoryBackend>, qpn: u32) {
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: vec![9; 8],
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: Some(UdDest {
+                av: AddressVector {
+                    dgid: GROUP,
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                    flow_label: 0,
+                },
+                remote_qpn: MULTICAST_QPN,
+                remote_qkey: 0x0123_4567,
+            }),
+            xrc_srqn: 0,
+        };
+        engine
+            .endpoint()
+            .post_send(Instant::now(), qpn, &wr)
+            .unwrap();
+        engine.poll().unwrap();
+    }
+
+    /// Receive completions on `cq` after a few turns.
+    fn received(engine: &mut Engine<MemoryBackend>, cq: roce_transport::CqId) -> Vec<u64> {
+        let mut done = Vec::new();
+        for _ in 0..5 {
+            engine.poll().unwrap();
+            engine.endpoint().cq(cq).poll(8, &mut done);
+        }
+        done.iter()
+            .filter(|wc| wc.opcode == roce_transport::cq::WcOpcode::Recv)
+            .map(|wc| wc.wr_id)
+            .collect()
+    }
+
+    /// A datagram to a group leaves to the group's MAC with no neighbour known, reaches the
+    /// peer's attached QP, and comes back to the sender's own attached QP only once its host
+    /// is a member of the group.
+    #[test]
+    fn datagrams_to_a_group_go_to_its_mac_and_loop_back_only_to_members() {
+        let (wire_a, wire_b) = memory_pair();
+        let (mut a, cq_a, qp_a) = engine_in_group(wire_a, 1);
+        let (mut b, cq_b, _) = engine_in_group(wire_b, 2);
+        send_to_group(&mut a, qp_a);
+        let mut frame = [0u8; 256];
+        b.backend()
+            .recv(&mut frame)
+            .unwrap()
+            .expect("a frame on the wire");
+        assert_eq!(frame[..6], GROUP_MAC);
+        assert_eq!(frame[14 + 16..14 + 20], GROUP[12..]);
+        assert_eq!((a.stats.tx_frames, a.stats.looped_back), (1, 0));
+        assert!(received(&mut a, cq_a).is_empty());
+
+        a.endpoint().set_mcast_loopback(GROUP, true);
+        send_to_group(&mut a, qp_a);
+        assert_eq!(a.stats.looped_back, 1);
+        assert_eq!(received(&mut a, cq_a), [7]);
+        assert_eq!(received(&mut b, cq_b), [7]);
+        assert_eq!(b.stats.rx_not_ours, 0);
     }
 
     const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
@@ -570,6 +814,7 @@ mod tests {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         endpoint.post_send(now, qpn, &wr).unwrap();
         let addressing = Addressing {

@@ -574,6 +574,7 @@ impl Run {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         sim.post_send(l.pair.a.0, qp_a, &wr)
             .map_err(|e| format!("post_send on QP {qp_a:#x}: {e}"))?;

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
@@ -89,6 +89,61 @@ fn every_librdmacm_symbol_debian_programs_import_is_exported() {
     }
     assert!(checked > 150, "only {checked} imports seen");
     assert!(missing.is_empty(), "not exported: {missing:#?}");
+    // Each forwards to its implementation in our libibverbs, exported privately there.
+    let private = dynamic_symbols(&built_dir().join("libibverbs.so"), true);
+    let unforwarded: Vec<&String> = exports
+        .iter()
+        .filter(|export| export.contains("@RDMACM_"))
+        .filter(|export| {
+            let name = export.split('@').next().unwrap_or_default();
+            !private.contains(&format!("roce_{name}@ROCE_RDMACM_PRIVATE"))
+        })
+        .collect();
+    assert!(
+        unforwarded.is_empty(),
+        "no implementation in libibverbs.so.1: {unforwarded:#?}"
+    );
+}
+
+/// The rdma_cm calls run in libibverbs' own roce-verbs (one copy per process): the QP
+/// state changes `rdma_accept` makes are logged by the `ROCE_LOG` subscriber libibverbs
+/// installed. When librdmacm linked a roce-verbs of its own, they ran in its copy, whose
+/// tracing had no subscriber, and the server's log lacked them.
+#[test]
+fn rdma_cm_calls_share_libibverbs_roce_verbs() {
+    let test = "rdma_cm_calls_share_libibverbs_roce_verbs";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    let server = exec_in(
+        &b,
+        &[
+            "env",
+            "ROCE_LOG=roce_transport=debug",
+            "rping",
+            "-s",
+            "-C",
+            "3",
+            "-a",
+            "10.85.0.2",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let server = thread::spawn(move || server.wait_with_output().unwrap());
+    let client = rping_client(&a, &["rping", "-c", "-C", "3", "-a", "10.85.0.2"]);
+    let server = server.join().unwrap();
+    assert!(client.status.success(), "client: {}", text(&client));
+    let said = text(&server);
+    assert!(server.status.success(), "server: {said}");
+    for change in ["from=Init to=Rtr", "from=Rtr to=Rts"] {
+        assert!(
+            said.lines()
+                .any(|line| line.contains("QP state") && line.contains(change)),
+            "the server's log lacks {change}: {said}"
+        );
+    }
 }
 
 /// Runs an rping client in `a` against the server `server` in `b`: the server needs a
@@ -877,7 +932,7 @@ fn rping_over_ipv6_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
     let _ = vm.run(&["capture-stop"]);
     // The CM's MADs on the bridge, as `roce dump` decodes them: each connection's
     // REQ/REP/RTU and DREQ/DREP over IPv6, from whichever side opened or closed it.
-    let pcap = capture_path(&capture);
+    let pcap = common::rxe::capture_path(&capture);
     let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
         .arg("dump")
         .arg(&pcap)
@@ -911,17 +966,6 @@ fn rping_over_ipv6_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
             "RTU {from} -> {to}: {mads:?}"
         );
     }
-}
-
-/// Where rxe-peer.sh keeps a capture.
-fn capture_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("RXE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            PathBuf::from(home).join(".cache/rxe-peer")
-        });
-    dir.join("captures").join(format!("{name}.pcap"))
 }
 
 /// `ROCE_LOSS=5` on both sides (our fault injector drops 5 % of the frames each side sends,

@@ -17,6 +17,8 @@ pub enum WcStatus {
     LocalProtection = 4,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP entered ERR before the request ran.
     WrFlush = 5,
+    /// `IBV_WC_MW_BIND_ERR`: a memory window bind was refused.
+    MwBind = 6,
     /// `IBV_WC_BAD_RESP_ERR`: the responder answered with something impossible.
     BadResponse = 7,
     /// `IBV_WC_LOC_ACCESS_ERR`: a protection error on a local RDMA READ/atomic target.
@@ -49,6 +51,10 @@ pub enum WcOpcode {
     CompareSwap = 3,
     /// An atomic fetch-and-add completed.
     FetchAdd = 4,
+    /// A memory window bind completed.
+    BindMw = 5,
+    /// A local invalidation completed.
+    LocalInv = 6,
     /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
     AtomicWrite = 9,
     /// A receive consumed by a SEND.
@@ -85,6 +91,14 @@ pub struct WorkCompletion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("completion queue overflow")]
 pub struct CqOverflow;
+
+/// A resize below the number of completions waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{waiting} completions wait, more than the new depth")]
+pub struct CqResizeError {
+    /// Completions waiting.
+    pub waiting: usize,
+}
 
 /// What a CQ's free slots hold.
 const BLANK: WorkCompletion = WorkCompletion {
@@ -135,6 +149,35 @@ impl Cq {
         self.depth
     }
 
+    /// Gives the CQ `depth` slots (`ibv_resize_cq`), keeping the completions that wait;
+    /// refused, changing nothing, when more than `depth` wait (rxe's `rxe_cq_chk_attr`).
+    pub fn resize(&mut self, depth: usize) -> Result<(), CqResizeError> {
+        if self.entries.len() > depth {
+            return Err(CqResizeError {
+                waiting: self.entries.len(),
+            });
+        }
+        self.depth = depth;
+        Ok(())
+    }
+
+    /// Drops the completions of QP `qpn` that wait, keeping the others in order; how many
+    /// went. For a QP reset: what it completed before is not reported after, as mlx5's
+    /// provider cleans its CQs (`mlx5_cq_clean`) when a QP enters RESET.
+    pub fn discard_qp(&mut self, qpn: u32) -> usize {
+        if !self.entries.iter().any(|entry| entry.qp_num == qpn) {
+            return 0;
+        }
+        let mut all = Vec::with_capacity(self.entries.len());
+        self.poll(usize::MAX, &mut all);
+        let before = all.len();
+        all.retain(|entry| entry.qp_num != qpn);
+        for entry in &all {
+            self.entries.push_with(*entry, || BLANK);
+        }
+        before - all.len()
+    }
+
     /// Completions waiting to be polled.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -171,6 +214,26 @@ impl Cq {
             self.event_pending = true;
         }
         Ok(())
+    }
+
+    /// Hands completions, oldest first, to `take` until it refuses one (which stays) or
+    /// `max` were taken; returns how many were taken. For a consumer that moves them on
+    /// without a container in between (the verbs layer's ring).
+    pub fn poll_with(
+        &mut self,
+        max: usize,
+        mut take: impl FnMut(&WorkCompletion) -> bool,
+    ) -> usize {
+        let (front, back) = self.entries.as_slices();
+        let mut count = 0;
+        for completion in front.iter().chain(back).take(max) {
+            if !take(completion) {
+                break;
+            }
+            count += 1;
+        }
+        self.entries.pop_front_n(count);
+        count
     }
 
     /// Moves up to `max` completions, oldest first, into `out`; returns how many.
@@ -228,6 +291,42 @@ mod tests {
             [0, 1, 2, 3]
         );
         assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn resizing_keeps_what_waits_and_refuses_less_room_than_that() {
+        let mut cq = Cq::new(2);
+        cq.push(completion(0, false)).unwrap();
+        cq.push(completion(1, false)).unwrap();
+        assert_eq!(cq.resize(1), Err(CqResizeError { waiting: 2 }));
+        assert_eq!(cq.depth(), 2, "a refused resize changes nothing");
+        cq.resize(3).unwrap();
+        cq.push(completion(2, false)).unwrap();
+        assert_eq!(cq.push(completion(3, false)), Err(CqOverflow));
+        let mut out = Vec::new();
+        cq.poll(8, &mut out);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [0, 1, 2]);
+        let mut cq = Cq::new(4);
+        cq.push(completion(0, false)).unwrap();
+        cq.resize(1).unwrap();
+        assert_eq!(cq.push(completion(1, false)), Err(CqOverflow));
+    }
+
+    #[test]
+    fn discarding_a_qps_completions_keeps_the_others_in_order() {
+        let mut cq = Cq::new(8);
+        for (wr_id, qpn) in [(0, 1), (1, 2), (2, 1), (3, 3)] {
+            cq.push(WorkCompletion {
+                qp_num: qpn,
+                ..completion(wr_id, false)
+            })
+            .unwrap();
+        }
+        assert_eq!(cq.discard_qp(1), 2);
+        assert_eq!(cq.discard_qp(9), 0);
+        let mut out = Vec::new();
+        cq.poll(8, &mut out);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3]);
     }
 
     #[test]

@@ -16,6 +16,8 @@ use std::time::Instant;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
+use roce_wire::multicast::{is_multicast_gid, MULTICAST_QPN};
+use roce_wire::opcode::Service;
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
@@ -25,13 +27,16 @@ use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
 use crate::errno;
 use crate::limits::LIMITS;
-use crate::mr::MrTable;
+use crate::mcast::{McastError, McastTable, Mgid};
+use crate::mr::{MrTable, PdId};
 use crate::qp::{
-    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
+    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpCaps, QpInit, QpStats, ResponderBacklog,
+    NO_CQ,
 };
-use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState};
-use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable};
+use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
+use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable, XrcSrq};
 use crate::wr::{RecvWr, SendWr};
+use crate::xrc::{XrcError, XrcdId, XrcdTable};
 
 /// Identifies a completion queue of an [`Endpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,6 +58,12 @@ pub enum CreateQpError {
     /// A queue size or limit beyond the device's (named).
     #[error("{0} beyond the device's limit")]
     InvalidCap(&'static str),
+    /// An XRC domain that does not exist.
+    #[error("unknown XRC domain")]
+    UnknownXrcd,
+    /// An XRC QP that would have a receive queue or an SRQ, which XRC QPs have not.
+    #[error("an XRC QP with a receive queue or an SRQ")]
+    XrcWithReceiveQueue,
 }
 
 /// Why destroying a CQ failed.
@@ -80,9 +91,11 @@ impl CreateQpError {
     /// The errno `ibv_create_qp` fails with.
     pub fn errno(&self) -> i32 {
         match self {
-            CreateQpError::UnknownCq | CreateQpError::UnknownSrq | CreateQpError::InvalidCap(_) => {
-                errno::EINVAL
-            }
+            CreateQpError::UnknownCq
+            | CreateQpError::UnknownSrq
+            | CreateQpError::InvalidCap(_)
+            | CreateQpError::UnknownXrcd
+            | CreateQpError::XrcWithReceiveQueue => errno::EINVAL,
             CreateQpError::NoQpn => errno::ENOMEM,
         }
     }
@@ -167,6 +180,7 @@ pub struct Endpoint {
     mrs: MrTable,
     cqs: Vec<Cq>,
     srqs: SrqTable,
+    xrcds: XrcdTable,
     qps: QpTable,
     next_qpn: u32,
     /// Slot of the QP to look at first in the next `poll_transmit`, so no QP starves the
@@ -188,6 +202,10 @@ pub struct Endpoint {
     pub gsi_drops: u64,
     /// Packets whose IP destination is not one of our GIDs (another host, broadcast).
     pub misaddressed_drops: u64,
+    /// Multicast datagrams to a group no QP of ours is attached to, or not UD.
+    pub unknown_group_drops: u64,
+    /// The multicast groups and their QPs.
+    mcast: McastTable,
     /// rxe's hardware counters.
     counters: Counters,
     /// How QPs take part in congestion control (shared with each QP).
@@ -324,6 +342,7 @@ impl Endpoint {
             mrs: MrTable::new(seed),
             cqs: Vec::new(),
             srqs: SrqTable::default(),
+            xrcds: XrcdTable::default(),
             qps: QpTable::default(),
             next_qpn: FIRST_QPN,
             transmit_cursor: 0,
@@ -335,6 +354,8 @@ impl Endpoint {
             unknown_qp_drops: 0,
             gsi_drops: 0,
             misaddressed_drops: 0,
+            unknown_group_drops: 0,
+            mcast: McastTable::default(),
             counters: Counters::default(),
             congestion: Arc::new(CongestionConfig::default()),
         }
@@ -397,16 +418,15 @@ impl Endpoint {
         self.gids = gids;
     }
 
-    /// Whether a frame's IP destination is one of our addresses.
+    /// Whether a frame's IP destination is one of our addresses or a multicast group (which
+    /// of our QPs it reaches is the group's business, as rxe's `rxe_chk_dgid` lets every
+    /// multicast destination through).
     fn is_for_us(&self, frame: &FrameRepr) -> bool {
         if self.gids.is_empty() {
             return true;
         }
-        let destination = match frame.ip {
-            IpRepr::V4(v4) => v4.dst.to_ipv6_mapped().octets(),
-            IpRepr::V6(v6) => v6.dst.octets(),
-        };
-        self.gids.contains(&destination)
+        let destination = destination_gid(frame);
+        self.gids.contains(&destination) || is_multicast_gid(&destination)
     }
 
     /// Gives QP 1 a communication manager (replacing any earlier one and its connections).
@@ -458,7 +478,7 @@ impl Endpoint {
         if !self.cq_exists(id) {
             return Err(DestroyCqError::UnknownCq);
         }
-        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) {
+        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) || self.srqs.uses_cq(id.0) {
             return Err(DestroyCqError::InUse);
         }
         self.cqs[id.0] = Cq::new(0);
@@ -501,7 +521,10 @@ impl Endpoint {
         if srq.is_some_and(|srq| !self.srqs.exists(srq)) {
             return Err(CreateQpError::UnknownSrq);
         }
-        if srq.is_some() {
+        if init.qp_type == QpType::XrcRecv || (init.qp_type == QpType::XrcSend && srq.is_some()) {
+            return Err(CreateQpError::XrcWithReceiveQueue);
+        }
+        if srq.is_some() || init.qp_type == QpType::XrcSend {
             init.caps.max_recv_wr = 0;
             init.caps.max_recv_sge = 0;
         }
@@ -523,6 +546,85 @@ impl Endpoint {
     /// Creates a shared receive queue (`ibv_create_srq`); `attr.srq_limit` is ignored.
     pub fn create_srq(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
         self.srqs.create(attr)
+    }
+
+    /// Opens a new XRC domain (`ibv_open_xrcd`).
+    pub fn alloc_xrcd(&mut self) -> XrcdId {
+        self.xrcds.alloc()
+    }
+
+    /// Closes an XRC domain no XRC SRQ or target QP belongs to (`ibv_close_xrcd`).
+    pub fn dealloc_xrcd(&mut self, xrcd: XrcdId) -> Result<(), XrcError> {
+        if !self.xrcds.exists(xrcd) {
+            return Err(XrcError::UnknownXrcd);
+        }
+        let has_qp = self.qps.qps.iter().any(|qp| qp.common.xrcd == Some(xrcd));
+        if has_qp || self.srqs.uses_xrcd(xrcd) {
+            return Err(XrcError::Busy);
+        }
+        self.xrcds.remove(xrcd)
+    }
+
+    /// Creates an XRC SRQ of `xrcd` (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): the receives
+    /// of XRC requests naming it, checked in `pd`, completing in `cq`.
+    pub fn create_xrc_srq(
+        &mut self,
+        attr: SrqAttr,
+        xrcd: XrcdId,
+        cq: CqId,
+        pd: PdId,
+    ) -> Result<SrqId, SrqError> {
+        if !self.xrcds.exists(xrcd) {
+            return Err(SrqError::InvalidAttr("xrcd"));
+        }
+        if !self.cq_exists(cq) {
+            return Err(SrqError::InvalidAttr("cq"));
+        }
+        if !self.mrs.has_pd(pd) {
+            return Err(SrqError::InvalidAttr("pd"));
+        }
+        self.srqs.create_xrc(attr, XrcSrq { xrcd, pd, cq: cq.0 })
+    }
+
+    /// The SRQ's number (`ibv_get_srq_num`): what an XRC sender names it by.
+    pub fn srq_number(&self, srq: SrqId) -> Result<u32, SrqError> {
+        self.srqs.number(srq)
+    }
+
+    /// Creates an XRC target QP of `xrcd` in RESET (`ibv_create_qp_ex` with
+    /// `IBV_QPT_XRC_RECV`): no PD, CQs or queues of its own, it receives into the XRC SRQs
+    /// of its domain that requests name.
+    pub fn create_xrc_recv_qp(&mut self, xrcd: XrcdId) -> Result<u32, CreateQpError> {
+        if !self.xrcds.exists(xrcd) {
+            return Err(CreateQpError::UnknownXrcd);
+        }
+        if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
+            return Err(CreateQpError::NoQpn);
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn += 1;
+        let init = QpInit {
+            pd: PdId::NONE,
+            qp_type: QpType::XrcRecv,
+            caps: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        let mut qp = Qp::new(qpn, init, NO_CQ, NO_CQ, self.congestion.clone());
+        qp.common.config.mtu = self.port_mtu.bytes();
+        qp.common.xrcd = Some(xrcd);
+        self.qps.insert(qp);
+        Ok(qpn)
+    }
+
+    /// The XRC domain of an XRC target QP (what `ibv_open_qp` checks); `None` for any other.
+    pub fn xrc_recv_xrcd(&self, qpn: u32) -> Option<XrcdId> {
+        self.qps.get(qpn).and_then(|qp| qp.common.xrcd)
     }
 
     /// `ibv_modify_srq`: resizes it or arms its limit.
@@ -548,9 +650,54 @@ impl Endpoint {
         self.srqs.post(srq, wr)
     }
 
-    /// Destroys a QP; packets for it are dropped from now on.
+    /// Destroys a QP; packets for it are dropped from now on, and it leaves every multicast
+    /// group it was attached to.
     pub fn destroy_qp(&mut self, qpn: u32) -> bool {
+        self.mcast.remove_qp(qpn);
         self.qps.remove(qpn)
+    }
+
+    /// `ibv_attach_mcast`: datagrams to the group `mgid` reach the UD QP `qpn` from now on
+    /// (attaching it twice is no change); `true` when this made the group, whose MAC the
+    /// interface must now accept.
+    pub fn attach_mcast(&mut self, qpn: u32, mgid: Mgid) -> Result<bool, McastError> {
+        self.check_mcast(qpn, &mgid)?;
+        self.mcast.attach(qpn, mgid)
+    }
+
+    /// `ibv_detach_mcast`; `true` when the group is gone with it (its last QP).
+    pub fn detach_mcast(&mut self, qpn: u32, mgid: Mgid) -> Result<bool, McastError> {
+        self.check_mcast(qpn, &mgid)?;
+        self.mcast.detach(qpn, mgid)
+    }
+
+    /// ib_core's checks before the driver's (`ib_attach_mcast`): a QP, a multicast GID, UD.
+    fn check_mcast(&self, qpn: u32, mgid: &Mgid) -> Result<(), McastError> {
+        let qp = self.qps.get(qpn).ok_or(McastError::UnknownQp)?;
+        if !is_multicast_gid(mgid) {
+            return Err(McastError::NotMulticast);
+        }
+        if qp.common.qp_type != QpType::Ud {
+            return Err(McastError::NotUd);
+        }
+        Ok(())
+    }
+
+    /// The multicast groups a QP of ours is attached to.
+    pub fn mcast_groups(&self) -> impl Iterator<Item = &Mgid> {
+        self.mcast.groups()
+    }
+
+    /// Says whether the host is a member of the group `mgid` at the IP level (it joined it,
+    /// as rdma_cm's full-member join does): then a datagram we send to the group also
+    /// reaches our own attached QPs, as the kernel loops it back to rxe.
+    pub fn set_mcast_loopback(&mut self, mgid: Mgid, member: bool) {
+        self.mcast.set_looped(mgid, member);
+    }
+
+    /// Whether a datagram we send to `mgid` comes back to our own attached QPs.
+    pub fn mcast_loopback(&self, mgid: &Mgid) -> bool {
+        self.mcast.is_looped(mgid)
     }
 
     #[inline]
@@ -630,6 +777,10 @@ impl Endpoint {
             self.handle_gsi(now, frame);
             return;
         }
+        if frame.bth.dest_qpn == MULTICAST_QPN {
+            self.handle_multicast(now, frame);
+            return;
+        }
         let handled = self.with_qp(frame.bth.dest_qpn, now, |qp, ctx| {
             qp.handle_packet(ctx, frame)
         });
@@ -637,6 +788,46 @@ impl Endpoint {
             tracing::trace!(qpn = frame.bth.dest_qpn, "dropped: no such QP");
             self.unknown_qp_drops += 1;
         }
+    }
+
+    /// A datagram to a multicast group: to each QP attached to it, each checking its own
+    /// state and Q_Key, one failing not stopping the others (rxe's `rxe_rcv_mcast_pkt`). The
+    /// frame is lent to each in turn: every receive is scattered from the same bytes.
+    fn handle_multicast(&mut self, now: Instant, frame: &FrameRepr) {
+        let Endpoint {
+            qps,
+            mrs,
+            cqs,
+            srqs,
+            events,
+            counters,
+            mcast,
+            unknown_group_drops,
+            ..
+        } = self;
+        let members = mcast.members(&destination_gid(frame));
+        if members.is_empty() || frame.bth.opcode.service() != Service::Ud {
+            tracing::trace!(destination = ?frame.ip, "dropped: multicast to no group of ours");
+            *unknown_group_drops += 1;
+            return;
+        }
+        // rxe counts the datagram once, before any QP's Q_Key check; each UD receive
+        // counts its own, so the count is put right after.
+        let received = counters.rcvd_pkts + 1;
+        let mut ctx = Ctx {
+            now,
+            mrs,
+            cqs,
+            srqs,
+            counters,
+        };
+        for &qpn in members {
+            if let Some(qp) = qps.get_mut(qpn) {
+                qp.handle_packet(&mut ctx, frame);
+                report_overflow(qp, events);
+            }
+        }
+        ctx.counters.rcvd_pkts = received;
     }
 
     /// A packet to QP 1: a CM MAD goes to the CM, with the GIDs of its IP header.
@@ -710,6 +901,20 @@ impl Endpoint {
     /// caller that keeps one `Transmit` for its sends allocates nothing per packet. The CM's
     /// MADs go first: they are few, and a connection waits on them.
     pub fn poll_transmit_into(&mut self, now: Instant, out: &mut Transmit) -> bool {
+        let found = self.poll_transmit_lent(now, out);
+        if found {
+            self.materialize(out);
+        }
+        found
+    }
+
+    /// [`poll_transmit_into`](Self::poll_transmit_into), except that a payload in
+    /// registered memory (a request's data, a READ response) stays where it is, checked:
+    /// the caller sizes the frame with [`OutPacket::payload_len`] and copies the payload
+    /// once, straight into it, with [`write_payload`](Self::write_payload), before it
+    /// changes the endpoint in any other way. A packet it must keep for later (its link
+    /// was busy) it first makes hold its bytes ([`materialize`](Self::materialize)).
+    pub fn poll_transmit_lent(&mut self, now: Instant, out: &mut Transmit) -> bool {
         if let Some(transmit) = self.cm.as_mut().and_then(Cm::poll_transmit) {
             self.gsi_packet(&transmit, out);
             self.counters.sent_pkts += 1;
@@ -754,6 +959,30 @@ impl Endpoint {
         found
     }
 
+    /// Copies the payload of `transmit`, the packet [`poll_transmit_lent`] gave last, into
+    /// `out` (of its [`payload_len`](OutPacket::payload_len)): from the sending QP's
+    /// registered memory when it is lent, else from the packet. `false` if it cannot be
+    /// read (never for a packet just given: it was checked).
+    ///
+    /// [`poll_transmit_lent`]: Self::poll_transmit_lent
+    pub fn write_payload(&self, transmit: &Transmit, out: &mut [u8]) -> bool {
+        let packet = &transmit.packet;
+        let Some(lent) = packet.lent else {
+            let bytes = packet.payload.get(..out.len());
+            return bytes.map(|bytes| out.copy_from_slice(bytes)).is_some();
+        };
+        let qp = self.qps.get(transmit.src_qpn);
+        qp.is_some_and(|qp| qp.write_payload(&self.mrs, lent, out).is_ok())
+    }
+
+    /// Makes `transmit` (the packet [`poll_transmit_lent`](Self::poll_transmit_lent) gave
+    /// last) hold its payload's bytes, to be sent later.
+    pub fn materialize(&self, transmit: &mut Transmit) {
+        if let Some(qp) = self.qps.get(transmit.src_qpn) {
+            qp.materialize(&self.mrs, &mut transmit.packet);
+        }
+    }
+
     /// A CM MAD as QP 1 sends it: UD SEND_ONLY to the peer's QP 1, P_Key 0xFFFF, DETH with
     /// the GSI Q_Key, from the GID the CM names (index 0 if it is not in our table).
     fn gsi_packet(&mut self, transmit: &MadTransmit, out: &mut Transmit) {
@@ -788,6 +1017,7 @@ impl Endpoint {
         };
         packet.payload.clear();
         packet.payload.extend_from_slice(&transmit.mad);
+        packet.lent = None;
         packet.av = AddressVector {
             dgid: transmit.remote_gid,
             sgid_index: u8::try_from(sgid_index).unwrap_or(0),
@@ -814,6 +1044,14 @@ impl Endpoint {
         self.events
             .extend(limits.map(|srq| AsyncEvent::SrqLimitReached { srq }));
         std::mem::take(&mut self.events)
+    }
+}
+
+/// A frame's IP destination as a GID (IPv4-mapped for IPv4).
+fn destination_gid(frame: &FrameRepr) -> [u8; 16] {
+    match frame.ip {
+        IpRepr::V4(v4) => v4.dst.to_ipv6_mapped().octets(),
+        IpRepr::V6(v6) => v6.dst.octets(),
     }
 }
 

@@ -5,6 +5,8 @@
 //! tests), so a peer cannot guess one, and a key is never issued twice in a table's lifetime:
 //! a peer that still holds an old rkey must hit "unknown key", never someone else's memory.
 
+mod mw;
+
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
@@ -17,10 +19,16 @@ pub use crate::access::{AccessFlags, AtomicOp, MrError};
 pub use crate::caller_memory::CallerMemory;
 use crate::limits::LIMITS;
 use crate::wr::Sge;
+pub use mw::MwType;
 
 /// A protection domain's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PdId(u32);
+
+impl PdId {
+    /// No PD: an XRC target QP's own (each request is checked against its SRQ's PD).
+    pub(crate) const NONE: PdId = PdId(u32::MAX);
+}
 
 /// The bytes behind a region: its own, or the caller's.
 #[derive(Debug)]
@@ -98,6 +106,8 @@ pub struct Mr {
     iova: u64,
     access: AccessFlags,
     memory: Memory,
+    /// Memory windows bound to it.
+    windows: u32,
 }
 
 impl Mr {
@@ -119,6 +129,11 @@ impl Mr {
     /// Whether it covers no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many memory windows are bound to it (while any is, it cannot be deregistered).
+    pub fn windows_bound(&self) -> u32 {
+        self.windows
     }
 
     /// The bytes of a region that owns them; `None` over the caller's memory, which the
@@ -167,14 +182,19 @@ pub struct Location {
     pub offset: usize,
 }
 
-/// All PDs and MRs of one device.
+/// All PDs, MRs and memory windows of one device.
 #[derive(Debug)]
 pub struct MrTable {
     rng: ChaCha12Rng,
     next_pd: u32,
+    /// Each PD's regions and windows.
     pds: HashMap<PdId, usize>,
     mrs: Regions,
     issued: HashSet<u32>,
+    /// Memory windows by index (their R_Key without the key byte).
+    mws: HashMap<u32, mw::Mw>,
+    /// Every window index ever issued: no region key starts with one, none is issued twice.
+    window_indices: HashSet<u32>,
 }
 
 impl Mr {
@@ -211,6 +231,8 @@ impl MrTable {
             pds: HashMap::new(),
             mrs: Regions::default(),
             issued: HashSet::new(),
+            mws: HashMap::new(),
+            window_indices: HashSet::new(),
         }
     }
 
@@ -222,7 +244,12 @@ impl MrTable {
         pd
     }
 
-    /// Frees a protection domain that has no regions left.
+    /// Whether the protection domain exists.
+    pub fn has_pd(&self, pd: PdId) -> bool {
+        self.pds.contains_key(&pd)
+    }
+
+    /// Frees a protection domain that has no regions or windows left.
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), MrError> {
         match self.pds.get(&pd) {
             None => Err(MrError::UnknownPd),
@@ -275,11 +302,107 @@ impl MrTable {
         memory: CallerMemory,
         access: AccessFlags,
     ) -> Result<u32, MrError> {
-        self.check_registration(pd, iova, memory.len(), access)?;
+        if memory.is_implicit() {
+            // The whole address space, addressed as itself (implicit ODP): no size limit.
+            if iova != 0 {
+                return Err(MrError::AddressOverflow);
+            }
+            check_access(access)?;
+            if !self.pds.contains_key(&pd) {
+                return Err(MrError::UnknownPd);
+            }
+        } else {
+            self.check_registration(pd, iova, memory.len(), access)?;
+        }
         if access.contains(AccessFlags::LOCAL_WRITE) && !memory.writable() {
             return Err(MrError::InvalidAccess);
         }
         Ok(self.insert(pd, iova, access, Memory::Caller(memory)))
+    }
+
+    /// `ibv_rereg_mr`: moves region `key` to PD `pd`, over other memory addressed from
+    /// another iova (`translation`), with other rights (`access`), keeping its key; each
+    /// `None` keeps what was. Checked as a registration is, and all or nothing. A region that
+    /// owns its bytes keeps them (only the PD and the rights change).
+    pub fn rereg(
+        &mut self,
+        key: u32,
+        pd: Option<PdId>,
+        translation: Option<(u64, CallerMemory)>,
+        access: Option<AccessFlags>,
+    ) -> Result<(), MrError> {
+        let mr = self.mrs.get(key).ok_or(MrError::UnknownKey)?;
+        let new_pd = pd.unwrap_or(mr.pd);
+        let new_access = access.unwrap_or(mr.access);
+        if !self.pds.contains_key(&new_pd) {
+            return Err(MrError::UnknownPd);
+        }
+        check_access(new_access)?;
+        // Owned bytes are always writable; the caller's memory as it was given.
+        let writable = match (&translation, &mr.memory) {
+            (Some((_, memory)), _) | (None, Memory::Caller(memory)) => memory.writable(),
+            (None, Memory::Owned(_)) => true,
+        };
+        if new_access.contains(AccessFlags::LOCAL_WRITE) && !writable {
+            return Err(MrError::InvalidAccess);
+        }
+        if let Some((iova, memory)) = &translation {
+            if matches!(mr.memory, Memory::Owned(_)) {
+                return Err(MrError::InvalidAccess);
+            }
+            if !memory.is_implicit() {
+                self.check_registration(new_pd, *iova, memory.len(), new_access)?;
+            }
+        }
+        let old_pd = mr.pd;
+        let mr = self.mrs.get_mut(key).ok_or(MrError::UnknownKey)?;
+        mr.pd = new_pd;
+        mr.access = new_access;
+        if let Some((iova, memory)) = translation {
+            mr.iova = iova;
+            mr.memory = Memory::Caller(memory);
+        }
+        if old_pd != new_pd {
+            if let Some(regions) = self.pds.get_mut(&old_pd) {
+                *regions -= 1;
+            }
+            if let Some(regions) = self.pds.get_mut(&new_pd) {
+                *regions += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_advise_mr`'s prefetch: faults the `len` bytes at `address` of on-demand region
+    /// `key` of `pd` in, for writing if `write` (which needs `LOCAL_WRITE`), or with `fault`
+    /// false only checks them (`IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: nothing is mapped
+    /// that is not).
+    pub fn prefetch(
+        &self,
+        pd: PdId,
+        key: u32,
+        address: u64,
+        len: u64,
+        write: bool,
+        fault: bool,
+    ) -> Result<(), MrError> {
+        let mr = self.mrs.get(key).ok_or(MrError::UnknownKey)?;
+        let Memory::Caller(memory) = &mr.memory else {
+            return Err(MrError::NotOnDemand);
+        };
+        if !memory.is_on_demand() {
+            return Err(MrError::NotOnDemand);
+        }
+        let needed = if write {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        let offset = mr.permits(pd, address, len, needed)?;
+        if fault {
+            memory.prefetch(offset, len as usize, write)?;
+        }
+        Ok(())
     }
 
     /// What every registration checks before it takes anything.
@@ -290,10 +413,7 @@ impl MrTable {
         len: usize,
         access: AccessFlags,
     ) -> Result<(), MrError> {
-        let remote_mutation = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if access.intersects(remote_mutation) && !access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(MrError::InvalidAccess);
-        }
+        check_access(access)?;
         if len as u64 > LIMITS.max_mr_size {
             return Err(MrError::TooLarge);
         }
@@ -316,6 +436,7 @@ impl MrTable {
             iova,
             access,
             memory,
+            windows: 0,
         };
         self.mrs.insert(key, mr);
         key
@@ -324,7 +445,7 @@ impl MrTable {
     fn fresh_key(&mut self) -> u32 {
         loop {
             let key = self.rng.next_u32();
-            if self.issued.insert(key) {
+            if !self.is_window_index(key) && self.issued.insert(key) {
                 return key;
             }
         }
@@ -332,8 +453,23 @@ impl MrTable {
 
     /// Deregisters a region and gives back the bytes it owned (`None` over the caller's
     /// memory, which the transport no longer touches from now on). Its key is never issued
-    /// again.
+    /// again. A region with memory windows bound stays ([`MrError::WindowsBound`], as
+    /// `ibv_dereg_mr` refuses it).
     pub fn dereg_mr(&mut self, key: u32) -> Result<Option<Box<[u8]>>, MrError> {
+        if self.mrs.get(key).is_some_and(|mr| mr.windows > 0) {
+            return Err(MrError::WindowsBound);
+        }
+        self.remove_region(key)
+    }
+
+    /// [`dereg_mr`](Self::dereg_mr) that first unbinds the windows bound to the region (they
+    /// grant nothing from now on): for a region whose owner is gone.
+    pub fn dereg_mr_unbinding(&mut self, key: u32) -> Result<Option<Box<[u8]>>, MrError> {
+        self.unbind_all(key);
+        self.remove_region(key)
+    }
+
+    fn remove_region(&mut self, key: u32) -> Result<Option<Box<[u8]>>, MrError> {
         let mr = self.mrs.remove(key).ok_or(MrError::UnknownKey)?;
         if let Some(regions) = self.pds.get_mut(&mr.pd) {
             *regions -= 1;
@@ -426,6 +562,80 @@ impl MrTable {
         let offset = mr.permits(pd, address, 8, op.needs())?;
         mr.memory.atomic(offset, op)
     }
+
+    /// The responder's R_Key check for QP `qpn` in `pd`: [`check`](Self::check) for a
+    /// region's key, and for a memory window's the window's own rules (its PD, its QP for
+    /// type 2, its rights and range); the location is in the window's region.
+    pub fn check_remote(
+        &self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        address: u64,
+        len: u64,
+        needed: AccessFlags,
+    ) -> Result<Location, MrError> {
+        if len == 0 || self.mrs.get(rkey).is_some() {
+            return self.check(pd, rkey, address, len, needed);
+        }
+        self.locate_in_window(pd, qpn, rkey, address, len, needed)
+            .unwrap_or(Err(MrError::UnknownKey))
+    }
+
+    /// [`check_remote`](Self::check_remote), then copies `data` in; a region's key takes one
+    /// lookup, as [`write`](Self::write) does.
+    pub fn write_remote(
+        &mut self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        address: u64,
+        data: &[u8],
+        needed: AccessFlags,
+    ) -> Result<(), MrError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if let Some(mr) = self.mrs.get_mut(rkey) {
+            let offset = mr.permits(pd, address, data.len() as u64, needed)?;
+            return mr.memory.write(offset, data);
+        }
+        let location = self
+            .locate_in_window(pd, qpn, rkey, address, data.len() as u64, needed)
+            .unwrap_or(Err(MrError::UnknownKey))?;
+        self.write_at(location, data)
+    }
+
+    /// [`atomic`](Self::atomic) through a region's or a memory window's R_Key, for QP `qpn`.
+    pub fn atomic_remote(
+        &mut self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        address: u64,
+        op: AtomicOp,
+    ) -> Result<u64, MrError> {
+        if self.mrs.get(rkey).is_some() {
+            return self.atomic(pd, rkey, address, op);
+        }
+        if !address.is_multiple_of(8) {
+            return Err(MrError::Misaligned);
+        }
+        let location = self
+            .locate_in_window(pd, qpn, rkey, address, 8, op.needs())
+            .unwrap_or(Err(MrError::UnknownKey))?;
+        let mr = self.mrs.get_mut(location.key).ok_or(MrError::UnknownKey)?;
+        mr.memory.atomic(location.offset, op)
+    }
+}
+
+/// Remote write or atomic access needs local write, as verbs requires of every region.
+fn check_access(access: AccessFlags) -> Result<(), MrError> {
+    let remote_mutation = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(remote_mutation) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(MrError::InvalidAccess);
+    }
+    Ok(())
 }
 
 /// The regions by key, in slots, so the one found last is remembered by its slot and found
@@ -541,6 +751,46 @@ impl MrTable {
         Ok(())
     }
 
+    /// Checks that bytes `offset..offset + len` of a gather list may be read (what
+    /// [`gather_into`](Self::gather_into) will copy), copying nothing.
+    pub fn check_gather(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: u64,
+        len: usize,
+    ) -> Result<(), MrError> {
+        let mut checked = 0;
+        while checked < len {
+            let remaining = (len - checked) as u64;
+            let at = offset + checked as u64;
+            let (_, piece) = self.sg_piece(pd, sg_list, at, remaining, AccessFlags::empty())?;
+            checked += piece;
+        }
+        Ok(())
+    }
+
+    /// Copies bytes `offset..offset + out.len()` of a gather list into `out`: straight
+    /// from the regions into where the caller sends them from.
+    pub fn gather_into(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MrError> {
+        let mut done = 0;
+        while done < out.len() {
+            let remaining = (out.len() - done) as u64;
+            let at = offset + done as u64;
+            let (location, piece) =
+                self.sg_piece(pd, sg_list, at, remaining, AccessFlags::empty())?;
+            self.read(location, &mut out[done..done + piece])?;
+            done += piece;
+        }
+        Ok(())
+    }
+
     /// Writes `data` at byte `offset` of a scatter list (needs LOCAL_WRITE). Nothing is
     /// written unless all of it fits.
     pub fn scatter(
@@ -583,6 +833,15 @@ impl MrTable {
         }
         let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
         mr.memory.append(location.offset, len, out)
+    }
+
+    /// Copies `out.len()` bytes at a location [`check`](Self::check) returned into `out`.
+    pub fn read(&self, location: Location, out: &mut [u8]) -> Result<(), MrError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
+        mr.memory.read(location.offset, out)
     }
 
     /// Copies `data` to a location [`check`](Self::check) returned.

@@ -4,7 +4,9 @@
 //!
 //! Frames cross it as bytes: every packet is emitted with Ethernet, IPv4, UDP and ICRC,
 //! possibly damaged, and parsed again on arrival, so corruption is caught (or not) by the
-//! same ICRC check a real receiver runs.
+//! same ICRC check a real receiver runs. A frame to a multicast group goes to every other
+//! node, as a switch floods it, and back to its sender when the sender's host is a member
+//! ([`Endpoint::mcast_loopback`]), each copy faulted on its own.
 //!
 //! By default the link has no speed: a frame arrives one latency after it is sent. With a
 //! [`SwitchConfig`] ([`Sim::set_switch`]) the nodes hang off a switch instead: each NIC
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+use roce_wire::multicast::multicast_mac;
 use roce_wire::{Frame, FrameRepr};
 
 use crate::cq::WorkCompletion;
@@ -286,6 +289,27 @@ impl Sim {
         }
     }
 
+    /// Connects XRC initiator `ini` on node `a` with XRC target `tgt` on node `b`, both
+    /// created and in RESET, each with the attributes its half takes.
+    pub fn connect_xrc(
+        &mut self,
+        (a, ini): (usize, u32),
+        (b, tgt): (usize, u32),
+        mtu: PathMtu,
+        retry: RetryConfig,
+    ) -> QpPair {
+        let psn_a = Psn::new(self.rng.next_u32());
+        let psn_b = Psn::new(self.rng.next_u32());
+        let av_b = self.av_of(b);
+        let av_a = self.av_of(a);
+        self.bring_up(a, ini, QpType::XrcSend, av_b, tgt, psn_b, psn_a, mtu, retry);
+        self.bring_up(b, tgt, QpType::XrcRecv, av_a, ini, psn_a, psn_b, mtu, retry);
+        QpPair {
+            a: (a, ini),
+            b: (b, tgt),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn bring_up(
         &mut self,
@@ -378,15 +402,31 @@ impl Sim {
         chance(&mut self.rng, probability)
     }
 
-    /// Turns a transmit into bytes on the wire, with the link's faults.
+    /// Turns a transmit into bytes on the wire, with the link's faults: to the node its
+    /// address names, or to every node of its multicast group.
     fn send(&mut self, from: usize, transmit: &Transmit) {
         self.stats.sent += 1;
+        let dgid = transmit.packet.av.dgid;
+        if let Some(group_mac) = multicast_mac(&dgid) {
+            let looped = self.nodes[from].endpoint.mcast_loopback(&dgid);
+            for to in 0..self.nodes.len() {
+                if to != from || looped {
+                    self.send_to(from, to, group_mac, transmit);
+                }
+            }
+            return;
+        }
         let dst_ip = transmit.ipv4_destination();
         let Some(to) = self.nodes.iter().position(|node| Some(node.ip) == dst_ip) else {
             self.stats.lost += 1;
             return;
         };
-        let Some(repr) = transmit.frame(mac(from), self.nodes[from].ip.into(), mac(to)) else {
+        self.send_to(from, to, mac(to), transmit);
+    }
+
+    /// One frame of `transmit` from `from` to the node `to`, addressed to `dst_mac`.
+    fn send_to(&mut self, from: usize, to: usize, dst_mac: [u8; 6], transmit: &Transmit) {
+        let Some(repr) = transmit.frame(mac(from), self.nodes[from].ip.into(), dst_mac) else {
             self.stats.lost += 1;
             return;
         };

@@ -30,11 +30,13 @@ use crate::cq::Cq;
 use crate::device::{Device, PortAttr, PortState};
 use crate::engine_thread;
 use crate::error::Error;
+use crate::groups::Memberships;
 use crate::mr::Pd;
 use crate::options::{BackendChoice, CmTiming, OpenOptions, Progress};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
 use crate::wait;
+use crate::xrc::Xrcd;
 
 /// An open device.
 ///
@@ -64,8 +66,8 @@ impl Drop for DeviceEngine {
 }
 
 /// Which interface an engine serves: its network namespace (the inode of the opener's),
-/// name and index.
-type EngineKey = (u64, String, u32);
+/// name and index, and its receive queue if it has one of its own.
+type EngineKey = (u64, String, u32, Option<u32>);
 
 /// The engines of the devices open on their own interfaces in this process; the last
 /// context of a device drops its engine.
@@ -89,7 +91,7 @@ impl Context {
             Arc::new(DeviceEngine::start(device, options)?)
         } else {
             let netns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
-            let key = (netns, device.name.clone(), device.ifindex);
+            let key = (netns, device.name.clone(), device.ifindex, options.queue);
             // Held while a first open starts the engine, so a racing open waits and shares it.
             let mut engines = ENGINES.lock().map_err(|_| Error::Poisoned)?;
             engines.retain(|(_, engine)| engine.strong_count() > 0);
@@ -142,6 +144,11 @@ impl Context {
     /// Allocates a protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<Pd, Error> {
         Pd::new(self.shared())
+    }
+
+    /// Opens a new XRC domain (`ibv_open_xrcd`).
+    pub fn open_xrcd(&self) -> Result<Xrcd, Error> {
+        Xrcd::new(self.shared())
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel`).
@@ -245,6 +252,7 @@ impl DeviceEngine {
             options.backend,
             options.pcap.as_deref(),
             options.loss,
+            options.queue,
         )?;
         let seed = match options.seed {
             Some(seed) => seed,
@@ -263,7 +271,9 @@ impl DeviceEngine {
         tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);
         engine.set_gid_table(device.gids.clone());
+        let multicast = Memberships::new(device, &kind)?;
         let shared = Arc::new(Shared::new(engine, device.clone(), kind)?);
+        shared.lock()?.multicast = multicast;
         let thread = match options.progress {
             Progress::Caller => None,
             progress => Some(engine_thread::spawn(&shared, progress, options.spin)?),

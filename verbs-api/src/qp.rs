@@ -1,14 +1,13 @@
 //! Queue pairs (`ibv_qp`): creation, the state machine, and posting.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use roce_transport::qp::{PostError, PostGate, QpCaps, QpInit, QpStats};
+use roce_transport::qp::{QpCaps, QpInit, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
 };
 use roce_transport::wr::{RecvWr, SendWr};
-use roce_transport::Endpoint;
 use roce_wire::Psn;
 
 use crate::cq::{Cq, CqInner};
@@ -16,9 +15,10 @@ use crate::error::{Error, PostFailure};
 use crate::handshake::{ConnectOptions, QpEndpoint};
 use crate::limits;
 use crate::mr::{Pd, PdInner};
-use crate::queues::{Pending, Submission};
+use crate::queues::{qp_queues, Posting, QpQueues, WorkRequest};
 use crate::shared::Shared;
 use crate::srq::{Srq, SrqInner};
+use crate::xrc::{Xrcd, XrcdInner};
 
 /// What `ibv_create_qp` takes.
 pub struct QpInitAttr<'a> {
@@ -63,12 +63,9 @@ impl Pd {
             caps: attr.caps,
             sq_sig_all: attr.sq_sig_all,
         };
-        let mut psn = [0u8; 4];
-        rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
-            .map_err(std::io::Error::from)?;
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
         let mut core = shared.lock()?;
-        limits::check_qp_count(core.submissions.len())?;
+        limits::check_qp_count(core.qps.len())?;
         let qpn = match srq {
             Some(srq) => {
                 (core.endpoint()).create_qp_with_srq(init, send_cq.id, recv_cq.id, srq.id())
@@ -76,34 +73,78 @@ impl Pd {
             None => core.endpoint().create_qp(init, send_cq.id, recv_cq.id),
         }?;
         let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
-        let queues = Arc::new(Submission::new(gate));
-        core.submissions.insert(qpn, Arc::clone(&queues));
+        let (queues, slot) = qp_queues(qpn, gate);
+        core.qps.insert(qpn, slot);
         Ok(Qp {
+            _life: QpLife::new(shared, qpn),
             pd: Arc::clone(&self.inner),
-            _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
+            _cqs: vec![Arc::clone(send_cq), Arc::clone(recv_cq)],
             _srq: srq.map(|srq| Arc::clone(&srq.inner)),
+            _xrcd: None,
             qpn,
             qp_type: attr.qp_type,
-            first_psn: Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF),
+            first_psn: random_psn()?,
             queues,
         })
     }
 }
 
-/// A queue pair (`ibv_qp`). Destroyed on drop: packets for it are dropped from then on.
-/// It keeps its PD and CQs alive.
+/// A QP's first PSN, at random, as rc_pingpong picks it.
+fn random_psn() -> Result<Psn, Error> {
+    let mut psn = [0u8; 4];
+    rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
+        .map_err(std::io::Error::from)?;
+    Ok(Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF))
+}
+
+impl Xrcd {
+    /// Creates an XRC target QP of this domain in RESET (`ibv_create_qp_ex` with
+    /// `IBV_QPT_XRC_RECV`): no PD, CQs or queues of its own; it receives into the XRC SRQs of
+    /// the domain that requests name. It keeps the domain alive.
+    pub fn create_recv_qp(&self) -> Result<Qp, Error> {
+        let shared = &self.inner.shared;
+        let mut core = shared.lock()?;
+        limits::check_qp_count(core.qps.len())?;
+        let qpn = core.endpoint().create_xrc_recv_qp(self.id())?;
+        let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
+        let (queues, slot) = qp_queues(qpn, gate);
+        core.qps.insert(qpn, slot);
+        Ok(Qp {
+            _life: QpLife::new(shared, qpn),
+            pd: Arc::clone(&self.inner.holder.inner),
+            _cqs: Vec::new(),
+            _srq: None,
+            _xrcd: Some(Arc::clone(&self.inner)),
+            qpn,
+            qp_type: QpType::XrcRecv,
+            first_psn: random_psn()?,
+            queues,
+        })
+    }
+}
+
+/// A queue pair (`ibv_qp`). Destroyed on drop (the last handle of an XRC target opened
+/// again, [`Qp::open_xrc_recv`]): packets for it are dropped from then on. It keeps its PD
+/// and CQs alive.
 pub struct Qp {
+    /// Destroys the transport's QP when the last handle goes; first, so that it goes before
+    /// the CQs and SRQ it holds.
+    _life: Arc<QpLife>,
     pd: Arc<PdInner>,
-    /// The send and receive CQs, held so they outlive the QP that completes into them.
-    _cqs: [Arc<CqInner>; 2],
+    /// The send and receive CQs, held so they outlive the QP that completes into them (an
+    /// XRC target has none).
+    _cqs: Vec<Arc<CqInner>>,
     /// The SRQ it takes its receives from, held so it outlives the QP.
     _srq: Option<Arc<SrqInner>>,
+    /// An XRC target's domain, held so it outlives the QP.
+    _xrcd: Option<Arc<XrcdInner>>,
     qpn: u32,
     qp_type: QpType,
     /// Our first PSN, chosen at random, as rc_pingpong does.
     first_psn: Psn,
-    /// Where posts wait for the engine thread, so that posting never takes the device lock.
-    queues: Arc<Submission>,
+    /// The rings posts write and the engine drains, so that posting never takes the device
+    /// lock.
+    queues: Arc<QpQueues>,
 }
 
 impl Qp {
@@ -116,9 +157,14 @@ impl Qp {
         self.qpn
     }
 
-    /// RC, UC or UD.
+    /// RC, UC, UD or an XRC half.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// The XRC domain of an XRC target QP.
+    pub fn xrcd_id(&self) -> Option<roce_transport::xrc::XrcdId> {
+        self._xrcd.as_ref().map(|xrcd| xrcd.id)
     }
 
     /// The current state (`ibv_query_qp`'s `qp_state`).
@@ -161,17 +207,23 @@ impl Qp {
             self.shared().resolve(av.dgid)?;
         }
         let mut core = self.shared().lock()?;
-        // Work admitted before the change reaches the QP before it.
-        core.submit(Instant::now());
-        let result = core.endpoint().modify_qp(Instant::now(), self.qpn, attr);
-        core.refresh_gates();
+        // Work posted before the change reaches the QP before it.
+        let now = Instant::now();
+        core.hand_over(self.qpn, now);
+        let result = core.endpoint().modify_qp(now, self.qpn, attr);
+        self.queues.publish_state(core.endpoint());
         result?;
+        if attr.state == Some(QpState::Reset) {
+            for cq in &self._cqs {
+                cq.discard_qp(&mut core, self.qpn)?;
+            }
+        }
         // Entering ERR completes work: let a waiting channel hear of it.
         self.shared().kick(&mut core)
     }
 
-    /// Brings an RC or UC QP from RESET to RTS towards `remote`, as rc_pingpong's three
-    /// `ibv_modify_qp` calls do.
+    /// Brings an RC, UC or XRC QP from RESET to RTS towards `remote`, as rc_pingpong's three
+    /// `ibv_modify_qp` calls do (an XRC initiator towards a target, or the reverse).
     pub fn connect(&self, remote: &QpEndpoint, options: &ConnectOptions) -> Result<(), Error> {
         if self.qp_type == QpType::Ud {
             return Err(Error::InvalidArgument(
@@ -189,7 +241,8 @@ impl Qp {
             qpn: remote.qpn,
             psn: remote.psn,
         };
-        let rc = self.qp_type == QpType::Rc;
+        let responds = matches!(self.qp_type, QpType::Rc | QpType::XrcRecv);
+        let requests = matches!(self.qp_type, QpType::Rc | QpType::XrcSend);
         let [to_init, to_rtr, to_rts] = connect_attrs(
             self.qp_type,
             peer,
@@ -199,11 +252,11 @@ impl Qp {
         );
         self.modify(&to_init)?;
         self.modify(&QpAttr {
-            max_dest_rd_atomic: rc.then_some(options.max_dest_rd_atomic),
+            max_dest_rd_atomic: responds.then_some(options.max_dest_rd_atomic),
             ..to_rtr
         })?;
         self.modify(&QpAttr {
-            max_rd_atomic: rc.then_some(options.max_rd_atomic),
+            max_rd_atomic: requests.then_some(options.max_rd_atomic),
             ..to_rts
         })
     }
@@ -221,79 +274,121 @@ impl Qp {
     }
 
     /// `ibv_post_send` for a list of work requests: posts them in order and stops at the
-    /// first that fails, returning its index with the error (as `bad_wr`). With an engine
-    /// thread, the requests are checked against the QP's state and queue room as of the
-    /// engine's last round, queued for it without the device lock, and the thread is woken;
-    /// a queue the engine has just drained may still look full for that long.
+    /// first that fails, returning its index with the error (as `bad_wr`). Each is checked
+    /// against the QP's state (as published when it last changed) and queue room (as of
+    /// the engine's last round), written into the QP's send ring, and the QP's doorbell
+    /// rung, without the device lock; a queue the engine has just drained, or a state just
+    /// changed by the peer, is looked at again under the lock before a request is refused.
     pub fn post_send(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostFailure> {
-        let check = |gate: &PostGate, wr: &SendWr, queued| gate.check_send(wr, queued).map(drop);
-        let direct =
-            |endpoint: &mut Endpoint, now, qpn, wr: SendWr| endpoint.post_send(now, qpn, &wr);
-        self.post(wrs, &self.queues.sends, check, direct, true)
+        self.post(wrs, &self.queues.sends)
     }
 
     /// `ibv_post_recv` for a list of work requests, with the same failure rule.
     pub fn post_recv(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostFailure> {
-        let check = |gate: &PostGate, wr: &RecvWr, queued| gate.check_recv(wr, queued);
-        let direct =
-            |endpoint: &mut Endpoint, now, qpn, wr: RecvWr| endpoint.post_recv(now, qpn, &wr);
-        self.post(wrs, &self.queues.recvs, check, direct, false)
+        self.post(wrs, &self.queues.recvs)
     }
 
-    /// Both queues' posting: straight into the endpoint when the caller drives the engine
-    /// (then, for sends, `transmit` makes them leave at once), else into `queue` after
-    /// `check` against its gate. Stops at the first refusal, as `bad_wr`.
-    fn post<T>(
+    /// Both queues' posting: into the ring after the check, in order, stopping at the first
+    /// refusal (`bad_wr`); then the doorbell, and the caller's share of progress
+    /// ([`Shared::posted`]).
+    fn post<T: WorkRequest>(
         &self,
         wrs: impl IntoIterator<Item = T>,
-        queue: &Mutex<Pending<T>>,
-        check: impl Fn(&PostGate, &T, usize) -> Result<(), PostError>,
-        direct: impl Fn(&mut Endpoint, Instant, u32, T) -> Result<(), PostError>,
-        transmit: bool,
+        queue: &Mutex<Posting<T>>,
     ) -> Result<(), PostFailure> {
+        let send = T::SEND;
         let shared = self.shared();
         let fail = |index, error| PostFailure { index, error };
-        let mut result = Ok(());
-        if shared.caller_drives() {
-            let mut core = shared.lock().map_err(|error| fail(0, error))?;
-            let now = Instant::now();
-            core.submit(now);
-            for (index, wr) in wrs.into_iter().enumerate() {
-                if let Err(error) = direct(core.endpoint(), now, self.qpn, wr) {
-                    result = Err(fail(index, error.into()));
-                    break;
-                }
-            }
-            core.refresh_gates();
-            if transmit {
-                // Whatever was posted leaves now, even behind a failure.
-                shared.kick(&mut core).map_err(|error| fail(0, error))?;
-            }
-            return result;
-        }
         shared.check_running().map_err(|error| fail(0, error))?;
-        {
-            let mut pending = queue.lock().map_err(|_| fail(0, Error::Poisoned))?;
+        let mut result = Ok(());
+        let (any, was_idle) = {
+            let mut posting: MutexGuard<'_, Posting<T>> =
+                queue.lock().map_err(|_| fail(0, Error::Poisoned))?;
+            let was_idle = posting.outstanding(self.queues.retired(send)) == 0;
+            let mut any = false;
             for (index, wr) in wrs.into_iter().enumerate() {
-                let queued = pending.items.len();
-                if let Err(error) = check(&pending.gate, &wr, queued) {
+                let mut checked = posting.check(&self.queues, &wr);
+                if checked.is_err() {
+                    // What was published may be old: look again under the lock first.
+                    self.refresh(shared, &mut any)
+                        .map_err(|error| fail(index, error))?;
+                    checked = posting.check(&self.queues, &wr);
+                }
+                if let Err(error) = checked.and_then(|()| posting.push(wr)) {
                     result = Err(fail(index, error.into()));
                     break;
                 }
-                pending.items.push_back(wr);
+                any = true;
             }
+            (any, was_idle)
+        };
+        if any {
+            // Whatever was posted leaves, even behind a failure.
+            let rang = shared.ring(&self.queues);
+            shared.posted(send, rang, was_idle);
         }
-        // Whatever was admitted leaves now, even behind a failure.
-        shared.hand_over(transmit);
         result
+    }
+
+    /// Brings what the rings' check uses up to date under the device lock: the requests
+    /// already written (`any`, this post's) handed to the endpoint first, then the QP's
+    /// state and how many of its requests it retired.
+    fn refresh(&self, shared: &Shared, any: &mut bool) -> Result<(), Error> {
+        let mut core = shared.lock()?;
+        core.hand_over(self.qpn, Instant::now());
+        core.publish(self.qpn);
+        // Handed over: the next round sends them without a doorbell.
+        if std::mem::take(any) {
+            shared.wake();
+        }
+        Ok(())
     }
 }
 
-impl Drop for Qp {
+/// A QP's life in the transport, shared by its handles.
+struct QpLife {
+    shared: Arc<Shared>,
+    qpn: u32,
+}
+
+impl QpLife {
+    fn new(shared: &Arc<Shared>, qpn: u32) -> Arc<QpLife> {
+        Arc::new(QpLife {
+            shared: Arc::clone(shared),
+            qpn,
+        })
+    }
+}
+
+impl Drop for QpLife {
     fn drop(&mut self) {
-        if let Ok(mut core) = self.shared().lock() {
-            core.submissions.remove(&self.qpn);
+        if let Ok(mut core) = self.shared.lock() {
+            core.qps.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
+            // The MACs of groups that went with it leave the interface's filter.
+            let core = &mut *core;
+            core.multicast.forget_qp(core.engine.endpoint(), self.qpn);
         }
+    }
+}
+
+impl Qp {
+    /// `ibv_open_qp`: another handle to this XRC target QP, which lives until its last
+    /// handle goes, as an opened shareable QP does; any other QP is `EINVAL`.
+    pub fn open_xrc_recv(&self) -> Result<Qp, Error> {
+        if self.qp_type != QpType::XrcRecv {
+            return Err(Error::InvalidArgument("only XRC target QPs are opened"));
+        }
+        Ok(Qp {
+            _life: Arc::clone(&self._life),
+            pd: Arc::clone(&self.pd),
+            _cqs: self._cqs.clone(),
+            _srq: self._srq.clone(),
+            _xrcd: self._xrcd.clone(),
+            qpn: self.qpn,
+            qp_type: self.qp_type,
+            first_psn: self.first_psn,
+            queues: Arc::clone(&self.queues),
+        })
     }
 }

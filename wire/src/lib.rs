@@ -46,9 +46,11 @@ pub mod icrc;
 pub mod ieth;
 pub mod immdt;
 pub mod mad;
+pub mod multicast;
 pub mod opcode;
 pub mod psn;
 pub mod reth;
+pub mod xrceth;
 
 pub use ext::ExtRepr;
 pub use frame::{Frame, FrameError, FrameRepr};

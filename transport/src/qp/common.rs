@@ -5,16 +5,22 @@
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::RnrTimer;
+use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{bth, ExtRepr, Opcode, Psn};
 
 use crate::counters::Counters;
 use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
-use crate::mr::{MrTable, PdId};
+use crate::mr::{Location, MrTable, PdId};
 use crate::qp_state::{AddressVector, PathMtu, QpState, QpType};
 use crate::srq::{SrqId, SrqTable};
 use crate::wr::UdDest;
+use crate::xrc::XrcdId;
 use crate::AccessFlags;
+
+/// The CQ slot of a QP that has no such CQ (an XRC target QP's send CQ, and its receive
+/// CQ between messages): a completion for it is never made.
+pub(crate) const NO_CQ: usize = usize::MAX;
 
 /// Why a post was refused (the call fails; no completion is generated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -115,10 +121,31 @@ pub struct OutPacket {
     pub bth: bth::Repr,
     /// Extension headers.
     pub ext: ExtRepr,
-    /// Payload (without pad).
+    /// Payload (without pad), when the packet holds its bytes: always from
+    /// [`Endpoint::poll_transmit_into`](crate::Endpoint::poll_transmit_into); from
+    /// [`Endpoint::poll_transmit_lent`](crate::Endpoint::poll_transmit_lent) only for
+    /// what is not in registered memory (CM MADs, and a UC or UD message's last packet).
     pub payload: Vec<u8>,
     /// Where it goes.
     pub av: AddressVector,
+    /// Where the payload lies when the packet does not hold it (checked, not copied).
+    pub(crate) lent: Option<Lent>,
+}
+
+/// Where the payload of a packet lies, for the provider to copy it once, straight into the
+/// frame ([`Endpoint::write_payload`](crate::Endpoint::write_payload)). Valid until the
+/// endpoint is next changed: the provider writes the packet before anything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lent {
+    /// Bytes `offset..offset + len` of the message of the sending QP's send WQE at `index`
+    /// (its inline data, or its gather list, checked).
+    Wqe {
+        index: usize,
+        offset: usize,
+        len: usize,
+    },
+    /// `len` bytes at a checked location (a READ response).
+    Region { location: Location, len: usize },
 }
 
 impl Default for OutPacket {
@@ -129,6 +156,7 @@ impl Default for OutPacket {
             ext: ExtRepr::default(),
             payload: Vec::new(),
             av: NO_ADDRESS,
+            lent: None,
         }
     }
 }
@@ -146,6 +174,14 @@ impl OutPacket {
             };
         } else {
             *self = packet;
+        }
+    }
+
+    /// The payload's length (without pad), whether the packet holds it or it is lent.
+    pub fn payload_len(&self) -> usize {
+        match self.lent {
+            None => self.payload.len(),
+            Some(Lent::Wqe { len, .. } | Lent::Region { len, .. }) => len,
         }
     }
 }
@@ -211,8 +247,11 @@ pub(crate) struct Common {
     pub state: QpState,
     pub config: QpConfig,
     pub stats: QpStats,
-    /// Where its receives come from when not posted to the QP itself.
+    /// Where its receives come from when not posted to the QP itself (an XRC target QP:
+    /// the SRQ of the request being handled).
     pub srq: Option<SrqId>,
+    /// The XRC domain of an XRC target QP.
+    pub xrcd: Option<XrcdId>,
     /// Which CQs a role's completion found full; the coordinator moves the QP to ERR.
     pub cq_full: FullCqs,
 }
@@ -248,6 +287,7 @@ impl Common {
             ext,
             payload,
             av: self.connected_av(),
+            lent: None,
         }
     }
 
@@ -274,6 +314,29 @@ impl Common {
     }
 }
 
+/// The service of a QP's packets, requests and responses alike.
+#[inline]
+pub(crate) fn service(qp_type: QpType) -> Service {
+    match qp_type {
+        QpType::Rc => Service::Rc,
+        QpType::Uc => Service::Uc,
+        QpType::Ud => Service::Ud,
+        QpType::XrcSend | QpType::XrcRecv => Service::Xrc,
+    }
+}
+
+/// The opcode of a response (or ACK) `operation` at `position` from a responder of
+/// `qp_type`: RC's, or XRC's for an XRC target.
+#[inline]
+pub(crate) fn response_opcode(qp_type: QpType, operation: Operation, position: Position) -> Opcode {
+    let rc = Opcode::find(Service::Rc, operation, position, Trailer::None);
+    // Both services have every response at every position (the opcode table's tests), so
+    // the last fallback is never taken.
+    Opcode::find(service(qp_type), operation, position, Trailer::None)
+        .or(rc)
+        .unwrap_or(Opcode::RcAcknowledge)
+}
+
 /// Queues a completion on `cq`, counting received messages as rxe does; `false` when the
 /// CQ is full and the completion is lost.
 #[inline(always)]
@@ -285,5 +348,8 @@ fn push_completion(ctx: &mut Ctx, cq: usize, completion: WorkCompletion) -> bool
     if received && completion.status == WcStatus::Success {
         ctx.counters.rdma_recvs += 1;
     }
-    ctx.cqs[cq].push(completion).is_ok()
+    // NO_CQ is never completed into; if it were, the completion would be lost as on overflow.
+    ctx.cqs
+        .get_mut(cq)
+        .is_some_and(|cq| cq.push(completion).is_ok())
 }

@@ -24,14 +24,14 @@ use roce_wire::{FrameRepr, Opcode, Psn};
 use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
-use crate::mr::PdId;
+use crate::mr::{MrTable, PdId};
 use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
-pub(crate) use common::{Ctx, Failure};
+pub(crate) use common::{Ctx, Failure, Lent, NO_CQ};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use congestion::Congestion;
@@ -65,6 +65,9 @@ impl PostGate {
     /// Whether `wr` may be posted with `queued` more sends already admitted ahead of it;
     /// returns its message length.
     pub fn check_send(&self, wr: &SendWr, queued: usize) -> Result<u32, PostError> {
+        if self.qp_type == QpType::XrcRecv {
+            return Err(PostError::UnsupportedOperation);
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
             return Err(PostError::InvalidState);
         }
@@ -101,7 +104,8 @@ impl PostGate {
 
     /// Whether `wr` may be posted with `queued` more receives already admitted ahead of it.
     pub fn check_recv(&self, wr: &RecvWr, queued: usize) -> Result<(), PostError> {
-        if self.has_srq {
+        // XRC QPs have no receive queue: a target receives into XRC SRQs.
+        if self.has_srq || matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
             return Err(PostError::UsesSrq);
         }
         if self.state == QpState::Reset {
@@ -188,6 +192,7 @@ impl Qp {
                 config: QpConfig::default(),
                 stats: QpStats::default(),
                 srq: None,
+                xrcd: None,
                 cq_full: FullCqs::default(),
             },
             caps: init.caps,
@@ -430,6 +435,7 @@ impl Qp {
                 return;
             }
         }
+        self.complete_local_front(ctx);
         match outcome.then {
             Then::Nothing => {}
             Then::Retry { from, wait } => {
@@ -551,6 +557,7 @@ impl Qp {
                 ext,
                 payload: Vec::new(),
                 av,
+                lent: None,
             });
             return true;
         }
@@ -576,7 +583,7 @@ impl Qp {
             return true;
         }
         let bytes = congestion::FRAME_OVERHEAD
-            + out.payload.len() as u64
+            + out.payload_len() as u64
             + u64::from(out.bth.pad_count)
             + roce_wire::ExtRepr::buffer_len(out.bth.opcode) as u64;
         self.congestion.sent(ctx.now, bytes);
@@ -633,10 +640,17 @@ impl Qp {
     #[inline]
     fn poll_request(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
         let (sq, timers) = (&mut self.sq, &mut self.timers);
-        match requester::next_packet(sq, timers, &mut self.common, ctx, out) {
+        let next = requester::next_packet(sq, timers, &mut self.common, ctx, out);
+        // Local operations the requester ran complete once nothing before them is left,
+        // ahead of the WQE whose packet just left.
+        self.complete_local_front(ctx);
+        match next {
             Next::Nothing => false,
             Next::Sent { completes_front } => {
                 if completes_front {
+                    // The WQE is retired as its last packet leaves: the packet takes its
+                    // own copy of the payload first.
+                    self.materialize(ctx.mrs, out);
                     self.complete_sent_front(ctx);
                 }
                 true
@@ -646,6 +660,41 @@ impl Qp {
                 false
             }
         }
+    }
+
+    /// Copies the lent payload of the packet this QP gave last into `out` (as long as its
+    /// [`Lent::len`](OutPacket::payload_len)): from the WQE's inline data or gather list, or
+    /// from the region a READ response reads.
+    pub fn write_payload(&self, mrs: &MrTable, lent: Lent, out: &mut [u8]) -> Result<(), WcStatus> {
+        match lent {
+            Lent::Wqe { index, offset, .. } => {
+                let wqe = self.sq.get(index).ok_or(WcStatus::LocalQpOperation)?;
+                requester::write_payload(&self.common, mrs, wqe, offset, out)
+            }
+            Lent::Region { location, .. } => mrs
+                .read(location, out)
+                .map_err(|_| WcStatus::LocalProtection),
+        }
+    }
+
+    /// Makes `out` hold its payload's bytes rather than lend them.
+    pub fn materialize(&self, mrs: &MrTable, out: &mut OutPacket) {
+        let Some(lent) = out.lent else {
+            return;
+        };
+        let mut bytes = std::mem::take(&mut out.payload);
+        bytes.clear();
+        bytes.resize(out.payload_len(), 0);
+        if let Err(status) = self.write_payload(mrs, lent, &mut bytes) {
+            // Checked when the packet was made, and nothing changed since.
+            tracing::warn!(
+                qpn = self.common.qpn,
+                ?status,
+                "a lent payload could not be read"
+            );
+        }
+        out.payload = bytes;
+        out.lent = None;
     }
 
     /// What the responder has queued to send.
@@ -698,6 +747,24 @@ impl Qp {
         self.sq.pop_front();
         if let Some(completion) = completion {
             self.complete(ctx, self.common.send_cq, completion);
+        }
+    }
+
+    /// Completes the local operations (binds, local invalidations) at the front that have
+    /// run: they wait for nothing but the WQEs before them.
+    #[inline]
+    fn complete_local_front(&mut self, ctx: &mut Ctx) {
+        if self.sq.has_locals() {
+            self.complete_local_front_now(ctx);
+        }
+    }
+
+    #[inline(never)]
+    fn complete_local_front_now(&mut self, ctx: &mut Ctx) {
+        while self.sq.front().is_some_and(|wqe| wqe.local_done())
+            && self.common.state != QpState::Err
+        {
+            self.complete_front(ctx);
         }
     }
 

@@ -39,14 +39,22 @@ pub type PostRecv =
 pub type PostSrqRecv =
     unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+pub type OpenQp = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+pub type GetSrqNum = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+pub type OpenXrcd =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+pub type CloseXrcd = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
+pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
 /// `struct ibv_context_ops`: what the inline `ibv_post_send`, `ibv_poll_cq`, ... call.
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_0_to_56: [usize; 7],
-    pub alloc_mw: usize,
-    pub bind_mw: usize,
-    pub dealloc_mw: usize,
+    pub alloc_mw: Option<AllocMw>,
+    pub bind_mw: Option<BindMw>,
+    pub dealloc_mw: Option<DeallocMw>,
     pub _compat_create_cq: usize,
     pub poll_cq: Option<PollCq>,
     pub req_notify_cq: Option<ReqNotifyCq>,
@@ -75,15 +83,24 @@ pub struct ibv_context {
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPort>,
-    pub _ops_8_to_200: [usize; 24],
-    pub create_cq_ex: usize,
+    pub advise_mr: Option<AdviseMr>,
+    pub _ops_16_to_112: [usize; 12],
+    pub alloc_parent_domain: Option<AllocParentDomain>,
+    pub dealloc_td: Option<DeallocTd>,
+    pub alloc_td: Option<AllocTd>,
+    pub _ops_136_to_192: [usize; 7],
+    pub query_rt_values: Option<QueryRtValues>,
+    pub create_cq_ex: Option<CreateCqEx>,
     pub _priv: usize,
-    pub query_device_ex: usize,
-    pub _ops_224_to_264: [usize; 5],
+    pub query_device_ex: Option<QueryDeviceEx>,
+    pub _ops_224_to_256: [usize; 4],
+    pub open_qp: Option<OpenQp>,
     pub create_qp_ex: Option<CreateQpEx>,
-    pub get_srq_num: usize,
+    pub get_srq_num: Option<GetSrqNum>,
     pub create_srq_ex: Option<CreateSrqEx>,
-    pub _ops_288_to_312: [usize; 3],
+    pub open_xrcd: Option<OpenXrcd>,
+    pub close_xrcd: Option<CloseXrcd>,
+    pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -237,8 +254,9 @@ pub struct ibv_qp_ex {
     pub wr_flags: u32,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
-    pub wr_bind_mw: Option<WrUnsupported>,
-    pub wr_local_inv: Option<WrUnsupported>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
@@ -247,7 +265,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_send_tso: Option<WrUnsupported>,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: Option<WrUnsupported>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     pub wr_set_inline_data_list:
         Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
@@ -287,6 +305,7 @@ pub struct ibv_qp_init_attr_ex {
 }
 
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
@@ -296,6 +315,44 @@ pub type CreateQpEx =
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UC: u32 = 3;
 pub const IBV_QPT_UD: u32 = 4;
+pub const IBV_QPT_XRC_SEND: u32 = 9;
+pub const IBV_QPT_XRC_RECV: u32 = 10;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `enum ibv_xrcd_init_attr_mask`.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+pub const IBV_XRCD_INIT_ATTR_RESERVED: u32 = 1 << 2;
+
+/// `struct ibv_qp_open_attr`: what `ibv_open_qp` takes.
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: u32,
+}
+
+/// `enum ibv_qp_open_attr_mask`.
+pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
+pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+pub const IBV_QP_OPEN_ATTR_RESERVED: u32 = 1 << 4;
 
 #[repr(C)]
 pub struct ibv_ah {
@@ -358,8 +415,51 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw` / `tso` union.
-    pub _bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` member of the `bind_mw` / `tso` union (the larger).
+    pub bind_mw: ibv_bind_mw_wr,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `type` (`enum ibv_mw_type`).
+    pub mw_type: u32,
+}
+
+pub const IBV_MW_TYPE_1: u32 = 1;
+pub const IBV_MW_TYPE_2: u32 = 2;
+/// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0.
+pub const IBV_ACCESS_ZERO_BASED: u32 = 1 << 5;
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind`: what `ibv_bind_mw` takes.
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_bind_mw_wr {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 pub const IBV_WR_RDMA_WRITE: u32 = 0;
@@ -369,6 +469,8 @@ pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub const IBV_WR_RDMA_READ: u32 = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+pub const IBV_WR_LOCAL_INV: u32 = 7;
+pub const IBV_WR_BIND_MW: u32 = 8;
 pub const IBV_WR_SEND_WITH_INV: u32 = 9;
 
 #[repr(C)]
@@ -400,7 +502,7 @@ pub struct ibv_wc {
 
 pub const IBV_WC_GRH: u32 = 1;
 pub const IBV_WC_WITH_IMM: u32 = 2;
-pub const IBV_WC_WITH_INV: u32 = 4;
+pub const IBV_WC_WITH_INV: u32 = 1 << 3;
 
 /// `enum ibv_qp_attr_mask`.
 pub mod qp_mask {
@@ -446,7 +548,8 @@ pub struct ibv_gid_entry {
 
 /// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type`.
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
-/// `IBV_GID_TYPE_SYSFS_ROCE_V2` of `enum ibv_gid_type_sysfs`.
+/// `enum ibv_gid_type_sysfs`.
+pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
 #[repr(C)]
@@ -500,11 +603,225 @@ pub type CreateSrqEx =
 /// `enum ibv_srq_init_attr_mask`.
 pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+/// `IBV_SRQT_XRC`.
+pub const IBV_SRQT_XRC: u32 = 1;
 /// `IBV_SRQT_BASIC` of `enum ibv_srq_type` (the others are XRC and tag matching).
 pub const IBV_SRQT_BASIC: u32 = 0;
 /// `enum ibv_srq_attr_mask`.
 pub const IBV_SRQ_MAX_WR: c_int = 1;
 pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
+
+/// `struct ibv_cq_ex`: an `ibv_cq` followed by the polling entry points the inline
+/// `ibv_start_poll`, `ibv_wc_read_*`, ... call; callers read `status` and `wr_id` directly.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    pub status: u32,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: Option<ReadU32>,
+    pub read_vendor_err: Option<ReadU32>,
+    pub read_byte_len: Option<ReadU32>,
+    pub read_imm_data: Option<ReadU32>,
+    pub read_qp_num: Option<ReadU32>,
+    pub read_src_qp: Option<ReadU32>,
+    pub read_wc_flags: Option<ReadU32>,
+    pub read_slid: Option<ReadU32>,
+    pub read_sl: Option<ReadU8>,
+    pub read_dlid_path_bits: Option<ReadU8>,
+    pub read_completion_ts: Option<ReadU64>,
+    pub read_cvlan: usize,
+    pub read_flow_tag: usize,
+    pub read_tm_info: usize,
+    pub read_completion_wallclock_ns: Option<ReadU64>,
+}
+
+/// The `ibv_wc_read_*` entry points, by the width of what they return.
+pub type ReadU32 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
+pub type ReadU8 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u8;
+pub type ReadU64 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u64;
+
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+pub type CreateCqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+
+/// `enum ibv_create_cq_wc_flags`.
+pub mod wc_ex {
+    pub const BYTE_LEN: u64 = 1;
+    pub const IMM: u64 = 1 << 1;
+    pub const QP_NUM: u64 = 1 << 2;
+    pub const SRC_QP: u64 = 1 << 3;
+    pub const SLID: u64 = 1 << 4;
+    pub const SL: u64 = 1 << 5;
+    pub const DLID_PATH_BITS: u64 = 1 << 6;
+    pub const COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+    /// `IBV_WC_STANDARD_FLAGS`.
+    pub const STANDARD: u64 = BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS;
+}
+
+/// `enum ibv_cq_init_attr_mask`.
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+/// `enum ibv_create_cq_attr_flags`.
+pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `enum ibv_odp_general_caps` and `enum ibv_odp_transport_cap_bits`.
+pub mod odp {
+    pub const SUPPORT: u64 = 1;
+    pub const SUPPORT_IMPLICIT: u64 = 1 << 1;
+    pub const SEND: u32 = 1;
+    pub const RECV: u32 = 1 << 1;
+    pub const WRITE: u32 = 1 << 2;
+    pub const READ: u32 = 1 << 3;
+    pub const ATOMIC: u32 = 1 << 4;
+    pub const SRQ_RECV: u32 = 1 << 5;
+}
+
+/// `struct ibv_device_attr_ex`; the capabilities we have none of (TSO, RSS, packet pacing,
+/// tag matching, CQ moderation, device memory, PCI atomics) are opaque zeroes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    /// `tso_caps`, `rss_caps`, `max_wq_type_rq`, `packet_pacing_caps`, `raw_packet_caps`,
+    /// `tm_caps`, `cq_mod_caps`.
+    pub _offloads: [u64; 11],
+    pub max_dm_size: u64,
+    /// `struct ibv_pci_atomic_caps`.
+    pub pci_atomic_caps: [u16; 3],
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
+
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+
+pub type QueryDeviceEx = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+
+/// `struct timespec` on x86_64.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct timespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
+}
+
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: timespec,
+}
+
+/// `IBV_VALUES_MASK_RAW_CLOCK` of `enum ibv_values_mask`.
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
+
+pub type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+pub type AllocTd = unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td;
+pub type DeallocTd = unsafe extern "C" fn(*mut ibv_td) -> c_int;
+
+/// A parent domain's allocator: `IBV_ALLOCATOR_USE_DEFAULT` ((void *)-1) asks for ours.
+pub type PdAlloc = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+pub type PdFree = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
+
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Option<PdAlloc>,
+    pub free: Option<PdFree>,
+    pub pd_context: *mut c_void,
+}
+
+/// `enum ibv_parent_domain_init_attr_mask`.
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1;
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
+
+pub type AllocParentDomain =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
+
+pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
+
+/// `enum ib_uverbs_advise_mr_advice` and its one flag.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH: u32 = 0;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: u32 = 1;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: u32 = 2;
+pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
+
+/// `enum ibv_rereg_mr_flags`.
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (IBV_REREG_MR_CHANGE_ACCESS << 1) - 1;
+/// `enum ibv_rereg_mr_err_code`: the old region is still valid after an input error; after a
+/// command error it should not be used.
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+/// `enum ibv_fork_status`.
+pub const IBV_FORK_UNNEEDED: c_int = 2;
 
 #[cfg(test)]
 mod layout_tests {
@@ -523,8 +840,9 @@ mod layout_tests {
             }
             ibv_context { ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
             verbs_context {
-                query_port, create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num,
-                create_srq_ex, context
+                query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, query_rt_values,
+                create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num, create_srq_ex, context,
+                open_qp, open_xrcd, close_xrcd
             }
             ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
@@ -586,7 +904,19 @@ mod layout_tests {
                 "qp_type.xrc.remote_srqn",
                 offset_of!(ibv_send_wr, remote_srqn),
             ),
-            ("bind_mw", offset_of!(ibv_send_wr, _bind_mw_or_tso)),
+            ("bind_mw", offset_of!(ibv_send_wr, bind_mw)),
+            (
+                "bind_mw.mw",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, mw),
+            ),
+            (
+                "bind_mw.rkey",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, rkey),
+            ),
+            (
+                "bind_mw.bind_info",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, bind_info),
+            ),
         ] {
             rows.push((format!("offsetof(struct ibv_send_wr, {member})"), value));
         }
@@ -613,7 +943,89 @@ mod layout_tests {
             ibv_srq_attr { max_wr, max_sge, srq_limit }
             ibv_srq_init_attr { srq_context, attr }
             ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
+            ibv_mw { context, pd, rkey, handle }
+            ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+            ibv_mw_bind { wr_id, send_flags, bind_info }
+            ibv_xrcd { context }
+            ibv_xrcd_init_attr { comp_mask, fd, oflags }
+            ibv_qp_open_attr { comp_mask, qp_num, xrcd, qp_context, qp_type }
+            ibv_cq_ex {
+                context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+                async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll,
+                read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num,
+                read_src_qp, read_wc_flags, read_slid, read_sl, read_dlid_path_bits,
+                read_completion_ts, read_cvlan, read_flow_tag, read_tm_info,
+                read_completion_wallclock_ns
+            }
+            ibv_poll_cq_attr { comp_mask }
+            ibv_cq_init_attr_ex {
+                cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain
+            }
+            ibv_odp_caps { general_caps }
+            ibv_device_attr_ex {
+                orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
+                device_cap_flags_ex, max_dm_size, pci_atomic_caps, xrc_odp_caps, phys_port_cnt_ex
+            }
+            ibv_query_device_ex_input { comp_mask }
+            ibv_values_ex { comp_mask, raw_clock }
+            ibv_td { context }
+            ibv_td_init_attr { comp_mask }
+            ibv_parent_domain_init_attr { pd, td, comp_mask, alloc, free, pd_context }
         });
+        rows.push((
+            "offsetof(struct ibv_mw, type)".into(),
+            offset_of!(ibv_mw, mw_type),
+        ));
+        // The enum values the memory-window and invalidation paths use.
+        for (name, value) in [
+            ("IBV_WC_WITH_INV", IBV_WC_WITH_INV),
+            ("IBV_WR_LOCAL_INV", IBV_WR_LOCAL_INV),
+            ("IBV_WR_BIND_MW", IBV_WR_BIND_MW),
+            ("IBV_WR_SEND_WITH_INV", IBV_WR_SEND_WITH_INV),
+            ("IBV_MW_TYPE_1", IBV_MW_TYPE_1),
+            ("IBV_MW_TYPE_2", IBV_MW_TYPE_2),
+            ("IBV_ACCESS_ZERO_BASED", IBV_ACCESS_ZERO_BASED),
+            ("IBV_WC_BIND_MW", roce_verbs::WcOpcode::BindMw as u32),
+            ("IBV_WC_LOCAL_INV", roce_verbs::WcOpcode::LocalInv as u32),
+            ("IBV_WC_MW_BIND_ERR", roce_verbs::WcStatus::MwBind as u32),
+            (
+                "IBV_ACCESS_MW_BIND",
+                roce_verbs::AccessFlags::MW_BIND.bits(),
+            ),
+            ("IBV_QPT_XRC_SEND", IBV_QPT_XRC_SEND),
+            ("IBV_QPT_XRC_RECV", IBV_QPT_XRC_RECV),
+            ("IBV_QP_INIT_ATTR_XRCD", IBV_QP_INIT_ATTR_XRCD),
+            ("IBV_SRQ_INIT_ATTR_XRCD", IBV_SRQ_INIT_ATTR_XRCD),
+            ("IBV_SRQ_INIT_ATTR_CQ", IBV_SRQ_INIT_ATTR_CQ),
+            ("IBV_SRQT_XRC", IBV_SRQT_XRC),
+            ("IBV_XRCD_INIT_ATTR_RESERVED", IBV_XRCD_INIT_ATTR_RESERVED),
+            ("IBV_QP_OPEN_ATTR_RESERVED", IBV_QP_OPEN_ATTR_RESERVED),
+        ] {
+            rows.push((name.into(), value as usize));
+        }
+        // Members of anonymous structs and of the offloads we keep opaque.
+        let odp = offset_of!(ibv_device_attr_ex, odp_caps);
+        for (member, value) in [
+            (
+                "odp_caps.per_transport_caps.rc_odp_caps",
+                odp + offset_of!(ibv_odp_caps, rc_odp_caps),
+            ),
+            (
+                "odp_caps.per_transport_caps.uc_odp_caps",
+                odp + offset_of!(ibv_odp_caps, uc_odp_caps),
+            ),
+            (
+                "odp_caps.per_transport_caps.ud_odp_caps",
+                odp + offset_of!(ibv_odp_caps, ud_odp_caps),
+            ),
+            ("tso_caps", offset_of!(ibv_device_attr_ex, _offloads)),
+        ] {
+            rows.push((
+                format!("offsetof(struct ibv_device_attr_ex, {member})"),
+                value,
+            ));
+        }
+        rows.push(("sizeof(struct timespec)".into(), size_of::<timespec>()));
         rows
     }
 
@@ -622,7 +1034,7 @@ mod layout_tests {
     #[test]
     fn layouts_match_the_installed_verbs_h() {
         roce_cabi::probe::assert_layouts(
-            "#include <stddef.h>\n#include <infiniband/verbs.h>\n",
+            "#include <stddef.h>\n#include <time.h>\n#include <infiniband/verbs.h>\n",
             &rows(),
         );
         assert_eq!(

@@ -130,6 +130,11 @@ pub(crate) fn imported_mr(raw: ibv_mr) -> *mut ibv_mr {
     copy
 }
 
+/// Whether `mr` is an imported copy (an `ibv_mr` alone, not one of our regions).
+pub(crate) fn is_imported_mr(mr: *const ibv_mr) -> bool {
+    with(|registry| registry.imported_mrs.contains(&(mr as usize))).unwrap_or(false)
+}
+
 /// Frees `mr` if it is an imported copy; whether it was.
 ///
 /// # Safety

@@ -10,7 +10,7 @@
 //! them, and they point at it): it stays allocated, as its QPs and regions expect.
 
 use core::ffi::c_int;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::abi::*;
 use crate::context::Context;
@@ -49,15 +49,11 @@ pub(crate) unsafe extern "C" fn import_pd(
     if !same_space {
         return fail_null(CALL, EINVAL, &"the PD is of another context's objects");
     }
-    Box::into_raw(Box::new(Pd {
-        raw: ibv_pd {
-            context,
-            handle: pd_handle,
-        },
-        pd: original.pd.clone(),
-        users: AtomicUsize::new(0),
-    }))
-    .cast()
+    let raw = ibv_pd {
+        context,
+        handle: pd_handle,
+    };
+    Box::into_raw(Box::new(Pd::plain(raw, original.pd.clone()))).cast()
 }
 
 /// `ibv_unimport_pd`: frees an imported PD (see the module's docs for one still in use).

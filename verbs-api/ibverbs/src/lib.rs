@@ -19,8 +19,10 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening, importing and
 //! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
-//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `pd`, `cq` → `context` →
-//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
+//! builders) → `ah` → `mw` (memory windows, whose binds post through `ops.post_send`) →
+//! `srq` → `xrc` (XRC domains) → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
+//! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
+//! close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
 //! `handles` (what makes objects importable: `cmd_fd`, handles) below `pd` and `context`;
 //! `abi`, `errno`, `logging` and `strings` below all (the crate root only declares, exports
@@ -35,6 +37,8 @@ mod errno;
 mod handles;
 mod import;
 mod logging;
+mod mcast;
+mod mw;
 mod ops;
 mod pd;
 mod post;
@@ -44,6 +48,7 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
+mod xrc;
 
 use roce_cabi::{export, unsupported};
 
@@ -76,11 +81,12 @@ export!("ibv_reg_mr" @ "IBVERBS_1.1" => pd::reg_mr);
 export!("ibv_reg_mr_iova" @ "IBVERBS_1.7" => pd::reg_mr_iova);
 export!("ibv_reg_mr_iova2" @ "IBVERBS_1.8" => pd::reg_mr_iova2);
 export!("ibv_dereg_mr" @ "IBVERBS_1.1" => pd::dereg_mr);
+export!("ibv_rereg_mr" @ "IBVERBS_1.1" => pd::rereg_mr);
 export!("ibv_create_comp_channel" @ "IBVERBS_1.0" => cq::create_comp_channel);
 export!("ibv_destroy_comp_channel" @ "IBVERBS_1.0" => cq::destroy_comp_channel);
 export!("ibv_create_cq" @ "IBVERBS_1.1" => cq::create_cq);
 export!("ibv_destroy_cq" @ "IBVERBS_1.1" => cq::destroy_cq);
-export!("ibv_resize_cq" @ "IBVERBS_1.1" => unsupported::int);
+export!("ibv_resize_cq" @ "IBVERBS_1.1" => cq::resize_cq);
 export!("ibv_get_cq_event" @ "IBVERBS_1.1" => cq::get_cq_event);
 export!("ibv_ack_cq_events" @ "IBVERBS_1.1" => cq::ack_cq_events);
 export!("ibv_create_qp" @ "IBVERBS_1.1" => qp::create_qp);
@@ -94,6 +100,8 @@ export!("ibv_query_srq" @ "IBVERBS_1.1" => srq::query_srq);
 export!("ibv_destroy_srq" @ "IBVERBS_1.1" => srq::destroy_srq);
 export!("ibv_create_ah" @ "IBVERBS_1.1" => ah::create_ah);
 export!("ibv_destroy_ah" @ "IBVERBS_1.1" => ah::destroy_ah);
+export!("ibv_attach_mcast" @ "IBVERBS_1.1" => mcast::attach_mcast);
+export!("ibv_detach_mcast" @ "IBVERBS_1.1" => mcast::detach_mcast);
 export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => ah::init_ah_from_wc);
 export!("ibv_create_ah_from_wc" @ "IBVERBS_1.1" => ah::create_ah_from_wc);
 export!("ibv_wc_status_str" @ "IBVERBS_1.1" => strings::wc_status_str);
@@ -107,9 +115,6 @@ export!("ibv_unimport_pd" @ "IBVERBS_1.10" => import::unimport_pd);
 export!("ibv_unimport_mr" @ "IBVERBS_1.10" => import::unimport_mr);
 // Not supported by this device; rdma-core fails them the same way for a provider without
 // them.
-export!("ibv_attach_mcast" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_detach_mcast" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_rereg_mr" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_reg_dmabuf_mr" @ "IBVERBS_1.12" => unsupported::null);
 export!("ibv_import_dm" @ "IBVERBS_1.13" => unsupported::null);
 export!("ibv_unimport_dm" @ "IBVERBS_1.13" => unsupported::nothing);
@@ -120,7 +125,16 @@ export!("ibv_query_qp_data_in_order" @ "IBVERBS_1.14" => data_in_order_unknown);
 export!("ibv_copy_ah_attr_from_kern" @ "IBVERBS_1.1" => unsupported::nothing);
 export!("ibv_copy_qp_attr_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
 export!("ibv_copy_path_rec_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
-// For our librdmacm.so.1 only.
+// rdma_cm (roce-rdmacm, linked here): each call under a private name, which our
+// librdmacm.so.1 (verbs-api/rdmacm/shim) forwards its symbol to, so that one library owns
+// the process's roce-verbs state.
+macro_rules! export_rdmacm {
+    ($name:ident @ $version:literal => $entry:path, $returns:ident) => {
+        export!("roce_" + $name @ "ROCE_RDMACM_PRIVATE" => $entry);
+    };
+}
+roce_rdmacm::for_each_symbol!(export_rdmacm);
+// What roce-rdmacm asks of this library's verbs objects.
 export!("roce_rdmacm_verbs_context" @ "ROCE_RDMACM_PRIVATE" => rdmacm_hook::verbs_context);
 
 /// `ibv_query_qp_data_in_order`: 0 promises nothing about placement order.

@@ -1,15 +1,16 @@
 //! `rdma_getaddrinfo` / `rdma_freeaddrinfo`: libc's `getaddrinfo` in rdma_cm's shape. There
 //! is no route information to give on RoCE (no SA), so the result carries addresses only:
 //! the source for a passive lookup (`RAI_PASSIVE`), else the destination and the hints'
-//! source if they give one (as rdma-core copies it: ucmatose's `-b` on a client). IPv4 and
-//! IPv6 alike, a link-local IPv6 address with its `%interface` scope.
+//! source if they give one (as rdma-core copies it: ucmatose's `-b` on a client); with
+//! neither a node nor a service, the hints' own addresses. IPv4 and IPv6 alike, a link-local
+//! IPv6 address with its `%interface` scope.
 
 use core::ffi::{c_char, c_int};
 
 use crate::abi::*;
 
 /// `rdma_getaddrinfo`: 0, or libc's `EAI_*` code.
-pub(crate) unsafe extern "C" fn getaddrinfo(
+pub unsafe extern "C" fn getaddrinfo(
     node: *const c_char,
     service: *const c_char,
     hints: *const rdma_addrinfo,
@@ -20,6 +21,11 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
     }
     // SAFETY: the caller passes NULL or hints.
     let hints = unsafe { hints.as_ref() };
+    if node.is_null() && service.is_null() {
+        // SAFETY: checked not null; the caller's out pointer.
+        unsafe { *res = Box::into_raw(Box::new(from_hints(hints))) };
+        return 0;
+    }
     let flags = hints.map_or(0, |hints| hints.ai_flags);
     let port_space = match hints.map(|hints| hints.ai_port_space) {
         Some(0) | None => RDMA_PS_TCP,
@@ -73,6 +79,42 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
     0
 }
 
+/// With neither a node nor a service to look up, rdma-core answers with the hints' own
+/// addresses and kinds (pyverbs' `AddrInfo(src=...)` asks this way for a group's address).
+fn from_hints(hints: Option<&rdma_addrinfo>) -> rdma_addrinfo {
+    let copied = |addr: *mut libc::sockaddr, len: libc::socklen_t| {
+        if addr.is_null() || len == 0 {
+            (core::ptr::null_mut(), 0)
+        } else {
+            // SAFETY: the caller's hints hold `len` bytes at `addr`.
+            unsafe { boxed_copy(addr, len) }
+        }
+    };
+    let (src, src_len) = hints.map_or((core::ptr::null_mut(), 0), |hints| {
+        copied(hints.ai_src_addr, hints.ai_src_len)
+    });
+    let (dst, dst_len) = hints.map_or((core::ptr::null_mut(), 0), |hints| {
+        copied(hints.ai_dst_addr, hints.ai_dst_len)
+    });
+    rdma_addrinfo {
+        ai_flags: hints.map_or(0, |hints| hints.ai_flags),
+        ai_family: hints.map_or(0, |hints| hints.ai_family),
+        ai_qp_type: hints.map_or(0, |hints| hints.ai_qp_type),
+        ai_port_space: hints.map_or(0, |hints| hints.ai_port_space),
+        ai_src_len: src_len,
+        ai_dst_len: dst_len,
+        ai_src_addr: src,
+        ai_dst_addr: dst,
+        ai_src_canonname: core::ptr::null_mut(),
+        ai_dst_canonname: core::ptr::null_mut(),
+        ai_route_len: 0,
+        ai_route: core::ptr::null_mut(),
+        ai_connect_len: 0,
+        ai_connect: core::ptr::null_mut(),
+        ai_next: core::ptr::null_mut(),
+    }
+}
+
 /// libc's hints for rdma_getaddrinfo's: the family, a stream socket for TCP port space and
 /// a datagram one for UDP, passive and numeric as asked.
 fn libc_hints(hints: Option<&rdma_addrinfo>, flags: c_int, port_space: c_int) -> libc::addrinfo {
@@ -120,7 +162,7 @@ unsafe fn boxed_copy(
 }
 
 /// `rdma_freeaddrinfo`.
-pub(crate) unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
+pub unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
     let mut next = res;
     while !next.is_null() {
         // SAFETY: an entry `rdma_getaddrinfo` made, freed once.
