@@ -582,7 +582,15 @@ impl Sim {
         else {
             return false;
         };
-        self.now = self.now.max(next);
+        self.round_at(next);
+        true
+    }
+
+    /// One round of every endpoint at `at` (or now, if later), in the order a provider's
+    /// engine runs it: the frames that have arrived by then, the timers due, then what is
+    /// to be sent. Stepping calls it at each next event; a test calls it to wake late.
+    pub fn round_at(&mut self, at: Instant) {
+        self.now = self.now.max(at);
         while let Some(Reverse((at, id))) = self.queue.peek().copied() {
             if at > self.now {
                 break;
@@ -601,7 +609,6 @@ impl Sim {
             node.endpoint.handle_timeout(self.now);
         }
         self.flush();
-        true
     }
 
     /// Steps until `done` holds or nothing is left to happen, at most `max_steps` times.

@@ -401,3 +401,48 @@ fn a_rate_limit_is_taken_where_the_qp_sends() {
         (Some(Rate::mbps(10)), Some(Rate::mbps(10)))
     );
 }
+
+/// An engine that wakes late (a loaded machine) finds the pacer's timer and the ACK timer
+/// due at once: the ACK timer then restarts rather than send anything again, since the
+/// pacer, not the peer, held back what was not acknowledged. Every wake-up of the sender
+/// here comes 4 ms (eight ACK timeouts) late, and runs as the engine does: frames in,
+/// timers, frames out; the network and the receiver are on time.
+#[test]
+fn a_late_wake_up_of_a_paced_requester_is_not_a_silent_peer() {
+    let (mut sim, qa, _) = network(None, CongestionConfig::default());
+    let now = sim.now;
+    let limit = RateLimit {
+        rate: Rate::mbps(10),
+        max_burst: 0,
+    };
+    (sim.nodes[A].endpoint)
+        .set_rate_limit(now, qa, Some(limit))
+        .unwrap();
+    let len = 32 << 10;
+    let data = pattern(len, 5);
+    let src = sim.reg(A, SRC, &data);
+    let dst = sim.reg(B, DST, &vec![0; len]);
+    let op = SendOp::RdmaWrite {
+        remote_addr: DST,
+        rkey: dst,
+    };
+    sim.post_send(A, qa, &signaled(1, op, sge(SRC, len, src)))
+        .unwrap();
+    let mut done = Vec::new();
+    for _ in 0..1000 {
+        done.extend(sim.poll_send(A));
+        if !done.is_empty() {
+            break;
+        }
+        let late = sim.now + Duration::from_millis(4);
+        sim.round_at(late);
+        // The packet just sent reaches B, and B's answer A, in time.
+        sim.step();
+        sim.step();
+    }
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].status, roce_transport::cq::WcStatus::Success);
+    assert_eq!(sim.mr_bytes(B, dst), data);
+    let stats = sim.nodes[A].endpoint.qp_stats(qa).unwrap();
+    assert_eq!((stats.timeouts, stats.retransmits), (0, 0), "{stats:?}");
+}

@@ -48,6 +48,9 @@ struct State {
     pacer: Option<Pacer>,
     /// When the pacer refused a packet last: the instant it allows the next.
     pace_wake: Option<Instant>,
+    /// The pacer refused the requester's next packet at the last look, and it has not gone
+    /// since: the peer has not been silent, we have (see [`Congestion::holding`]).
+    holding: bool,
     /// Cuts of reaction points that have since finished.
     past_cuts: u64,
 }
@@ -182,18 +185,26 @@ impl Congestion {
         self.refresh(now);
     }
 
-    /// `Ok` if the requester may send a packet at `now`; otherwise remembers when it may.
+    /// `Ok` if the requester may send a packet at `now`; otherwise remembers when it may,
+    /// and whether a packet waits for it (`waiting`).
     #[inline]
-    pub fn pace(&mut self, now: Instant) -> Result<(), Instant> {
+    pub fn pace(&mut self, now: Instant, waiting: bool) -> Result<(), Instant> {
         let Some(state) = &mut self.state else {
             return Ok(());
         };
         let Some(pacer) = &state.pacer else {
             return Ok(());
         };
-        pacer
-            .check(now)
-            .inspect_err(|&at| state.pace_wake = Some(at))
+        let verdict = pacer.check(now);
+        state.holding = verdict.is_err() && waiting;
+        verdict.inspect_err(|&at| state.pace_wake = Some(at))
+    }
+
+    /// Whether the pacer holds back a packet the requester would send: then the ACK timer
+    /// going off says that our engine woke late (the packet could not go at its time), not
+    /// that the peer went silent.
+    pub fn holding(&self) -> bool {
+        self.state.as_ref().is_some_and(|state| state.holding)
     }
 
     /// The requester sent a packet of `bytes` (headers and payload) at `now`.

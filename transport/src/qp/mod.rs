@@ -487,6 +487,14 @@ impl Qp {
         let expired: Vec<Timer> = self.timers.expire(ctx.now).collect();
         for timer in expired {
             match timer {
+                Timer::Retransmit if self.congestion.holding() => {
+                    // The pacer held back the next packet until after the timer was due (a
+                    // late wake-up): the ACK timer runs from when it goes, as it would
+                    // have had the engine woken at the pacer's time.
+                    if let Some(timeout) = self.common.config.ack_timeout() {
+                        self.timers.set(Timer::Retransmit, ctx.now + timeout);
+                    }
+                }
                 Timer::Retransmit => {
                     let outcome =
                         completer::ack_timeout(&mut self.comp, &mut self.sq, &mut self.common);
@@ -565,7 +573,8 @@ impl Qp {
             self.selective.mark(&mut out.bth, false);
             return true;
         }
-        if self.congestion.pace(ctx.now).is_err() {
+        let waiting = self.sq.cursor().is_some() || self.selective.next_resend().is_some();
+        if self.congestion.pace(ctx.now, waiting).is_err() {
             self.arm_congestion_timer();
             return false;
         }
