@@ -304,9 +304,10 @@ pub unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
     unsafe { id.as_ref() }.map_or(0, |raw| port_of(&raw.route.addr.dst_addr))
 }
 
-/// `rdma_set_option`: the options rdma-core passes to the kernel for an RC id over RoCE
-/// (`RDMA_OPTION_ID_TOS`, `_REUSEADDR`, `_AFONLY`, `_ACK_TIMEOUT`) are accepted and have no
-/// effect here; others fail with `ENOSYS`, as the kernel answers them.
+/// `rdma_set_option`: `RDMA_OPTION_ID_TOS` (one byte, as the kernel takes it) sets the
+/// traffic class of the id's connection; the other options rdma-core passes to the kernel
+/// for an RC id over RoCE (`_REUSEADDR`, `_AFONLY`, `_ACK_TIMEOUT`) are accepted and have
+/// no effect here; others fail with `ENOSYS`, as the kernel answers them.
 pub unsafe extern "C" fn set_option(
     id: *mut rdma_cm_id,
     level: c_int,
@@ -314,13 +315,29 @@ pub unsafe extern "C" fn set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    with_id(id, |_| {
+    with_id(id, |ours| {
         const RDMA_OPTION_ID: c_int = 0;
+        const RDMA_OPTION_ID_TOS: c_int = 0;
         if optval.is_null() || optlen == 0 {
             return Err(EINVAL);
         }
         match (level, optname) {
-            (RDMA_OPTION_ID, 0..=3) => Ok(()),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) => {
+                if optlen != 1 {
+                    return Err(EINVAL);
+                }
+                // SAFETY: one readable byte, as the caller says.
+                let tos = unsafe { optval.cast::<u8>().read() };
+                let mut inner = ours.lock()?;
+                inner.tos = Some(tos);
+                match &inner.cm {
+                    Some(cm) => cm
+                        .set_tos(tos)
+                        .map_err(|error| crate::errors::fail("rdma_set_option", &error)),
+                    None => Ok(()),
+                }
+            }
+            (RDMA_OPTION_ID, 1..=3) => Ok(()),
             _ => Err(38),
         }
     })
