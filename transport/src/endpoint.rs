@@ -10,8 +10,8 @@
 //! [`Cm`]: CM MADs it receives (UD SEND_ONLY with Q_Key [`mad::GSI_QKEY`]) go to the CM, the
 //! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
-use std::sync::Arc;
 use std::borrow::Borrow;
+use std::sync::Arc;
 use std::time::Instant;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

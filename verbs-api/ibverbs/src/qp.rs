@@ -609,7 +609,10 @@ pub(crate) unsafe extern "C" fn modify_qp(
     let rate_limit = (mask & qp_mask::RATE_LIMIT != 0).then_some(attr.rate_limit);
     if rate_limit.is_some() && wanted.state.map_or(ours.qp.state().ok(), Some) != Some(QpState::Rts)
     {
-        crate::log_failure("ibv_modify_qp", &"rate_limit outside RTR → RTS and RTS → RTS");
+        crate::log_failure(
+            "ibv_modify_qp",
+            &"rate_limit outside RTR → RTS and RTS → RTS",
+        );
         return EINVAL;
     }
     if let Err(error) = ours.qp.modify(&wanted) {
