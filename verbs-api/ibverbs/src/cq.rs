@@ -227,7 +227,7 @@ fn to_wc(completion: &WorkCompletion) -> ibv_wc {
         wc_flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: completion.roce_packet_type(),
         dlid_path_bits: 0,
     }
 }
