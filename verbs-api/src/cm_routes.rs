@@ -259,10 +259,18 @@ pub(crate) fn sidr_refusal() -> SidrReply {
     }
 }
 
+/// Whether an id bound to `ip` is bound to no device: the wildcard or a loopback address,
+/// which the kernel's rdma_cm takes alike (`cma_any_addr`): libfabric binds its listeners
+/// to `localhost` and then offers the device's own addresses.
+pub(crate) fn is_any(ip: IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback()
+}
+
 /// Whether `listener` takes `request`, as the kernel's `cma_match_private_data`: one bound
-/// to the IPv6 wildcard takes both families (`bindv6only` is 0 by default), one bound to
-/// the IPv4 wildcard IPv4 only, one bound to an address only requests to it. A request
-/// without rdma_cm's header (a bare IB CM peer) names no address to check.
+/// to the IPv6 wildcard (or loopback) takes both families (`bindv6only` is 0 by default),
+/// one bound to the IPv4 wildcard (or loopback) IPv4 only, one bound to an address only
+/// requests to it. A request without rdma_cm's header (a bare IB CM peer) names no address
+/// to check.
 fn takes(listener: &Route, request: &ConnectRequest) -> bool {
     let (Some(bound), Ok(header)) = (
         listener.bound,
@@ -272,8 +280,8 @@ fn takes(listener: &Route, request: &ConnectRequest) -> bool {
         return true;
     };
     match (bound.ip(), header.addresses) {
-        (IpAddr::V6(ip), _) if ip.is_unspecified() => true,
-        (IpAddr::V4(ip), Addresses::V4 { dst, .. }) => ip.is_unspecified() || ip == dst,
+        (ip @ IpAddr::V6(_), _) if is_any(ip) => true,
+        (ip @ IpAddr::V4(v4), Addresses::V4 { dst, .. }) => is_any(ip) || v4 == dst,
         (IpAddr::V6(ip), Addresses::V6 { dst, .. }) => ip == dst,
         _ => false,
     }
