@@ -35,6 +35,7 @@ use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::req::{self, ServiceType};
 use roce_wire::cm::{rej, PortSpace};
 
+pub use crate::cm_routes::ConnReply;
 use crate::cm_routes::{apply_qp_attrs, is_any, to_error, ContextKey, Notice, Route, What};
 use crate::context::Context;
 use crate::error::Error;
@@ -201,6 +202,8 @@ pub struct CmEvent {
     pub id: u64,
     /// What happened.
     pub kind: CmEventKind,
+    /// On the active side's `CONNECT_RESPONSE` and `ESTABLISHED`: the REP.
+    pub reply: Option<ConnReply>,
 }
 
 impl Context {
@@ -340,13 +343,21 @@ impl EventChannel {
     /// The event a notice tells; none for a request whose device is closed or that the
     /// listener does not take.
     fn event(&self, notice: Notice) -> Option<CmEvent> {
+        let mut reply = None;
         let kind = match notice.what {
             What::AddrResolved => CmEventKind::AddrResolved,
             What::AddrError(errno) => CmEventKind::AddrError(errno),
             What::RouteResolved => CmEventKind::RouteResolved,
             What::RouteError(errno) => CmEventKind::RouteError(errno),
             What::ConnectError => CmEventKind::ConnectError,
-            What::ConnectResponse => CmEventKind::ConnectResponse,
+            What::ConnectResponse(rep) => {
+                reply = Some(*rep);
+                CmEventKind::ConnectResponse
+            }
+            What::Established(rep) => {
+                reply = rep.map(|rep| *rep);
+                CmEventKind::Established
+            }
             What::Request {
                 new_id,
                 conn,
@@ -406,6 +417,7 @@ impl EventChannel {
         Some(CmEvent {
             id: notice.id,
             kind,
+            reply,
         })
     }
 
@@ -605,6 +617,7 @@ impl CmId {
             qpn,
             program_qp: false,
             bound: None,
+            reply: None,
         })
     }
 
