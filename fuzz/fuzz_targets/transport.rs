@@ -188,11 +188,11 @@ impl World {
         self.check_backlog();
     }
 
-    /// A signaled send work request of operation `op % 7` on `side`'s QP of `kind`.
+    /// A signaled send work request of operation `op % 8` on `side`'s QP of `kind`.
     fn post(&mut self, side: usize, kind: usize, op: u8, len: u16, local: u16, remote: u16) {
         let remote_addr = BASE + u64::from(remote);
         let rkey = self.key[1 - side];
-        let op = match op % 7 {
+        let op = match op % 8 {
             0 => SendOp::Send,
             1 => SendOp::SendWithImm(u32::from(len)),
             2 => SendOp::RdmaWrite { remote_addr, rkey },
@@ -207,11 +207,16 @@ impl World {
                 rkey,
                 add: 1,
             },
-            _ => SendOp::CompareSwap {
+            6 => SendOp::CompareSwap {
                 remote_addr,
                 rkey,
                 compare: 0,
                 swap: 1,
+            },
+            _ => SendOp::AtomicWrite {
+                remote_addr,
+                rkey,
+                data: [7; 8],
             },
         };
         let length = if op.is_atomic() {

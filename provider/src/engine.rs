@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use roce_transport::{Endpoint, Transmit};
 use roce_wire::frame::IpRepr;
+use roce_wire::multicast::{is_group_mac, multicast_mac};
 use roce_wire::{Frame, FrameError, FrameRepr};
 
 use crate::backend::Backend;
@@ -39,8 +40,9 @@ pub struct Addressing {
 pub struct EngineStats {
     /// Frames received.
     pub rx_frames: u64,
-    /// Received frames whose Ethernet destination is not our MAC (broadcast and multicast
-    /// included: RoCEv2 unicast uses neither), dropped before parsing.
+    /// Received frames whose Ethernet destination is neither our MAC nor, while a QP of ours
+    /// is attached to a multicast group, a group address (multicast datagrams go on to the
+    /// endpoint, which knows its groups), dropped before parsing.
     pub rx_not_ours: u64,
     /// Received frames that were not RoCEv2 (ARP, other UDP, ...).
     pub rx_other: u64,
@@ -225,26 +227,27 @@ impl<B: Backend> Engine<B> {
 
     /// The frame for `transmit`: IPv4 from our address to a known IPv4 neighbour, or IPv6
     /// from the GID the packet names to a known IPv6 neighbour; to our own MAC when the
-    /// destination is one of our addresses.
+    /// destination is one of our addresses, to the group's MAC when it is a multicast group.
     fn frame<'t>(&self, transmit: &'t Transmit) -> Option<roce_wire::FrameRepr<'t>> {
         let mac = self.addressing.mac;
         let dgid = transmit.packet.av.dgid;
         let ours = self.gids.contains(&dgid)
             || (dgid == self.addressing.ip.to_ipv6_mapped().octets()
                 && !self.addressing.ip.is_unspecified());
+        let group = multicast_mac(&dgid);
         if let Some(ip) = transmit.ipv4_destination() {
-            let neighbour = if ours {
-                mac
-            } else {
-                *self.addressing.neighbours.get(&ip)?
+            let neighbour = match group {
+                _ if ours => mac,
+                Some(group) => group,
+                None => *self.addressing.neighbours.get(&ip)?,
             };
             return transmit.frame(mac, self.addressing.ip.into(), neighbour);
         }
         let ip = transmit.ipv6_destination()?;
-        let neighbour = if ours {
-            mac
-        } else {
-            *self.neighbours6.get(&ip)?
+        let neighbour = match group {
+            _ if ours => mac,
+            Some(group) => group,
+            None => *self.neighbours6.get(&ip)?,
         };
         let source = self.gids.get(usize::from(transmit.packet.av.sgid_index))?;
         let source = Ipv6Addr::from(*source);
@@ -307,7 +310,15 @@ impl<B: Backend> Engine<B> {
             });
         emitted?;
         match sent {
-            Ok(()) => self.stats.tx_frames += 1,
+            Ok(()) => {
+                self.stats.tx_frames += 1;
+                // A multicast datagram also reaches our own attached QPs while the host is
+                // a member of its group, as the kernel loops it back to rxe.
+                let dgid = transmit.packet.av.dgid;
+                if is_group_mac(&repr.ethernet.dst) && self.endpoint.mcast_loopback(&dgid) {
+                    self.loop_back(now, &repr)?;
+                }
+            }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
                 self.stats.tx_full += 1;
                 return Ok(false);
@@ -345,8 +356,8 @@ fn concerns_one_packet(error: &io::Error) -> bool {
     )
 }
 
-/// Parses, checks and hands one received frame to the endpoint, if it is addressed to `mac`.
-/// Hands a frame to the endpoint; the frame, parsed, if it was RoCEv2 and to us.
+/// Parses, checks and hands one received frame to the endpoint, if it is addressed to `mac`
+/// or a group address; the frame, parsed, if it was RoCEv2 and to us.
 fn receive<'a>(
     endpoint: &mut Endpoint,
     stats: &mut EngineStats,
@@ -355,7 +366,11 @@ fn receive<'a>(
     bytes: &'a [u8],
 ) -> Option<FrameRepr<'a>> {
     stats.rx_frames += 1;
-    if bytes.get(..6) != Some(&mac[..]) {
+    // A group's frame is worth parsing only while a QP of ours is in a group.
+    let to_us = bytes.first_chunk::<6>().is_some_and(|dst| {
+        *dst == mac || (is_group_mac(dst) && endpoint.mcast_groups().next().is_some())
+    });
+    if !to_us {
         tracing::trace!(len = bytes.len(), "dropped: not to our MAC");
         stats.rx_not_ours += 1;
         return None;
@@ -408,11 +423,14 @@ fn learn_cm_peer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::{memory_pair, MemoryBackend};
     use roce_transport::cq::WcStatus;
     use roce_transport::mr::PdId;
     use roce_transport::qp::{QpCaps, QpInit};
-    use roce_transport::qp_state::{connect_attrs, AddressVector, PathMtu, Peer, QpType};
-    use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList};
+    use roce_transport::qp_state::{connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpType};
+    use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
+    use roce_transport::AccessFlags;
+    use roce_wire::multicast::MULTICAST_QPN;
     use roce_wire::Psn;
     use std::time::Duration;
 
@@ -495,27 +513,143 @@ mod tests {
     }
 
     #[test]
-    fn only_frames_to_our_mac_are_parsed() {
-        let mut engine = engine_with_a_send(Refusing(libc::EPERM));
+    fn only_frames_to_our_mac_or_while_in_a_group_a_group_address_are_parsed() {
+        let (wire, _peer) = memory_pair();
+        let (mut engine, _, qpn) = engine_in_group(wire, 1);
+        let mac = engine.addressing().mac;
         let now = Instant::now();
-        for mac in [
-            [0xff; 6],
-            [0x01, 0, 0x5e, 0, 0, 1],
-            [2, 0, 0, 0, 0, 9],
-            OUR_MAC,
-        ] {
-            let frame = junk_to(mac);
-            receive(
-                &mut engine.endpoint,
-                &mut engine.stats,
-                OUR_MAC,
-                now,
-                &frame,
-            );
+        let parsed = |engine: &mut Engine<MemoryBackend>| {
+            let before = engine.stats;
+            for to in [[0xff; 6], [0x01, 0, 0x5e, 0, 0, 1], [2, 0, 0, 0, 0, 9], mac] {
+                receive(
+                    &mut engine.endpoint,
+                    &mut engine.stats,
+                    mac,
+                    now,
+                    &junk_to(to),
+                );
+            }
+            let stats = engine.stats;
+            let rejected = stats.rx_other + stats.rx_rejected;
+            (
+                stats.rx_not_ours - before.rx_not_ours,
+                rejected - before.rx_other - before.rx_rejected,
+            )
+        };
+        assert_eq!(parsed(&mut engine), (1, 3));
+        engine.endpoint().detach_mcast(qpn, GROUP).unwrap();
+        assert_eq!(parsed(&mut engine), (3, 1));
+    }
+
+    /// 239.1.2.3 as a GID, and its MAC.
+    const GROUP: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 239, 1, 2, 3];
+    const GROUP_MAC: [u8; 6] = [0x01, 0x00, 0x5E, 0x01, 0x02, 0x03];
+
+    /// An engine at 10.9.9.`host` on `backend` with a UD QP at RTS attached to [`GROUP`],
+    /// one receive posted: the engine, its CQ and the QP.
+    fn engine_in_group(
+        backend: MemoryBackend,
+        host: u8,
+    ) -> (Engine<MemoryBackend>, roce_transport::CqId, u32) {
+        let mut endpoint = Endpoint::new([host; 32]);
+        let pd: PdId = endpoint.mrs().alloc_pd();
+        let cq = endpoint.create_cq(8).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
+        let now = Instant::now();
+        for attr in ud_attrs(0x0123_4567, Psn::new(0)) {
+            endpoint.modify_qp(now, qpn, &attr).unwrap();
         }
-        let stats = engine.stats;
-        assert_eq!((stats.rx_frames, stats.rx_not_ours), (4, 3));
-        assert_eq!(stats.rx_other + stats.rx_rejected, 1, "{stats:?}");
+        let key = endpoint
+            .mrs()
+            .reg_mr(pd, 0x1000, 64, AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let mut sg_list = SgList::new();
+        sg_list.push(Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: key,
+        });
+        let recv = RecvWr { wr_id: 7, sg_list };
+        endpoint.post_recv(now, qpn, &recv).unwrap();
+        endpoint.attach_mcast(qpn, GROUP).unwrap();
+        let addressing = Addressing {
+            mac: [2, 0, 0, 0, 0, host],
+            ip: Ipv4Addr::new(10, 9, 9, host),
+            neighbours: HashMap::new(),
+        };
+        (Engine::new(endpoint, backend, addressing), cq, qpn)
+    }
+
+    fn send_to_group(engine: &mut Engine<MemoryBackend>, qpn: u32) {
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: vec![9; 8],
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            ud: Some(UdDest {
+                av: AddressVector {
+                    dgid: GROUP,
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                    flow_label: 0,
+                },
+                remote_qpn: MULTICAST_QPN,
+                remote_qkey: 0x0123_4567,
+            }),
+        };
+        engine
+            .endpoint()
+            .post_send(Instant::now(), qpn, &wr)
+            .unwrap();
+        engine.poll().unwrap();
+    }
+
+    /// Receive completions on `cq` after a few turns.
+    fn received(engine: &mut Engine<MemoryBackend>, cq: roce_transport::CqId) -> Vec<u64> {
+        let mut done = Vec::new();
+        for _ in 0..5 {
+            engine.poll().unwrap();
+            engine.endpoint().cq(cq).poll(8, &mut done);
+        }
+        done.iter()
+            .filter(|wc| wc.opcode == roce_transport::cq::WcOpcode::Recv)
+            .map(|wc| wc.wr_id)
+            .collect()
+    }
+
+    /// A datagram to a group leaves to the group's MAC with no neighbour known, reaches the
+    /// peer's attached QP, and comes back to the sender's own attached QP only once its host
+    /// is a member of the group.
+    #[test]
+    fn datagrams_to_a_group_go_to_its_mac_and_loop_back_only_to_members() {
+        let (wire_a, wire_b) = memory_pair();
+        let (mut a, cq_a, qp_a) = engine_in_group(wire_a, 1);
+        let (mut b, cq_b, _) = engine_in_group(wire_b, 2);
+        send_to_group(&mut a, qp_a);
+        let mut frame = [0u8; 256];
+        b.backend()
+            .recv(&mut frame)
+            .unwrap()
+            .expect("a frame on the wire");
+        assert_eq!(frame[..6], GROUP_MAC);
+        assert_eq!(frame[14 + 16..14 + 20], GROUP[12..]);
+        assert_eq!((a.stats.tx_frames, a.stats.looped_back), (1, 0));
+        assert!(received(&mut a, cq_a).is_empty());
+
+        a.endpoint().set_mcast_loopback(GROUP, true);
+        send_to_group(&mut a, qp_a);
+        assert_eq!(a.stats.looped_back, 1);
+        assert_eq!(received(&mut a, cq_a), [7]);
+        assert_eq!(received(&mut b, cq_b), [7]);
+        assert_eq!(b.stats.rx_not_ours, 0);
     }
 
     const OUR_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];

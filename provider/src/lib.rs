@@ -12,6 +12,8 @@
 //! - [`capture`]: reading pcap/pcapng files and writing pcap;
 //! - [`ceiling`]: the raw AF_XDP ceiling of a link, RoCE-sized frames with no transport;
 //! - [`link::Link`]: whether an interface is up and running (the port state);
+//! - [`multicast`]: an interface's multicast MAC filter and the host's IP membership of
+//!   groups (IGMP), as the kernel keeps them for rxe;
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock.
@@ -30,6 +32,8 @@ pub mod fault;
 #[allow(unsafe_code)]
 pub mod link;
 pub mod memory;
+#[allow(unsafe_code)]
+pub mod multicast;
 pub mod netns;
 pub mod udp;
 mod umem;

@@ -1,6 +1,8 @@
 //! Our own XDP program: UDP to port 4791 (IPv4 without options or IPv6, with or without one
-//! 802.1Q tag) goes to the AF_XDP socket of its queue; everything else (ARP, ICMP, the TCP
-//! connection setup of the tools) goes on to the kernel. No clang: ~35 instructions
+//! 802.1Q tag) goes to the AF_XDP socket of its queue, whatever its destination MAC and IP
+//! (multicast datagrams to our groups too: the engine and the transport sort them out);
+//! everything else (ARP, ICMP, IGMP and MLD, the TCP connection setup of the tools) goes on
+//! to the kernel. No clang: ~35 instructions
 //! assembled here and loaded with bpf(2). Attached through a bpf_link, so it disappears when
 //! the process dies (the old netlink attach, as libxdp does, outlives a crash).
 

@@ -9,6 +9,7 @@ mod conform;
 mod demo;
 mod dump;
 mod exec;
+mod nvmf;
 mod perf;
 mod pingpong;
 mod progress;
@@ -45,6 +46,8 @@ enum Command {
     Sim(sim::Args),
     /// Run an unmodified rdma-core program (ibv_rc_pingpong, ib_write_bw, ...) over our libibverbs.
     Exec(exec::Args),
+    /// NVMe over Fabrics (RDMA): serve a target, run a verified workload, discover (root).
+    Nvmf(nvmf::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Pingpong(args) => pingpong::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Exec(args) => exec::run(&args),
+        Command::Nvmf(args) => nvmf::run(&args),
     }
 }
 

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
@@ -877,7 +877,7 @@ fn rping_over_ipv6_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
     let _ = vm.run(&["capture-stop"]);
     // The CM's MADs on the bridge, as `roce dump` decodes them: each connection's
     // REQ/REP/RTU and DREQ/DREP over IPv6, from whichever side opened or closed it.
-    let pcap = capture_path(&capture);
+    let pcap = common::rxe::capture_path(&capture);
     let dump = Command::new(env!("CARGO_BIN_EXE_roce"))
         .arg("dump")
         .arg(&pcap)
@@ -911,17 +911,6 @@ fn rping_over_ipv6_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
             "RTU {from} -> {to}: {mads:?}"
         );
     }
-}
-
-/// Where rxe-peer.sh keeps a capture.
-fn capture_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("RXE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            PathBuf::from(home).join(".cache/rxe-peer")
-        });
-    dir.join("captures").join(format!("{name}.pcap"))
 }
 
 /// `ROCE_LOSS=5` on both sides (our fault injector drops 5 % of the frames each side sends,

@@ -9,12 +9,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::Duration;
 
-use common::rxe::{captured_frames, last_frames, recovery_by_sender};
+use common::rxe::{capture_path, captured_frames, last_frames, recovery_by_sender};
 use common::{has_row, text};
 use roce_tests::rxe_vm::{vm, Vm};
 
@@ -275,17 +275,6 @@ fn perf_with_perftest_on_rxe_in_both_roles() {
     vm.start("9000");
     perf_pair(&vm, "write_bw", &["-s", "65536"], "65536", both);
     perf_pair(&vm, "read_bw", &["-s", "65536"], "65536", both);
-}
-
-/// Where rxe-peer.sh keeps its captures.
-fn capture_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("RXE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            PathBuf::from(home).join(".cache/rxe-peer")
-        });
-    dir.join("captures").join(format!("{name}.pcap"))
 }
 
 #[test]

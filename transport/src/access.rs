@@ -59,6 +59,13 @@ pub enum MrError {
     /// Longer than the device's `max_mr_size`.
     #[error("region larger than max_mr_size")]
     TooLarge,
+    /// Nothing (or nothing with the rights needed) is mapped there: an on-demand region's
+    /// page fault failed.
+    #[error("no page mapped there (on-demand page fault failed)")]
+    Unmapped,
+    /// A prefetch of a region not registered for on-demand paging.
+    #[error("region not registered for on-demand paging")]
+    NotOnDemand,
 }
 
 /// A remote atomic operation on an 8-byte word.
@@ -73,15 +80,26 @@ pub enum AtomicOp {
     },
     /// Add to the word (wrapping).
     FetchAdd(u64),
+    /// Store the value (ATOMIC WRITE); it needs remote write rights, not atomic ones.
+    Write(u64),
 }
 
 impl AtomicOp {
+    /// The right the region (and the QP) must grant.
+    pub(crate) fn needs(self) -> AccessFlags {
+        match self {
+            AtomicOp::Write(_) => AccessFlags::REMOTE_WRITE,
+            _ => AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+
     /// The word's new value when it held `original`.
     pub(crate) fn apply(self, original: u64) -> u64 {
         match self {
             AtomicOp::CompareSwap { compare, swap } if original == compare => swap,
             AtomicOp::CompareSwap { .. } => original,
             AtomicOp::FetchAdd(add) => original.wrapping_add(add),
+            AtomicOp::Write(value) => value,
         }
     }
 }
@@ -92,7 +110,7 @@ impl MrError {
         match self {
             MrError::PdBusy => errno::EBUSY,
             MrError::OutOfMemory => errno::ENOMEM,
-            MrError::NullAddress => errno::EFAULT,
+            MrError::NullAddress | MrError::Unmapped => errno::EFAULT,
             _ => errno::EINVAL,
         }
     }

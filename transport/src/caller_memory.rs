@@ -10,6 +10,13 @@
 //!   they are real atomic instructions, so they are atomic with respect to each other and
 //!   to the CPU's own atomics on the same word.
 //!
+//! Memory registered for on-demand paging (`IBV_ACCESS_ON_DEMAND`, [`CallerMemory::on_demand`])
+//! promises nothing about the mapping, as an ODP region on an HCA: pages may be unmapped or
+//! never have been mapped, and the region may be the whole address space (implicit ODP). Its
+//! copies go through the kernel (`process_vm_readv`/`process_vm_writev` on our own process),
+//! which faults pages in as the CPU would and fails, instead of killing the process, where
+//! nothing is mapped; an atomic first faults its page in writable (`MADV_POPULATE_WRITE`).
+//!
 //! What this module guarantees in return: it never creates a Rust reference into the memory
 //! (only raw-pointer copies and atomics, so the caller's own references and pointers stay
 //! valid), never touches a byte outside `base..base + len`, and never writes memory that
@@ -26,6 +33,8 @@ pub struct CallerMemory {
     base: *mut u8,
     len: usize,
     writable: bool,
+    /// Registered for on-demand paging: no promise about the mapping.
+    on_demand: bool,
 }
 
 // SAFETY: `new`'s contract keeps the memory valid from any thread until drop, and every
@@ -39,6 +48,7 @@ impl fmt::Debug for CallerMemory {
             .field("base", &self.base)
             .field("len", &self.len)
             .field("writable", &self.writable)
+            .field("on_demand", &self.on_demand)
             .finish()
     }
 }
@@ -52,7 +62,26 @@ impl CallerMemory {
     /// readable, and writable too if `writable`; the caller avoids racing non-atomic accesses
     /// with the transfers it asks for (see the module's invariants).
     pub unsafe fn new(base: *mut u8, len: usize, writable: bool) -> Result<Self, MrError> {
-        if base.is_null() {
+        Self::checked(base, len, writable, false)
+    }
+
+    /// The caller's `len` bytes at `base` with on-demand paging: nothing needs to be mapped,
+    /// now or later, since every access asks the kernel (see the module's docs). `base` 0 with
+    /// `len` `usize::MAX` is the implicit region, the whole address space; otherwise a null
+    /// `base` and a wrapping range are refused.
+    pub fn on_demand(base: *mut u8, len: usize, writable: bool) -> Result<Self, MrError> {
+        Self::checked(base, len, writable, true)
+    }
+
+    /// Refuses a null `base` (but for the implicit on-demand region) and a range that wraps.
+    fn checked(
+        base: *mut u8,
+        len: usize,
+        writable: bool,
+        on_demand: bool,
+    ) -> Result<Self, MrError> {
+        let implicit = on_demand && len == usize::MAX;
+        if base.is_null() && !implicit {
             return Err(MrError::NullAddress);
         }
         if (base as usize).checked_add(len).is_none() {
@@ -62,7 +91,18 @@ impl CallerMemory {
             base,
             len,
             writable,
+            on_demand,
         })
+    }
+
+    /// Whether it was registered for on-demand paging.
+    pub fn is_on_demand(&self) -> bool {
+        self.on_demand
+    }
+
+    /// Whether it is the implicit on-demand region: every address of the process.
+    pub fn is_implicit(&self) -> bool {
+        self.on_demand && self.base.is_null() && self.len == usize::MAX
     }
 
     /// Bytes covered.
@@ -103,6 +143,9 @@ impl CallerMemory {
     /// Copies `out.len()` bytes from `offset` into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), MrError> {
         let source = self.at(offset, out.len())?;
+        if self.on_demand {
+            return on_demand::read(source, out.as_mut_ptr(), out.len());
+        }
         // SAFETY: `source..source + out.len()` lies inside the memory (`at`), readable by
         // `new`'s contract; `out` is a buffer of ours, not the caller's memory, so the two
         // do not overlap.
@@ -115,6 +158,13 @@ impl CallerMemory {
         let source = self.at(offset, len)?;
         out.try_reserve(len).map_err(|_| MrError::OutOfMemory)?;
         let filled = out.len();
+        if self.on_demand {
+            // `try_reserve` made room for `len` bytes after `filled`, in a buffer of ours.
+            on_demand::read(source, out.as_mut_ptr().wrapping_add(filled), len)?;
+            // SAFETY: the read above initialised those `len` bytes (it fails otherwise).
+            unsafe { out.set_len(filled + len) };
+            return Ok(());
+        }
         // SAFETY: the source lies inside the memory (`at`) and is readable by `new`'s
         // contract; `try_reserve` made room for `len` more bytes after `filled`, in a buffer
         // of ours that the caller's memory cannot overlap. The bytes are initialised by the
@@ -129,6 +179,9 @@ impl CallerMemory {
     /// Copies `data` in at `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), MrError> {
         let target = self.writable_at(offset, data.len())?;
+        if self.on_demand {
+            return on_demand::write(target, data);
+        }
         // SAFETY: the target lies inside the memory (`writable_at`), which `new`'s contract
         // keeps writable since it was registered writable; `data` is ours, so no overlap.
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), target, data.len()) };
@@ -142,6 +195,11 @@ impl CallerMemory {
         if !(target as usize).is_multiple_of(align_of::<AtomicU64>()) {
             return Err(MrError::Misaligned);
         }
+        if self.on_demand {
+            // Mapped writable from here on, unless the program unmaps it meanwhile, which a
+            // program with an ODP region must no more do under a transfer than with an HCA.
+            on_demand::fault_in_writable(target, 8)?;
+        }
         // SAFETY: the 8 bytes lie inside the memory (`writable_at`) and stay mapped and
         // writable until drop (`new`'s contract); the address is aligned for `AtomicU64`
         // (checked above); the reference lives only for this call. Non-atomic CPU accesses
@@ -154,7 +212,127 @@ impl CallerMemory {
                 }
             }
             AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Write(value) => word.swap(value, Ordering::SeqCst),
         })
+    }
+}
+
+impl CallerMemory {
+    /// Faults `len` bytes from `offset` in (writable if `write`), as `ibv_advise_mr`'s
+    /// prefetch asks; only memory registered for on-demand paging is prefetched.
+    pub fn prefetch(&self, offset: usize, len: usize, write: bool) -> Result<(), MrError> {
+        let start = if write {
+            self.writable_at(offset, len)?
+        } else {
+            self.at(offset, len)?
+        };
+        if !self.on_demand || len == 0 {
+            return Ok(());
+        }
+        if write {
+            on_demand::fault_in_writable(start, len)
+        } else {
+            on_demand::fault_in_readable(start, len)
+        }
+    }
+}
+
+/// The kernel-checked accesses of on-demand memory.
+mod on_demand {
+    use crate::access::MrError;
+
+    fn one(base: *mut u8, len: usize) -> libc::iovec {
+        libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        }
+    }
+
+    /// Whether the kernel moved all `len` bytes.
+    fn moved_all(moved: isize, len: usize) -> Result<(), MrError> {
+        if usize::try_from(moved) == Ok(len) {
+            Ok(())
+        } else {
+            Err(MrError::Unmapped)
+        }
+    }
+
+    /// Copies `len` bytes from `source` (the caller's, perhaps unmapped) to `target` (ours).
+    pub(super) fn read(source: *mut u8, target: *mut u8, len: usize) -> Result<(), MrError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (local, remote) = (one(target, len), one(source, len));
+        // SAFETY: `target` is `len` writable bytes of ours; the kernel reads `source` in our
+        // own address space on our behalf and fails with EFAULT (or a short count) where
+        // nothing is mapped, so no access of ours can fault.
+        let moved = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        moved_all(moved, len)
+    }
+
+    /// Copies `data` to `target` (the caller's, perhaps unmapped or read-only).
+    pub(super) fn write(target: *mut u8, data: &[u8]) -> Result<(), MrError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (local, remote) = (
+            one(data.as_ptr().cast_mut(), data.len()),
+            one(target, data.len()),
+        );
+        // SAFETY: the kernel only reads `data` (ours) and writes `target` in our own address
+        // space, failing where nothing writable is mapped, so no access of ours can fault.
+        let moved = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+        moved_all(moved, data.len())
+    }
+
+    fn page_size() -> usize {
+        // SAFETY: sysconf reads a constant of the system.
+        let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(size).unwrap_or(4096)
+    }
+
+    /// Populates the page tables of `start..start + len` as a write (or read) would, without
+    /// touching the bytes.
+    fn populate(start: *mut u8, len: usize, advice: libc::c_int) -> Result<(), MrError> {
+        let page = page_size();
+        let first = start as usize & !(page - 1);
+        let end = (start as usize)
+            .checked_add(len)
+            .ok_or(MrError::OutOfBounds)?;
+        // SAFETY: MADV_POPULATE_* only faults pages in (failing with ENOMEM or EFAULT where
+        // nothing, or nothing with those rights, is mapped); it changes no byte and no mapping.
+        let done = unsafe { libc::madvise(first as *mut libc::c_void, end - first, advice) };
+        if done == 0 {
+            return Ok(());
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            // A kernel before 5.14, without MADV_POPULATE_*: at least check the mapping.
+            Some(libc::EINVAL) => check_readable(start, len),
+            _ => Err(MrError::Unmapped),
+        }
+    }
+
+    /// Whether every byte of `start..start + len` is mapped readable, page by page.
+    fn check_readable(start: *mut u8, len: usize) -> Result<(), MrError> {
+        let page = page_size();
+        let mut byte = [0u8; 1];
+        let mut at = start as usize;
+        let end = at + len;
+        while at < end {
+            read(at as *mut u8, byte.as_mut_ptr(), 1)?;
+            at = (at & !(page - 1)) + page;
+        }
+        Ok(())
+    }
+
+    /// Faults `len` bytes from `start` in for writing.
+    pub(super) fn fault_in_writable(start: *mut u8, len: usize) -> Result<(), MrError> {
+        populate(start, len, libc::MADV_POPULATE_WRITE)
+    }
+
+    /// Faults `len` bytes from `start` in for reading.
+    pub(super) fn fault_in_readable(start: *mut u8, len: usize) -> Result<(), MrError> {
+        populate(start, len, libc::MADV_POPULATE_READ)
     }
 }
 

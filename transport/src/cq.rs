@@ -49,6 +49,8 @@ pub enum WcOpcode {
     CompareSwap = 3,
     /// An atomic fetch-and-add completed.
     FetchAdd = 4,
+    /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
+    AtomicWrite = 9,
     /// A receive consumed by a SEND.
     Recv = 128,
     /// A receive consumed by an RDMA WRITE with immediate.
@@ -110,6 +112,14 @@ impl WorkCompletion {
 #[error("completion queue overflow")]
 pub struct CqOverflow;
 
+/// A resize below the number of completions waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{waiting} completions wait, more than the new depth")]
+pub struct CqResizeError {
+    /// Completions waiting.
+    pub waiting: usize,
+}
+
 /// What a CQ's free slots hold.
 const BLANK: WorkCompletion = WorkCompletion {
     wr_id: 0,
@@ -158,6 +168,35 @@ impl Cq {
     /// Number of slots.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// Gives the CQ `depth` slots (`ibv_resize_cq`), keeping the completions that wait;
+    /// refused, changing nothing, when more than `depth` wait (rxe's `rxe_cq_chk_attr`).
+    pub fn resize(&mut self, depth: usize) -> Result<(), CqResizeError> {
+        if self.entries.len() > depth {
+            return Err(CqResizeError {
+                waiting: self.entries.len(),
+            });
+        }
+        self.depth = depth;
+        Ok(())
+    }
+
+    /// Drops the completions of QP `qpn` that wait, keeping the others in order; how many
+    /// went. For a QP reset: what it completed before is not reported after, as mlx5's
+    /// provider cleans its CQs (`mlx5_cq_clean`) when a QP enters RESET.
+    pub fn discard_qp(&mut self, qpn: u32) -> usize {
+        if !self.entries.iter().any(|entry| entry.qp_num == qpn) {
+            return 0;
+        }
+        let mut all = Vec::with_capacity(self.entries.len());
+        self.poll(usize::MAX, &mut all);
+        let before = all.len();
+        all.retain(|entry| entry.qp_num != qpn);
+        for entry in &all {
+            self.entries.push_with(*entry, || BLANK);
+        }
+        before - all.len()
     }
 
     /// Completions waiting to be polled.
@@ -253,6 +292,42 @@ mod tests {
             [0, 1, 2, 3]
         );
         assert!(cq.is_empty());
+    }
+
+    #[test]
+    fn resizing_keeps_what_waits_and_refuses_less_room_than_that() {
+        let mut cq = Cq::new(2);
+        cq.push(completion(0, false)).unwrap();
+        cq.push(completion(1, false)).unwrap();
+        assert_eq!(cq.resize(1), Err(CqResizeError { waiting: 2 }));
+        assert_eq!(cq.depth(), 2, "a refused resize changes nothing");
+        cq.resize(3).unwrap();
+        cq.push(completion(2, false)).unwrap();
+        assert_eq!(cq.push(completion(3, false)), Err(CqOverflow));
+        let mut out = Vec::new();
+        cq.poll(8, &mut out);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [0, 1, 2]);
+        let mut cq = Cq::new(4);
+        cq.push(completion(0, false)).unwrap();
+        cq.resize(1).unwrap();
+        assert_eq!(cq.push(completion(1, false)), Err(CqOverflow));
+    }
+
+    #[test]
+    fn discarding_a_qps_completions_keeps_the_others_in_order() {
+        let mut cq = Cq::new(8);
+        for (wr_id, qpn) in [(0, 1), (1, 2), (2, 1), (3, 3)] {
+            cq.push(WorkCompletion {
+                qp_num: qpn,
+                ..completion(wr_id, false)
+            })
+            .unwrap();
+        }
+        assert_eq!(cq.discard_qp(1), 2);
+        assert_eq!(cq.discard_qp(9), 0);
+        let mut out = Vec::new();
+        cq.poll(8, &mut out);
+        assert_eq!(out.iter().map(|c| c.wr_id).collect::<Vec<_>>(), [1, 3]);
     }
 
     #[test]

@@ -15,6 +15,8 @@ use std::time::Instant;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
+use roce_wire::multicast::{is_multicast_gid, MULTICAST_QPN};
+use roce_wire::opcode::Service;
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
@@ -23,11 +25,12 @@ use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
 use crate::errno;
 use crate::limits::LIMITS;
+use crate::mcast::{McastError, McastTable, Mgid};
 use crate::mr::MrTable;
 use crate::qp::{
     Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
 };
-use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState};
+use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable};
 use crate::wr::{RecvWr, SendWr};
 
@@ -186,6 +189,10 @@ pub struct Endpoint {
     pub gsi_drops: u64,
     /// Packets whose IP destination is not one of our GIDs (another host, broadcast).
     pub misaddressed_drops: u64,
+    /// Multicast datagrams to a group no QP of ours is attached to, or not UD.
+    pub unknown_group_drops: u64,
+    /// The multicast groups and their QPs.
+    mcast: McastTable,
     /// rxe's hardware counters.
     counters: Counters,
 }
@@ -331,6 +338,8 @@ impl Endpoint {
             unknown_qp_drops: 0,
             gsi_drops: 0,
             misaddressed_drops: 0,
+            unknown_group_drops: 0,
+            mcast: McastTable::default(),
             counters: Counters::default(),
         }
     }
@@ -356,16 +365,15 @@ impl Endpoint {
         self.gids = gids;
     }
 
-    /// Whether a frame's IP destination is one of our addresses.
+    /// Whether a frame's IP destination is one of our addresses or a multicast group (which
+    /// of our QPs it reaches is the group's business, as rxe's `rxe_chk_dgid` lets every
+    /// multicast destination through).
     fn is_for_us(&self, frame: &FrameRepr) -> bool {
         if self.gids.is_empty() {
             return true;
         }
-        let destination = match frame.ip {
-            IpRepr::V4(v4) => v4.dst.to_ipv6_mapped().octets(),
-            IpRepr::V6(v6) => v6.dst.octets(),
-        };
-        self.gids.contains(&destination)
+        let destination = destination_gid(frame);
+        self.gids.contains(&destination) || is_multicast_gid(&destination)
     }
 
     /// Gives QP 1 a communication manager (replacing any earlier one and its connections).
@@ -507,9 +515,54 @@ impl Endpoint {
         self.srqs.post(srq, wr)
     }
 
-    /// Destroys a QP; packets for it are dropped from now on.
+    /// Destroys a QP; packets for it are dropped from now on, and it leaves every multicast
+    /// group it was attached to.
     pub fn destroy_qp(&mut self, qpn: u32) -> bool {
+        self.mcast.remove_qp(qpn);
         self.qps.remove(qpn)
+    }
+
+    /// `ibv_attach_mcast`: datagrams to the group `mgid` reach the UD QP `qpn` from now on
+    /// (attaching it twice is no change); `true` when this made the group, whose MAC the
+    /// interface must now accept.
+    pub fn attach_mcast(&mut self, qpn: u32, mgid: Mgid) -> Result<bool, McastError> {
+        self.check_mcast(qpn, &mgid)?;
+        self.mcast.attach(qpn, mgid)
+    }
+
+    /// `ibv_detach_mcast`; `true` when the group is gone with it (its last QP).
+    pub fn detach_mcast(&mut self, qpn: u32, mgid: Mgid) -> Result<bool, McastError> {
+        self.check_mcast(qpn, &mgid)?;
+        self.mcast.detach(qpn, mgid)
+    }
+
+    /// ib_core's checks before the driver's (`ib_attach_mcast`): a QP, a multicast GID, UD.
+    fn check_mcast(&self, qpn: u32, mgid: &Mgid) -> Result<(), McastError> {
+        let qp = self.qps.get(qpn).ok_or(McastError::UnknownQp)?;
+        if !is_multicast_gid(mgid) {
+            return Err(McastError::NotMulticast);
+        }
+        if qp.common.qp_type != QpType::Ud {
+            return Err(McastError::NotUd);
+        }
+        Ok(())
+    }
+
+    /// The multicast groups a QP of ours is attached to.
+    pub fn mcast_groups(&self) -> impl Iterator<Item = &Mgid> {
+        self.mcast.groups()
+    }
+
+    /// Says whether the host is a member of the group `mgid` at the IP level (it joined it,
+    /// as rdma_cm's full-member join does): then a datagram we send to the group also
+    /// reaches our own attached QPs, as the kernel loops it back to rxe.
+    pub fn set_mcast_loopback(&mut self, mgid: Mgid, member: bool) {
+        self.mcast.set_looped(mgid, member);
+    }
+
+    /// Whether a datagram we send to `mgid` comes back to our own attached QPs.
+    pub fn mcast_loopback(&self, mgid: &Mgid) -> bool {
+        self.mcast.is_looped(mgid)
     }
 
     #[inline]
@@ -589,6 +642,10 @@ impl Endpoint {
             self.handle_gsi(now, frame);
             return;
         }
+        if frame.bth.dest_qpn == MULTICAST_QPN {
+            self.handle_multicast(now, frame);
+            return;
+        }
         let handled = self.with_qp(frame.bth.dest_qpn, now, |qp, ctx| {
             qp.handle_packet(ctx, frame)
         });
@@ -596,6 +653,46 @@ impl Endpoint {
             tracing::trace!(qpn = frame.bth.dest_qpn, "dropped: no such QP");
             self.unknown_qp_drops += 1;
         }
+    }
+
+    /// A datagram to a multicast group: to each QP attached to it, each checking its own
+    /// state and Q_Key, one failing not stopping the others (rxe's `rxe_rcv_mcast_pkt`). The
+    /// frame is lent to each in turn: every receive is scattered from the same bytes.
+    fn handle_multicast(&mut self, now: Instant, frame: &FrameRepr) {
+        let Endpoint {
+            qps,
+            mrs,
+            cqs,
+            srqs,
+            events,
+            counters,
+            mcast,
+            unknown_group_drops,
+            ..
+        } = self;
+        let members = mcast.members(&destination_gid(frame));
+        if members.is_empty() || frame.bth.opcode.service() != Service::Ud {
+            tracing::trace!(destination = ?frame.ip, "dropped: multicast to no group of ours");
+            *unknown_group_drops += 1;
+            return;
+        }
+        // rxe counts the datagram once, before any QP's Q_Key check; each UD receive
+        // counts its own, so the count is put right after.
+        let received = counters.rcvd_pkts + 1;
+        let mut ctx = Ctx {
+            now,
+            mrs,
+            cqs,
+            srqs,
+            counters,
+        };
+        for &qpn in members {
+            if let Some(qp) = qps.get_mut(qpn) {
+                qp.handle_packet(&mut ctx, frame);
+                report_overflow(qp, events);
+            }
+        }
+        ctx.counters.rcvd_pkts = received;
     }
 
     /// A packet to QP 1: a CM MAD goes to the CM, with the GIDs of its IP header.
@@ -772,6 +869,14 @@ impl Endpoint {
         self.events
             .extend(limits.map(|srq| AsyncEvent::SrqLimitReached { srq }));
         std::mem::take(&mut self.events)
+    }
+}
+
+/// A frame's IP destination as a GID (IPv4-mapped for IPv4).
+fn destination_gid(frame: &FrameRepr) -> [u8; 16] {
+    match frame.ip {
+        IpRepr::V4(v4) => v4.dst.to_ipv6_mapped().octets(),
+        IpRepr::V6(v6) => v6.dst.octets(),
     }
 }
 

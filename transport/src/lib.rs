@@ -20,8 +20,10 @@
 //! - the completer reads ACKs, NAKs, RNR NAKs, READ responses and atomic results (implied
 //!   NAKs, retries, timeouts) and returns an outcome: complete N WQEs, then retry from a PSN
 //!   or fail with a status. The QP applies it, so only one place moves the cursor;
-//! - the responder checks PSNs, answers duplicates, executes SEND/WRITE/READ/atomic, NAKs
-//!   and coalesces ACKs. A READ or atomic becomes one of at most `max_dest_rd_atomic`
+//! - the responder checks PSNs, answers duplicates, executes SEND/WRITE/READ/atomic and
+//!   ATOMIC WRITE (IBTA 1.5: 8 bytes stored at once, answered by an empty READ response, as
+//!   rxe does), NAKs and coalesces ACKs. A READ, atomic or ATOMIC WRITE becomes one of at
+//!   most `max_dest_rd_atomic`
 //!   resources with a cursor: READ responses are built from memory as they are sent, and a
 //!   duplicate only moves the cursor back, so what the responder queues is bounded by its
 //!   resources, never by the bytes a peer asks for.
@@ -63,6 +65,7 @@ pub mod cq;
 pub mod endpoint;
 pub mod errno;
 pub mod limits;
+pub mod mcast;
 pub mod mr;
 pub mod qp;
 pub mod qp_state;

@@ -58,6 +58,16 @@ pub struct DeviceLimits {
     pub max_srq_wr: u32,
     /// Most scatter elements per SRQ receive.
     pub max_srq_sge: u32,
+    /// Entries of a port's GID table (`gid_tbl_len`); those past the interface's addresses
+    /// are empty.
+    pub gid_tbl_len: u32,
+    /// Most multicast groups with a QP attached at once (`max_mcast_grp`).
+    pub max_mcast_grp: u32,
+    /// Most QPs attached to one group (`max_mcast_qp_attach`).
+    pub max_mcast_qp_attach: u32,
+    /// Most attachments of QPs to groups at once, over all groups
+    /// (`max_total_mcast_qp_attach`).
+    pub max_total_mcast_qp_attach: u32,
 }
 
 /// The limits of every roce-xdp device.
@@ -74,6 +84,12 @@ pub const LIMITS: DeviceLimits = DeviceLimits {
     max_srq: 1 << 16,
     max_srq_wr: 1 << 16,
     max_srq_sge: 32,
+    // rxe's RXE_PORT_GID_TBL_LEN.
+    gid_tbl_len: 1024,
+    // rxe's (`RXE_MAX_MCAST_GRP`, `RXE_MAX_MCAST_QP_ATTACH`, `RXE_MAX_TOT_MCAST_QP_ATTACH`).
+    max_mcast_grp: 8192,
+    max_mcast_qp_attach: 56,
+    max_total_mcast_qp_attach: 0x7_0000,
 };
 
 impl DeviceLimits {

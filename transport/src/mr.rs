@@ -275,11 +275,107 @@ impl MrTable {
         memory: CallerMemory,
         access: AccessFlags,
     ) -> Result<u32, MrError> {
-        self.check_registration(pd, iova, memory.len(), access)?;
+        if memory.is_implicit() {
+            // The whole address space, addressed as itself (implicit ODP): no size limit.
+            if iova != 0 {
+                return Err(MrError::AddressOverflow);
+            }
+            check_access(access)?;
+            if !self.pds.contains_key(&pd) {
+                return Err(MrError::UnknownPd);
+            }
+        } else {
+            self.check_registration(pd, iova, memory.len(), access)?;
+        }
         if access.contains(AccessFlags::LOCAL_WRITE) && !memory.writable() {
             return Err(MrError::InvalidAccess);
         }
         Ok(self.insert(pd, iova, access, Memory::Caller(memory)))
+    }
+
+    /// `ibv_rereg_mr`: moves region `key` to PD `pd`, over other memory addressed from
+    /// another iova (`translation`), with other rights (`access`), keeping its key; each
+    /// `None` keeps what was. Checked as a registration is, and all or nothing. A region that
+    /// owns its bytes keeps them (only the PD and the rights change).
+    pub fn rereg(
+        &mut self,
+        key: u32,
+        pd: Option<PdId>,
+        translation: Option<(u64, CallerMemory)>,
+        access: Option<AccessFlags>,
+    ) -> Result<(), MrError> {
+        let mr = self.mrs.get(key).ok_or(MrError::UnknownKey)?;
+        let new_pd = pd.unwrap_or(mr.pd);
+        let new_access = access.unwrap_or(mr.access);
+        if !self.pds.contains_key(&new_pd) {
+            return Err(MrError::UnknownPd);
+        }
+        check_access(new_access)?;
+        // Owned bytes are always writable; the caller's memory as it was given.
+        let writable = match (&translation, &mr.memory) {
+            (Some((_, memory)), _) | (None, Memory::Caller(memory)) => memory.writable(),
+            (None, Memory::Owned(_)) => true,
+        };
+        if new_access.contains(AccessFlags::LOCAL_WRITE) && !writable {
+            return Err(MrError::InvalidAccess);
+        }
+        if let Some((iova, memory)) = &translation {
+            if matches!(mr.memory, Memory::Owned(_)) {
+                return Err(MrError::InvalidAccess);
+            }
+            if !memory.is_implicit() {
+                self.check_registration(new_pd, *iova, memory.len(), new_access)?;
+            }
+        }
+        let old_pd = mr.pd;
+        let mr = self.mrs.get_mut(key).ok_or(MrError::UnknownKey)?;
+        mr.pd = new_pd;
+        mr.access = new_access;
+        if let Some((iova, memory)) = translation {
+            mr.iova = iova;
+            mr.memory = Memory::Caller(memory);
+        }
+        if old_pd != new_pd {
+            if let Some(regions) = self.pds.get_mut(&old_pd) {
+                *regions -= 1;
+            }
+            if let Some(regions) = self.pds.get_mut(&new_pd) {
+                *regions += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_advise_mr`'s prefetch: faults the `len` bytes at `address` of on-demand region
+    /// `key` of `pd` in, for writing if `write` (which needs `LOCAL_WRITE`), or with `fault`
+    /// false only checks them (`IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: nothing is mapped
+    /// that is not).
+    pub fn prefetch(
+        &self,
+        pd: PdId,
+        key: u32,
+        address: u64,
+        len: u64,
+        write: bool,
+        fault: bool,
+    ) -> Result<(), MrError> {
+        let mr = self.mrs.get(key).ok_or(MrError::UnknownKey)?;
+        let Memory::Caller(memory) = &mr.memory else {
+            return Err(MrError::NotOnDemand);
+        };
+        if !memory.is_on_demand() {
+            return Err(MrError::NotOnDemand);
+        }
+        let needed = if write {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        let offset = mr.permits(pd, address, len, needed)?;
+        if fault {
+            memory.prefetch(offset, len as usize, write)?;
+        }
+        Ok(())
     }
 
     /// What every registration checks before it takes anything.
@@ -290,10 +386,7 @@ impl MrTable {
         len: usize,
         access: AccessFlags,
     ) -> Result<(), MrError> {
-        let remote_mutation = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if access.intersects(remote_mutation) && !access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(MrError::InvalidAccess);
-        }
+        check_access(access)?;
         if len as u64 > LIMITS.max_mr_size {
             return Err(MrError::TooLarge);
         }
@@ -410,8 +503,8 @@ impl MrTable {
 
     /// A remote atomic on the 8-byte word at `address`, which must be aligned (in the
     /// region's addresses and, over the caller's memory, in the process's too): checks it as
-    /// [`check`](Self::check) does with `REMOTE_ATOMIC`, performs it and returns the word's
-    /// value before it.
+    /// [`check`](Self::check) does with `REMOTE_ATOMIC` (`REMOTE_WRITE` for an ATOMIC
+    /// WRITE), performs it and returns the word's value before it.
     pub fn atomic(
         &mut self,
         pd: PdId,
@@ -423,9 +516,18 @@ impl MrTable {
             return Err(MrError::Misaligned);
         }
         let mr = self.mrs.get_mut(key).ok_or(MrError::UnknownKey)?;
-        let offset = mr.permits(pd, address, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let offset = mr.permits(pd, address, 8, op.needs())?;
         mr.memory.atomic(offset, op)
     }
+}
+
+/// Remote write or atomic access needs local write, as verbs requires of every region.
+fn check_access(access: AccessFlags) -> Result<(), MrError> {
+    let remote_mutation = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(remote_mutation) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        return Err(MrError::InvalidAccess);
+    }
+    Ok(())
 }
 
 /// The regions by key, in slots, so the one found last is remembered by its slot and found

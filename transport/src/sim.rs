@@ -4,7 +4,9 @@
 //!
 //! Frames cross it as bytes: every packet is emitted with Ethernet, IPv4, UDP and ICRC,
 //! possibly damaged, and parsed again on arrival, so corruption is caught (or not) by the
-//! same ICRC check a real receiver runs.
+//! same ICRC check a real receiver runs. A frame to a multicast group goes to every other
+//! node, as a switch floods it, and back to its sender when the sender's host is a member
+//! ([`Endpoint::mcast_loopback`]), each copy faulted on its own.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+use roce_wire::multicast::multicast_mac;
 use roce_wire::{Frame, FrameRepr};
 
 use crate::cq::WorkCompletion;
@@ -326,15 +329,31 @@ impl Sim {
         chance(&mut self.rng, probability)
     }
 
-    /// Turns a transmit into bytes on the wire, with the link's faults.
+    /// Turns a transmit into bytes on the wire, with the link's faults: to the node its
+    /// address names, or to every node of its multicast group.
     fn send(&mut self, from: usize, transmit: &Transmit) {
         self.stats.sent += 1;
+        let dgid = transmit.packet.av.dgid;
+        if let Some(group_mac) = multicast_mac(&dgid) {
+            let looped = self.nodes[from].endpoint.mcast_loopback(&dgid);
+            for to in 0..self.nodes.len() {
+                if to != from || looped {
+                    self.send_to(from, to, group_mac, transmit);
+                }
+            }
+            return;
+        }
         let dst_ip = transmit.ipv4_destination();
         let Some(to) = self.nodes.iter().position(|node| Some(node.ip) == dst_ip) else {
             self.stats.lost += 1;
             return;
         };
-        let Some(repr) = transmit.frame(mac(from), self.nodes[from].ip.into(), mac(to)) else {
+        self.send_to(from, to, mac(to), transmit);
+    }
+
+    /// One frame of `transmit` from `from` to the node `to`, addressed to `dst_mac`.
+    fn send_to(&mut self, from: usize, to: usize, dst_mac: [u8; 6], transmit: &Transmit) {
+        let Some(repr) = transmit.frame(mac(from), self.nodes[from].ip.into(), dst_mac) else {
             self.stats.lost += 1;
             return;
         };

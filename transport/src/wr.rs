@@ -74,18 +74,36 @@ pub enum SendOp {
         /// Value added.
         add: u64,
     },
+    /// ATOMIC WRITE (IBTA 1.5 memory placement extensions, RC only): `data`, as these bytes
+    /// are in memory, stored at `remote_addr` in one 8-byte atomic store after every
+    /// earlier request of the QP took effect. It takes no gather list; the responder needs
+    /// remote write rights and answers as a READ would, without data.
+    AtomicWrite {
+        /// Target address (8-byte aligned).
+        remote_addr: u64,
+        /// Target R_Key.
+        rkey: u32,
+        /// The 8 bytes to store.
+        data: [u8; 8],
+    },
 }
 
 impl SendOp {
-    /// Whether the responder must keep a resource (and answer with data) for this request.
+    /// Whether the responder must keep a resource (and answer with a response of its own,
+    /// not an ACK) for this request: READ, the atomics and ATOMIC WRITE, which also take
+    /// one of the requester's `max_rd_atomic` slots.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
-            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+            SendOp::RdmaRead { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
         )
     }
 
-    /// Whether this is an atomic.
+    /// Whether this is an atomic that returns the original value (compare and swap, fetch
+    /// and add).
     pub const fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }

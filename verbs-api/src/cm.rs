@@ -45,9 +45,11 @@ use crate::queues::EventQueue;
 use crate::shared::Shared;
 use crate::{PathMtu, QpState, QpType};
 
+mod mcast;
 mod own_qp;
 mod ud;
 
+pub use mcast::McastJoin;
 pub use own_qp::PathRecord;
 pub use ud::{UdParam, RDMA_UDP_QKEY};
 
@@ -172,6 +174,9 @@ pub enum CmEventKind {
     Disconnected,
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
     TimewaitExit,
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`: the group joined with
+    /// [`CmId::join_multicast`], and how to send to it.
+    MulticastJoin(McastJoin),
 }
 
 impl CmEventKind {
@@ -189,6 +194,7 @@ impl CmEventKind {
             CmEventKind::Rejected { .. } => 8,
             CmEventKind::Established | CmEventKind::UdEstablished(_) => 9,
             CmEventKind::Disconnected => 10,
+            CmEventKind::MulticastJoin(_) => 12,
             CmEventKind::TimewaitExit => 15,
         }
     }
@@ -358,6 +364,12 @@ impl EventChannel {
                 reply = rep.map(|rep| *rep);
                 CmEventKind::Established
             }
+            What::MulticastJoin { join, live } => {
+                if !mcast::still_joined(&live) {
+                    return None;
+                }
+                CmEventKind::MulticastJoin(*join)
+            }
             What::Request {
                 new_id,
                 conn,
@@ -522,6 +534,8 @@ struct IdState {
     remote_qpn: Option<u32>,
     /// A UD id (`RDMA_PS_UDP`): SIDR instead of a connection.
     ud: bool,
+    /// The multicast groups it joined.
+    joins: Vec<mcast::Joined>,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -1067,9 +1081,11 @@ impl fmt::Debug for CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        let Ok(state) = self.state.lock() else {
+        let Ok(mut state) = self.state.lock() else {
             return;
         };
+        // Before the core's lock, which leaving takes after the memberships'.
+        mcast::leave_all(self, &mut state);
         let Ok(mut core) = self.shared.lock() else {
             return;
         };

@@ -71,6 +71,12 @@ pub(crate) enum What {
     /// REP it came with.
     Established(Option<Box<ConnReply>>),
     Cm(Box<CmEvent>),
+    /// A group joined (`RDMA_CM_EVENT_MULTICAST_JOIN`), told unless `live` was cleared by
+    /// a leave meanwhile.
+    MulticastJoin {
+        join: Box<crate::cm::McastJoin>,
+        live: Arc<std::sync::atomic::AtomicBool>,
+    },
 }
 
 /// What the active side learns from the REP, as the kernel's rdma_cm reports it with

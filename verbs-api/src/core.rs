@@ -9,14 +9,15 @@ use std::time::Instant;
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::{Engine, EngineStats};
-use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 
+use crate::async_events::AsyncEvents;
 use crate::cm_routes::{refresh_gate, CmRoutes};
 use crate::error::Error;
+use crate::groups::Memberships;
 use crate::iova::IovaSpace;
-use crate::queues::{ChannelEvents, CqQueue, EventQueue, Pending, Submission};
+use crate::queues::{ChannelEvents, CqQueue, Pending, Submission};
 
 /// Everything behind the one lock of a context.
 pub(crate) struct Core {
@@ -27,22 +28,21 @@ pub(crate) struct Core {
     pub(crate) cqs: HashMap<CqId, Arc<CqQueue>>,
     /// Each QP's submission queues, which posting fills without this lock.
     pub(crate) submissions: BTreeMap<u32, Arc<Submission>>,
-    /// The context's async events, which a program takes without this lock.
-    async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Where async events go: each context's queue, which a program reads without this lock.
+    async_events: Arc<AsyncEvents>,
     /// Addresses for regions registered without one.
     iova: IovaSpace,
     /// Which CM id hears of each connection and listener.
     pub(crate) cm: CmRoutes,
+    /// Multicast attachments and the interface's part in them.
+    pub(crate) multicast: Memberships,
     /// The count of posts (`Shared::posted`) the last hand-over
     /// covered: while it stands, the submission queues hold nothing new.
     handed_over: u64,
 }
 
 impl Core {
-    pub(crate) fn new(
-        engine: Engine<Box<dyn Backend>>,
-        async_events: Arc<EventQueue<AsyncEvent>>,
-    ) -> Core {
+    pub(crate) fn new(engine: Engine<Box<dyn Backend>>, async_events: Arc<AsyncEvents>) -> Core {
         Core {
             engine,
             channels: HashMap::new(),
@@ -51,6 +51,7 @@ impl Core {
             async_events,
             iova: IovaSpace::default(),
             cm: CmRoutes::default(),
+            multicast: Memberships::default(),
             handed_over: 0,
         }
     }
@@ -102,7 +103,10 @@ impl Core {
             if let Ok(mut entries) = queue.entries.lock() {
                 // What does not fit waits in the endpoint's CQ, which overflows when full;
                 // pollers that empty their queue fetch it (see `Cq::poll_into`).
-                let room = queue.depth.saturating_sub(entries.len());
+                let room = queue
+                    .depth
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(entries.len());
                 moved.clear();
                 cq.poll(room, &mut moved);
                 entries.extend(moved.drain(..));

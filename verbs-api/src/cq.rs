@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use roce_transport::cq::{NotifyOn, WorkCompletion};
-use roce_transport::CqId;
+use roce_transport::{CqId, LIMITS};
 
 use crate::channel::CompChannel;
+use crate::core::Core;
 use crate::error::Error;
 use crate::queues::{ChannelEvents, CqQueue};
 use crate::shared::Shared;
@@ -37,6 +38,17 @@ impl Drop for CqInner {
             // The last holder: no QP holds this CQ any more, so the transport cannot refuse.
             let _ = core.endpoint().destroy_cq(self.id);
         }
+    }
+}
+
+impl CqInner {
+    /// Forgets the completions of QP `qpn` not yet polled, in the engine's CQ and in the
+    /// queue pollers read (a QP entering RESET; see `roce_transport::cq::Cq::discard_qp`).
+    pub(crate) fn discard_qp(&self, core: &mut Core, qpn: u32) -> Result<(), Error> {
+        core.endpoint().cq(self.id).discard_qp(qpn);
+        let mut entries = self.queue.entries.lock().map_err(|_| Error::Poisoned)?;
+        entries.retain(|entry| entry.qp_num != qpn);
+        Ok(())
     }
 }
 
@@ -160,6 +172,34 @@ impl Cq {
             }
         }
         Ok(out)
+    }
+
+    /// `ibv_resize_cq`: the CQ holds at least `depth` completions from now on, keeping those
+    /// that wait. Work posted before the call is handed to the engine and completions it
+    /// produced are counted first; more waiting than `depth` is refused (`EINVAL`, as rxe).
+    pub fn resize(&self, depth: usize) -> Result<(), Error> {
+        if !LIMITS.allows_cq_depth(depth) {
+            return Err(Error::InvalidArgument("a CQ needs 1 to max_cqe entries"));
+        }
+        let shared = &self.inner.shared;
+        let mut core = shared.lock()?;
+        shared.drive(&mut core)?;
+        let queue = &self.inner.queue;
+        if queue.overflowed.load(Ordering::Acquire) {
+            return Err(Error::CqOverflow);
+        }
+        let handed_over = queue.entries.lock().map_err(|_| Error::Poisoned)?.len();
+        let cq = core.endpoint().cq(self.inner.id);
+        if handed_over + cq.len() > depth {
+            return Err(Error::InvalidArgument(
+                "more completions wait than the new depth holds",
+            ));
+        }
+        // Cannot fail: fewer than `depth` wait in the engine's CQ.
+        let _ = cq.resize(depth);
+        queue.depth.store(depth, Ordering::Relaxed);
+        core.deliver();
+        Ok(())
     }
 
     /// Arms the CQ for one event on its channel (`ibv_req_notify_cq`): the next completion,

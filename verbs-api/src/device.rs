@@ -61,7 +61,8 @@ pub struct PortAttr {
     pub active_mtu: PathMtu,
     /// The largest path MTU there is.
     pub max_mtu: PathMtu,
-    /// Entries in the GID table.
+    /// Entries in the GID table: rxe's 1024 ([`DeviceLimits::gid_tbl_len`]), of which those
+    /// past the interface's addresses are empty.
     pub gid_tbl_len: usize,
 }
 
@@ -145,7 +146,7 @@ impl Device {
             },
             active_mtu,
             max_mtu: PathMtu::Mtu4096,
-            gid_tbl_len: self.gids.len(),
+            gid_tbl_len: self.gids.len().max(LIMITS.gid_tbl_len as usize),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use roce_transport::cm::CmError;
 use roce_transport::endpoint::CreateQpError;
+use roce_transport::mcast::McastError;
 use roce_transport::mr::MrError;
 use roce_transport::qp::PostError;
 use roce_transport::qp_state::ModifyQpError;
@@ -36,6 +37,9 @@ pub enum Error {
     /// The connection manager refused a call.
     #[error("connection manager: {0}")]
     Cm(#[from] CmError),
+    /// A multicast attach or detach was refused.
+    #[error("multicast: {0}")]
+    Mcast(#[from] McastError),
     /// The engine failed (its backend broke); the context is unusable.
     #[error("the device's engine stopped: {0}")]
     EngineFailed(String),
@@ -88,6 +92,7 @@ impl Error {
             Error::CreateQp(error) => return error.errno(),
             Error::ModifyQp(error) => return error.errno(),
             Error::Srq(error) => return error.errno(),
+            Error::Mcast(error) => return error.errno(),
             Error::Cm(CmError::AddressInUse) => Errno::ADDRINUSE,
             Error::Cm(CmError::TooManyConnections) => Errno::NOMEM,
             Error::Cm(_) => Errno::INVAL,

@@ -10,11 +10,16 @@
 //! - **Progress.** A context drives its transport endpoint over a backend (AF_XDP, kernel UDP
 //!   sockets, or any [`Backend`](roce_provider::backend::Backend)) from a background thread
 //!   that busy-polls or sleeps in poll(2) ([`Progress`]), or from the caller's own posts and
-//!   polls ([`Progress::Caller`], lowest latency for one thread).
+//!   polls ([`Progress::Caller`], lowest latency for one thread). Every context of a device
+//!   in one process drives the same endpoint (one QP number space, one loopback), each with
+//!   async events of its own.
 //! - **Memory.** A region owns its bytes ([`Pd::reg_mr`], [`Pd::reg_mr_buffer`]) and programs
 //!   read and write them through [`Mr`], so nothing the peer can write is ever freed or moved
 //!   under it; or it covers the program's own memory ([`Pd::reg_mr_raw`], `unsafe`: the
-//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does.
+//!   program keeps it mapped until deregistration), as `ibv_reg_mr` does; or it pages on
+//!   demand ([`Pd::reg_mr_on_demand`], [`Pd::reg_mr_implicit`]: nothing need be mapped, an
+//!   access where nothing is fails). [`Mr::rereg`] changes a region's PD, rights and memory
+//!   under the same keys.
 //! - **Locking.** With an engine thread, the data path never takes the context's lock:
 //!   posting checks the request against the QP's state and room as of the engine's last
 //!   round and queues it in the QP's own submission queue; polling reads the CQ's own queue,
@@ -40,21 +45,28 @@
 //!
 //! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
 //!   posted once for many QPs, with the limit event among the async events.
+//! - **UD multicast** ([`Qp::attach_mcast`], [`CmId::join_multicast`]): a datagram to a group
+//!   reaches every attached QP; rdma_cm's join joins the host to the group (IGMP, by the
+//!   kernel), as for rxe.
 //!
 //! Not yet: memory windows.
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
+//! `async_events` (each context's queue of them),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
-//! (choosing one), `cm_routes` (where CM events go), `core` (the state behind the lock), `shared` (what every object holds),
+//! (choosing one), `cm_routes` (where CM events go), `groups` (multicast attachments and the
+//! interface's part in them), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
 //! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
-//! rxe-named counters), and `cm`, the connection manager (rdma_cm) over it.
+//! rxe-named counters), `mcast` (attaching QPs to multicast groups), and `cm`, the
+//! connection manager (rdma_cm) over it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod ah;
+mod async_events;
 mod backend;
 mod channel;
 mod cm;
@@ -66,9 +78,11 @@ mod cq;
 pub mod device;
 mod engine_thread;
 mod error;
+mod groups;
 mod handshake;
 mod iova;
 mod limits;
+mod mcast;
 mod mr;
 mod neighbour;
 mod options;
@@ -84,7 +98,8 @@ pub use ah::AddressHandle;
 pub use backend::BackendKind;
 pub use channel::CompChannel;
 pub use cm::{
-    CmEvent, CmEventKind, CmId, ConnParam, ConnReply, ConnectRequest, EventChannel, PathRecord,
+    CmEvent, CmEventKind, CmId, ConnParam, ConnReply, ConnectRequest, EventChannel, McastJoin,
+    PathRecord,
     UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
 };
 pub use context::Context;
@@ -92,7 +107,7 @@ pub use cq::Cq;
 pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
-pub use mr::{Mr, Pd};
+pub use mr::{Mr, Pd, Rereg};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;

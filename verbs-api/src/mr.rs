@@ -21,6 +21,7 @@ use roce_transport::wr::Sge;
 use roce_transport::{AccessFlags, CallerMemory};
 
 use crate::error::Error;
+use crate::limits;
 use crate::shared::Shared;
 
 pub(crate) struct PdInner {
@@ -123,13 +124,66 @@ impl Pd {
         // written, until the region is deregistered (our contract), which is what
         // `CallerMemory::new` asks.
         let memory = unsafe { CallerMemory::new(addr, len, writable) }?;
+        self.reg_caller(memory, addr, iova, access)
+    }
+
+    /// Registers the caller's `len` bytes at `addr`, addressed from `iova`, with on-demand
+    /// paging (`IBV_ACCESS_ON_DEMAND`): nothing needs to be mapped, then or later, since every
+    /// access asks the kernel, which fails it where no page is (the work request then fails, as
+    /// an HCA's ODP page fault does). So this needs no `unsafe`.
+    pub fn reg_mr_on_demand(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        limits::check_mr_len(len)?;
+        let writable = access.contains(AccessFlags::LOCAL_WRITE);
+        let memory = CallerMemory::on_demand(addr, len, writable)?;
+        self.reg_caller(memory, addr, iova, access)
+    }
+
+    /// Registers the whole address space with on-demand paging, each address as itself
+    /// (implicit ODP: `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | ...)`).
+    pub fn reg_mr_implicit(&self, access: AccessFlags) -> Result<Mr, Error> {
+        let writable = access.contains(AccessFlags::LOCAL_WRITE);
+        let memory = CallerMemory::on_demand(std::ptr::null_mut(), usize::MAX, writable)?;
+        self.reg_caller(memory, std::ptr::null_mut(), 0, access)
+    }
+
+    /// Registers the caller's `memory`, which starts at `addr`, addressed from `iova`.
+    fn reg_caller(
+        &self,
+        memory: CallerMemory,
+        addr: *mut u8,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        let (len, on_demand) = (memory.len(), memory.is_on_demand());
         let key = self.inner.shared.lock()?.endpoint().mrs().reg_mr_caller(
             self.inner.id,
             iova,
             memory,
             access,
         )?;
-        Ok(self.region(key, iova, len))
+        Ok(self.caller_region(key, iova, len, addr, on_demand))
+    }
+
+    /// `ibv_advise_mr`'s prefetch of each element of `sg_list` (regions of this PD with
+    /// on-demand paging): their pages are faulted in now, for writing if `write`, so the
+    /// transfers that follow do not wait for them; with `fault` false nothing is faulted in
+    /// and the elements are only checked (`IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`). Always
+    /// done by the time this returns, which `IBV_ADVISE_MR_FLAG_FLUSH` asks and the
+    /// asynchronous form allows.
+    pub fn prefetch(&self, sg_list: &[Sge], write: bool, fault: bool) -> Result<(), Error> {
+        let mut core = self.inner.shared.lock()?;
+        let mrs = core.endpoint().mrs();
+        for sge in sg_list {
+            let len = u64::from(sge.length);
+            mrs.prefetch(self.inner.id, sge.lkey, sge.addr, len, write, fault)?;
+        }
+        Ok(())
     }
 
     fn region(&self, key: u32, iova: u64, len: usize) -> Mr {
@@ -138,8 +192,45 @@ impl Pd {
             key,
             iova,
             len,
+            caller: None,
         }
     }
+
+    fn caller_region(&self, key: u32, iova: u64, len: usize, addr: *mut u8, on_demand: bool) -> Mr {
+        let mut region = self.region(key, iova, len);
+        region.caller = Some(CallerRegion {
+            addr: addr as usize,
+            on_demand,
+        });
+        region
+    }
+}
+
+/// What `Mr::rereg` changes, as `ibv_rereg_mr`'s flags say; what is `None` stays.
+#[derive(Debug, Default)]
+pub struct Rereg<'a> {
+    /// `IBV_REREG_MR_CHANGE_PD`: the PD the region moves to (of the same context).
+    pub pd: Option<&'a Pd>,
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: the memory it covers from now on, its address (also
+    /// the address peers use) and length.
+    pub translation: Option<(*mut u8, usize)>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`: its rights from now on.
+    pub access: Option<AccessFlags>,
+    /// With `access`: whether it pages on demand from now on.
+    pub on_demand: Option<bool>,
+}
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pd").field("id", &self.inner.id).finish()
+    }
+}
+
+/// The caller's memory a region covers: where, and whether it pages on demand.
+#[derive(Debug, Clone, Copy)]
+struct CallerRegion {
+    addr: usize,
+    on_demand: bool,
 }
 
 /// A registered memory region (`ibv_mr`), over bytes it owns or over the caller's memory.
@@ -149,6 +240,8 @@ pub struct Mr {
     key: u32,
     iova: u64,
     len: usize,
+    /// `None` for a region that owns its bytes.
+    caller: Option<CallerRegion>,
 }
 
 impl Mr {
@@ -225,6 +318,84 @@ impl Mr {
         let mut core = self.pd.shared.lock()?;
         let mr = core.endpoint().mrs().get(self.key).ok_or(Error::Gone)?;
         mr.to_vec().map_err(region_error)
+    }
+
+    /// Whether it pages on demand (registered with `IBV_ACCESS_ON_DEMAND`).
+    pub fn is_on_demand(&self) -> bool {
+        self.caller.is_some_and(|caller| caller.on_demand)
+    }
+
+    /// `ibv_rereg_mr`: moves the region to another PD, over other memory, with other rights,
+    /// as `change` says, keeping its keys. All or nothing: a refused change leaves the region
+    /// as it was. A region that owns its bytes can change PD and rights, not memory.
+    ///
+    /// # Safety
+    /// Unless the region pages on demand afterwards, the memory it covers afterwards (the new
+    /// translation, or the old memory given new rights) is as [`Pd::reg_mr_raw`] requires.
+    #[allow(unsafe_code)]
+    pub unsafe fn rereg(&mut self, change: Rereg<'_>) -> Result<(), Error> {
+        let shared = &self.pd.shared;
+        if let Some(pd) = change.pd {
+            if !Arc::ptr_eq(&pd.inner.shared, shared) {
+                return Err(Error::ForeignObject("protection domain"));
+            }
+        }
+        let on_demand = change.on_demand.unwrap_or_else(|| self.is_on_demand());
+        let access_changes = change.access.is_some();
+        let covered = match (change.translation, self.caller) {
+            (Some((addr, len)), _) => Some((addr, len)),
+            // New rights (or paging) over the same memory: the same bytes, given anew.
+            (None, Some(caller)) if access_changes => Some((caller.addr as *mut u8, self.len)),
+            _ => None,
+        };
+        let mut core = shared.lock()?;
+        let access = match change.access {
+            Some(access) => access,
+            None => core
+                .endpoint()
+                .mrs()
+                .get(self.key)
+                .ok_or(Error::Gone)?
+                .access(),
+        };
+        let writable = access.contains(AccessFlags::LOCAL_WRITE);
+        let translation = match covered {
+            Some((addr, len)) => {
+                let iova = if change.translation.is_some() {
+                    addr as u64
+                } else {
+                    self.iova
+                };
+                let memory = if on_demand {
+                    CallerMemory::on_demand(addr, len, writable)?
+                } else {
+                    limits::check_mr_len(len)?;
+                    // SAFETY: our caller's promise for the memory covered afterwards.
+                    unsafe { CallerMemory::new(addr, len, writable) }?
+                };
+                Some((iova, len, addr, memory))
+            }
+            None => None,
+        };
+        let new_pd = change.pd.map(|pd| pd.inner.id);
+        let mrs = core.endpoint().mrs();
+        match translation {
+            Some((iova, len, addr, memory)) => {
+                mrs.rereg(self.key, new_pd, Some((iova, memory)), change.access)?;
+                self.iova = iova;
+                self.len = len;
+                self.caller = Some(CallerRegion {
+                    addr: addr as usize,
+                    on_demand,
+                });
+            }
+            None => mrs.rereg(self.key, new_pd, None, change.access)?,
+        }
+        drop(core);
+        if let Some(pd) = change.pd {
+            self.pd = Arc::clone(&pd.inner);
+        }
+        Ok(())
     }
 
     /// Deregisters now (`ibv_dereg_mr`) and hands back the bytes of a region that owned them

@@ -3,6 +3,8 @@
 
 use std::net::Ipv6Addr;
 
+use roce_wire::multicast::is_multicast_gid;
+
 use crate::backend::Neighbours;
 use crate::error::Error;
 use crate::neighbour;
@@ -34,10 +36,11 @@ impl Shared {
         }
     }
 
-    /// Makes sure the engine can reach `dgid`: its MAC is known, or it is one of our own
-    /// GIDs (the engine loops those packets back without the wire, as rxe does).
+    /// Makes sure the engine can reach `dgid`: its MAC is known, it is one of our own
+    /// GIDs (the engine loops those packets back without the wire, as rxe does), or it is a
+    /// multicast group (whose MAC is the group's).
     pub(crate) fn resolve(&self, dgid: [u8; 16]) -> Result<(), Error> {
-        if self.device.gids.contains(&dgid) {
+        if self.device.gids.contains(&dgid) || is_multicast_gid(&dgid) {
             return Ok(());
         }
         let Some(ip) = Ipv6Addr::from(dgid).to_ipv4_mapped() else {

@@ -166,6 +166,11 @@ impl Qp {
         let result = core.endpoint().modify_qp(Instant::now(), self.qpn, attr);
         core.refresh_gates();
         result?;
+        if attr.state == Some(QpState::Reset) {
+            for cq in &self._cqs {
+                cq.discard_qp(&mut core, self.qpn)?;
+            }
+        }
         // Entering ERR completes work: let a waiting channel hear of it.
         self.shared().kick(&mut core)
     }
@@ -294,6 +299,9 @@ impl Drop for Qp {
         if let Ok(mut core) = self.shared().lock() {
             core.submissions.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
+            // The MACs of groups that went with it leave the interface's filter.
+            let core = &mut *core;
+            core.multicast.forget_qp(core.engine.endpoint(), self.qpn);
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Mutex;
 
 use roce_transport::cq::WorkCompletion;
@@ -73,7 +73,8 @@ impl<T> AsFd for EventQueue<T> {
 /// lock, never the device's, so pollers and the engine thread do not contend.
 pub(crate) struct CqQueue {
     pub(crate) entries: Mutex<VecDeque<WorkCompletion>>,
-    pub(crate) depth: usize,
+    /// Changed only by `Cq::resize`, under the device lock.
+    pub(crate) depth: AtomicUsize,
     pub(crate) overflowed: AtomicBool,
     /// Completions still wait in the engine's CQ (this queue was full).
     pub(crate) backlog: AtomicBool,
@@ -83,7 +84,7 @@ impl CqQueue {
     pub(crate) fn new(depth: usize) -> CqQueue {
         CqQueue {
             entries: Mutex::new(VecDeque::with_capacity(depth)),
-            depth,
+            depth: AtomicUsize::new(depth),
             overflowed: AtomicBool::new(false),
             backlog: AtomicBool::new(false),
         }

@@ -13,12 +13,12 @@ use roce_transport::mr::PdId;
 use roce_transport::AccessFlags;
 use rustix::event::{eventfd, EventfdFlags};
 
+use crate::async_events::AsyncEvents;
 use crate::backend::{BackendKind, Neighbours};
 use crate::core::Core;
 use crate::device::Device;
 use crate::error::Error;
 use crate::limits;
-use crate::queues::EventQueue;
 
 /// State shared by a context and every object made from it.
 pub(crate) struct Shared {
@@ -26,8 +26,8 @@ pub(crate) struct Shared {
     pub(crate) device: Device,
     pub(crate) kind: BackendKind,
     pub(crate) neighbours: Neighbours,
-    /// The async events the engine reports, readable without the lock.
-    pub(crate) async_events: Arc<EventQueue<AsyncEvent>>,
+    /// Where the async events the engine reports go: every open context's queue.
+    pub(crate) async_events: Arc<AsyncEvents>,
     /// Set while the background thread runs; otherwise callers drive the engine.
     thread_running: AtomicBool,
     stop: AtomicBool,
@@ -53,12 +53,8 @@ impl Shared {
         engine: Engine<Box<dyn Backend>>,
         device: Device,
         kind: BackendKind,
-        async_fd: Option<OwnedFd>,
     ) -> io::Result<Shared> {
-        let async_events = Arc::new(match async_fd {
-            Some(fd) => EventQueue::with_fd(fd),
-            None => EventQueue::new()?,
-        });
+        let async_events = Arc::new(AsyncEvents::default());
         Ok(Shared {
             core: Mutex::new(Core::new(engine, Arc::clone(&async_events))),
             port_up: AtomicBool::new(device.up),

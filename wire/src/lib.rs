@@ -46,6 +46,7 @@ pub mod icrc;
 pub mod ieth;
 pub mod immdt;
 pub mod mad;
+pub mod multicast;
 pub mod opcode;
 pub mod psn;
 pub mod reth;

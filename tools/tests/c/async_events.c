@@ -6,7 +6,9 @@
  * first event is awaited with poll(2) on a non-blocking fd, the second with a blocking
  * ibv_get_async_event. A third such QP has four SENDs and a send CQ of one entry: the
  * failed SEND and the three flushed after it overflow that CQ, which raises
- * IBV_EVENT_CQ_ERR naming it (as rxe's rxe_cq_post), next to the QP's QP_FATAL.
+ * IBV_EVENT_CQ_ERR naming it (as rxe's rxe_cq_post), next to the QP's QP_FATAL. A second
+ * context of the device hears none of these, then its own QP's QP_FATAL, which the first
+ * does not hear.
  * Prints "ok" and exits 0 when every check holds; otherwise names the first that failed.
  * Usage: async_events DEVICE PEER_IPV4 */
 #include <arpa/inet.h>
@@ -85,6 +87,7 @@ int main(int argc, char **argv)
 	/* A hang fails the run rather than the test's timeout. */
 	alarm(30);
 	struct ibv_context *ctx = open_device(argv[1]);
+	struct ibv_context *other = open_device(argv[1]);
 
 	int flags = fcntl(ctx->async_fd, F_GETFL);
 	/* Blocking until the caller says otherwise, as rdma-core's. */
@@ -148,6 +151,27 @@ int main(int argc, char **argv)
 		ibv_ack_async_event(&event);
 	}
 	CHECK(cq_err == 1 && qp_fatal == 1);
+
+	/* The other context: none of those events was of its objects. */
+	int other_flags = fcntl(other->async_fd, F_GETFL);
+	CHECK(other_flags >= 0 && fcntl(other->async_fd, F_SETFL, other_flags | O_NONBLOCK) == 0);
+	errno = 0;
+	CHECK(ibv_get_async_event(other, &event) == -1 && errno == EAGAIN);
+	struct ibv_pd *other_pd = ibv_alloc_pd(other);
+	CHECK(other_pd);
+	struct ibv_mr *other_mr = ibv_reg_mr(other_pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *other_cq = ibv_create_cq(other, 16, NULL, NULL, 0);
+	CHECK(other_mr && other_cq);
+	struct ibv_qp *fourth = doomed_qp(other_pd, other_cq, other_cq, other_mr, peer, 1);
+	CHECK(fourth);
+	CHECK(fcntl(other->async_fd, F_SETFL, other_flags) == 0);
+	CHECK(ibv_get_async_event(other, &event) == 0);
+	CHECK(event.event_type == IBV_EVENT_QP_FATAL && event.element.qp == fourth);
+	ibv_ack_async_event(&event);
+	/* ... and the first context keeps only its own. */
+	CHECK(fcntl(ctx->async_fd, F_SETFL, flags | O_NONBLOCK) == 0);
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &event) == -1 && errno == EAGAIN);
 	struct ibv_qp_attr state;
 	struct ibv_qp_init_attr init_attr;
 	CHECK(ibv_query_qp(third, &state, IBV_QP_STATE, &init_attr) == 0 &&

@@ -82,7 +82,7 @@ int main(int argc, char **argv)
 	bad_recv = NULL;
 	CHECK(ibv_post_recv(qp, &rwr[0], &bad_recv) == ENOMEM && bad_recv == &rwr[2]);
 	/* What this device does not do fails cleanly. */
-	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4 };
+	struct ibv_cq_init_attr_ex cq_ex = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_CVLAN };
 	errno = 0;
 	CHECK(!ibv_create_cq_ex(ctx, &cq_ex) && errno == EOPNOTSUPP);
 	errno = 0;

@@ -1,6 +1,8 @@
 /* Same-device traffic, as rxe's loopback carries it: two RC QPs of one device in one process
- * connected to each other through the device's IPv4-mapped GID (index 1), and one QP
- * connected to itself through its link-local IPv6 GID (index 0). SEND/receive, RDMA WRITE, RDMA READ, FETCH_AND_ADD and
+ * connected to each other through the device's IPv4-mapped GID (index 1), one QP connected
+ * to itself through its link-local IPv6 GID (index 0), and two QPs of two contexts of the
+ * device (each opened by its own ibv_open_device, as rdma-core's Python tests open one per
+ * side) connected to each other. SEND/receive, RDMA WRITE, RDMA READ, FETCH_AND_ADD and
  * CMP_AND_SWAP, every byte checked. Prints "ok" and exits 0 when every check holds;
  * otherwise names the first that failed. Usage: loopback DEVICE */
 #include <stdint.h>
@@ -12,15 +14,20 @@ enum { SIZE = 8192, MSG = 4096 };
 	(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
 	 IBV_ACCESS_REMOTE_ATOMIC)
 
-static struct ibv_pd *pd;
-/* Send and receive completions apart: a receive may complete before its SEND is acknowledged. */
-static struct ibv_cq *send_cq, *recv_cq;
+/* What a side's QP is made in: a context's PD and CQs. Send and receive completions apart: a
+ * receive may complete before its SEND is acknowledged. */
+struct resources {
+	struct ibv_pd *pd;
+	struct ibv_cq *send_cq, *recv_cq;
+};
+
 static union ibv_gid gids[2];
 
 struct side {
 	struct ibv_qp *qp;
 	struct ibv_mr *mr;
 	uint8_t *buf;
+	struct ibv_cq *send_cq, *recv_cq;
 };
 
 static double now(void)
@@ -47,20 +54,31 @@ static void complete(struct ibv_cq *cq, uint64_t wr_id)
 	}
 }
 
-static void side_init(struct side *s)
+static void resources_init(struct resources *r, struct ibv_context *ctx)
+{
+	r->pd = ibv_alloc_pd(ctx);
+	CHECK(r->pd);
+	r->send_cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	r->recv_cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	CHECK(r->send_cq && r->recv_cq);
+}
+
+static void side_init(struct side *s, struct resources *r)
 {
 	s->buf = calloc(1, SIZE);
 	CHECK(s->buf);
-	s->mr = ibv_reg_mr(pd, s->buf, SIZE, ALL_ACCESS);
+	s->mr = ibv_reg_mr(r->pd, s->buf, SIZE, ALL_ACCESS);
 	CHECK(s->mr);
+	s->send_cq = r->send_cq;
+	s->recv_cq = r->recv_cq;
 	struct ibv_qp_init_attr init = {
-		.send_cq = send_cq,
-		.recv_cq = recv_cq,
+		.send_cq = r->send_cq,
+		.recv_cq = r->recv_cq,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
 		.qp_type = IBV_QPT_RC,
 		.sq_sig_all = 1,
 	};
-	s->qp = ibv_create_qp(pd, &init);
+	s->qp = ibv_create_qp(r->pd, &init);
 	CHECK(s->qp);
 }
 
@@ -108,7 +126,7 @@ static void post(struct side *s, struct ibv_send_wr *wr)
 {
 	struct ibv_send_wr *bad;
 	CHECK(ibv_post_send(s->qp, wr, &bad) == 0);
-	complete(send_cq, wr->wr_id);
+	complete(s->send_cq, wr->wr_id);
 }
 
 static void fill(uint8_t *buf, size_t len, unsigned seed)
@@ -133,7 +151,7 @@ static void exchange(struct side *s, struct side *peer, unsigned seed)
 	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,
 				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED };
 	post(s, &wr);
-	complete(recv_cq, 100);
+	complete(peer->recv_cq, 100);
 	CHECK(memcmp(src, dst, MSG) == 0);
 
 	/* RDMA WRITE. */
@@ -178,16 +196,13 @@ int main(int argc, char **argv)
 	CHECK(argc == 2);
 	struct ibv_context *ctx = open_device(argv[1]);
 	CHECK(ibv_query_gid(ctx, 1, 0, &gids[0]) == 0 && ibv_query_gid(ctx, 1, 1, &gids[1]) == 0);
-	pd = ibv_alloc_pd(ctx);
-	CHECK(pd);
-	send_cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-	recv_cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-	CHECK(send_cq && recv_cq);
+	struct resources r;
+	resources_init(&r, ctx);
 
 	/* Two QPs connected to each other, both ways. */
 	struct side a, b;
-	side_init(&a);
-	side_init(&b);
+	side_init(&a, &r);
+	side_init(&b, &r);
 	connect_to(&a, &b, 1);
 	connect_to(&b, &a, 1);
 	exchange(&a, &b, 1);
@@ -195,9 +210,23 @@ int main(int argc, char **argv)
 
 	/* One QP connected to itself. */
 	struct side self;
-	side_init(&self);
+	side_init(&self, &r);
 	connect_to(&self, &self, 0);
 	exchange(&self, &self, 3);
+
+	/* A QP of a second context of the device, and one of the first, connected to each other
+	 * (one device: one QP number space, one loopback, whichever context made the QP). */
+	struct ibv_context *ctx2 = open_device(argv[1]);
+	struct resources r2;
+	resources_init(&r2, ctx2);
+	struct side c, d;
+	side_init(&c, &r);
+	side_init(&d, &r2);
+	CHECK(c.qp->qp_num != d.qp->qp_num);
+	connect_to(&c, &d, 1);
+	connect_to(&d, &c, 1);
+	exchange(&c, &d, 4);
+	exchange(&d, &c, 5);
 
 	printf("ok\n");
 	return 0;

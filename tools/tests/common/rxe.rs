@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use roce_wire::aeth::Syndrome;
@@ -65,4 +65,24 @@ pub fn last_frames(pcap: &Path, count: usize) -> String {
     let lines: Vec<&str> = dump.lines().collect();
     let tail = lines[lines.len().saturating_sub(count)..].join("\n");
     format!("capture {}, last frames:\n{tail}", pcap.display())
+}
+
+/// Where rxe-peer.sh keeps its state (`$RXE_DIR`).
+fn rxe_dir() -> PathBuf {
+    std::env::var_os("RXE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".cache/rxe-peer")
+        })
+}
+
+/// Where rxe-peer.sh keeps the capture `name` (`capture-start NAME`).
+pub fn capture_path(name: &str) -> PathBuf {
+    rxe_dir().join("captures").join(format!("{name}.pcap"))
+}
+
+/// The folder VM 1 sees as `/host` (a file put here runs in the VM as `/host/NAME`).
+pub fn vm_share() -> PathBuf {
+    rxe_dir().join("run/vm1/share")
 }

@@ -1,5 +1,5 @@
-//! The completer: acknowledgements, NAKs, READ responses and atomic results coming back to
-//! the requester; retries (go back N), RNR waits and timeouts.
+//! The completer: acknowledgements, NAKs, READ responses (and the empty one that answers
+//! an ATOMIC WRITE) and atomic results coming back to the requester; retries (go back N), RNR waits and timeouts.
 //!
 //! It decides and returns an [`Outcome`] (complete N WQEs, then retry from a PSN or fail the
 //! next one); the QP applies it to the send queue. What the completer changes itself is its
@@ -317,10 +317,13 @@ fn read_response(
     let Some(wqe) = sq.get(index) else {
         return done;
     };
+    let expected = wqe.answered_through();
+    if let SendOp::AtomicWrite { .. } = wqe.wr.op {
+        return atomic_write_done(sq, qp, frame, index, expected);
+    }
     let SendOp::RdmaRead { .. } = wqe.wr.op else {
         return done.then(Then::Fail(WcStatus::BadResponse));
     };
-    let expected = wqe.answered_through();
     match psn.distance(expected) {
         0 => {}
         behind if behind < 0 => {
@@ -350,6 +353,28 @@ fn read_response(
     let all_in = sq.record_response(index);
     sq.acknowledge(psn);
     Outcome::complete(index + usize::from(all_in))
+}
+
+/// The answer to the ATOMIC WRITE at `index` (expected at `expected`): a READ response
+/// ONLY with no data, as rxe sends it.
+fn atomic_write_done(
+    sq: &mut SendQueue,
+    qp: &mut Common,
+    frame: &FrameRepr,
+    index: usize,
+    expected: Psn,
+) -> Outcome {
+    let done = Outcome::complete(index);
+    if frame.bth.psn != expected {
+        qp.stats.dropped += 1;
+        return done;
+    }
+    let only = frame.bth.opcode.info().position == roce_wire::opcode::Position::Only;
+    if !only || !frame.payload.is_empty() {
+        return done.then(Then::Fail(WcStatus::BadResponse));
+    }
+    sq.acknowledge(frame.bth.psn);
+    Outcome::complete(index + 1)
 }
 
 fn atomic_ack(

@@ -73,7 +73,9 @@ impl PostGate {
         if !send_queue::supported(self.qp_type, wr) {
             return Err(PostError::UnsupportedOperation);
         }
-        let len = if inline {
+        let len = if matches!(wr.op, SendOp::AtomicWrite { .. }) {
+            Some(8) // its data, in the request; no gather list is read
+        } else if inline {
             u32::try_from(wr.inline_data.len()).ok()
         } else {
             crate::wr::sg_len(&wr.sg_list)

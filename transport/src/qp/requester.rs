@@ -112,6 +112,15 @@ fn ext_headers(qp: &Common, wqe: &SendWqe, index: u32, position: Position) -> Ex
                 compare: 0,
             });
         }
+        SendOp::AtomicWrite {
+            remote_addr, rkey, ..
+        } => {
+            ext.reth = Some(reth::Repr {
+                virtual_address: remote_addr,
+                rkey,
+                dma_length: wqe.len,
+            });
+        }
         _ => {}
     }
     match wqe.wr.op {
@@ -225,7 +234,7 @@ fn sendable(sq: &SendQueue, timers: &TimerTable, qp: &Common) -> Option<(usize, 
 }
 
 /// Fills `payload` with the data of packet `k` of `wqe` (none for a READ request or an
-/// atomic).
+/// atomic; an ATOMIC WRITE's own 8 bytes).
 fn payload(
     qp: &Common,
     ctx: &mut Ctx,
@@ -234,6 +243,10 @@ fn payload(
     payload: &mut Vec<u8>,
 ) -> Result<(), WcStatus> {
     payload.clear();
+    if let SendOp::AtomicWrite { data, .. } = wqe.wr.op {
+        payload.extend_from_slice(&data);
+        return Ok(());
+    }
     if wqe.wr.op.is_read_or_atomic() {
         return Ok(());
     }

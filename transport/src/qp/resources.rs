@@ -1,4 +1,5 @@
-//! The responder's READ/atomic resources and what it owes the requester, in order.
+//! The responder's READ/atomic (and ATOMIC WRITE) resources and what it owes the requester,
+//! in order.
 //!
 //! A READ request becomes a resource with a cursor, not a copy of its data: each response
 //! packet is built from memory when the transmit path asks for it, as the requester rebuilds
@@ -35,6 +36,8 @@ pub(crate) enum ResourceKind {
     Read { address: u64, rkey: u32, len: u32 },
     /// An atomic and the value it found.
     Atomic { original: u64 },
+    /// An ATOMIC WRITE done: its answer is an empty READ response.
+    AtomicWrite,
 }
 
 /// Where sending a resource's responses stands: packets `next..npsn` are owed, as one

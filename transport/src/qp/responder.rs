@@ -207,6 +207,18 @@ fn next_response(
         ResourceKind::Atomic { original } => {
             out.replace_with(atomic_ack_packet(qp, first_psn, original, resource.msn));
         }
+        ResourceKind::AtomicWrite => {
+            // As rxe answers it: a READ response of no data, with the ACK's AETH.
+            let ext = ExtRepr {
+                aeth: Some(aeth::Repr {
+                    syndrome: Syndrome::Ack(CreditCount::UNLIMITED),
+                    msn: resource.msn,
+                }),
+                ..ExtRepr::default()
+            };
+            let bth = qp.bth(Opcode::RcRdmaReadResponseOnly, first_psn, None);
+            out.replace_with(qp.packet(bth, ext, Vec::new()));
+        }
         ResourceKind::Read { address, rkey, len } => {
             let offset = u64::from(k) * mtu as u64;
             let chunk = (u64::from(len) - offset.min(u64::from(len))).min(mtu as u64) as u32;
@@ -334,7 +346,7 @@ fn rc_request(
 }
 
 /// A request with a PSN already executed: re-ACK SEND/WRITE, re-execute READ, replay the
-/// atomic's saved result.
+/// atomic's saved result or the ATOMIC WRITE's answer (never the write itself).
 fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let psn = frame.bth.psn;
     let resource = resp.resources.find(psn).copied();
@@ -350,6 +362,9 @@ fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Frame
         }
         Operation::CompareSwap | Operation::FetchAdd => {
             resource.is_some_and(|r| matches!(r.kind, ResourceKind::Atomic { .. }))
+        }
+        Operation::AtomicWrite => {
+            resource.is_some_and(|r| matches!(r.kind, ResourceKind::AtomicWrite))
         }
         _ => {
             resp.pending_ack = Some(resp.ack_psn - 1);
@@ -373,8 +388,8 @@ fn execute(
 ) -> Result<(), Refusal> {
     let info = frame.bth.opcode.info();
     let (operation, position) = (info.operation, info.position);
-    // FLUSH and ATOMIC WRITE are not implemented: invalid requests.
-    if matches!(operation, Operation::Flush | Operation::AtomicWrite) {
+    // FLUSH is not implemented: an invalid request.
+    if operation == Operation::Flush {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     let continuing = match &resp.in_message {
@@ -403,7 +418,8 @@ fn execute(
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
-    let read_or_atomic = operation == Operation::ReadRequest || operation.is_atomic();
+    let read_or_atomic = matches!(operation, Operation::ReadRequest | Operation::AtomicWrite)
+        || operation.is_atomic();
     if read_or_atomic && !reads_allowed {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
@@ -413,6 +429,12 @@ fn execute(
         Operation::ReadRequest => return read_request(resp, qp, ctx, frame),
         Operation::CompareSwap | Operation::FetchAdd => {
             atomic(resp, qp, ctx, frame)?;
+            resp.epsn = resp.epsn + 1;
+            resp.ack_psn = resp.epsn;
+            return Ok(());
+        }
+        Operation::AtomicWrite => {
+            atomic_write(resp, qp, ctx, frame)?;
             resp.epsn = resp.epsn + 1;
             resp.ack_psn = resp.epsn;
             return Ok(());
@@ -476,16 +498,24 @@ fn receive_send(
     let Some(wqe) = resp.rq.front() else {
         return Err(Refusal::NotReady);
     };
-    if let Err(error) = ctx
+    if ctx
         .mrs
         .scatter(qp.pd, &wqe.sg_list, u64::from(received), frame.payload)
+        .is_err()
     {
-        let status = if error == MrError::OutOfBounds {
-            WcStatus::LocalLength
+        // A message longer than the receive is the sender's error (class C, as rxe's
+        // RESPST_ERR_LENGTH); a receive whose own keys, PD, ranges or pages fail is ours: the
+        // sender hears Remote Operational Error (rxe's RESPST_ERR_MALFORMED_WQE).
+        let room: u64 = wqe.sg_list.iter().map(|sge| u64::from(sge.length)).sum();
+        let needed = u64::from(received) + frame.payload.len() as u64;
+        return Err(if needed > room {
+            Refusal::Fatal(NakCode::InvalidRequest, Some(WcStatus::LocalLength))
         } else {
-            WcStatus::LocalProtection
-        };
-        return Err(Refusal::Fatal(NakCode::InvalidRequest, Some(status)));
+            Refusal::Fatal(
+                NakCode::RemoteOperationalError,
+                Some(WcStatus::LocalProtection),
+            )
+        });
     }
     let received = received + frame.payload.len() as u32;
     if !position.ends_message() {
@@ -661,6 +691,43 @@ fn atomic(
         npsn: 1,
         msn: resp.msn,
         kind: ResourceKind::Atomic { original },
+        owed: Some(Owed { start: 0, next: 0 }),
+    };
+    remember(resp, qp, resource);
+    Ok(())
+}
+
+/// ATOMIC WRITE: its 8 bytes stored in one atomic store at the RETH's address, which must be
+/// 8-byte aligned in a region the QP may write; kept as a resource so that a duplicate gets
+/// the answer again without storing again.
+fn atomic_write(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Result<(), Refusal> {
+    let invalid = Refusal::Fatal(NakCode::InvalidRequest, None);
+    let reth = frame.ext.reth.ok_or(invalid)?;
+    let Ok(data) = <[u8; 8]>::try_from(frame.payload) else {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+    };
+    if reth.dma_length != 8 {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
+    }
+    let store = AtomicOp::Write(u64::from_ne_bytes(data));
+    qp_permits(qp, store.needs())?;
+    ctx.mrs
+        .atomic(qp.pd, reth.rkey, reth.virtual_address, store)
+        .map_err(|error| match error {
+            MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
+            _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
+        })?;
+    resp.msn = resp.msn.wrapping_add(1);
+    let resource = Resource {
+        first_psn: frame.bth.psn,
+        npsn: 1,
+        msn: resp.msn,
+        kind: ResourceKind::AtomicWrite,
         owed: Some(Owed { start: 0, next: 0 }),
     };
     remember(resp, qp, resource);

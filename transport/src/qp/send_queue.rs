@@ -274,6 +274,7 @@ fn wc_opcode(wr: &SendWr) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
     }
 }
 
@@ -289,6 +290,7 @@ fn operation(op: &SendOp) -> (Operation, Trailer) {
         SendOp::RdmaRead { .. } => (Operation::ReadRequest, Trailer::None),
         SendOp::CompareSwap { .. } => (Operation::CompareSwap, Trailer::None),
         SendOp::FetchAdd { .. } => (Operation::FetchAdd, Trailer::None),
+        SendOp::AtomicWrite { .. } => (Operation::AtomicWrite, Trailer::None),
     }
 }
 

@@ -75,10 +75,16 @@ pub struct ibv_context {
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPort>,
-    pub _ops_8_to_200: [usize; 24],
-    pub create_cq_ex: usize,
+    pub advise_mr: Option<AdviseMr>,
+    pub _ops_16_to_112: [usize; 12],
+    pub alloc_parent_domain: Option<AllocParentDomain>,
+    pub dealloc_td: Option<DeallocTd>,
+    pub alloc_td: Option<AllocTd>,
+    pub _ops_136_to_192: [usize; 7],
+    pub query_rt_values: Option<QueryRtValues>,
+    pub create_cq_ex: Option<CreateCqEx>,
     pub _priv: usize,
-    pub query_device_ex: usize,
+    pub query_device_ex: Option<QueryDeviceEx>,
     pub _ops_224_to_264: [usize; 5],
     pub create_qp_ex: Option<CreateQpEx>,
     pub get_srq_num: usize,
@@ -256,7 +262,7 @@ pub struct ibv_qp_ex {
     pub wr_start: Option<WrStart>,
     pub wr_complete: Option<WrComplete>,
     pub wr_abort: Option<WrStart>,
-    pub wr_atomic_write: Option<WrUnsupported>,
+    pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
 #[repr(C)]
@@ -287,6 +293,7 @@ pub struct ibv_qp_init_attr_ex {
 }
 
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 pub type CreateQpEx =
@@ -445,7 +452,8 @@ pub struct ibv_gid_entry {
 
 /// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type`.
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
-/// `IBV_GID_TYPE_SYSFS_ROCE_V2` of `enum ibv_gid_type_sysfs`.
+/// `enum ibv_gid_type_sysfs`.
+pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
 #[repr(C)]
@@ -505,6 +513,216 @@ pub const IBV_SRQT_BASIC: u32 = 0;
 pub const IBV_SRQ_MAX_WR: c_int = 1;
 pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
 
+/// `struct ibv_cq_ex`: an `ibv_cq` followed by the polling entry points the inline
+/// `ibv_start_poll`, `ibv_wc_read_*`, ... call; callers read `status` and `wr_id` directly.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    pub status: u32,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex)>,
+    pub read_opcode: Option<ReadU32>,
+    pub read_vendor_err: Option<ReadU32>,
+    pub read_byte_len: Option<ReadU32>,
+    pub read_imm_data: Option<ReadU32>,
+    pub read_qp_num: Option<ReadU32>,
+    pub read_src_qp: Option<ReadU32>,
+    pub read_wc_flags: Option<ReadU32>,
+    pub read_slid: Option<ReadU32>,
+    pub read_sl: Option<ReadU8>,
+    pub read_dlid_path_bits: Option<ReadU8>,
+    pub read_completion_ts: Option<ReadU64>,
+    pub read_cvlan: usize,
+    pub read_flow_tag: usize,
+    pub read_tm_info: usize,
+    pub read_completion_wallclock_ns: Option<ReadU64>,
+}
+
+/// The `ibv_wc_read_*` entry points, by the width of what they return.
+pub type ReadU32 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u32;
+pub type ReadU8 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u8;
+pub type ReadU64 = unsafe extern "C" fn(*mut ibv_cq_ex) -> u64;
+
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+pub type CreateCqEx =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+
+/// `enum ibv_create_cq_wc_flags`.
+pub mod wc_ex {
+    pub const BYTE_LEN: u64 = 1;
+    pub const IMM: u64 = 1 << 1;
+    pub const QP_NUM: u64 = 1 << 2;
+    pub const SRC_QP: u64 = 1 << 3;
+    pub const SLID: u64 = 1 << 4;
+    pub const SL: u64 = 1 << 5;
+    pub const DLID_PATH_BITS: u64 = 1 << 6;
+    pub const COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+    /// `IBV_WC_STANDARD_FLAGS`.
+    pub const STANDARD: u64 = BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS;
+}
+
+/// `enum ibv_cq_init_attr_mask`.
+pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
+/// `enum ibv_create_cq_attr_flags`.
+pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `enum ibv_odp_general_caps` and `enum ibv_odp_transport_cap_bits`.
+pub mod odp {
+    pub const SUPPORT: u64 = 1;
+    pub const SUPPORT_IMPLICIT: u64 = 1 << 1;
+    pub const SEND: u32 = 1;
+    pub const RECV: u32 = 1 << 1;
+    pub const WRITE: u32 = 1 << 2;
+    pub const READ: u32 = 1 << 3;
+    pub const ATOMIC: u32 = 1 << 4;
+    pub const SRQ_RECV: u32 = 1 << 5;
+}
+
+/// `struct ibv_device_attr_ex`; the capabilities we have none of (TSO, RSS, packet pacing,
+/// tag matching, CQ moderation, device memory, PCI atomics) are opaque zeroes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    /// `tso_caps`, `rss_caps`, `max_wq_type_rq`, `packet_pacing_caps`, `raw_packet_caps`,
+    /// `tm_caps`, `cq_mod_caps`.
+    pub _offloads: [u64; 11],
+    pub max_dm_size: u64,
+    /// `struct ibv_pci_atomic_caps`.
+    pub pci_atomic_caps: [u16; 3],
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
+
+#[repr(C)]
+pub struct ibv_query_device_ex_input {
+    pub comp_mask: u32,
+}
+
+pub type QueryDeviceEx = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
+
+/// `struct timespec` on x86_64.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct timespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
+}
+
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: timespec,
+}
+
+/// `IBV_VALUES_MASK_RAW_CLOCK` of `enum ibv_values_mask`.
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
+
+pub type QueryRtValues = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+pub type AllocTd = unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td;
+pub type DeallocTd = unsafe extern "C" fn(*mut ibv_td) -> c_int;
+
+/// A parent domain's allocator: `IBV_ALLOCATOR_USE_DEFAULT` ((void *)-1) asks for ours.
+pub type PdAlloc = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+pub type PdFree = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
+
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: Option<PdAlloc>,
+    pub free: Option<PdFree>,
+    pub pd_context: *mut c_void,
+}
+
+/// `enum ibv_parent_domain_init_attr_mask`.
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1;
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
+
+pub type AllocParentDomain =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
+
+pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
+
+/// `enum ib_uverbs_advise_mr_advice` and its one flag.
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH: u32 = 0;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE: u32 = 1;
+pub const IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: u32 = 2;
+pub const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
+
+/// `enum ibv_rereg_mr_flags`.
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+pub const IBV_REREG_MR_FLAGS_SUPPORTED: c_int = (IBV_REREG_MR_CHANGE_ACCESS << 1) - 1;
+/// `enum ibv_rereg_mr_err_code`: the old region is still valid after an input error; after a
+/// command error it should not be used.
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+/// `enum ibv_fork_status`.
+pub const IBV_FORK_UNNEEDED: c_int = 2;
+
 #[cfg(test)]
 mod layout_tests {
     use super::*;
@@ -522,8 +740,8 @@ mod layout_tests {
             }
             ibv_context { ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
             verbs_context {
-                query_port, create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num,
-                create_srq_ex, context
+                query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, query_rt_values,
+                create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num, create_srq_ex, context
             }
             ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
@@ -612,7 +830,52 @@ mod layout_tests {
             ibv_srq_attr { max_wr, max_sge, srq_limit }
             ibv_srq_init_attr { srq_context, attr }
             ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
+            ibv_cq_ex {
+                context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
+                async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll,
+                read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num,
+                read_src_qp, read_wc_flags, read_slid, read_sl, read_dlid_path_bits,
+                read_completion_ts, read_cvlan, read_flow_tag, read_tm_info,
+                read_completion_wallclock_ns
+            }
+            ibv_poll_cq_attr { comp_mask }
+            ibv_cq_init_attr_ex {
+                cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain
+            }
+            ibv_odp_caps { general_caps }
+            ibv_device_attr_ex {
+                orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
+                device_cap_flags_ex, max_dm_size, pci_atomic_caps, xrc_odp_caps, phys_port_cnt_ex
+            }
+            ibv_query_device_ex_input { comp_mask }
+            ibv_values_ex { comp_mask, raw_clock }
+            ibv_td { context }
+            ibv_td_init_attr { comp_mask }
+            ibv_parent_domain_init_attr { pd, td, comp_mask, alloc, free, pd_context }
         });
+        // Members of anonymous structs and of the offloads we keep opaque.
+        let odp = offset_of!(ibv_device_attr_ex, odp_caps);
+        for (member, value) in [
+            (
+                "odp_caps.per_transport_caps.rc_odp_caps",
+                odp + offset_of!(ibv_odp_caps, rc_odp_caps),
+            ),
+            (
+                "odp_caps.per_transport_caps.uc_odp_caps",
+                odp + offset_of!(ibv_odp_caps, uc_odp_caps),
+            ),
+            (
+                "odp_caps.per_transport_caps.ud_odp_caps",
+                odp + offset_of!(ibv_odp_caps, ud_odp_caps),
+            ),
+            ("tso_caps", offset_of!(ibv_device_attr_ex, _offloads)),
+        ] {
+            rows.push((
+                format!("offsetof(struct ibv_device_attr_ex, {member})"),
+                value,
+            ));
+        }
+        rows.push(("sizeof(struct timespec)".into(), size_of::<timespec>()));
         rows
     }
 
@@ -621,7 +884,7 @@ mod layout_tests {
     #[test]
     fn layouts_match_the_installed_verbs_h() {
         roce_cabi::probe::assert_layouts(
-            "#include <stddef.h>\n#include <infiniband/verbs.h>\n",
+            "#include <stddef.h>\n#include <time.h>\n#include <infiniband/verbs.h>\n",
             &rows(),
         );
         assert_eq!(

@@ -1,5 +1,5 @@
-//! An opened device (`ibv_open_device`): one `roce-verbs` context, so one engine, per call;
-//! the device, port and GID queries; async events.
+//! An opened device (`ibv_open_device`): one `roce-verbs` context per call (the contexts of
+//! one device share its engine); the device, port and GID queries; async events.
 
 use core::ffi::c_int;
 use std::collections::HashMap;
@@ -22,6 +22,7 @@ use crate::device::DeviceSlot;
 const EINVAL: c_int = 22;
 const EAGAIN: c_int = 11;
 const EBUSY: c_int = 16;
+const ENODATA: c_int = 61;
 
 /// Our `verbs_context` (whose last field is the `ibv_context` callers hold) and what
 /// stands behind it.
@@ -42,6 +43,9 @@ pub(crate) struct Context {
     /// `ibv_context.async_fd`: an eventfd, blocking until the caller makes it
     /// `O_NONBLOCK` (as rdma-core's), that the engine signals while async events wait.
     async_fd: OwnedFd,
+    /// `ibv_context.cmd_fd`: what `ibv_import_device` takes (see `handles`); closed with
+    /// the context.
+    _cmd_fd: OwnedFd,
     _holder: Arc<DeviceLock>,
 }
 
@@ -77,7 +81,8 @@ impl Context {
         self.engine.get()
     }
 
-    /// The `roce-verbs` context, started on first use (one engine per opened device).
+    /// The `roce-verbs` context, started on first use (the device's engine, shared with its
+    /// other contexts).
     pub(crate) fn verbs(&self) -> Result<&roce_verbs::Context, roce_verbs::Error> {
         if let Some(engine) = self.engine.get() {
             return Ok(engine);
@@ -101,6 +106,27 @@ impl Context {
 
 /// `ROCE_LOSS`'s seed unless `ROCE_LOSS_SEED` says: fixed, so that a run can be repeated.
 const DEFAULT_LOSS_SEED: u64 = 1;
+
+/// `ibv_context.num_comp_vectors`: one per possible CPU, as rxe has (UCX asks for the vector
+/// of the CPU it prefers). Vectors only spread interrupts, which we have none of: a CQ's
+/// events go to its channel whatever vector it names.
+pub(crate) fn comp_vectors() -> c_int {
+    static VECTORS: OnceLock<c_int> = OnceLock::new();
+    *VECTORS.get_or_init(|| {
+        // "0-3" or "0,2-5": the kernel's list of possible CPUs.
+        let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+            .ok()
+            .and_then(|list| {
+                list.trim().split(',').try_fold(0, |count, range| {
+                    let (first, last) = range.split_once('-').unwrap_or((range, range));
+                    let span = last.parse::<c_int>().ok()? - first.parse::<c_int>().ok()?;
+                    Some(count + span + 1)
+                })
+            });
+        let online = || std::thread::available_parallelism().map_or(1, |n| n.get() as c_int);
+        possible.filter(|&count| count > 0).unwrap_or_else(online)
+    })
+}
 
 /// The options of a context, from the environment `roce exec` passes on.
 fn open_options() -> Result<OpenOptions, String> {
@@ -195,12 +221,33 @@ pub(crate) type Table = fn(*mut ibv_device, c_int) -> verbs_context;
 /// # Safety
 /// `device` is NULL or from the device list.
 pub(crate) unsafe fn open_device(device: *mut ibv_device, table: Table) -> *mut ibv_context {
+    match crate::handles::new_cmd_fd(device) {
+        // SAFETY: per this function's contract.
+        Ok(cmd_fd) => unsafe { open_device_with(device, table, cmd_fd) },
+        Err(error) => {
+            crate::log_failure("ibv_open_device", &error);
+            set_errno(error.raw_os_error().unwrap_or(EINVAL));
+            core::ptr::null_mut()
+        }
+    }
+}
+
+/// [`open_device`] with `cmd_fd` as the context's (a new one, or the one
+/// `ibv_import_device` was given, whose object space the context then shares).
+///
+/// # Safety
+/// `device` is NULL or from the device list.
+pub(crate) unsafe fn open_device_with(
+    device: *mut ibv_device,
+    table: Table,
+    cmd_fd: OwnedFd,
+) -> *mut ibv_context {
     // SAFETY: the caller passes a device from the list.
     let Some(slot) = (unsafe { DeviceSlot::from_raw(device) }) else {
         set_errno(EINVAL);
         return core::ptr::null_mut();
     };
-    match open(slot, device, table) {
+    match open(slot, device, table, cmd_fd) {
         Ok(context) => context,
         Err((errno, why)) => {
             crate::log_failure("ibv_open_device", &why);
@@ -214,6 +261,7 @@ fn open(
     slot: &DeviceSlot,
     device: *mut ibv_device,
     table: Table,
+    cmd_fd: OwnedFd,
 ) -> Result<*mut ibv_context, (c_int, String)> {
     let info = slot
         .refresh()
@@ -227,8 +275,10 @@ fn open(
     open_options().map_err(|why| (EINVAL, why))?;
     let async_fd = eventfd(0, EventfdFlags::CLOEXEC)
         .map_err(|error| (error.raw_os_error(), error.to_string()))?;
+    let mut raw = table(device, async_fd.as_raw_fd());
+    raw.context.cmd_fd = cmd_fd.as_raw_fd();
     let context = Box::new(Context {
-        raw: table(device, async_fd.as_raw_fd()),
+        raw,
         device: info,
         engine: OnceLock::new(),
         starting: Mutex::new(()),
@@ -236,6 +286,7 @@ fn open(
         qps: Mutex::new(HashMap::new()),
         srqs: Mutex::new(HashMap::new()),
         async_fd,
+        _cmd_fd: cmd_fd,
         _holder: holder,
     });
     let context = Box::leak(context);
@@ -330,8 +381,7 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
         hw_ver: 0,
         max_qp: clamp(limits.max_qp.into()),
         max_qp_wr: clamp(limits.max_qp_wr.into()),
-        // IBV_DEVICE_RC_RNR_NAK_GEN: our responder sends RNR NAKs.
-        device_cap_flags: 1 << 12,
+        device_cap_flags: DEVICE_CAP_FLAGS,
         max_sge: clamp(limits.max_sge.into()),
         max_sge_rd: clamp(limits.max_sge.into()),
         max_cq: 1 << 16,
@@ -350,9 +400,9 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
         max_mw: 0,
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
-        max_mcast_grp: 0,
-        max_mcast_qp_attach: 0,
-        max_total_mcast_qp_attach: 0,
+        max_mcast_grp: clamp(limits.max_mcast_grp.into()),
+        max_mcast_qp_attach: clamp(limits.max_mcast_qp_attach.into()),
+        max_total_mcast_qp_attach: clamp(limits.max_total_mcast_qp_attach.into()),
         max_ah: 1 << 16,
         max_fmr: 0,
         max_map_per_fmr: 0,
@@ -365,6 +415,45 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
     }
 }
 
+/// `enum ibv_device_cap_flags` bits that hold: port events are raised
+/// (`IBV_DEVICE_PORT_ACTIVE_EVENT`), the system image GUID is set (`_SYS_IMAGE_GUID`), our
+/// responder sends RNR NAKs (`_RC_RNR_NAK_GEN`) and SRQs can be resized (`_SRQ_RESIZE`).
+const DEVICE_CAP_FLAGS: u32 = 1 << 9 | 1 << 10 | 1 << 12 | 1 << 13;
+
+/// `struct ibv_device_attr_ex`: the device attributes, on-demand paging (every region may
+/// page on demand, since we never pin memory; so may the whole address space), the device
+/// clock of completion timestamps, and the port count.
+pub(crate) fn device_attr_ex(device: &roce_verbs::Device) -> ibv_device_attr_ex {
+    let orig_attr = device_attr(device);
+    ibv_device_attr_ex {
+        orig_attr,
+        comp_mask: 0,
+        odp_caps: ibv_odp_caps {
+            general_caps: odp::SUPPORT | odp::SUPPORT_IMPLICIT,
+            rc_odp_caps: odp::SEND
+                | odp::RECV
+                | odp::WRITE
+                | odp::READ
+                | odp::ATOMIC
+                | odp::SRQ_RECV,
+            uc_odp_caps: odp::SEND | odp::RECV | odp::WRITE | odp::SRQ_RECV,
+            ud_odp_caps: odp::SEND | odp::RECV | odp::SRQ_RECV,
+        },
+        completion_timestamp_mask: u64::MAX,
+        hca_core_clock: crate::cq::HCA_CORE_CLOCK_KHZ,
+        device_cap_flags_ex: u64::from(orig_attr.device_cap_flags),
+        _offloads: [0; 11],
+        max_dm_size: 0,
+        pci_atomic_caps: [0; 3],
+        // No XRC yet (on-demand paging would hold for it as for every region).
+        xrc_odp_caps: 0,
+        phys_port_cnt_ex: u32::from(orig_attr.phys_port_cnt),
+    }
+}
+
+/// `IB_PORT_CM_SUP`: the port takes connection management MADs (rdma_cm).
+const PORT_CAP_CM_SUP: u32 = 1 << 16;
+
 /// `struct ibv_port_attr` of the one port.
 pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
     let active = port.state == PortState::Active;
@@ -374,8 +463,7 @@ pub(crate) fn port_attr(port: roce_verbs::PortAttr) -> ibv_port_attr {
         max_mtu: port.max_mtu as u32,
         active_mtu: port.active_mtu as u32,
         gid_tbl_len: port.gid_tbl_len as c_int,
-        // IB_PORT_CM_SUP, as rxe: the port takes connection management (our rdma_cm).
-        port_cap_flags: 1 << 16,
+        port_cap_flags: PORT_CAP_CM_SUP,
         // The transport's largest message.
         max_msg_sz: 1 << 31,
         pkey_tbl_len: 1,
@@ -403,6 +491,64 @@ pub(crate) unsafe extern "C" fn query_device(
         return EINVAL;
     };
     *attr = device_attr(ours.device());
+    0
+}
+
+/// `verbs_context.query_device_ex` (the inline `ibv_query_device_ex`): at most `attr_size`
+/// bytes of `struct ibv_device_attr_ex`, as the caller's struct may be an older, shorter one.
+pub(crate) unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    // SAFETY: the caller passes an open context and NULL or its input.
+    let (Some(ours), input) = (unsafe { Context::from_raw(context) }, unsafe {
+        input.as_ref()
+    }) else {
+        return EINVAL;
+    };
+    if input.is_some_and(|input| input.comp_mask != 0)
+        || attr.is_null()
+        || attr_size < size_of::<ibv_device_attr>()
+    {
+        return EINVAL;
+    }
+    let full = device_attr_ex(ours.device());
+    let len = attr_size.min(size_of::<ibv_device_attr_ex>());
+    // SAFETY: `full` is a whole struct; the caller passes room for `attr_size` bytes.
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            core::ptr::from_ref(&full).cast::<u8>(),
+            attr.cast::<u8>(),
+            len,
+        );
+    }
+    0
+}
+
+/// `verbs_context.query_rt_values` (the inline `ibv_query_rt_values_ex`): the device clock
+/// (`IBV_VALUES_MASK_RAW_CLOCK`, in `tv_nsec` as mlx5 gives its cycles), whose ticks
+/// completion timestamps count.
+pub(crate) unsafe extern "C" fn query_rt_values(
+    context: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    // SAFETY: the caller passes an open context and its values.
+    let (Some(_), Some(values)) = (unsafe { Context::from_raw(context) }, unsafe {
+        values.as_mut()
+    }) else {
+        return EINVAL;
+    };
+    if values.comp_mask & !IBV_VALUES_MASK_RAW_CLOCK != 0 {
+        return EINVAL;
+    }
+    if values.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+        values.raw_clock = timespec {
+            tv_sec: 0,
+            tv_nsec: crate::cq::hca_clock_ns() as i64,
+        };
+    }
     0
 }
 
@@ -464,7 +610,8 @@ pub(crate) unsafe extern "C" fn query_port_ex(
     unsafe { write_port_attr(context, port, attr, len) }
 }
 
-/// The GID at `index` of port `port`, or `EINVAL`.
+/// The GID at `index` of port `port`: `ENODATA` for an empty entry of the table, `EINVAL`
+/// past its end, as the kernel answers.
 ///
 /// # Safety
 /// `context` is NULL or open.
@@ -474,7 +621,12 @@ unsafe fn gid(context: *mut ibv_context, port: u32, index: u32) -> Result<[u8; 1
     if port != 1 {
         return Err(EINVAL);
     }
-    ours.device().gid(index as usize).ok_or(EINVAL)
+    let device = ours.device();
+    match device.gid(index as usize) {
+        Some(gid) => Ok(gid),
+        None if (index as usize) < device.query_port().gid_tbl_len => Err(ENODATA),
+        None => Err(EINVAL),
+    }
 }
 
 /// `ibv_query_gid`: 0, or -1 and errno.
@@ -485,7 +637,12 @@ pub(crate) unsafe extern "C" fn query_gid(
     out: *mut [u8; 16],
 ) -> c_int {
     // SAFETY: the caller passes an open context.
-    match unsafe { gid(context, port.into(), index as u32) } {
+    let found = match unsafe { gid(context, port.into(), index as u32) } {
+        // An empty entry reads as the zero GID, as rdma-core keeps it.
+        Err(ENODATA) => Ok([0; 16]),
+        found => found,
+    };
+    match found {
         Ok(gid) if !out.is_null() => {
             // SAFETY: the caller passes a writable `union ibv_gid`.
             unsafe { *out = gid };
@@ -575,16 +732,22 @@ pub(crate) unsafe extern "C" fn query_gid_type(
     gid_type: *mut u32,
 ) -> c_int {
     // SAFETY: the caller passes an open context.
-    if let Err(errno) = unsafe { gid(context, port.into(), index) } {
-        set_errno(errno);
-        return -1;
-    }
+    let found = unsafe { gid(context, port.into(), index) };
+    let kind = match found {
+        Ok(_) => IBV_GID_TYPE_SYSFS_ROCE_V2,
+        // As rdma-core answers for an empty entry.
+        Err(ENODATA) => IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
+        Err(errno) => {
+            set_errno(errno);
+            return -1;
+        }
+    };
     if gid_type.is_null() {
         set_errno(EINVAL);
         return -1;
     }
     // SAFETY: the caller passes a writable enum.
-    unsafe { *gid_type = IBV_GID_TYPE_SYSFS_ROCE_V2 };
+    unsafe { *gid_type = kind };
     0
 }
 
@@ -661,12 +824,10 @@ impl Context {
             AsyncEvent::PortError => return Some((IBV_EVENT_PORT_ERR, PORT)),
             _ => {}
         }
+        // Every context of the device hears every event: this one keeps its own objects'.
         let (event_type, qpn) = event_of(event)?;
-        let qps = self.qps.lock().ok();
-        Some((
-            event_type,
-            qps.and_then(|qps| qps.get(&qpn).copied()).unwrap_or(0),
-        ))
+        let qps = self.qps.lock().ok()?;
+        Some((event_type, *qps.get(&qpn)?))
     }
 }
 
@@ -723,14 +884,17 @@ pub(crate) unsafe extern "C" fn get_async_event(
 /// `ibv_ack_async_event`: nothing is held for an event.
 pub(crate) extern "C" fn ack_async_event(_: *mut ibv_async_event) {}
 
-/// `ibv_fork_init`: no device DMA, so a forked child cannot break a registration.
+/// `ibv_fork_init`: nothing to do, and it always succeeds, as rdma-core's does when fork
+/// support is unneeded: no device DMAs into registered memory (we never pin pages; the
+/// engine copies through the process's own mappings), so a child's copy-on-write cannot
+/// leave a device writing pages the parent no longer sees.
 pub(crate) extern "C" fn fork_init() -> c_int {
     0
 }
 
 /// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED`, for the same reason.
 pub(crate) extern "C" fn is_fork_initialized() -> c_int {
-    2
+    IBV_FORK_UNNEEDED
 }
 
 /// Whether `fd` was made non-blocking by its owner.

@@ -1,11 +1,11 @@
-//! Completion channels and completion queues.
+//! Completion channels and completion queues, plain and extended (`ibv_cq_ex`).
 
 use core::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use roce_cabi::set_errno;
+use roce_cabi::{set_errno, EOPNOTSUPP};
 use roce_verbs::{CompChannel, Error, WcOpcode, WorkCompletion};
 use std::time::Duration;
 
@@ -14,10 +14,12 @@ use rustix::fs::{fcntl_setfl, OFlags};
 
 use crate::abi::*;
 use crate::context::{is_nonblocking, Context};
+use crate::pd::{Pd, Placement, RES_TYPE_CQ};
 
 const EINVAL: c_int = 22;
 const EBUSY: c_int = 16;
 const EAGAIN: c_int = 11;
+const ENOENT: c_int = 2;
 
 /// Our `ibv_comp_channel`.
 #[repr(C)]
@@ -87,32 +89,87 @@ pub(crate) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_chan
     0
 }
 
-/// Our `ibv_cq`.
+/// Our `ibv_cq`, inside an `ibv_cq_ex` whatever call made it (as rdma-core's `verbs_cq`):
+/// `ops.poll_cq` polls both, and an extended CQ's `start_poll`, `next_poll`, `end_poll` and
+/// `read_*` poll it one completion at a time through the same Rust CQ.
 #[repr(C)]
 pub(crate) struct Cq {
-    pub(crate) raw: ibv_cq,
+    pub(crate) raw: ibv_cq_ex,
     pub(crate) cq: roce_verbs::Cq,
     /// Where `poll_cq` takes completions before converting them (kept, not reallocated).
     polled: Mutex<Vec<WorkCompletion>>,
     /// QPs that complete into it: while any is left, it cannot go.
     pub(crate) users: AtomicUsize,
+    /// The completion `start_poll`/`next_poll` took last, which the `read_*` report.
+    current: Mutex<Current>,
+    /// Held from a successful `start_poll` to `end_poll` (or the `next_poll` that finds
+    /// nothing), as providers hold their CQ lock, unless the CQ is single-threaded.
+    polling: AtomicBool,
+    single_threaded: bool,
+    /// Which timestamps to take.
+    stamps: u64,
+    /// The parent domain it was made with, or NULL.
+    domain: *mut ibv_pd,
+    /// Where its memory came from (the parent domain's allocator, or the heap).
+    placement: Placement,
+}
+
+/// The completion being read through an `ibv_cq_ex`, and when it was taken.
+#[derive(Clone, Copy)]
+struct Current {
+    wc: ibv_wc,
+    /// `read_completion_ts`: the device clock (nanoseconds of `CLOCK_MONOTONIC`; see
+    /// [`HCA_CORE_CLOCK_KHZ`]).
+    ts: u64,
+    /// `read_completion_wallclock_ns`: nanoseconds of `CLOCK_REALTIME`.
+    wallclock: u64,
+}
+
+/// The device clock's frequency in kHz (`hca_core_clock`): its ticks are the nanoseconds of
+/// `CLOCK_MONOTONIC`, which `ibv_query_rt_values_ex` reads too.
+pub(crate) const HCA_CORE_CLOCK_KHZ: u64 = 1_000_000;
+
+/// The nanoseconds of a clock now.
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass; the clocks asked for always exist.
+    unsafe { libc::clock_gettime(clock, &mut now) };
+    (now.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(now.tv_nsec as u64)
+}
+
+/// The device clock now (`CLOCK_MONOTONIC`, in nanoseconds).
+pub(crate) fn hca_clock_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 impl Cq {
-    /// The CQ behind an `ibv_cq` we handed out.
+    /// The CQ behind an `ibv_cq` (or `ibv_cq_ex`) we handed out.
     ///
     /// # Safety
-    /// `cq` is NULL or came from [`create_cq`] and is not destroyed.
+    /// `cq` is NULL or came from [`create_cq`] or [`create_cq_ex`] and is not destroyed.
     pub(crate) unsafe fn from_raw<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
-        // SAFETY: `raw` is the first field of our `#[repr(C)]` Cq.
+        // SAFETY: `raw`, which begins with the `ibv_cq`, is the first field of our
+        // `#[repr(C)]` Cq.
+        unsafe { cq.cast::<Cq>().as_ref() }
+    }
+
+    /// The CQ behind an `ibv_cq_ex` we handed out.
+    ///
+    /// # Safety
+    /// As [`from_raw`](Self::from_raw).
+    unsafe fn from_ex<'a>(cq: *mut ibv_cq_ex) -> Option<&'a Cq> {
+        // SAFETY: as `from_raw`.
         unsafe { cq.cast::<Cq>().as_ref() }
     }
 }
 
 fn fail_null<T>(call: &str, error: &Error) -> *mut T {
-    crate::log_failure(call, error);
-    set_errno(crate::errno_of(error));
-    core::ptr::null_mut()
+    crate::logging::fail_null(call, crate::errno_of(error), error)
 }
 
 /// `ibv_create_cq`.
@@ -121,53 +178,194 @@ pub(crate) unsafe extern "C" fn create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
-    // SAFETY: the caller passes an open context and NULL or a channel of ours.
-    let (Some(ours), channel) = (unsafe { Context::from_raw(context) }, unsafe {
-        channel.cast::<Channel>().as_ref()
-    }) else {
-        set_errno(EINVAL);
-        return core::ptr::null_mut();
+    let (Ok(cqe), Ok(comp_vector)) = (u32::try_from(cqe), u32::try_from(comp_vector)) else {
+        return crate::logging::fail_null("ibv_create_cq", EINVAL, &"negative cqe or vector");
     };
-    let Ok(depth) = usize::try_from(cqe) else {
-        set_errno(EINVAL);
-        return core::ptr::null_mut();
+    let mut attr = ibv_cq_init_attr_ex {
+        cqe,
+        cq_context,
+        channel,
+        comp_vector,
+        wc_flags: wc_ex::STANDARD,
+        comp_mask: 0,
+        flags: 0,
+        parent_domain: core::ptr::null_mut(),
+    };
+    // SAFETY: the caller passes an open context and NULL or a channel of ours.
+    unsafe { create(context, &mut attr, "ibv_create_cq") }.cast()
+}
+
+/// The `wc_flags` an extended CQ may ask for: the standard fields and both timestamps (the
+/// VLAN, flow tag and tag matching fields have no meaning here).
+const SUPPORTED_WC_FLAGS: u64 =
+    wc_ex::STANDARD | wc_ex::COMPLETION_TIMESTAMP | wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK;
+
+/// `verbs_context.create_cq_ex` (the inline `ibv_create_cq_ex`). Errors as rdma-core's with
+/// rxe: `wc_flags` we cannot fill, an unknown `comp_mask` and `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`
+/// are `EOPNOTSUPP`; a bad size, vector, channel or parent domain `EINVAL`.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    const CALL: &str = "ibv_create_cq_ex";
+    // SAFETY: the caller passes its attributes.
+    let Some(attr) = (unsafe { attr.as_mut() }) else {
+        return crate::logging::fail_null(CALL, EINVAL, &"NULL attributes");
+    };
+    if attr.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
+        let why = format!("wc_flags {:#x}", attr.wc_flags & !SUPPORTED_WC_FLAGS);
+        return crate::logging::fail_null(CALL, EOPNOTSUPP, &why);
+    }
+    if attr.comp_mask & !(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
+        return crate::logging::fail_null(CALL, EOPNOTSUPP, &"unknown comp_mask bits");
+    }
+    if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+        && attr.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0
+    {
+        // rxe refuses every flag it is given; the single-threaded one stays in libibverbs.
+        let why = format!("flags {:#x} (overrun is always an error here)", attr.flags);
+        return crate::logging::fail_null(CALL, EOPNOTSUPP, &why);
+    }
+    // SAFETY: the caller passes an open context, NULL or a channel of ours, and a parent
+    // domain of ours when the mask says so.
+    unsafe { create(context, attr, CALL) }
+}
+
+/// Creates a CQ as `attr` says (checked by the caller for what only the extended call has).
+///
+/// # Safety
+/// `context` is NULL or open; the channel is NULL or ours; the parent domain, when
+/// `comp_mask` names one, is NULL or ours.
+unsafe fn create(
+    context: *mut ibv_context,
+    attr: &mut ibv_cq_init_attr_ex,
+    call: &str,
+) -> *mut ibv_cq_ex {
+    // SAFETY: per this function's contract.
+    let (Some(ours), channel) = (unsafe { Context::from_raw(context) }, unsafe {
+        attr.channel.cast::<Channel>().as_ref()
+    }) else {
+        return crate::logging::fail_null(call, EINVAL, &"NULL context");
+    };
+    if channel.is_some_and(|channel| channel.raw.context != context) {
+        return crate::logging::fail_null(call, EINVAL, &"a channel of another context");
+    }
+    // As the kernel's `create_cq`: the vector must be one the context has.
+    if attr.comp_vector >= ours.raw.context.num_comp_vectors as u32 {
+        let why = format!("comp_vector {}", attr.comp_vector);
+        return crate::logging::fail_null(call, EINVAL, &why);
+    }
+    let domain = if attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+        // SAFETY: per this function's contract.
+        match unsafe { Pd::from_raw(attr.parent_domain) } {
+            Some(domain) if domain.is_parent_domain() && domain.raw.context == context => {
+                Some(domain)
+            }
+            _ => return crate::logging::fail_null(call, EINVAL, &"not a parent domain"),
+        }
+    } else {
+        None
+    };
+    let (Ok(depth), Ok(cqe)) = (usize::try_from(attr.cqe), c_int::try_from(attr.cqe)) else {
+        return crate::logging::fail_null(call, EINVAL, &"cqe beyond max_cqe");
     };
     let made = ours
         .verbs()
         .and_then(|verbs| verbs.create_cq(depth, channel.map(|channel| &channel.channel)));
     let cq = match made {
         Ok(cq) => cq,
-        Err(error) => return fail_null("ibv_create_cq", &error),
+        Err(error) => return fail_null(call, &error),
     };
     let id = cq.id();
-    let raw = ibv_cq {
+    let single_threaded = domain.is_some_and(Pd::single_threaded)
+        || attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            && attr.flags & IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0;
+    let ours_cq = Cq {
+        raw: raw_cq_ex(context, channel, attr, cqe),
+        cq,
+        polled: Mutex::new(Vec::with_capacity(depth.min(1024))),
+        users: AtomicUsize::new(0),
+        current: Mutex::new(Current {
+            wc: ibv_wc::default(),
+            ts: 0,
+            wallclock: 0,
+        }),
+        polling: AtomicBool::new(false),
+        single_threaded,
+        stamps: attr.wc_flags
+            & (wc_ex::COMPLETION_TIMESTAMP | wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK),
+        domain: domain.map_or(core::ptr::null_mut(), |_| attr.parent_domain),
+        placement: Placement::Heap,
+    };
+    let ptr = match Placement::place(domain, RES_TYPE_CQ, ours_cq) {
+        Ok((ptr, placement)) => {
+            // SAFETY: just placed, not yet handed out.
+            unsafe { (*ptr).placement = placement };
+            ptr
+        }
+        Err(errno) => {
+            return crate::logging::fail_null(call, errno, &"the parent domain's allocator")
+        }
+    };
+    if let Some(channel) = channel {
+        channel.users.fetch_add(1, Ordering::AcqRel);
+    }
+    if let Some(domain) = domain {
+        domain.users.fetch_add(1, Ordering::AcqRel);
+    }
+    if let Ok(mut cqs) = ours.cqs.lock() {
+        cqs.insert(id, ptr as usize);
+    }
+    ptr.cast()
+}
+
+/// The `ibv_cq_ex` of a new CQ: the readers of the fields `attr.wc_flags` asks for, as rxe
+/// sets them (calling another is the caller's error, as with every provider).
+fn raw_cq_ex(
+    context: *mut ibv_context,
+    channel: Option<&Channel>,
+    attr: &ibv_cq_init_attr_ex,
+    cqe: c_int,
+) -> ibv_cq_ex {
+    let asked = |flag: u64| attr.wc_flags & flag != 0;
+    ibv_cq_ex {
         context,
         channel: channel.map_or(core::ptr::null_mut(), |channel| {
             core::ptr::from_ref(&channel.raw).cast_mut()
         }),
-        cq_context,
+        cq_context: attr.cq_context,
         handle: 0,
         cqe,
         mutex: [0; 5],
         cond: [0; 6],
         comp_events_completed: 0,
         async_events_completed: 0,
-    };
-    let ptr = Box::into_raw(Box::new(Cq {
-        raw,
-        cq,
-        polled: Mutex::new(Vec::with_capacity(depth.min(1024))),
-        users: AtomicUsize::new(0),
-    }));
-    if let Some(channel) = channel {
-        channel.users.fetch_add(1, Ordering::AcqRel);
+        comp_mask: 0,
+        status: 0,
+        wr_id: 0,
+        start_poll: Some(start_poll),
+        next_poll: Some(next_poll),
+        end_poll: Some(end_poll),
+        read_opcode: Some(read_opcode),
+        read_vendor_err: Some(read_vendor_err),
+        read_byte_len: asked(wc_ex::BYTE_LEN).then_some(read_byte_len as ReadU32),
+        read_imm_data: asked(wc_ex::IMM).then_some(read_imm_data as ReadU32),
+        read_qp_num: asked(wc_ex::QP_NUM).then_some(read_qp_num as ReadU32),
+        read_src_qp: asked(wc_ex::SRC_QP).then_some(read_src_qp as ReadU32),
+        read_wc_flags: Some(read_wc_flags),
+        read_slid: asked(wc_ex::SLID).then_some(read_slid as ReadU32),
+        read_sl: asked(wc_ex::SL).then_some(read_sl as ReadU8),
+        read_dlid_path_bits: asked(wc_ex::DLID_PATH_BITS).then_some(read_dlid_path_bits as ReadU8),
+        read_completion_ts: asked(wc_ex::COMPLETION_TIMESTAMP)
+            .then_some(read_completion_ts as ReadU64),
+        read_cvlan: 0,
+        read_flow_tag: 0,
+        read_tm_info: 0,
+        read_completion_wallclock_ns: asked(wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK)
+            .then_some(read_completion_wallclock_ns as ReadU64),
     }
-    if let Ok(mut cqs) = ours.cqs.lock() {
-        cqs.insert(id, ptr as usize);
-    }
-    ptr.cast()
 }
 
 /// `ibv_destroy_cq`: `EBUSY` while a QP uses it.
@@ -189,23 +387,46 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     if let Some(channel) = unsafe { ours.raw.channel.cast::<Channel>().as_ref() } {
         channel.users.fetch_sub(1, Ordering::AcqRel);
     }
-    // SAFETY: leaked from a Box in `create_cq`; the caller gives it up.
-    drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+    // SAFETY: the parent domain it was made with outlives it (it cannot go meanwhile).
+    if let Some(domain) = unsafe { Pd::from_raw(ours.domain) } {
+        domain.users.fetch_sub(1, Ordering::AcqRel);
+    }
+    let placement = ours.placement;
+    // SAFETY: placed by `create`; the caller gives it up.
+    unsafe { placement.release(cq.cast::<Cq>()) };
     0
 }
 
-/// The `ibv_wc` of a completion.
-fn to_wc(completion: &WorkCompletion) -> ibv_wc {
-    let mut wc_flags = 0;
-    let mut imm_data = 0;
-    if let Some(imm) = completion.imm_data {
-        wc_flags |= IBV_WC_WITH_IMM;
-        // The caller reads it as `__be32`: the bytes as they were on the wire.
-        imm_data = imm.to_be();
+/// `ibv_resize_cq`: 0 or an errno (`EINVAL` for a size beyond `max_cqe` or below the
+/// completions that wait).
+pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: the caller passes a CQ of ours, whose `cqe` only it and we write.
+    let Some(ours) = (unsafe { cq.cast::<Cq>().as_mut() }) else {
+        return EINVAL;
+    };
+    let Ok(depth) = usize::try_from(cqe) else {
+        return EINVAL;
+    };
+    match ours.cq.resize(depth) {
+        Ok(()) => {
+            ours.raw.cqe = cqe;
+            0
+        }
+        Err(error) => {
+            crate::log_failure("ibv_resize_cq", &error);
+            crate::errno_of(&error)
+        }
     }
-    if let Some(rkey) = completion.invalidated_rkey {
+}
+
+/// The `wc_flags` of a completion.
+fn wc_flags(completion: &WorkCompletion) -> u32 {
+    let mut wc_flags = 0;
+    if completion.imm_data.is_some() {
+        wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if completion.invalidated_rkey.is_some() {
         wc_flags |= IBV_WC_WITH_INV;
-        imm_data = rkey;
     }
     let is_receive = matches!(
         completion.opcode,
@@ -215,6 +436,17 @@ fn to_wc(completion: &WorkCompletion) -> ibv_wc {
     if is_receive && completion.src_qp != 0 {
         wc_flags |= IBV_WC_GRH;
     }
+    wc_flags
+}
+
+/// The `ibv_wc` of a completion.
+fn to_wc(completion: &WorkCompletion) -> ibv_wc {
+    // The caller reads immediate data as `__be32`: the bytes as they were on the wire.
+    let imm_data = match (completion.imm_data, completion.invalidated_rkey) {
+        (_, Some(rkey)) => rkey,
+        (Some(imm), None) => imm.to_be(),
+        (None, None) => 0,
+    };
     ibv_wc {
         wr_id: completion.wr_id,
         status: completion.status as u32,
@@ -224,7 +456,7 @@ fn to_wc(completion: &WorkCompletion) -> ibv_wc {
         imm_data,
         qp_num: completion.qp_num,
         src_qp: completion.src_qp,
-        wc_flags,
+        wc_flags: wc_flags(completion),
         pkey_index: 0,
         slid: 0,
         sl: completion.roce_packet_type(),
@@ -266,6 +498,192 @@ pub(crate) unsafe extern "C" fn poll_cq(
         unsafe { wc.add(index).write(to_wc(completion)) };
     }
     polled.len() as c_int
+}
+
+impl Cq {
+    /// Takes the next completion into `current` and the `status`/`wr_id` the caller reads:
+    /// 0, `ENOENT` when none waits, or the errno of a CQ that can no longer be polled.
+    fn take_next(&self, raw: *mut ibv_cq_ex) -> c_int {
+        let Ok(mut polled) = self.polled.lock() else {
+            return EINVAL;
+        };
+        polled.clear();
+        match self.cq.poll_into(1, &mut polled) {
+            Ok(0) => return ENOENT,
+            Ok(_) => {}
+            Err(error) => {
+                crate::log_failure("ibv_start_poll", &error);
+                return crate::errno_of(&error);
+            }
+        }
+        let wc = to_wc(&polled[0]);
+        let ts = if self.stamps & wc_ex::COMPLETION_TIMESTAMP != 0 {
+            hca_clock_ns()
+        } else {
+            0
+        };
+        let wallclock = if self.stamps & wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK != 0 {
+            clock_ns(libc::CLOCK_REALTIME)
+        } else {
+            0
+        };
+        if let Ok(mut current) = self.current.lock() {
+            *current = Current { wc, ts, wallclock };
+        }
+        // SAFETY: `raw` is this CQ's own `ibv_cq_ex`, whose `status` and `wr_id` the poller
+        // reads after this call returns (the poll lock, or the caller's single thread,
+        // keeps others out meanwhile).
+        unsafe {
+            (*raw).status = wc.status;
+            (*raw).wr_id = wc.wr_id;
+        }
+        0
+    }
+
+    fn lock_polling(&self) {
+        if self.single_threaded {
+            return;
+        }
+        while self
+            .polling
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    fn unlock_polling(&self) {
+        if !self.single_threaded {
+            self.polling.store(false, Ordering::Release);
+        }
+    }
+
+    fn current(&self) -> Current {
+        self.current.lock().map_or(
+            Current {
+                wc: ibv_wc::default(),
+                ts: 0,
+                wallclock: 0,
+            },
+            |current| *current,
+        )
+    }
+}
+
+/// `ibv_cq_ex.start_poll`: takes the first completion (0), or finds none (`ENOENT`, and
+/// then `end_poll` must not follow, though it is harmless here).
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: the caller passes an extended CQ of ours and NULL or its attributes.
+    let (Some(ours), attr) = (unsafe { Cq::from_ex(cq) }, unsafe { attr.as_ref() }) else {
+        return EINVAL;
+    };
+    if attr.is_some_and(|attr| attr.comp_mask != 0) {
+        return EINVAL;
+    }
+    ours.lock_polling();
+    let taken = ours.take_next(cq);
+    if taken != 0 {
+        ours.unlock_polling();
+    }
+    taken
+}
+
+/// `ibv_cq_ex.next_poll`: takes the next completion (0), or finds none (`ENOENT`).
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: the caller passes an extended CQ of ours.
+    let Some(ours) = (unsafe { Cq::from_ex(cq) }) else {
+        return EINVAL;
+    };
+    ours.take_next(cq)
+}
+
+/// `ibv_cq_ex.end_poll`: the completions taken are consumed.
+unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    // SAFETY: the caller passes an extended CQ of ours.
+    if let Some(ours) = unsafe { Cq::from_ex(cq) } {
+        ours.unlock_polling();
+    }
+}
+
+/// The completion an `ibv_cq_ex` we handed out is reading.
+///
+/// # Safety
+/// `cq` is an extended CQ of ours.
+unsafe fn current(cq: *mut ibv_cq_ex) -> Current {
+    // SAFETY: per this function's contract.
+    match unsafe { Cq::from_ex(cq) } {
+        Some(ours) => ours.current(),
+        None => Current {
+            wc: ibv_wc::default(),
+            ts: 0,
+            wallclock: 0,
+        },
+    }
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.opcode
+}
+
+unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.vendor_err
+}
+
+unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.byte_len
+}
+
+/// Immediate data (big-endian, as on the wire) or the invalidated R_Key.
+unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.imm_data
+}
+
+unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.qp_num
+}
+
+unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.src_qp
+}
+
+unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.wc_flags
+}
+
+/// No LIDs on RoCE: 0, as rxe.
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    u32::from(unsafe { current(cq) }.wc.slid)
+}
+
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.sl
+}
+
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wc.dlid_path_bits
+}
+
+/// When the completion was taken from the device's queue, in device clock ticks.
+unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.ts
+}
+
+/// When the completion was taken from the device's queue, in nanoseconds of real time.
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: the caller passes an extended CQ of ours.
+    unsafe { current(cq) }.wallclock
 }
 
 /// `ops.req_notify_cq`.

@@ -17,22 +17,31 @@
 //! - **Errors**: what rdma-core returns; whatever we do not support fails with
 //!   `EOPNOTSUPP` (or is a NULL op, which the inline wrappers turn into it).
 //!
-//! Modules import one way, each only from modules below it: `ops` (opening and closing a
-//! device, the context's function tables) → `qp` → `srq` → `pd`, `cq` → `context` →
-//! `device`; `stats` (counters on close and exit) sits between `ops` and `context`; `post`
-//! (walking a posted list of work requests) below `qp` and `srq`; `abi`, `errno`, `logging`
-//! and `strings` below all (the crate root only declares, exports and re-exports).
+//! Modules import one way, each only from modules below it: `ops` (opening, importing and
+//! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
+//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
+//! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
+//! close and exit) sits between `ops` and `context`; `post`
+//! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
+//! `handles` (what makes objects importable: `cmd_fd`, handles) below `pd` and `context`;
+//! `abi`, `errno`, `logging` and `strings` below all (the crate root only declares, exports
+//! and re-exports).
 
 mod abi;
+mod ah;
 mod context;
 mod cq;
 mod device;
 mod errno;
+mod handles;
+mod import;
 mod logging;
+mod mcast;
 mod ops;
 mod pd;
 mod post;
 mod qp;
+mod qp_ex;
 mod rdmacm_hook;
 mod srq;
 mod stats;
@@ -69,11 +78,12 @@ export!("ibv_reg_mr" @ "IBVERBS_1.1" => pd::reg_mr);
 export!("ibv_reg_mr_iova" @ "IBVERBS_1.7" => pd::reg_mr_iova);
 export!("ibv_reg_mr_iova2" @ "IBVERBS_1.8" => pd::reg_mr_iova2);
 export!("ibv_dereg_mr" @ "IBVERBS_1.1" => pd::dereg_mr);
+export!("ibv_rereg_mr" @ "IBVERBS_1.1" => pd::rereg_mr);
 export!("ibv_create_comp_channel" @ "IBVERBS_1.0" => cq::create_comp_channel);
 export!("ibv_destroy_comp_channel" @ "IBVERBS_1.0" => cq::destroy_comp_channel);
 export!("ibv_create_cq" @ "IBVERBS_1.1" => cq::create_cq);
 export!("ibv_destroy_cq" @ "IBVERBS_1.1" => cq::destroy_cq);
-export!("ibv_resize_cq" @ "IBVERBS_1.1" => unsupported::int);
+export!("ibv_resize_cq" @ "IBVERBS_1.1" => cq::resize_cq);
 export!("ibv_get_cq_event" @ "IBVERBS_1.1" => cq::get_cq_event);
 export!("ibv_ack_cq_events" @ "IBVERBS_1.1" => cq::ack_cq_events);
 export!("ibv_create_qp" @ "IBVERBS_1.1" => qp::create_qp);
@@ -85,26 +95,25 @@ export!("ibv_create_srq" @ "IBVERBS_1.1" => srq::create_srq);
 export!("ibv_modify_srq" @ "IBVERBS_1.1" => srq::modify_srq);
 export!("ibv_query_srq" @ "IBVERBS_1.1" => srq::query_srq);
 export!("ibv_destroy_srq" @ "IBVERBS_1.1" => srq::destroy_srq);
-export!("ibv_create_ah" @ "IBVERBS_1.1" => qp::create_ah);
-export!("ibv_destroy_ah" @ "IBVERBS_1.1" => qp::destroy_ah);
-export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => qp::init_ah_from_wc);
-export!("ibv_create_ah_from_wc" @ "IBVERBS_1.1" => qp::create_ah_from_wc);
+export!("ibv_create_ah" @ "IBVERBS_1.1" => ah::create_ah);
+export!("ibv_destroy_ah" @ "IBVERBS_1.1" => ah::destroy_ah);
+export!("ibv_attach_mcast" @ "IBVERBS_1.1" => mcast::attach_mcast);
+export!("ibv_detach_mcast" @ "IBVERBS_1.1" => mcast::detach_mcast);
+export!("ibv_init_ah_from_wc" @ "IBVERBS_1.1" => ah::init_ah_from_wc);
+export!("ibv_create_ah_from_wc" @ "IBVERBS_1.1" => ah::create_ah_from_wc);
 export!("ibv_wc_status_str" @ "IBVERBS_1.1" => strings::wc_status_str);
 export!("ibv_event_type_str" @ "IBVERBS_1.1" => strings::event_type_str);
 export!("ibv_node_type_str" @ "IBVERBS_1.1" => strings::node_type_str);
 export!("ibv_port_state_str" @ "IBVERBS_1.1" => strings::port_state_str);
+export!("ibv_import_device" @ "IBVERBS_1.10" => ops::import_device);
+export!("ibv_import_pd" @ "IBVERBS_1.10" => import::import_pd);
+export!("ibv_import_mr" @ "IBVERBS_1.10" => import::import_mr);
+export!("ibv_unimport_pd" @ "IBVERBS_1.10" => import::unimport_pd);
+export!("ibv_unimport_mr" @ "IBVERBS_1.10" => import::unimport_mr);
 // Not supported by this device; rdma-core fails them the same way for a provider without
 // them.
-export!("ibv_attach_mcast" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_detach_mcast" @ "IBVERBS_1.1" => unsupported::int);
-export!("ibv_rereg_mr" @ "IBVERBS_1.1" => unsupported::int);
 export!("ibv_reg_dmabuf_mr" @ "IBVERBS_1.12" => unsupported::null);
-export!("ibv_import_device" @ "IBVERBS_1.10" => unsupported::null);
-export!("ibv_import_pd" @ "IBVERBS_1.10" => unsupported::null);
-export!("ibv_import_mr" @ "IBVERBS_1.10" => unsupported::null);
 export!("ibv_import_dm" @ "IBVERBS_1.13" => unsupported::null);
-export!("ibv_unimport_pd" @ "IBVERBS_1.10" => unsupported::nothing);
-export!("ibv_unimport_mr" @ "IBVERBS_1.10" => unsupported::nothing);
 export!("ibv_unimport_dm" @ "IBVERBS_1.13" => unsupported::nothing);
 export!("ibv_query_ece" @ "IBVERBS_1.10" => unsupported::int);
 export!("ibv_set_ece" @ "IBVERBS_1.10" => unsupported::int);

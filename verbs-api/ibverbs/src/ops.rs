@@ -7,7 +7,8 @@ use core::ffi::{c_int, c_void};
 
 use crate::abi::*;
 use crate::context::{self, query_port_ex, Context};
-use crate::{cq, qp, srq, stats};
+use crate::logging::fail_null;
+use crate::{cq, handles, pd, qp, srq, stats};
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
@@ -18,6 +19,25 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
         stats::opened(ours);
     }
     context
+}
+
+/// `ibv_import_device`: another context in the object space of `cmd_fd` (a context's
+/// `cmd_fd` or a dup of it; see `handles`), which takes the fd over and closes it when it is
+/// closed. An fd that is not open fails with `EBADF`, one of no context with `EINVAL`.
+pub(crate) unsafe extern "C" fn import_device(cmd_fd: c_int) -> *mut ibv_context {
+    // SAFETY: `ibv_import_device` takes the fd over when it succeeds.
+    match unsafe { handles::import_cmd_fd(cmd_fd) } {
+        Ok((device, fd)) => {
+            // SAFETY: the device of a context we opened, from the list.
+            let context = unsafe { context::open_device_with(device, table, fd) };
+            // SAFETY: NULL or just opened.
+            if let Some(ours) = unsafe { Context::from_raw(context) } {
+                stats::opened(ours);
+            }
+            context
+        }
+        Err(errno) => fail_null("ibv_import_device", errno, &"not a context's cmd_fd"),
+    }
 }
 
 /// `ibv_close_device`: reports the device's counters (`ROCE_STATS`), then closes it.
@@ -40,10 +60,16 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
     ops.post_srq_recv = Some(srq::post_srq_recv);
     verbs_context {
         query_port: Some(query_port_ex),
-        _ops_8_to_200: [0; 24],
-        create_cq_ex: 0,
+        advise_mr: Some(pd::advise_mr),
+        _ops_16_to_112: [0; 12],
+        alloc_parent_domain: Some(pd::alloc_parent_domain),
+        dealloc_td: Some(pd::dealloc_td),
+        alloc_td: Some(pd::alloc_td),
+        _ops_136_to_192: [0; 7],
+        query_rt_values: Some(context::query_rt_values),
+        create_cq_ex: Some(cq::create_cq_ex),
         _priv: 0,
-        query_device_ex: 0,
+        query_device_ex: Some(context::query_device_ex),
         _ops_224_to_264: [0; 5],
         create_qp_ex: Some(qp::create_qp_ex),
         get_srq_num: 0,
@@ -55,7 +81,7 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
             ops,
             cmd_fd: -1,
             async_fd,
-            num_comp_vectors: 1,
+            num_comp_vectors: context::comp_vectors(),
             mutex: [0; 5],
             abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
         },

@@ -1,6 +1,6 @@
 //! Posting a caller's list of work requests, shared by QPs (`ibv_post_send`,
-//! `ibv_post_recv`) and SRQs (`ibv_post_srq_recv`): the walk over the list and the
-//! conversions both use.
+//! `ibv_post_recv`, the `ibv_wr_*` builders) and SRQs (`ibv_post_srq_recv`): the walk over
+//! the list and the conversions they use.
 
 use core::ffi::c_int;
 
@@ -9,6 +9,9 @@ use roce_verbs::{RecvWr, SgList, Sge};
 use crate::abi::*;
 
 const EINVAL: c_int = 22;
+
+/// Most inline bytes a send may carry (what `max_inline_data` may ask for).
+pub(crate) const MAX_INLINE_DATA: u32 = 1024;
 
 /// The scatter/gather list of a work request.
 ///
@@ -136,4 +139,28 @@ pub(crate) unsafe fn post_recv_list(
     let convert = |wr: &ibv_recv_wr| unsafe { recv_wr(wr) };
     // SAFETY: per this function's contract.
     unsafe { post_list(wr, bad_wr, convert, |wr| wr.next, |walk| post(walk)) }
+}
+
+/// The bytes an inline send carries, copied now from the caller's buffers (which need not
+/// be registered).
+///
+/// # Safety
+/// Each element's `addr` points to `length` readable bytes.
+pub(crate) unsafe fn inline_bytes(sges: &SgList, into: &mut Vec<u8>) -> Result<(), c_int> {
+    let total = roce_transport::wr::sg_len(sges).ok_or(EINVAL)?;
+    if total > MAX_INLINE_DATA {
+        return Err(EINVAL);
+    }
+    for sge in sges {
+        if sge.length == 0 {
+            continue;
+        }
+        // SAFETY: per this function's contract (the caller's buffer, read before
+        // `ibv_post_send` returns, as the inline flag promises the caller).
+        let bytes = unsafe {
+            core::slice::from_raw_parts(sge.addr as usize as *const u8, sge.length as usize)
+        };
+        into.extend_from_slice(bytes);
+    }
+    Ok(())
 }

@@ -1,43 +1,42 @@
 //! Queue pairs (create, modify with rdma-core's attribute masks, query, destroy, posting
-//! through the ops table) and address handles.
+//! through the ops table); the `ibv_qp_ex` part is `qp_ex`'s.
 
 use core::ffi::{c_int, c_void};
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-use roce_cabi::{set_errno, EOPNOTSUPP};
+use roce_cabi::EOPNOTSUPP;
 use roce_verbs::{
-    AccessFlags, AddressHandle, AddressVector, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType,
-    RnrTimer, SendFlags, SendOp, SendWr, SgList, Sge,
+    AccessFlags, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType, RnrTimer, SendFlags, SendOp, SendWr,
 };
 
 use crate::abi::*;
+use crate::ah::{address_vector, Ah};
 use crate::context::Context;
 use crate::cq::Cq;
 use crate::logging::fail_null;
-use crate::pd::Pd;
-use crate::post::{post_list, post_recv_list, sg_list};
+use crate::pd::{Pd, Placement, RES_TYPE_QP};
+use crate::post::{inline_bytes, post_list, post_recv_list, sg_list, MAX_INLINE_DATA};
+use crate::qp_ex::{self, QpEx};
 use crate::srq::Srq;
 
 const EINVAL: c_int = 22;
+const EBUSY: c_int = 16;
 
-/// Most inline bytes a send may carry (what `max_inline_data` may ask for).
-const MAX_INLINE_DATA: u32 = 1024;
-
-/// Our `ibv_qp` (inside an `ibv_qp_ex`, whose builders work when the QP was created with
-/// send ops flags).
+/// Our `ibv_qp`: the `ibv_qp_ex` around it comes first (so the pointer callers hold is
+/// both), then what only the QP calls need.
 #[repr(C)]
 pub(crate) struct Qp {
-    raw: ibv_qp_ex,
-    qp: roce_verbs::Qp,
+    ex: QpEx,
     cap: ibv_qp_cap,
     sq_sig_all: c_int,
     /// The attributes given so far, as `ibv_query_qp` reports them.
     attr: Mutex<ibv_qp_attr>,
-    /// Whether `ibv_qp_to_qp_ex` hands out the builders.
+    /// Whether `ibv_qp_to_qp_ex` hands out the builders: created by `ibv_create_qp_ex`.
     extended: bool,
-    /// Work requests built since `ibv_wr_start`.
-    batch: Mutex<Batch>,
+    /// Where its memory came from (its parent domain's allocator, or the heap).
+    placement: Placement,
 }
 
 impl Qp {
@@ -45,9 +44,22 @@ impl Qp {
     ///
     /// # Safety
     /// `qp` is NULL or came from [`create_qp`] and is not destroyed.
-    unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-        // SAFETY: `raw.qp_base` is the first field of our `#[repr(C)]` Qp.
+    pub(crate) unsafe fn from_raw<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+        // SAFETY: `ex.raw.qp_base` is the first field of our `#[repr(C)]` Qp.
         unsafe { qp.cast::<Qp>().as_ref() }
+    }
+
+    /// The `roce-verbs` QP behind it.
+    pub(crate) fn verbs_qp(&self) -> &roce_verbs::Qp {
+        &self.ex.qp
+    }
+}
+
+impl Deref for Qp {
+    type Target = QpEx;
+
+    fn deref(&self) -> &QpEx {
+        &self.ex
     }
 }
 
@@ -90,31 +102,25 @@ pub(crate) unsafe extern "C" fn create_qp(
     }
 }
 
-/// `verbs_context.create_qp_ex` (the inline `ibv_create_qp_ex`): a PD, and optionally the
-/// work request builders (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`); nothing else (XRC, RSS, TSO,
-/// creation flags) is supported.
+/// `verbs_context.create_qp_ex` (the inline `ibv_create_qp_ex`): RC, UC or UD with a PD,
+/// and the extended attributes rxe takes (`qp_ex::check_init_attr`). The QP has the work
+/// request builders whatever its send ops flags, as rxe's.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
+    const CALL: &str = "ibv_create_qp_ex";
     // SAFETY: the caller passes a writable init struct.
     let Some(init) = (unsafe { attr.as_mut() }) else {
-        return fail_null("ibv_create_qp_ex", EINVAL, &"NULL attributes");
+        return fail_null(CALL, EINVAL, &"NULL attributes");
     };
-    if init.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
-        return fail_null("ibv_create_qp_ex", EINVAL, &"no PD");
-    }
-    if init.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
-        return fail_null(
-            "ibv_create_qp_ex",
-            EOPNOTSUPP,
-            &"XRC, RSS, TSO or creation flags",
-        );
+    if let Err((errno, why)) = qp_ex::check_init_attr(init) {
+        return fail_null(CALL, errno, &why);
     }
     // SAFETY: the caller passes a PD of ours.
     let same_context = unsafe { Pd::from_raw(init.pd) }.is_some_and(|pd| pd.raw.context == context);
     if !same_context {
-        return fail_null("ibv_create_qp_ex", EINVAL, &"a PD of another context");
+        return fail_null(CALL, EINVAL, &"a PD of another context");
     }
     // SAFETY: the caller passes a PD and CQs of ours.
     unsafe {
@@ -127,21 +133,21 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             cap: &mut init.cap,
             qp_type: init.qp_type,
             sq_sig_all: init.sq_sig_all,
-            extended: init.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0,
+            extended: true,
         })
     }
 }
 
-/// `ibv_qp_to_qp_ex`: the builders, for a QP created with send ops flags; else NULL.
+/// `ibv_qp_to_qp_ex`: the builders of a QP made by `ibv_create_qp_ex`; else NULL (errno
+/// untouched, as rdma-core's).
 pub(crate) unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     // SAFETY: the caller passes a QP of ours.
     match unsafe { Qp::from_raw(qp) } {
         Some(ours) if ours.extended => qp.cast(),
-        _ => fail_null(
-            "ibv_qp_to_qp_ex",
-            EOPNOTSUPP,
-            &"QP created without send ops flags",
-        ),
+        _ => {
+            crate::log_failure("ibv_qp_to_qp_ex", &"QP not made by ibv_create_qp_ex");
+            core::ptr::null_mut()
+        }
     }
 }
 
@@ -198,7 +204,15 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
     let qp_num = qp.qp_num();
-    let ptr = Box::into_raw(Box::new(Qp::new(&c, ours.raw.context, qp, cap)));
+    let made = Qp::new(&c, ours.raw.context, qp, cap);
+    let ptr = match Placement::place(Some(ours), RES_TYPE_QP, made) {
+        Ok((ptr, placement)) => {
+            // SAFETY: just placed, not yet handed out.
+            unsafe { (*ptr).placement = placement };
+            ptr
+        }
+        Err(errno) => return fail_null(CALL, errno, &"the parent domain's allocator"),
+    };
     ours.users.fetch_add(1, Ordering::AcqRel);
     send_cq.users.fetch_add(1, Ordering::AcqRel);
     recv_cq.users.fetch_add(1, Ordering::AcqRel);
@@ -249,8 +263,7 @@ impl Qp {
             events_completed: 0,
         };
         Qp {
-            raw: builders(qp_base),
-            qp,
+            ex: QpEx::new(qp_base, qp),
             cap,
             sq_sig_all: c.sq_sig_all,
             attr: Mutex::new(ibv_qp_attr {
@@ -258,7 +271,7 @@ impl Qp {
                 ..ibv_qp_attr::default()
             }),
             extended: c.extended,
-            batch: Mutex::new(Batch::default()),
+            placement: Placement::Heap,
         }
     }
 }
@@ -269,6 +282,12 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     let Some(ours) = (unsafe { Qp::from_raw(qp) }) else {
         return EINVAL;
     };
+    // uverbs refuses to destroy a QP still attached to a multicast group.
+    if ours.qp.mcast_attachments() > 0 {
+        crate::log_failure("ibv_destroy_qp", &"still attached to a multicast group");
+        return EBUSY;
+    }
+    let placement = ours.placement;
     // SAFETY: a QP's context, PD and CQs outlive it (they cannot go while it uses them).
     unsafe {
         if let Some(context) = Context::from_raw(ours.raw.qp_base.context) {
@@ -287,7 +306,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Some(srq) = Srq::from_raw(ours.raw.qp_base.srq) {
             srq.users.fetch_sub(1, Ordering::AcqRel);
         }
-        drop(Box::from_raw(qp.cast::<Qp>()));
+        // Placed by `create`; the caller gives it up.
+        placement.release(qp.cast::<Qp>());
     }
     0
 }
@@ -315,24 +335,6 @@ fn state_value(state: QpState) -> u32 {
         QpState::Sqe => 5,
         QpState::Err => 6,
     }
-}
-
-/// The address vector of an `ibv_ah_attr`; RoCE needs the GRH (`is_global`). The DLID is
-/// ignored (UCX puts a UDP source port there) and the flow label cut to its 20 bits.
-fn address_vector(attr: &ibv_ah_attr) -> Result<AddressVector, &'static str> {
-    if attr.is_global == 0 {
-        return Err("RoCE address without a GRH (is_global = 0)");
-    }
-    if attr.port_num > 1 {
-        return Err("port other than 1");
-    }
-    Ok(AddressVector {
-        dgid: attr.grh.dgid,
-        sgid_index: attr.grh.sgid_index,
-        hop_limit: attr.grh.hop_limit,
-        traffic_class: attr.grh.traffic_class,
-        flow_label: attr.grh.flow_label & 0xF_FFFF,
-    })
 }
 
 /// rdma-core's attribute mask as [`QpAttr`]'s `Some` fields; the attributes this transport
@@ -530,30 +532,6 @@ pub(crate) unsafe extern "C" fn query_qp(
     0
 }
 
-/// The bytes an inline send carries, copied now from the caller's buffers (which need not
-/// be registered).
-///
-/// # Safety
-/// Each element's `addr` points to `length` readable bytes.
-unsafe fn inline_bytes(sges: &SgList, into: &mut Vec<u8>) -> Result<(), c_int> {
-    let total = roce_transport::wr::sg_len(sges).ok_or(EINVAL)?;
-    if total > MAX_INLINE_DATA {
-        return Err(EINVAL);
-    }
-    for sge in sges {
-        if sge.length == 0 {
-            continue;
-        }
-        // SAFETY: per this function's contract (the caller's buffer, read before
-        // `ibv_post_send` returns, as the inline flag promises the caller).
-        let bytes = unsafe {
-            core::slice::from_raw_parts(sge.addr as usize as *const u8, sge.length as usize)
-        };
-        into.extend_from_slice(bytes);
-    }
-    Ok(())
-}
-
 /// One `ibv_send_wr` as a [`SendWr`]; `ud` says whether the QP is UD (only then does the
 /// `wr` union hold an address handle).
 ///
@@ -604,7 +582,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
     }
     let ud = if ud_qp {
         // SAFETY: a UD request's address handle is one of ours.
-        let ah = unsafe { ud.ah.cast::<Ah>().as_ref() }.ok_or(EINVAL)?;
+        let ah = unsafe { Ah::from_raw(ud.ah) }.ok_or(EINVAL)?;
         Some(ah.handle.dest(ud.remote_qpn, ud.remote_qkey))
     } else {
         None
@@ -656,417 +634,4 @@ pub(crate) unsafe extern "C" fn post_recv(
     };
     // SAFETY: the caller passes a valid list and `bad_wr`.
     unsafe { post_recv_list(wr, bad_wr, |walk| ours.qp.post_recv(walk)) }
-}
-
-/// Our `ibv_ah`.
-#[repr(C)]
-struct Ah {
-    raw: ibv_ah,
-    handle: AddressHandle,
-}
-
-/// `ibv_create_ah` (resolving the neighbour's MAC first, which may take an ARP round).
-pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
-    // SAFETY: the caller passes a PD of ours and the attributes.
-    let (Some(ours), Some(attr)) = (unsafe { Pd::from_raw(pd) }, unsafe { attr.as_ref() }) else {
-        return fail_null("ibv_create_ah", EINVAL, &"NULL PD or attributes");
-    };
-    let av = match address_vector(attr) {
-        Ok(av) => av,
-        Err(why) => return fail_null("ibv_create_ah", EINVAL, &why),
-    };
-    match ours.pd.create_ah(av) {
-        Ok(handle) => {
-            ours.users.fetch_add(1, Ordering::AcqRel);
-            Box::into_raw(Box::new(Ah {
-                raw: ibv_ah {
-                    context: ours.raw.context,
-                    pd,
-                    handle: 0,
-                },
-                handle,
-            }))
-            .cast()
-        }
-        Err(error) => fail_null("ibv_create_ah", crate::errno_of(&error), &error),
-    }
-}
-
-/// `ibv_destroy_ah`.
-pub(crate) unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
-    // SAFETY: the caller passes an address handle of ours.
-    let Some(ours) = (unsafe { ah.cast::<Ah>().as_ref() }) else {
-        return EINVAL;
-    };
-    // SAFETY: its PD outlives it (it cannot be freed while we use it).
-    if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
-        pd.users.fetch_sub(1, Ordering::AcqRel);
-    }
-    // SAFETY: leaked from a Box in `create_ah`; the caller gives it up.
-    drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
-    0
-}
-
-/// `ibv_init_ah_from_wc`: the address of the sender of a UD receive, from the GRH area at
-/// the start of its buffer (for IPv4, the IPv4 header sits in its last 20 bytes, as rxe
-/// writes it).
-pub(crate) unsafe extern "C" fn init_ah_from_wc(
-    context: *mut ibv_context,
-    port_num: u8,
-    wc: *mut ibv_wc,
-    grh: *mut [u8; 40],
-    ah_attr: *mut ibv_ah_attr,
-) -> c_int {
-    // SAFETY: the caller passes an open context, the completion, its receive buffer's
-    // first 40 bytes, and a writable attribute struct.
-    let (Some(context), Some(wc), Some(grh), Some(out)) = (
-        unsafe { Context::from_raw(context) },
-        unsafe { wc.as_ref() },
-        unsafe { grh.as_ref() },
-        unsafe { ah_attr.as_mut() },
-    ) else {
-        set_errno(EINVAL);
-        return -1;
-    };
-    if wc.wc_flags & IBV_WC_GRH == 0 {
-        set_errno(EINVAL);
-        return -1;
-    }
-    let (sgid, dgid, hop_limit, traffic_class) = if grh[20] >> 4 == 4 {
-        let ip =
-            |at: usize| std::net::Ipv4Addr::new(grh[at], grh[at + 1], grh[at + 2], grh[at + 3]);
-        (
-            ip(32).to_ipv6_mapped().octets(),
-            ip(36).to_ipv6_mapped().octets(),
-            grh[28],
-            grh[21],
-        )
-    } else {
-        let mut sgid = [0u8; 16];
-        let mut dgid = [0u8; 16];
-        sgid.copy_from_slice(&grh[8..24]);
-        dgid.copy_from_slice(&grh[24..40]);
-        (sgid, dgid, grh[7], (grh[0] << 4) | (grh[1] >> 4))
-    };
-    // The reply leaves from the GID the request came to.
-    let Some(sgid_index) = context.device().gids.iter().position(|gid| *gid == dgid) else {
-        set_errno(EINVAL);
-        return -1;
-    };
-    *out = ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: sgid,
-            flow_label: 0,
-            sgid_index: sgid_index as u8,
-            hop_limit,
-            traffic_class,
-        },
-        dlid: wc.slid,
-        sl: wc.sl,
-        src_path_bits: wc.dlid_path_bits,
-        static_rate: 0,
-        is_global: 1,
-        port_num,
-    };
-    0
-}
-
-/// `ibv_create_ah_from_wc`.
-pub(crate) unsafe extern "C" fn create_ah_from_wc(
-    pd: *mut ibv_pd,
-    wc: *mut ibv_wc,
-    grh: *mut [u8; 40],
-    port_num: u8,
-) -> *mut ibv_ah {
-    let mut attr = ibv_ah_attr::default();
-    // SAFETY: the caller passes a PD of ours, a completion and its receive buffer.
-    unsafe {
-        let context = match Pd::from_raw(pd) {
-            Some(pd) => pd.raw.context,
-            None => return fail_null("ibv_create_ah_from_wc", EINVAL, &"NULL PD"),
-        };
-        if init_ah_from_wc(context, port_num, wc, grh, &mut attr) != 0 {
-            return core::ptr::null_mut();
-        }
-        create_ah(pd, &mut attr)
-    }
-}
-
-/// The work requests built between `ibv_wr_start` and `ibv_wr_complete`, and the first
-/// error among them (reported by `ibv_wr_complete`, which then posts nothing).
-#[derive(Default)]
-struct Batch {
-    wrs: Vec<SendWr>,
-    error: Option<c_int>,
-}
-
-/// An `ibv_qp_ex` around `qp_base` with our builders.
-fn builders(qp_base: ibv_qp) -> ibv_qp_ex {
-    ibv_qp_ex {
-        qp_base,
-        comp_mask: 0,
-        wr_id: 0,
-        wr_flags: 0,
-        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
-        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
-        wr_bind_mw: Some(wr_unsupported),
-        wr_local_inv: Some(wr_unsupported),
-        wr_rdma_read: Some(wr_rdma_read),
-        wr_rdma_write: Some(wr_rdma_write),
-        wr_rdma_write_imm: Some(wr_rdma_write_imm),
-        wr_send: Some(wr_send),
-        wr_send_imm: Some(wr_send_imm),
-        wr_send_inv: Some(wr_send_inv),
-        wr_send_tso: Some(wr_unsupported),
-        wr_set_ud_addr: Some(wr_set_ud_addr),
-        wr_set_xrc_srqn: Some(wr_unsupported),
-        wr_set_inline_data: Some(wr_set_inline_data),
-        wr_set_inline_data_list: Some(wr_set_inline_data_list),
-        wr_set_sge: Some(wr_set_sge),
-        wr_set_sge_list: Some(wr_set_sge_list),
-        wr_start: Some(wr_start),
-        wr_complete: Some(wr_complete),
-        wr_abort: Some(wr_abort),
-        wr_atomic_write: Some(wr_unsupported),
-    }
-}
-
-/// Runs `f` on the QP's batch.
-///
-/// # Safety
-/// `qp` is an `ibv_qp_ex` of ours.
-unsafe fn with_batch<T>(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut Batch) -> T) -> Option<T> {
-    // SAFETY: per this function's contract.
-    let ours = unsafe { Qp::from_raw(qp.cast()) }?;
-    let mut batch = ours.batch.lock().ok()?;
-    Some(f(ours, &mut batch))
-}
-
-/// Starts a new work request with `op`, taking `wr_id` and `wr_flags` from the QP as the
-/// application wrote them.
-///
-/// # Safety
-/// `qp` is an `ibv_qp_ex` of ours.
-unsafe fn begin(qp: *mut ibv_qp_ex, op: SendOp) {
-    // SAFETY: per this function's contract.
-    unsafe {
-        with_batch(qp, |ours, batch| {
-            batch.wrs.push(SendWr {
-                wr_id: ours.raw.wr_id,
-                op,
-                flags: SendFlags::from_bits_truncate(ours.raw.wr_flags),
-                ..SendWr::default()
-            });
-        });
-    }
-}
-
-/// Changes the work request being built; an error if none is.
-///
-/// # Safety
-/// `qp` is an `ibv_qp_ex` of ours.
-unsafe fn amend(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWr) -> Result<(), c_int>) {
-    // SAFETY: per this function's contract.
-    unsafe {
-        with_batch(qp, |_, batch| {
-            let result = batch.wrs.last_mut().ok_or(EINVAL).and_then(f);
-            if let Err(errno) = result {
-                batch.error.get_or_insert(errno);
-            }
-        });
-    }
-}
-
-unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { with_batch(qp, |_, batch| *batch = Batch::default()) };
-}
-
-unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { with_batch(qp, |_, batch| *batch = Batch::default()) };
-}
-
-/// Posts the batch: 0, or the errno of the first builder error or of the post.
-unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    let done = unsafe {
-        with_batch(qp, |ours, batch| {
-            let batch = std::mem::take(batch);
-            if let Some(errno) = batch.error {
-                return errno;
-            }
-            match ours.qp.post_send(batch.wrs) {
-                Ok(()) => 0,
-                Err(failure) => {
-                    crate::log_failure("ibv_wr_complete", &failure);
-                    crate::errno_of(&failure.error)
-                }
-            }
-        })
-    };
-    done.unwrap_or(EINVAL)
-}
-
-/// Memory windows, local invalidation, TSO, XRC and atomic writes: the batch fails.
-unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe {
-        with_batch(qp, |_, batch| {
-            batch.error.get_or_insert(EOPNOTSUPP);
-        });
-    }
-}
-
-unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { begin(qp, SendOp::Send) };
-}
-
-unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { begin(qp, SendOp::SendWithImm(u32::from_be(imm))) };
-}
-
-unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { begin(qp, SendOp::SendWithInv(rkey)) };
-}
-
-unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { begin(qp, SendOp::RdmaWrite { remote_addr, rkey }) };
-}
-
-unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
-    let imm = u32::from_be(imm);
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe {
-        begin(
-            qp,
-            SendOp::RdmaWriteWithImm {
-                remote_addr,
-                rkey,
-                imm,
-            },
-        )
-    };
-}
-
-unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { begin(qp, SendOp::RdmaRead { remote_addr, rkey }) };
-}
-
-unsafe extern "C" fn wr_atomic_cmp_swp(
-    qp: *mut ibv_qp_ex,
-    rkey: u32,
-    remote_addr: u64,
-    compare: u64,
-    swap: u64,
-) {
-    let op = SendOp::CompareSwap {
-        remote_addr,
-        rkey,
-        compare,
-        swap,
-    };
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { begin(qp, op) };
-}
-
-unsafe extern "C" fn wr_atomic_fetch_add(
-    qp: *mut ibv_qp_ex,
-    rkey: u32,
-    remote_addr: u64,
-    add: u64,
-) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe {
-        begin(
-            qp,
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            },
-        )
-    };
-}
-
-unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe {
-        amend(qp, |wr| {
-            wr.sg_list = [Sge { addr, length, lkey }].into();
-            Ok(())
-        });
-    }
-}
-
-unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg: *const ibv_sge) {
-    let count = c_int::try_from(num_sge).unwrap_or(-1);
-    // SAFETY: the application passes its `ibv_qp_ex` and `num_sge` elements.
-    unsafe {
-        amend(qp, |wr| {
-            wr.sg_list = sg_list(sg, count)?;
-            Ok(())
-        });
-    }
-}
-
-unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
-    let buffer = ibv_data_buf { addr, length };
-    // SAFETY: the application passes its `ibv_qp_ex` and one buffer.
-    unsafe { wr_set_inline_data_list(qp, 1, &buffer) };
-}
-
-unsafe extern "C" fn wr_set_inline_data_list(
-    qp: *mut ibv_qp_ex,
-    num_buf: usize,
-    buffers: *const ibv_data_buf,
-) {
-    // SAFETY: the application passes its `ibv_qp_ex` and `num_buf` buffers, each of
-    // `length` readable bytes, copied before this returns.
-    unsafe {
-        amend(qp, |wr| {
-            if num_buf > 0 && buffers.is_null() {
-                return Err(EINVAL);
-            }
-            let buffers = if num_buf == 0 {
-                &[][..]
-            } else {
-                core::slice::from_raw_parts(buffers, num_buf)
-            };
-            let sges: SgList = buffers
-                .iter()
-                .map(|buffer| Sge {
-                    addr: buffer.addr as u64,
-                    length: u32::try_from(buffer.length).unwrap_or(u32::MAX),
-                    lkey: 0,
-                })
-                .collect();
-            wr.inline_data.clear();
-            inline_bytes(&sges, &mut wr.inline_data)?;
-            wr.flags |= SendFlags::INLINE;
-            wr.sg_list.clear();
-            Ok(())
-        });
-    }
-}
-
-unsafe extern "C" fn wr_set_ud_addr(
-    qp: *mut ibv_qp_ex,
-    ah: *mut ibv_ah,
-    remote_qpn: u32,
-    remote_qkey: u32,
-) {
-    // SAFETY: the application passes its `ibv_qp_ex` and an address handle of ours.
-    unsafe {
-        amend(qp, |wr| {
-            let ah = ah.cast::<Ah>().as_ref().ok_or(EINVAL)?;
-            wr.ud = Some(ah.handle.dest(remote_qpn, remote_qkey));
-            Ok(())
-        });
-    }
 }

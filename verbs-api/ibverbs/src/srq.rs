@@ -13,7 +13,7 @@ use roce_verbs::{SrqAttr, SrqModify};
 use crate::abi::*;
 use crate::context::Context;
 use crate::logging::fail_null;
-use crate::pd::Pd;
+use crate::pd::{Pd, Placement, RES_TYPE_SRQ};
 use crate::post::post_recv_list;
 
 const EINVAL: c_int = 22;
@@ -26,6 +26,8 @@ pub(crate) struct Srq {
     pub(crate) srq: roce_verbs::Srq,
     /// QPs that take their receives from it: while any is left, it cannot go.
     pub(crate) users: AtomicUsize,
+    /// Where its memory came from (its parent domain's allocator, or the heap).
+    placement: Placement,
 }
 
 impl Srq {
@@ -110,7 +112,7 @@ unsafe fn create(
         attr.max_sge = given.max_sge;
     }
     let id = srq.id();
-    let ptr = Box::into_raw(Box::new(Srq {
+    let made = Srq {
         raw: ibv_srq {
             context: ours.raw.context,
             srq_context,
@@ -122,7 +124,16 @@ unsafe fn create(
         },
         srq,
         users: AtomicUsize::new(0),
-    }));
+        placement: Placement::Heap,
+    };
+    let ptr = match Placement::place(Some(ours), RES_TYPE_SRQ, made) {
+        Ok((ptr, placement)) => {
+            // SAFETY: just placed, not yet handed out.
+            unsafe { (*ptr).placement = placement };
+            ptr
+        }
+        Err(errno) => return fail_null(CALL, errno, &"the parent domain's allocator"),
+    };
     ours.users.fetch_add(1, Ordering::AcqRel);
     if let Ok(mut srqs) = context.srqs.lock() {
         srqs.insert(id, ptr as usize);
@@ -192,6 +203,7 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     if ours.users.load(Ordering::Acquire) > 0 {
         return EBUSY;
     }
+    let placement = ours.placement;
     // SAFETY: an SRQ's context and PD outlive it (the PD cannot go while it is used).
     unsafe {
         if let Some(context) = Context::from_raw(ours.raw.context) {
@@ -202,8 +214,8 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Some(pd) = Pd::from_raw(ours.raw.pd) {
             pd.users.fetch_sub(1, Ordering::AcqRel);
         }
-        // It was leaked from a Box in `create`, and the caller gives it up.
-        drop(Box::from_raw(srq.cast::<Srq>()));
+        // Placed by `create`; the caller gives it up.
+        placement.release(srq.cast::<Srq>());
     }
     0
 }

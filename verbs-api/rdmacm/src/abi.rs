@@ -191,6 +191,23 @@ pub struct ibv_qp_init_attr_ex {
     pub pd: *mut c_void,
 }
 
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`, `_JOIN_FLAGS` and the first value past them.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 2;
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 4;
+/// `RDMA_MC_JOIN_FLAG_FULLMEMBER`, `_SENDONLY_FULLMEMBER` and the first value past them.
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
+
 /// `IBV_QP_INIT_ATTR_PD`.
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
 
@@ -241,6 +258,7 @@ mod tests {
                 ai_route, ai_connect_len, ai_connect, ai_next
             }
             ibv_qp_init_attr { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all }
+            rdma_cm_join_mc_attr_ex { comp_mask, join_flags, addr }
             ibv_sa_path_rec {
                 dgid, sgid, dlid, slid, raw_traffic, flow_label, hop_limit, traffic_class,
                 reversible, numb_path, pkey, sl, mtu_selector, mtu, rate_selector, rate,

@@ -1,55 +1,71 @@
 //! `rdma_getaddrinfo` / `rdma_freeaddrinfo`: libc's `getaddrinfo` in rdma_cm's shape. There
 //! is no route information to give on RoCE (no SA), so the result carries addresses only:
 //! the source for a passive lookup (`RAI_PASSIVE`), else the destination and the hints'
-//! source if they give one (as rdma-core copies it: ucmatose's `-b` on a client); with no
-//! node and no service, the hints' addresses. IPv4 and IPv6 alike, a link-local IPv6
-//! address with its `%interface` scope.
+//! source if they give one (as rdma-core copies it: ucmatose's `-b` on a client); with
+//! neither a node nor a service, the hints' own addresses. IPv4 and IPv6 alike, a link-local
+//! IPv6 address with its `%interface` scope.
 
 use core::ffi::{c_char, c_int};
 
-use roce_cabi::set_errno;
-
 use crate::abi::*;
 
-const EINVAL: c_int = 22;
-
-/// `rdma_getaddrinfo`: 0, or libc's `EAI_*` code; -1 with `EINVAL` given nothing at all.
-/// Without a node and a service the hints' addresses are the answer, as rdma-core's
-/// (libfabric's verbs provider looks up the address a peer sent it that way).
+/// `rdma_getaddrinfo`: 0, or libc's `EAI_*` code.
 pub(crate) unsafe extern "C" fn getaddrinfo(
     node: *const c_char,
     service: *const c_char,
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if node.is_null() && service.is_null() && hints.is_null() {
-        set_errno(EINVAL);
-        return -1;
-    }
     if res.is_null() {
         return libc::EAI_SYSTEM;
     }
     // SAFETY: the caller passes NULL or hints.
     let hints = unsafe { hints.as_ref() };
+    if node.is_null() && service.is_null() {
+        // SAFETY: checked not null; the caller's out pointer.
+        unsafe { *res = Box::into_raw(Box::new(from_hints(hints))) };
+        return 0;
+    }
     let flags = hints.map_or(0, |hints| hints.ai_flags);
     let port_space = match hints.map(|hints| hints.ai_port_space) {
         Some(0) | None => RDMA_PS_TCP,
         Some(space) => space,
     };
-    let qp_type = match hints.map(|hints| hints.ai_qp_type) {
-        Some(0) | None if port_space == RDMA_PS_UDP => IBV_QPT_UD as c_int,
-        Some(0) | None => IBV_QPT_RC as c_int,
-        Some(qp_type) => qp_type,
+    let wanted = libc_hints(hints, flags, port_space);
+    let mut found = core::ptr::null_mut();
+    // SAFETY: the caller's NUL-terminated strings (or NULL), our hints, an out pointer.
+    let status = unsafe { libc::getaddrinfo(node, service, &wanted, &mut found) };
+    if status != 0 {
+        return status;
+    }
+    // SAFETY: getaddrinfo succeeded: `found` is a list of at least one entry.
+    let first = unsafe { &*found };
+    // SAFETY: `ai_addr` holds `ai_addrlen` bytes.
+    let (addr, len) = unsafe { boxed_copy(first.ai_addr, first.ai_addrlen) };
+    let family = first.ai_family;
+    // SAFETY: the list getaddrinfo returned, freed once.
+    unsafe { libc::freeaddrinfo(found) };
+    let passive = flags & RAI_PASSIVE != 0;
+    let (src, src_len) = match hints {
+        Some(hints) if !passive && !hints.ai_src_addr.is_null() && hints.ai_src_len > 0 => {
+            // SAFETY: the caller's hints hold `ai_src_len` bytes at `ai_src_addr`.
+            unsafe { boxed_copy(hints.ai_src_addr, hints.ai_src_len) }
+        }
+        _ => (core::ptr::null_mut(), 0),
     };
-    let mut info = Box::new(rdma_addrinfo {
-        ai_flags: 0,
-        ai_family: 0,
-        ai_qp_type: qp_type,
+    let info = Box::new(rdma_addrinfo {
+        ai_flags: flags,
+        ai_family: family,
+        ai_qp_type: if port_space == RDMA_PS_UDP {
+            IBV_QPT_UD as c_int
+        } else {
+            IBV_QPT_RC as c_int
+        },
         ai_port_space: port_space,
-        ai_src_len: 0,
-        ai_dst_len: 0,
-        ai_src_addr: core::ptr::null_mut(),
-        ai_dst_addr: core::ptr::null_mut(),
+        ai_src_len: if passive { len } else { src_len },
+        ai_dst_len: if passive { 0 } else { len },
+        ai_src_addr: if passive { addr } else { src },
+        ai_dst_addr: if passive { core::ptr::null_mut() } else { addr },
         ai_src_canonname: core::ptr::null_mut(),
         ai_dst_canonname: core::ptr::null_mut(),
         ai_route_len: 0,
@@ -58,50 +74,45 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
         ai_connect: core::ptr::null_mut(),
         ai_next: core::ptr::null_mut(),
     });
-    if !node.is_null() || !service.is_null() {
-        let wanted = libc_hints(hints, flags, port_space);
-        let mut found = core::ptr::null_mut();
-        // SAFETY: the caller's NUL-terminated strings (or NULL), our hints, an out pointer.
-        let status = unsafe { libc::getaddrinfo(node, service, &wanted, &mut found) };
-        if status != 0 {
-            return status;
-        }
-        // SAFETY: getaddrinfo succeeded: `found` is a list of at least one entry.
-        let first = unsafe { &*found };
-        // SAFETY: `ai_addr` holds `ai_addrlen` bytes.
-        let (addr, len) = unsafe { boxed_copy(first.ai_addr, first.ai_addrlen) };
-        info.ai_family = first.ai_family;
-        // SAFETY: the list getaddrinfo returned, freed once.
-        unsafe { libc::freeaddrinfo(found) };
-        if flags & RAI_PASSIVE != 0 {
-            info.ai_flags = RAI_PASSIVE;
-            (info.ai_src_addr, info.ai_src_len) = (addr, len);
-        } else {
-            (info.ai_dst_addr, info.ai_dst_len) = (addr, len);
-        }
-    } else if let Some(hints) = hints {
-        info.ai_flags = hints.ai_flags;
-        info.ai_family = hints.ai_family;
-        if !hints.ai_dst_addr.is_null() && hints.ai_dst_len > 0 {
-            // SAFETY: the caller's hints hold `ai_dst_len` bytes at `ai_dst_addr`.
-            (info.ai_dst_addr, info.ai_dst_len) =
-                unsafe { boxed_copy(hints.ai_dst_addr, hints.ai_dst_len) };
-        }
-    }
-    // The hints' source, unless the lookup gave one (ucmatose's `-b` on a client).
-    match hints {
-        Some(hints)
-            if info.ai_src_len == 0 && !hints.ai_src_addr.is_null() && hints.ai_src_len > 0 =>
-        {
-            // SAFETY: the caller's hints hold `ai_src_len` bytes at `ai_src_addr`.
-            (info.ai_src_addr, info.ai_src_len) =
-                unsafe { boxed_copy(hints.ai_src_addr, hints.ai_src_len) };
-        }
-        _ => {}
-    }
     // SAFETY: checked not null; the caller's out pointer.
     unsafe { *res = Box::into_raw(info) };
     0
+}
+
+/// With neither a node nor a service to look up, rdma-core answers with the hints' own
+/// addresses and kinds (pyverbs' `AddrInfo(src=...)` asks this way for a group's address).
+fn from_hints(hints: Option<&rdma_addrinfo>) -> rdma_addrinfo {
+    let copied = |addr: *mut libc::sockaddr, len: libc::socklen_t| {
+        if addr.is_null() || len == 0 {
+            (core::ptr::null_mut(), 0)
+        } else {
+            // SAFETY: the caller's hints hold `len` bytes at `addr`.
+            unsafe { boxed_copy(addr, len) }
+        }
+    };
+    let (src, src_len) = hints.map_or((core::ptr::null_mut(), 0), |hints| {
+        copied(hints.ai_src_addr, hints.ai_src_len)
+    });
+    let (dst, dst_len) = hints.map_or((core::ptr::null_mut(), 0), |hints| {
+        copied(hints.ai_dst_addr, hints.ai_dst_len)
+    });
+    rdma_addrinfo {
+        ai_flags: hints.map_or(0, |hints| hints.ai_flags),
+        ai_family: hints.map_or(0, |hints| hints.ai_family),
+        ai_qp_type: hints.map_or(0, |hints| hints.ai_qp_type),
+        ai_port_space: hints.map_or(0, |hints| hints.ai_port_space),
+        ai_src_len: src_len,
+        ai_dst_len: dst_len,
+        ai_src_addr: src,
+        ai_dst_addr: dst,
+        ai_src_canonname: core::ptr::null_mut(),
+        ai_dst_canonname: core::ptr::null_mut(),
+        ai_route_len: 0,
+        ai_route: core::ptr::null_mut(),
+        ai_connect_len: 0,
+        ai_connect: core::ptr::null_mut(),
+        ai_next: core::ptr::null_mut(),
+    }
 }
 
 /// libc's hints for rdma_getaddrinfo's: the family, a stream socket for TCP port space and

@@ -11,6 +11,7 @@ use roce_verbs::{CmEvent, CmEventKind, ConnectRequest};
 use crate::abi::*;
 use crate::channel::Channel;
 use crate::id::{Id, Request};
+use crate::joins;
 use crate::qp_attr;
 
 const EINVAL: c_int = 22;
@@ -144,6 +145,18 @@ fn convert(channel: &Channel, id: &Id, event: CmEvent) -> Box<Event> {
         }
         CmEventKind::ConnectRequest(request) => {
             conn = connect_request(&mut out, channel, id, *request);
+        }
+        CmEventKind::MulticastJoin(join) => {
+            let joined = match id.lock() {
+                Ok(mut inner) => {
+                    let qp = id.raw(&mut inner).qp;
+                    joins::joined(&mut inner.joins, qp, &join)
+                }
+                Err(_) => joins::joined(&mut [], core::ptr::null_mut(), &join),
+            };
+            (out.raw.event, out.raw.status) = (joined.event, joined.status);
+            out.raw.param = EventParam { ud: joined.param };
+            return out;
         }
         _ => {}
     }

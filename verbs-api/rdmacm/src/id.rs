@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     pub(crate) ep_qp: Option<(*mut c_void, ibv_qp_init_attr)>,
     /// What `id->route.path_rec` points to once the route is known.
     pub(crate) path: Option<Box<ibv_sa_path_rec>>,
+    /// The multicast groups joined through it.
+    pub(crate) joins: Vec<crate::joins::Join>,
 }
 
 impl Id {

@@ -19,16 +19,17 @@
 //!   `rdma_get_cm_event` fail with `EAGAIN`).
 //! - **Ids** take the device of their address at `rdma_bind_addr` or `rdma_resolve_addr`
 //!   (one opened context per device and process, kept open). RC (`RDMA_PS_TCP`) and UD
-//!   (`RDMA_PS_UDP`, resolved with SIDR) ids.
+//!   (`RDMA_PS_UDP`, resolved with SIDR, joining multicast groups) ids.
 //! - **Errors**: -1 with errno, as rdma-core. What is not offered fails with `ENOSYS`
-//!   (rsockets, multicast) or `EOPNOTSUPP` (other port spaces, SRQs, ECE), and says
+//!   (rsockets) or `EOPNOTSUPP` (other port spaces, SRQs, ECE), and says
 //!   why on stderr with `ROCE_LOG` set. `rpoll`/`rselect` are `poll`/`select`: with no
 //!   rsockets every fd is a plain one (rping, ucmatose and udaddy import `rpoll`).
 
 //!
 //! Modules, each building only on those before it: `abi`, `errors`, `qp_attr` and `verbs`
-//! (C shapes, errno, our libibverbs); `channel`; `id`; `event` (C events, which make the
-//! ids of requests); `calls` and `qp` (what the program does with an id); `ep`.
+//! (C shapes, errno, our libibverbs); `channel`; `joins` (an id's multicast joins, and
+//! attaching its QP when one is reported); `id`; `event` (C events, which make the ids of
+//! requests); `calls`, `qp` and `mcast` (what the program does with an id); `ep`.
 
 mod abi;
 mod addrinfo;
@@ -38,6 +39,8 @@ mod ep;
 mod errors;
 mod event;
 mod id;
+mod joins;
+mod mcast;
 mod qp;
 mod qp_attr;
 mod verbs;
@@ -78,13 +81,13 @@ export!("rdma_init_qp_attr" @ "RDMACM_1.2" => calls::init_qp_attr);
 export!("rdma_create_ep" @ "RDMACM_1.0" => ep::create_ep);
 export!("rdma_destroy_ep" @ "RDMACM_1.0" => ep::destroy_ep);
 export!("rdma_get_request" @ "RDMACM_1.0" => ep::get_request);
+export!("rdma_join_multicast" @ "RDMACM_1.0" => mcast::join_multicast);
+export!("rdma_join_multicast_ex" @ "RDMACM_1.1" => mcast::join_multicast_ex);
+export!("rdma_leave_multicast" @ "RDMACM_1.0" => mcast::leave_multicast);
 // Not offered yet: fail cleanly.
 export!("rdma_create_srq" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_create_srq_ex" @ "RDMACM_1.0" => unsupported::eopnotsupp);
 export!("rdma_destroy_srq" @ "RDMACM_1.0" => unsupported::nothing);
-export!("rdma_join_multicast" @ "RDMACM_1.0" => unsupported::enosys);
-export!("rdma_leave_multicast" @ "RDMACM_1.0" => unsupported::enosys);
-export!("rdma_join_multicast_ex" @ "RDMACM_1.1" => unsupported::enosys);
 export!("rdma_get_remote_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
 export!("rdma_set_local_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);
 export!("rdma_reject_ece" @ "RDMACM_1.3" => unsupported::eopnotsupp);

@@ -25,6 +25,7 @@ type DestroyCq = unsafe extern "C" fn(*mut c_void) -> c_int;
 type CreateQp = unsafe extern "C" fn(*mut c_void, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type McastCall = unsafe extern "C" fn(*mut ibv_qp, *const [u8; 16], u16) -> c_int;
 type VerbsContext = unsafe extern "C" fn(*mut c_void, usize) -> *const roce_verbs::Context;
 
 /// The `libibverbs.so.1` calls this library makes. The library is ours (the private
@@ -43,6 +44,8 @@ pub(crate) struct Verbs {
     pub(crate) create_qp: CreateQp,
     pub(crate) modify_qp: ModifyQp,
     pub(crate) destroy_qp: DestroyQp,
+    pub(crate) attach_mcast: McastCall,
+    pub(crate) detach_mcast: McastCall,
     verbs_context: VerbsContext,
 }
 
@@ -124,6 +127,14 @@ fn load() -> Result<Verbs, String> {
             modify_qp: core::mem::transmute::<*mut c_void, ModifyQp>(find(c"ibv_modify_qp", None)?),
             destroy_qp: core::mem::transmute::<*mut c_void, DestroyQp>(find(
                 c"ibv_destroy_qp",
+                None,
+            )?),
+            attach_mcast: core::mem::transmute::<*mut c_void, McastCall>(find(
+                c"ibv_attach_mcast",
+                None,
+            )?),
+            detach_mcast: core::mem::transmute::<*mut c_void, McastCall>(find(
+                c"ibv_detach_mcast",
                 None,
             )?),
             verbs_context: core::mem::transmute::<*mut c_void, VerbsContext>(find(
