@@ -651,6 +651,32 @@ fn fio_rdma_engine_writes_and_reads_64k_blocks() {
     }
 }
 
+// ------------------------------------------------------------------- what they need
+
+/// qperf leaves its `ibv_get_cq_event` wait on its interval timer's SIGALRM (a handler
+/// without `SA_RESTART`), as rdma-core's read(2) of the channel's fd ends with EINTR; a
+/// handler with `SA_RESTART` lets the wait go on to its event (`tests/c/cq_event_signals.c`).
+#[test]
+fn ibv_get_cq_event_ends_on_a_signal_as_rdma_cores_read() {
+    let test = "ibv_get_cq_event_ends_on_a_signal_as_rdma_cores_read";
+    if !needs_root(test) || !common::can_compile_c(test, "libibverbs-dev", common::VERBS_H) {
+        return;
+    }
+    let program = common::compile_c("cq_event_signals", &["-libverbs", "-lpthread"]);
+    let pair = pair(1500);
+    let ran = Ran::from(
+        command(&pair.a, Via::Ours, &[], &[program.path(), "a0"], 30)
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        ran.status.success() && ran.text.contains("ok"),
+        "{}: {}",
+        ran.status,
+        ran.text
+    );
+}
+
 // ---------------------------------------------------------------------------- symbols
 
 /// Every versioned libibverbs/librdmacm symbol these programs and their libraries import

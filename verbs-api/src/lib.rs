@@ -99,8 +99,7 @@ pub use backend::BackendKind;
 pub use channel::CompChannel;
 pub use cm::{
     CmEvent, CmEventKind, CmId, ConnParam, ConnReply, ConnectRequest, EventChannel, McastJoin,
-    PathRecord,
-    UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
+    PathRecord, UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
 };
 pub use context::Context;
 pub use cq::Cq;
