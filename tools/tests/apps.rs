@@ -677,6 +677,60 @@ fn ibv_get_cq_event_ends_on_a_signal_as_rdma_cores_read() {
     );
 }
 
+/// What libfabric's verbs provider asks of librdmacm (`tests/c/cm_for_libfabric.c`): a
+/// listener bound to localhost with port 0, a synchronous id migrated to a channel, 0xFF
+/// depths, the REP's private data on the active side's ESTABLISHED.
+#[test]
+fn rdma_cm_answers_libfabric_as_the_kernel_does() {
+    let test = "rdma_cm_answers_libfabric_as_the_kernel_does";
+    if !needs_root(test)
+        || !common::can_compile_c(test, "librdmacm-dev", "/usr/include/rdma/rdma_cma.h")
+    {
+        return;
+    }
+    let program = common::compile_c("cm_for_libfabric", &["-lrdmacm", "-libverbs"]);
+    let pair = pair(1500);
+    let mut server = Server::spawn(command(
+        &pair.b,
+        Via::Ours,
+        &[],
+        &[program.path(), "server"],
+        30,
+    ));
+    server.wait_ready(&pair.b, &Ready::Says("port "));
+    let said = server.text();
+    let port = said
+        .lines()
+        .find_map(|line| line.strip_prefix("port "))
+        .expect("the server's port")
+        .trim()
+        .to_owned();
+    let client = Ran::from(
+        command(
+            &pair.a,
+            Via::Ours,
+            &[],
+            &[program.path(), "client", B, &port],
+            30,
+        )
+        .output()
+        .unwrap(),
+    );
+    let server = server.finish();
+    let both = format!(
+        "--- server ({}):\n{}\n--- client ({}):\n{}",
+        server.status, server.text, client.status, client.text
+    );
+    assert!(
+        server.status.success() && server.text.contains("ok"),
+        "{both}"
+    );
+    assert!(
+        client.status.success() && client.text.contains("ok"),
+        "{both}"
+    );
+}
+
 // ---------------------------------------------------------------------------- symbols
 
 /// Every versioned libibverbs/librdmacm symbol these programs and their libraries import
