@@ -275,6 +275,7 @@ mod tests {
             qp_num: 1,
             src_qp: 0,
             solicited,
+            network_header: None,
         }
     }
 
