@@ -16,6 +16,8 @@ use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
@@ -57,6 +59,8 @@ struct Queue {
     unkicked: usize,
     received: Received,
     fd: i32,
+    /// The interface's receive queue it is bound to.
+    id: u32,
 }
 
 /// The receive side's buffers and counters.
@@ -97,15 +101,95 @@ unsafe impl Send for Queue {}
 pub const MAX_QUEUES: u32 = 16;
 
 /// AF_XDP sockets on every receive queue of one interface (RSS may put any QP's flow on
-/// any queue), with our XDP program attached.
+/// any queue), or on one of them ([`open_queue`](AfXdpBackend::open_queue): an engine per
+/// queue), with our XDP program attached.
 pub struct AfXdpBackend {
-    // Sockets close before the program goes.
+    // Sockets close before their claims and the program go.
     queues: Vec<Queue>,
-    program: XdpProgram,
+    _claims: Vec<Claim>,
     /// All sockets' fds, so one fd polls readable when any has a frame.
     epoll: OwnedFd,
     /// Where the next `recv` looks first, so no queue starves the others.
     next_rx: usize,
+}
+
+/// Our program on one interface for this process, shared by the backends bound to its
+/// queues (an interface takes one program; each backend's sockets go in its map), and the
+/// queues they took.
+struct Attached {
+    program: XdpProgram,
+    claimed: Mutex<Vec<u32>>,
+}
+
+/// An interface: its network namespace (the inode of the opener's) and index.
+type InterfaceKey = (u64, u32);
+
+/// The programs attached by this process, by interface; the last backend of an interface
+/// detaches it.
+static ATTACHED: Mutex<Vec<(InterfaceKey, Weak<Attached>)>> = Mutex::new(Vec::new());
+
+/// A backend's hold on one queue of an interface: while it lasts, no other backend of this
+/// process binds that queue.
+struct Claim {
+    attached: Arc<Attached>,
+    queue: u32,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Ok(mut claimed) = self.attached.claimed.lock() {
+            claimed.retain(|&queue| queue != self.queue);
+        }
+    }
+}
+
+impl Attached {
+    /// The program on interface `ifindex` of this thread's namespace, attached (in `mode`)
+    /// unless this process attached it already (in whatever mode it was).
+    fn on(ifindex: u32, mode: XdpMode) -> io::Result<Arc<Attached>> {
+        let netns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
+        let key = (netns, ifindex);
+        let mut attached = ATTACHED
+            .lock()
+            .map_err(|_| io::Error::other("a thread panicked attaching XDP"))?;
+        attached.retain(|(_, program)| program.strong_count() > 0);
+        if let Some(program) = attached
+            .iter()
+            .find(|(known, _)| *known == key)
+            .and_then(|(_, program)| program.upgrade())
+        {
+            return Ok(program);
+        }
+        let mut program = XdpProgram::load(MAX_QUEUES, true)?;
+        program.attach(ifindex, mode)?;
+        let program = Arc::new(Attached {
+            program,
+            claimed: Mutex::new(Vec::new()),
+        });
+        attached.push((key, Arc::downgrade(&program)));
+        Ok(program)
+    }
+
+    /// Takes `queue` for `socket`: its frames go there from now on. `EBUSY` when another
+    /// backend of this process holds it.
+    fn claim(self: &Arc<Self>, queue: u32, socket: BorrowedFd<'_>) -> io::Result<Claim> {
+        let mut claimed = self
+            .claimed
+            .lock()
+            .map_err(|_| io::Error::other("a thread panicked binding a queue"))?;
+        if claimed.contains(&queue) {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!("receive queue {queue} is already bound by this process"),
+            ));
+        }
+        self.program.register_socket(queue, socket)?;
+        claimed.push(queue);
+        Ok(Claim {
+            attached: Arc::clone(self),
+            queue,
+        })
+    }
 }
 
 fn errno(error: xdpilone::Errno) -> io::Error {
@@ -160,6 +244,7 @@ impl Queue {
                 stats: AfXdpStats::default(),
             },
             fd,
+            id: queue,
         };
         queue.refill();
         Ok(queue)
@@ -209,17 +294,60 @@ impl AfXdpBackend {
     /// Attaches our program to `interface` (in the calling thread's network namespace) and
     /// binds a socket to each of its receive queues.
     pub fn open(interface: &str, mode: XdpMode) -> io::Result<Self> {
+        Self::open_on(interface, mode, None)
+    }
+
+    /// Binds a socket to receive queue `queue` of `interface` only, for an engine of its
+    /// own: it receives what arrives on that queue and sends from it (on veth, the peer
+    /// receives on the queue we send from, so engines on queue k of both ends talk through
+    /// queue k). Backends of one process share the interface's program, each queue bound
+    /// once (`EBUSY` otherwise).
+    pub fn open_queue(interface: &str, mode: XdpMode, queue: u32) -> io::Result<Self> {
+        Self::open_on(interface, mode, Some(queue))
+    }
+
+    fn open_on(interface: &str, mode: XdpMode, only: Option<u32>) -> io::Result<Self> {
         let name = CString::new(interface).map_err(io::Error::other)?;
         let mut info = IfInfo::invalid();
         info.from_name(&name)
             .map_err(|error| io::Error::other(format!("AF_XDP on {interface}: {error}")))?;
-        let mut program = XdpProgram::load(MAX_QUEUES, true)?;
-        program.attach(info.ifindex(), mode)?;
+        if only.is_some_and(|queue| queue >= MAX_QUEUES) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("queues are numbered below {MAX_QUEUES}"),
+            ));
+        }
+        let attached = Attached::on(info.ifindex(), mode)?;
+        let queues = match only {
+            Some(queue) => vec![Queue::open(&info, queue)?],
+            None => Self::every_queue(&info, interface)?,
+        };
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        let mut claims = Vec::with_capacity(queues.len());
+        for (index, queue) in queues.iter().enumerate() {
+            claims.push(attached.claim(queue.id, queue.fd())?);
+            epoll::add(
+                &epoll,
+                queue.fd(),
+                epoll::EventData::new_u64(index as u64),
+                epoll::EventFlags::IN,
+            )?;
+        }
+        Ok(AfXdpBackend {
+            queues,
+            _claims: claims,
+            epoll,
+            next_rx: 0,
+        })
+    }
+
+    /// A socket on each receive queue of the interface.
+    fn every_queue(info: &IfInfo, interface: &str) -> io::Result<Vec<Queue>> {
         // Queue 0 always exists; the others until binding fails (the kernel refuses a queue
         // the interface does not have).
-        let mut queues = vec![Queue::open(&info, 0)?];
+        let mut queues = vec![Queue::open(info, 0)?];
         loop {
-            let queue = match Queue::open(&info, queues.len() as u32) {
+            let queue = match Queue::open(info, queues.len() as u32) {
                 Ok(queue) => queue,
                 // Binding a queue the interface does not have fails with EINVAL.
                 Err(error) if error.raw_os_error() == Some(libc::EINVAL) => break,
@@ -233,22 +361,7 @@ impl AfXdpBackend {
             }
             queues.push(queue);
         }
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        for (index, queue) in queues.iter().enumerate() {
-            program.register_socket(index as u32, queue.fd())?;
-            epoll::add(
-                &epoll,
-                queue.fd(),
-                epoll::EventData::new_u64(index as u64),
-                epoll::EventFlags::IN,
-            )?;
-        }
-        Ok(AfXdpBackend {
-            queues,
-            program,
-            epoll,
-            next_rx: 0,
-        })
+        Ok(queues)
     }
 
     /// What the sockets have seen, all queues together.
@@ -272,11 +385,6 @@ impl AfXdpBackend {
             .iter()
             .map(|queue| queue.device.statistics_v2().map_err(errno))
             .collect()
-    }
-
-    /// The program, e.g. to detach it early.
-    pub fn program(&mut self) -> &mut XdpProgram {
-        &mut self.program
     }
 }
 

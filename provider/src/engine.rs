@@ -1,8 +1,8 @@
 //! Drives a transport [`Endpoint`] over a [`Backend`] with the real clock: frames in, parsed
 //! and checked; timers fired; packets out as rxe-shaped IPv4 or IPv6 frames.
 //!
-//! Each [`poll`](Engine::poll) is one bounded turn: at most [`RX_BUDGET`] received frames,
-//! then due timers, then at most [`TX_BUDGET`] packets out. So no input rate, however high,
+//! Each [`poll`](Engine::poll) is one bounded turn: at most [`Engine::RX_BUDGET`] received
+//! frames, then due timers, then at most [`Engine::TX_BUDGET`] packets out. So no input rate, however high,
 //! keeps responses, ACKs and retransmissions from leaving, and a long send queue does not
 //! keep received frames waiting either. Timers come before the transmit half of the turn so
 //! a retransmission they schedule leaves in the same turn.
@@ -18,11 +18,6 @@ use roce_wire::multicast::{is_group_mac, multicast_mac};
 use roce_wire::{Frame, FrameError, FrameRepr};
 
 use crate::backend::Backend;
-
-/// Most received frames handled per turn.
-pub const RX_BUDGET: usize = 1024;
-/// Most packets sent per turn.
-pub const TX_BUDGET: usize = 1024;
 
 /// Who this endpoint is on the link, and the neighbours it can reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,9 +107,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Most received frames handled per turn.
-    pub const RX_BUDGET: usize = 64;
+    pub const RX_BUDGET: usize = 1024;
     /// Most packets sent per turn.
-    pub const TX_BUDGET: usize = 64;
+    pub const TX_BUDGET: usize = 1024;
 
     /// Who this endpoint is on the link.
     pub fn addressing(&self) -> &Addressing {
@@ -144,10 +139,14 @@ impl<B: Backend> Engine<B> {
         self.gids = gids;
     }
 
-    /// One bounded turn without blocking: up to [`RX_BUDGET`] waiting frames, due timers, up
-    /// to [`TX_BUDGET`] packets out.
+    /// One bounded turn without blocking: up to [`Self::RX_BUDGET`] waiting frames, due
+    /// timers, up to [`Self::TX_BUDGET`] packets out.
     pub fn poll(&mut self) -> io::Result<()> {
-        let now = Instant::now();
+        self.poll_at(Instant::now())
+    }
+
+    /// [`poll`](Self::poll) at `now`, a clock reading the caller took for this turn.
+    pub fn poll_at(&mut self, now: Instant) -> io::Result<()> {
         let more_rx = self.receive_turn(now)?;
         self.endpoint.handle_timeout(now);
         let more_tx = self.transmit_turn(now)?;
@@ -176,7 +175,7 @@ impl<B: Backend> Engine<B> {
         self.poll()
     }
 
-    /// Takes up to [`RX_BUDGET`] frames, each parsed where the backend holds it; `true`
+    /// Takes up to [`Self::RX_BUDGET`] frames, each parsed where the backend holds it; `true`
     /// when more may be waiting.
     fn receive_turn(&mut self, now: Instant) -> io::Result<bool> {
         let Engine {
@@ -188,22 +187,22 @@ impl<B: Backend> Engine<B> {
             ..
         } = self;
         let mac = addressing.mac;
-        let received = backend.receive(RX_BUDGET, &mut |frame| {
+        let received = backend.receive(Self::RX_BUDGET, &mut |frame| {
             if let Some(repr) = receive(endpoint, stats, mac, now, frame) {
                 learn_cm_peer(addressing, neighbours6, &repr);
             }
         })?;
-        Ok(received == RX_BUDGET)
+        Ok(received == Self::RX_BUDGET)
     }
 
-    /// Sends up to [`TX_BUDGET`] packets, then submits them; `true` when more wait (the
+    /// Sends up to [`Self::TX_BUDGET`] packets, then submits them; `true` when more wait (the
     /// budget ran out, or the backend's queue is full and the packet is held for the next
     /// turn).
     fn transmit_turn(&mut self, now: Instant) -> io::Result<bool> {
         let mut outgoing = std::mem::take(&mut self.outgoing);
         let mut result = Ok(true);
-        for _ in 0..TX_BUDGET {
-            if !self.held && !self.endpoint.poll_transmit_into(now, &mut outgoing) {
+        for _ in 0..Self::TX_BUDGET {
+            if !self.held && !self.endpoint.poll_transmit_lent(now, &mut outgoing) {
                 result = Ok(false);
                 break;
             }
@@ -211,6 +210,8 @@ impl<B: Backend> Engine<B> {
             match self.transmit(now, &outgoing) {
                 Ok(true) => {}
                 Ok(false) => {
+                    // Kept for the next turn, by when its lent payload may have moved.
+                    self.endpoint.materialize(&mut outgoing);
                     self.held = true;
                     break;
                 }
@@ -259,10 +260,15 @@ impl<B: Backend> Engine<B> {
 
     /// Hands a packet addressed to us back to the endpoint as the frame the wire would
     /// carry: emitted, then parsed (ICRC checked) as a received frame is.
-    fn loop_back(&mut self, now: Instant, repr: &FrameRepr) -> io::Result<()> {
+    fn loop_back(&mut self, now: Instant, transmit: &Transmit, repr: &FrameRepr) -> io::Result<()> {
         let mut frame = std::mem::take(&mut self.looped);
-        frame.resize(repr.buffer_len(), 0);
-        let result = match repr.emit(&mut frame) {
+        let payload_len = transmit.packet.payload_len();
+        frame.resize(repr.buffer_len_with(payload_len), 0);
+        let endpoint = &self.endpoint;
+        let emitted = repr.emit_with(payload_len, &mut frame, |payload| {
+            endpoint.write_payload(transmit, payload)
+        });
+        let result = match emitted {
             Err(_) => Err(io::Error::other("packet does not fit a frame")),
             Ok(len) => {
                 let parsed = Frame::new_checked(&frame[..len]).and_then(|f| FrameRepr::parse(&f));
@@ -296,19 +302,43 @@ impl<B: Backend> Engine<B> {
             return Ok(true);
         };
         if repr.ethernet.dst == self.addressing.mac {
-            self.loop_back(now, &repr)?;
+            self.loop_back(now, transmit, &repr)?;
             return Ok(true);
         }
-        let mut emitted = Ok(());
-        let sent = self
-            .backend
-            .transmit(repr.buffer_len(), repr.udp_src_port, &mut |buffer| {
-                repr.emit(buffer).unwrap_or_else(|_| {
-                    emitted = Err(io::Error::other("packet does not fit a frame"));
+        // Headers, then the payload copied once, from where it lies (a region, the WQE)
+        // straight into the backend's buffer, then the ICRC over both.
+        let payload_len = transmit.packet.payload_len();
+        let (mut emitted, mut readable) = (Ok(()), true);
+        let Engine {
+            endpoint, backend, ..
+        } = self;
+        let sent = backend.transmit(
+            repr.buffer_len_with(payload_len),
+            repr.udp_src_port,
+            &mut |buffer| {
+                let written = repr.emit_with(payload_len, buffer, |payload| {
+                    readable = endpoint.write_payload(transmit, payload);
+                    readable
+                });
+                written.unwrap_or_else(|_| {
+                    if readable {
+                        emitted = Err(io::Error::other("packet does not fit a frame"));
+                    }
                     0
                 })
-            });
+            },
+        );
         emitted?;
+        if !readable {
+            // Checked when the transport made the packet; lost like a refused one if not.
+            tracing::warn!(
+                qpn = transmit.src_qpn,
+                "not sent: its payload could not be read"
+            );
+            self.stats.tx_failed += 1;
+            self.endpoint.transmit_failed();
+            return Ok(true);
+        }
         match sent {
             Ok(()) => {
                 self.stats.tx_frames += 1;
@@ -316,7 +346,7 @@ impl<B: Backend> Engine<B> {
                 // a member of its group, as the kernel loops it back to rxe.
                 let dgid = transmit.packet.av.dgid;
                 if is_group_mac(&repr.ethernet.dst) && self.endpoint.mcast_loopback(&dgid) {
-                    self.loop_back(now, &repr)?;
+                    self.loop_back(now, transmit, &repr)?;
                 }
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
@@ -505,11 +535,89 @@ mod tests {
             let backend = engine.backend();
             assert_eq!(
                 backend.sent_after,
-                [RX_BUDGET],
+                [Engine::<Flooded>::RX_BUDGET],
                 "one turn: a batch in, the SEND out"
             );
             assert!(engine.poll_timeout().is_some_and(|at| at <= Instant::now()));
         }
+    }
+
+    /// Takes every frame and counts it.
+    struct Counting(usize);
+
+    impl Backend for Counting {
+        fn transmit(
+            &mut self,
+            len: usize,
+            _: u16,
+            fill: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
+            let mut buffer = vec![0; len];
+            fill(&mut buffer);
+            self.0 += 1;
+            Ok(())
+        }
+        fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_turn_sends_at_most_its_budget() {
+        let budget = Engine::<Counting>::TX_BUDGET;
+        let mut endpoint = Endpoint::new([3; 32]);
+        let pd: PdId = endpoint.mrs().alloc_pd();
+        let cq = endpoint.create_cq(4 * budget).unwrap();
+        let caps = QpCaps {
+            max_send_wr: 2 * budget as u32,
+            ..QpCaps::default()
+        };
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            caps,
+            sq_sig_all: false,
+        };
+        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
+        let now = Instant::now();
+        for attr in roce_transport::qp_state::ud_attrs(0x11, Psn::new(1)) {
+            endpoint.modify_qp(now, qpn, &attr).unwrap();
+        }
+        let peer = Ipv4Addr::new(10, 9, 9, 2);
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: Vec::new(),
+            flags: SendFlags::empty(),
+            ud: Some(roce_transport::wr::UdDest {
+                av: AddressVector {
+                    dgid: peer.to_ipv6_mapped().octets(),
+                    sgid_index: 1,
+                    hop_limit: 64,
+                    traffic_class: 0,
+                    flow_label: 0,
+                },
+                remote_qpn: 0x12,
+                remote_qkey: 0x11,
+            }),
+        };
+        for _ in 0..budget + 10 {
+            endpoint.post_send(now, qpn, &wr).unwrap();
+        }
+        let addressing = Addressing {
+            mac: OUR_MAC,
+            ip: Ipv4Addr::new(10, 9, 9, 1),
+            neighbours: HashMap::from([(peer, [2, 0, 0, 0, 0, 2])]),
+        };
+        let mut engine = Engine::new(endpoint, Counting(0), addressing);
+        engine.poll().unwrap();
+        assert_eq!(engine.backend().0, budget, "one turn, one budget");
+        engine.poll().unwrap();
+        assert_eq!(engine.backend().0, budget + 10, "the rest in the next");
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! - [`backend::Backend`]: the one trait every way of moving Ethernet frames implements; it
 //!   lends received frames where they lie and lends a buffer to write a frame to send into;
 //! - [`memory`]: an in-memory wire for tests;
-//! - [`afxdp`]: the AF_XDP backend (root; a socket per receive queue, copy mode, multi-buffer
-//!   frames parsed in place), over a UMEM whose buffer ownership is in the types (`umem`);
+//! - [`afxdp`]: the AF_XDP backend (root; a socket per receive queue, or one queue for an
+//!   engine of its own; copy mode, multi-buffer frames parsed in place), over a UMEM whose
+//!   buffer ownership is in the types (`umem`);
 //! - [`udp`]: the kernel UDP-socket backend (no root, no AF_XDP);
 //! - [`xdp`]: our XDP program (UDP 4791 to AF_XDP sockets, the rest to the kernel) and its
 //!   bpf(2) loader;
@@ -16,7 +17,13 @@
 //!   groups (IGMP), as the kernel keeps them for rxe;
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
-//!   clock.
+//!   clock, a packet's payload copied once, from registered memory into the backend's buffer.
+//!
+//! The engine sees a backend only through the trait's lending calls, so a backend that is
+//! a shared-memory ring to another process (a switch owning the AF_XDP sockets of a device
+//! for many programs) slots in as any other: `receive` lends frames where they lie in the
+//! shared ring, `transmit` lends a slot of it, `submit` rings the switch's doorbell, and
+//! `readiness_fd` is the eventfd the switch writes.
 //!
 //! Neighbour resolution and the engine's threads live in `roce-verbs`. Not written yet:
 //! zero-copy AF_XDP (veth has none to test it on).

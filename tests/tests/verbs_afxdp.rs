@@ -269,3 +269,123 @@ fn verbs_over_ipv6_gids() {
     let native = BackendKind::AfXdp(roce_verbs::XdpMode::Native);
     assert_eq!((a, b), (native.clone(), native));
 }
+
+/// One side of [`an_engine_per_queue_talks_through_its_own_queue`]: a context of its own on
+/// each of the two queues, a QP on each, connected to the peer's QP on the same queue; the
+/// active side WRITEs 64 KiB on each, the passive side checks them. Reports the frames each
+/// context's one socket received.
+fn queue_side(ns: String, active: bool, link: Link) -> Vec<Vec<u64>> {
+    netns::enter(&ns).unwrap();
+    let device = devices().unwrap().remove(0);
+    let open = |queue| {
+        let options = OpenOptions {
+            backend: BackendChoice::AfXdp(roce_verbs::XdpMode::Native),
+            queue: Some(queue),
+            ..OpenOptions::default()
+        };
+        Context::open(&device, options).unwrap()
+    };
+    let contexts = [open(0), open(1)];
+    // Both queues are bound by engines of their own: the whole device is not free.
+    let whole = OpenOptions {
+        backend: BackendChoice::AfXdp(roce_verbs::XdpMode::Native),
+        ..OpenOptions::default()
+    };
+    let whole = Context::open(&device, whole);
+    assert!(whole.is_err(), "a queue bound twice in one process");
+    let len = 64 * 1024;
+    let sides: Vec<_> = contexts
+        .iter()
+        .map(|ctx| {
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16, None).unwrap();
+            let attr = QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            };
+            let qp = pd.create_qp(&attr).unwrap();
+            let region = pd.reg_mr(len, AccessFlags::all()).unwrap();
+            (pd, cq, qp, region)
+        })
+        .collect();
+    let offer = sides
+        .iter()
+        .map(|(_, _, qp, region)| (qp.endpoint(1).unwrap(), region.addr(), region.rkey()))
+        .collect();
+    link.tx.send(offer).unwrap();
+    let peer = link.rx.recv().unwrap();
+    let options = ConnectOptions {
+        mtu: PathMtu::Mtu4096,
+        ..ConnectOptions::default()
+    };
+    for ((_, _, qp, _), (remote, _, _)) in sides.iter().zip(&peer) {
+        qp.connect(remote, &options).unwrap();
+    }
+    link.tx.send(Vec::new()).unwrap();
+    link.rx.recv().unwrap();
+    if active {
+        for (queue, ((_, cq, qp, region), &(_, addr, rkey))) in sides.iter().zip(&peer).enumerate()
+        {
+            region.write(0, &data(queue)[..len]).unwrap();
+            let write = SendOp::RdmaWrite {
+                remote_addr: addr,
+                rkey,
+            };
+            qp.post_send([signaled(1, write, region.sge(0, len as u32))])
+                .unwrap();
+            let done = cq.wait_for(1, STALL).unwrap();
+            assert_eq!(done[0].status, WcStatus::Success, "queue {queue}");
+        }
+        link.tx.send(Vec::new()).unwrap();
+    } else {
+        link.rx.recv().unwrap();
+        for (queue, (_, _, _, region)) in sides.iter().enumerate() {
+            assert_eq!(
+                region.to_vec().unwrap(),
+                data(queue)[..len],
+                "queue {queue}"
+            );
+        }
+    }
+    contexts
+        .iter()
+        .map(|ctx| {
+            ctx.with_backend(|backend| backend.received_per_queue())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// An engine per receive queue (`OpenOptions::queue`): two contexts on each end of a
+/// two-queue veth, each with its own engine and one socket, each talking to the peer's
+/// engine on the same queue (the veth delivers on the queue the sender used).
+#[test]
+fn an_engine_per_queue_talks_through_its_own_queue() {
+    if !needs_root("an_engine_per_queue_talks_through_its_own_queue") {
+        return;
+    }
+    let a = Netns::create("roce-queues-a").unwrap();
+    let b = Netns::create("roce-queues-b").unwrap();
+    let ends = ((&a, "qa", "10.78.0.1/24"), (&b, "qb", "10.78.0.2/24"));
+    veth_with_queues(ends.0, ends.1, 9000, 2).unwrap();
+    let (link_a, link_b) = link();
+    let (name_a, name_b) = (a.name.clone(), b.name.clone());
+    let active = thread::spawn(move || queue_side(name_a, true, link_a));
+    let passive = thread::spawn(move || queue_side(name_b, false, link_b));
+    for report in [
+        active.join().expect("side A"),
+        passive.join().expect("side B"),
+    ] {
+        // One socket per engine, and each received its queue's frames.
+        assert_eq!(report.len(), 2);
+        assert!(
+            report
+                .iter()
+                .all(|per_queue| per_queue.len() == 1 && per_queue[0] > 0),
+            "{report:?}"
+        );
+    }
+}

@@ -409,6 +409,26 @@ fn error_paths_answer_as_rdma_core_defines_them() {
 }
 
 #[test]
+fn a_failed_dereg_mr_keeps_the_region() {
+    let test = "a_failed_dereg_mr_keeps_the_region";
+    if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
+        return;
+    }
+    let program = compile_c("dereg_failure", &["-libverbs"]);
+    let (a, _b) = two_namespaces(1500);
+    let run = exec_in(&a, &["env", "ROCE_BACKEND=udp", "ROCE_PROGRESS=caller"])
+        .args([program.path(), "ea"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success() && text(&run).contains("ok"),
+        "{}: {}",
+        run.status,
+        text(&run)
+    );
+}
+
+#[test]
 fn ibv_srq_pingpong_talks_to_itself_between_namespaces() {
     let test = "ibv_srq_pingpong_talks_to_itself_between_namespaces";
     if !root_and(test, &["ibv_srq_pingpong"]) {

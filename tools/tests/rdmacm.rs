@@ -89,6 +89,61 @@ fn every_librdmacm_symbol_debian_programs_import_is_exported() {
     }
     assert!(checked > 150, "only {checked} imports seen");
     assert!(missing.is_empty(), "not exported: {missing:#?}");
+    // Each forwards to its implementation in our libibverbs, exported privately there.
+    let private = dynamic_symbols(&built_dir().join("libibverbs.so"), true);
+    let unforwarded: Vec<&String> = exports
+        .iter()
+        .filter(|export| export.contains("@RDMACM_"))
+        .filter(|export| {
+            let name = export.split('@').next().unwrap_or_default();
+            !private.contains(&format!("roce_{name}@ROCE_RDMACM_PRIVATE"))
+        })
+        .collect();
+    assert!(
+        unforwarded.is_empty(),
+        "no implementation in libibverbs.so.1: {unforwarded:#?}"
+    );
+}
+
+/// The rdma_cm calls run in libibverbs' own roce-verbs (one copy per process): the QP
+/// state changes `rdma_accept` makes are logged by the `ROCE_LOG` subscriber libibverbs
+/// installed. When librdmacm linked a roce-verbs of its own, they ran in its copy, whose
+/// tracing had no subscriber, and the server's log lacked them.
+#[test]
+fn rdma_cm_calls_share_libibverbs_roce_verbs() {
+    let test = "rdma_cm_calls_share_libibverbs_roce_verbs";
+    if !root_and(test, &["rping"]) {
+        return;
+    }
+    let (a, b) = two_namespaces();
+    let server = exec_in(
+        &b,
+        &[
+            "env",
+            "ROCE_LOG=roce_transport=debug",
+            "rping",
+            "-s",
+            "-C",
+            "3",
+            "-a",
+            "10.85.0.2",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let server = thread::spawn(move || server.wait_with_output().unwrap());
+    let client = rping_client(&a, &["rping", "-c", "-C", "3", "-a", "10.85.0.2"]);
+    let server = server.join().unwrap();
+    assert!(client.status.success(), "client: {}", text(&client));
+    let said = text(&server);
+    assert!(server.status.success(), "server: {said}");
+    for change in ["from=Init to=Rtr", "from=Rtr to=Rts"] {
+        assert!(
+            said.lines()
+                .any(|line| line.contains("QP state") && line.contains(change)),
+            "the server's log lacks {change}: {said}"
+        );
+    }
 }
 
 /// Runs an rping client in `a` against the server `server` in `b`: the server needs a

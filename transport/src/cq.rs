@@ -237,6 +237,26 @@ impl Cq {
         Ok(())
     }
 
+    /// Hands completions, oldest first, to `take` until it refuses one (which stays) or
+    /// `max` were taken; returns how many were taken. For a consumer that moves them on
+    /// without a container in between (the verbs layer's ring).
+    pub fn poll_with(
+        &mut self,
+        max: usize,
+        mut take: impl FnMut(&WorkCompletion) -> bool,
+    ) -> usize {
+        let (front, back) = self.entries.as_slices();
+        let mut count = 0;
+        for completion in front.iter().chain(back).take(max) {
+            if !take(completion) {
+                break;
+            }
+            count += 1;
+        }
+        self.entries.pop_front_n(count);
+        count
+    }
+
     /// Moves up to `max` completions, oldest first, into `out`; returns how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<WorkCompletion>) -> usize {
         let count = max.min(self.entries.len());

@@ -766,6 +766,20 @@ impl Endpoint {
     /// caller that keeps one `Transmit` for its sends allocates nothing per packet. The CM's
     /// MADs go first: they are few, and a connection waits on them.
     pub fn poll_transmit_into(&mut self, now: Instant, out: &mut Transmit) -> bool {
+        let found = self.poll_transmit_lent(now, out);
+        if found {
+            self.materialize(out);
+        }
+        found
+    }
+
+    /// [`poll_transmit_into`](Self::poll_transmit_into), except that a payload in
+    /// registered memory (a request's data, a READ response) stays where it is, checked:
+    /// the caller sizes the frame with [`OutPacket::payload_len`] and copies the payload
+    /// once, straight into it, with [`write_payload`](Self::write_payload), before it
+    /// changes the endpoint in any other way. A packet it must keep for later (its link
+    /// was busy) it first makes hold its bytes ([`materialize`](Self::materialize)).
+    pub fn poll_transmit_lent(&mut self, now: Instant, out: &mut Transmit) -> bool {
         if let Some(transmit) = self.cm.as_mut().and_then(Cm::poll_transmit) {
             self.gsi_packet(&transmit, out);
             self.counters.sent_pkts += 1;
@@ -810,6 +824,30 @@ impl Endpoint {
         found
     }
 
+    /// Copies the payload of `transmit`, the packet [`poll_transmit_lent`] gave last, into
+    /// `out` (of its [`payload_len`](OutPacket::payload_len)): from the sending QP's
+    /// registered memory when it is lent, else from the packet. `false` if it cannot be
+    /// read (never for a packet just given: it was checked).
+    ///
+    /// [`poll_transmit_lent`]: Self::poll_transmit_lent
+    pub fn write_payload(&self, transmit: &Transmit, out: &mut [u8]) -> bool {
+        let packet = &transmit.packet;
+        let Some(lent) = packet.lent else {
+            let bytes = packet.payload.get(..out.len());
+            return bytes.map(|bytes| out.copy_from_slice(bytes)).is_some();
+        };
+        let qp = self.qps.get(transmit.src_qpn);
+        qp.is_some_and(|qp| qp.write_payload(&self.mrs, lent, out).is_ok())
+    }
+
+    /// Makes `transmit` (the packet [`poll_transmit_lent`](Self::poll_transmit_lent) gave
+    /// last) hold its payload's bytes, to be sent later.
+    pub fn materialize(&self, transmit: &mut Transmit) {
+        if let Some(qp) = self.qps.get(transmit.src_qpn) {
+            qp.materialize(&self.mrs, &mut transmit.packet);
+        }
+    }
+
     /// A CM MAD as QP 1 sends it: UD SEND_ONLY to the peer's QP 1, P_Key 0xFFFF, DETH with
     /// the GSI Q_Key, from the GID the CM names (index 0 if it is not in our table).
     fn gsi_packet(&mut self, transmit: &MadTransmit, out: &mut Transmit) {
@@ -843,6 +881,7 @@ impl Endpoint {
         };
         packet.payload.clear();
         packet.payload.extend_from_slice(&transmit.mad);
+        packet.lent = None;
         packet.av = AddressVector {
             dgid: transmit.remote_gid,
             sgid_index: u8::try_from(sgid_index).unwrap_or(0),

@@ -643,6 +643,46 @@ impl MrTable {
         Ok(())
     }
 
+    /// Checks that bytes `offset..offset + len` of a gather list may be read (what
+    /// [`gather_into`](Self::gather_into) will copy), copying nothing.
+    pub fn check_gather(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: u64,
+        len: usize,
+    ) -> Result<(), MrError> {
+        let mut checked = 0;
+        while checked < len {
+            let remaining = (len - checked) as u64;
+            let at = offset + checked as u64;
+            let (_, piece) = self.sg_piece(pd, sg_list, at, remaining, AccessFlags::empty())?;
+            checked += piece;
+        }
+        Ok(())
+    }
+
+    /// Copies bytes `offset..offset + out.len()` of a gather list into `out`: straight
+    /// from the regions into where the caller sends them from.
+    pub fn gather_into(
+        &self,
+        pd: PdId,
+        sg_list: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MrError> {
+        let mut done = 0;
+        while done < out.len() {
+            let remaining = (out.len() - done) as u64;
+            let at = offset + done as u64;
+            let (location, piece) =
+                self.sg_piece(pd, sg_list, at, remaining, AccessFlags::empty())?;
+            self.read(location, &mut out[done..done + piece])?;
+            done += piece;
+        }
+        Ok(())
+    }
+
     /// Writes `data` at byte `offset` of a scatter list (needs LOCAL_WRITE). Nothing is
     /// written unless all of it fits.
     pub fn scatter(
@@ -685,6 +725,15 @@ impl MrTable {
         }
         let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
         mr.memory.append(location.offset, len, out)
+    }
+
+    /// Copies `out.len()` bytes at a location [`check`](Self::check) returned into `out`.
+    pub fn read(&self, location: Location, out: &mut [u8]) -> Result<(), MrError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
+        mr.memory.read(location.offset, out)
     }
 
     /// Copies `data` to a location [`check`](Self::check) returned.

@@ -61,6 +61,7 @@ pub(crate) fn open(
     choice: BackendChoice,
     pcap: Option<&Path>,
     loss: Option<FrameLoss>,
+    queue: Option<u32>,
 ) -> Result<(Box<dyn Backend>, Addressing, BackendKind), Error> {
     // IPv4-mapped GIDs leave from the first IPv4 address; without one, only IPv6 GIDs
     // (and no UDP sockets, which carry IPv4 here).
@@ -72,20 +73,25 @@ pub(crate) fn open(
         ip,
         neighbours: HashMap::new(),
     };
+    let one_queue = || Error::Unsupported("a receive queue of its own, without AF_XDP");
     let (backend, addressing, kind): (Box<dyn Backend>, _, _) = match choice {
         BackendChoice::AfXdp(mode) => (
-            Box::new(AfXdpBackend::open(&device.name, mode)?),
+            Box::new(open_afxdp_in(device, mode, queue)?),
             addressing,
             BackendKind::AfXdp(mode),
         ),
+        BackendChoice::Udp | BackendChoice::Custom(..) if queue.is_some() => {
+            return Err(one_queue())
+        }
         BackendChoice::Udp if ip.is_unspecified() => return Err(needs_ipv4()),
         BackendChoice::Udp => (
             Box::new(UdpBackend::bind(ip, device.mac)?),
             addressing,
             BackendKind::Udp { fallback: None },
         ),
-        BackendChoice::Auto => match open_afxdp(device) {
+        BackendChoice::Auto => match open_afxdp(device, queue) {
             Ok((backend, mode)) => (Box::new(backend), addressing, BackendKind::AfXdp(mode)),
+            Err(_) if queue.is_some() => return Err(one_queue()),
             Err(_) if ip.is_unspecified() => return Err(needs_ipv4()),
             Err(error) => (
                 Box::new(UdpBackend::bind(ip, device.mac)?),
@@ -115,12 +121,19 @@ pub(crate) fn open(
     Ok((backend, addressing, kind))
 }
 
-/// AF_XDP in native mode, else in generic mode.
-fn open_afxdp(device: &Device) -> io::Result<(AfXdpBackend, XdpMode)> {
-    AfXdpBackend::open(&device.name, XdpMode::Native)
+/// AF_XDP in native mode, else in generic mode, on every queue or on `queue` alone.
+fn open_afxdp(device: &Device, queue: Option<u32>) -> io::Result<(AfXdpBackend, XdpMode)> {
+    open_afxdp_in(device, XdpMode::Native, queue)
         .map(|backend| (backend, XdpMode::Native))
         .or_else(|_| {
-            AfXdpBackend::open(&device.name, XdpMode::Generic)
+            open_afxdp_in(device, XdpMode::Generic, queue)
                 .map(|backend| (backend, XdpMode::Generic))
         })
+}
+
+fn open_afxdp_in(device: &Device, mode: XdpMode, queue: Option<u32>) -> io::Result<AfXdpBackend> {
+    match queue {
+        Some(queue) => AfXdpBackend::open_queue(&device.name, mode, queue),
+        None => AfXdpBackend::open(&device.name, mode),
+    }
 }

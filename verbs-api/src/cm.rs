@@ -310,9 +310,7 @@ impl EventChannel {
             if let Some(shared) = driven.first() {
                 // Sleep in one backend; the others are driven by `try_get_cm_event`.
                 let mut core = shared.lock()?;
-                let waited = core.engine.run_once(slice);
-                shared.drive(&mut core)?;
-                waited?;
+                shared.drive_waiting(&mut core, slice)?;
                 continue;
             }
             // In slices, so a failed engine is noticed.

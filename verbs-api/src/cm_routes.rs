@@ -16,7 +16,7 @@ use roce_transport::Endpoint;
 use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::sidr_rep::SidrStatus;
 
-use crate::queues::{EventQueue, Submission};
+use crate::queues::{EventQueue, QpSlot};
 
 /// Names a context's CM (never reused in a process): a request's notice says where its
 /// new id lives, and the channel finds that context among its own.
@@ -163,12 +163,12 @@ impl CmRoutes {
     }
 
     /// Takes every event of the endpoint's CM to its id's channel, acting on the QPs as
-    /// librdmacm does. A QP moved is given its new gate (`submissions`) before its event is
+    /// librdmacm does. A QP moved has its new state published (`qps`) before its event is
     /// told, so a program that posts as soon as it hears ESTABLISHED is not refused.
     pub(crate) fn deliver(
         &mut self,
         endpoint: &mut Endpoint,
-        submissions: &BTreeMap<u32, Arc<Submission>>,
+        qps: &BTreeMap<u32, QpSlot>,
         now: Instant,
     ) {
         while let Some(event) = endpoint.cm().and_then(Cm::poll_event) {
@@ -208,7 +208,7 @@ impl CmRoutes {
                     route.reply = Some(reply);
                     let applied = route.qpn.map(|qpn| {
                         let applied = apply_qp_attrs(endpoint, now, qpn, &qp);
-                        refresh_gate(endpoint, submissions, qpn);
+                        publish_state(endpoint, qps, qpn);
                         applied
                     });
                     let established = match (applied, endpoint.cm()) {
@@ -227,7 +227,7 @@ impl CmRoutes {
                     if let Some(route) = self.conns.get(&conn) {
                         if let Some(qpn) = route.qpn {
                             let _ = endpoint.modify_qp(now, qpn, &to_error());
-                            refresh_gate(endpoint, submissions, qpn);
+                            publish_state(endpoint, qps, qpn);
                         }
                         route.tell(What::Cm(Box::new(event)));
                     }
@@ -355,20 +355,10 @@ pub(crate) fn apply_qp_attrs(
     endpoint.modify_qp(now, qpn, &attrs.rts)
 }
 
-/// Gives QP `qpn`'s submission queues the QP's current gate.
-pub(crate) fn refresh_gate(
-    endpoint: &Endpoint,
-    submissions: &BTreeMap<u32, Arc<Submission>>,
-    qpn: u32,
-) {
-    let (Some(gate), Some(queues)) = (endpoint.post_gate(qpn), submissions.get(&qpn)) else {
-        return;
-    };
-    if let Ok(mut sends) = queues.sends.lock() {
-        sends.gate = gate;
-    }
-    if let Ok(mut recvs) = queues.recvs.lock() {
-        recvs.gate = gate;
+/// Publishes QP `qpn`'s state to its posters.
+fn publish_state(endpoint: &Endpoint, qps: &BTreeMap<u32, QpSlot>, qpn: u32) {
+    if let Some(slot) = qps.get(&qpn) {
+        slot.queues.publish_state(endpoint);
     }
 }
 

@@ -65,8 +65,8 @@ impl Drop for DeviceEngine {
 }
 
 /// Which interface an engine serves: its network namespace (the inode of the opener's),
-/// name and index.
-type EngineKey = (u64, String, u32);
+/// name and index, and its receive queue if it has one of its own.
+type EngineKey = (u64, String, u32, Option<u32>);
 
 /// The engines of the devices open on their own interfaces in this process; the last
 /// context of a device drops its engine.
@@ -90,7 +90,7 @@ impl Context {
             Arc::new(DeviceEngine::start(device, options)?)
         } else {
             let netns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
-            let key = (netns, device.name.clone(), device.ifindex);
+            let key = (netns, device.name.clone(), device.ifindex, options.queue);
             // Held while a first open starts the engine, so a racing open waits and shares it.
             let mut engines = ENGINES.lock().map_err(|_| Error::Poisoned)?;
             engines.retain(|(_, engine)| engine.strong_count() > 0);
@@ -246,6 +246,7 @@ impl DeviceEngine {
             options.backend,
             options.pcap.as_deref(),
             options.loss,
+            options.queue,
         )?;
         let seed = match options.seed {
             Some(seed) => seed,

@@ -1,33 +1,40 @@
 //! The locked core of a context: the engine with its endpoint, and the engine's side of
-//! the queues it shares with posting and polling threads ([`queues`](crate::queues)).
+//! the rings it shares with posting and polling threads ([`queues`](crate::queues)).
+//!
+//! A round ([`Core::round`]) serves only what asks for it: the QPs whose doorbell rang
+//! since the last round (their rings handed to the endpoint), the frames waiting, the
+//! timers due, the packets ready; then it publishes the retired counts of the QPs with
+//! requests outstanding and moves new completions to the CQs' rings. Nothing is done for a
+//! QP or CQ that has nothing new.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::{Engine, EngineStats};
+use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
 
 use crate::async_events::AsyncEvents;
-use crate::cm_routes::{refresh_gate, CmRoutes};
+use crate::cm_routes::CmRoutes;
 use crate::error::Error;
 use crate::groups::Memberships;
 use crate::iova::IovaSpace;
-use crate::queues::{ChannelEvents, CqQueue, Pending, Submission};
+use crate::queues::{CqSlot, Doorbells, QpSlot};
 
 /// Everything behind the one lock of a context.
 pub(crate) struct Core {
     pub(crate) engine: Engine<Box<dyn Backend>>,
-    /// The channel of each CQ that has one.
-    pub(crate) channels: HashMap<CqId, Arc<ChannelEvents>>,
-    /// The user-side queue of each CQ, which `poll` reads without this lock.
-    pub(crate) cqs: HashMap<CqId, Arc<CqQueue>>,
-    /// Each QP's submission queues, which posting fills without this lock.
-    pub(crate) submissions: BTreeMap<u32, Arc<Submission>>,
+    /// The engine's side of each CQ's ring, with its channel.
+    pub(crate) cqs: HashMap<CqId, CqSlot>,
+    /// The engine's side of each QP's rings.
+    pub(crate) qps: BTreeMap<u32, QpSlot>,
+    /// The QPs with requests handed to the endpoint and not all retired: their retired
+    /// counts are published after each round.
+    outstanding: Vec<u32>,
     /// Where async events go: each context's queue, which a program reads without this lock.
     async_events: Arc<AsyncEvents>,
     /// Addresses for regions registered without one.
@@ -36,23 +43,25 @@ pub(crate) struct Core {
     pub(crate) cm: CmRoutes,
     /// Multicast attachments and the interface's part in them.
     pub(crate) multicast: Memberships,
-    /// The count of posts (`Shared::posted`) the last hand-over
-    /// covered: while it stands, the submission queues hold nothing new.
-    handed_over: u64,
+    /// The count of doorbells the last round took: while it stands, no QP rang.
+    doorbells_seen: u64,
+    /// The QPs that rang, taken from the doorbells (kept for its allocation).
+    rung: Vec<u32>,
 }
 
 impl Core {
     pub(crate) fn new(engine: Engine<Box<dyn Backend>>, async_events: Arc<AsyncEvents>) -> Core {
         Core {
             engine,
-            channels: HashMap::new(),
             cqs: HashMap::new(),
-            submissions: BTreeMap::new(),
+            qps: BTreeMap::new(),
+            outstanding: Vec::new(),
             async_events,
             iova: IovaSpace::default(),
             cm: CmRoutes::default(),
             multicast: Memberships::default(),
-            handed_over: 0,
+            doorbells_seen: 0,
+            rung: Vec::new(),
         }
     }
 
@@ -84,106 +93,131 @@ impl Core {
         self.engine.endpoint()
     }
 
-    /// Moves the engine's news to where users wait for it: completions to the CQs' own
-    /// queues, CQ events to their channels, async events to the context, CM events to
-    /// their ids' channels.
-    pub(crate) fn deliver(&mut self) {
+    /// Moves the engine's news to where users wait for it: completions to the CQs' rings,
+    /// CQ events to their channels, async events to the context (publishing the state of
+    /// a QP one names: it went to ERR), CM events to their ids' channels.
+    pub(crate) fn deliver(&mut self, now: Instant) {
         let endpoint = self.engine.endpoint();
-        self.cm.deliver(endpoint, &self.submissions, Instant::now());
-        let mut moved = Vec::new();
-        for (&id, queue) in &self.cqs {
-            let cq = self.engine.endpoint().cq(id);
-            if cq.is_overflowed() {
-                queue.overflowed.store(true, Ordering::Release);
-            }
-            if cq.is_empty() {
-                queue.backlog.store(false, Ordering::Release);
-                continue;
-            }
-            if let Ok(mut entries) = queue.entries.lock() {
-                // What does not fit waits in the endpoint's CQ, which overflows when full;
-                // pollers that empty their queue fetch it (see `Cq::poll_into`).
-                let room = queue
-                    .depth
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(entries.len());
-                moved.clear();
-                cq.poll(room, &mut moved);
-                entries.extend(moved.drain(..));
-                queue.backlog.store(!cq.is_empty(), Ordering::Release);
+        self.cm.deliver(endpoint, &self.qps, now);
+        for (&id, slot) in &mut self.cqs {
+            let cq = endpoint.cq(id);
+            slot.deliver(cq);
+            if let Some(channel) = &slot.channel {
+                if cq.take_event() {
+                    channel.push(id);
+                }
             }
         }
-        for (&cq, channel) in &self.channels {
-            if self.engine.endpoint().cq(cq).take_event() {
-                channel.push(cq);
+        for event in endpoint.take_events() {
+            if let Some(slot) = event_qpn(&event).and_then(|qpn| self.qps.get(&qpn)) {
+                slot.queues.publish_state(endpoint);
             }
-        }
-        for event in self.engine.endpoint().take_events() {
             self.async_events.push(event);
         }
     }
 
-    /// One round of the engine: admitted work in (when the count of posts, `posted`, moved
-    /// since the last round), every waiting frame, due timers, every packet ready,
-    /// completions out. Says whether work moved: posts handed over, frames in or out.
-    pub(crate) fn drive(&mut self, posted: u64) -> io::Result<bool> {
-        let handing_over = posted != self.handed_over;
-        if handing_over {
-            self.handed_over = posted;
-            self.submit(Instant::now());
-        }
+    /// One round of the engine: the rings of the QPs that rang (when the count of
+    /// doorbells moved since the last round), every waiting frame, due timers, every
+    /// packet ready, then what the round retired and completed published. Says whether
+    /// work moved: requests handed over, frames in or out.
+    pub(crate) fn round(&mut self, doorbells: &Doorbells) -> io::Result<bool> {
+        let now = Instant::now();
+        let rang = doorbells.count();
+        let handed = rang != self.doorbells_seen && {
+            self.doorbells_seen = rang;
+            self.answer_doorbells(doorbells, now)
+        };
         let frames = |stats: &EngineStats| stats.rx_frames + stats.tx_frames + stats.tx_full;
         let before = frames(&self.engine.stats);
-        let result = self.engine.poll();
-        self.refresh_gates();
-        self.deliver();
-        result.map(|()| handing_over || frames(&self.engine.stats) != before)
+        let result = self.engine.poll_at(now);
+        self.publish_retired();
+        self.deliver(now);
+        result.map(|()| handed || frames(&self.engine.stats) != before)
     }
 
-    /// Hands every QP's admitted work to the endpoint, in order (they were checked against
-    /// the gate when admitted), and refreshes the gates.
-    pub(crate) fn submit(&mut self, now: Instant) {
+    /// The count of doorbells the last round answered.
+    pub(crate) fn doorbells_seen(&self) -> u64 {
+        self.doorbells_seen
+    }
+
+    /// Hands the rings of every QP that rang to the endpoint; whether there was anything.
+    fn answer_doorbells(&mut self, doorbells: &Doorbells, now: Instant) -> bool {
+        let mut rung = std::mem::take(&mut self.rung);
+        doorbells.take_into(&mut rung);
+        let mut handed = false;
+        for &qpn in &rung {
+            handed |= self.hand_over(qpn, now);
+        }
+        rung.clear();
+        self.rung = rung;
+        handed
+    }
+
+    /// Hands QP `qpn`'s rings to the endpoint (clearing its doorbell first, so a post that
+    /// comes after this look rings again); whether there was anything.
+    pub(crate) fn hand_over(&mut self, qpn: u32, now: Instant) -> bool {
         let endpoint = self.engine.endpoint();
-        for (&qpn, queues) in &self.submissions {
-            // Admitted against this QP's own gate, a request cannot be refused now; if it
-            // were, there is no caller left to tell.
-            hand_over(&queues.recvs, endpoint, qpn, |endpoint, wr| {
-                let _ = endpoint.post_recv(now, qpn, &wr);
-            });
-            hand_over(&queues.sends, endpoint, qpn, |endpoint, wr| {
-                let _ = endpoint.post_send(now, qpn, &wr);
-            });
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            return false;
+        };
+        slot.queues.clear_doorbell();
+        let handed = slot.hand_over(endpoint, now);
+        if handed && !self.outstanding.contains(&qpn) {
+            self.outstanding.push(qpn);
+        }
+        handed
+    }
+
+    /// Publishes QP `qpn`'s state and retired counts.
+    pub(crate) fn publish(&mut self, qpn: u32) {
+        let endpoint = self.engine.endpoint();
+        if let Some(slot) = self.qps.get(&qpn) {
+            slot.queues.publish_state(endpoint);
+            slot.publish_retired(endpoint);
         }
     }
 
-    /// Brings every QP's gate up to date (after the engine completed work or a QP changed).
+    /// Publishes the retired counts of the QPs with requests outstanding, forgetting those
+    /// with none left.
+    fn publish_retired(&mut self) {
+        if self.outstanding.is_empty() {
+            return;
+        }
+        let endpoint = self.engine.endpoint();
+        let qps = &self.qps;
+        self.outstanding.retain(|qpn| {
+            qps.get(qpn)
+                .is_some_and(|slot| slot.publish_retired(endpoint))
+        });
+    }
+
+    /// Hands every QP's waiting requests to the endpoint, in order (before a change of a QP,
+    /// so work posted before it reaches the QP first).
+    pub(crate) fn submit(&mut self, now: Instant) {
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            self.hand_over(qpn, now);
+        }
+        self.publish_retired();
+    }
+
+    /// Publishes every QP's state (after a change of one: `modify`, the CM).
     pub(crate) fn refresh_gates(&mut self) {
         let endpoint = self.engine.endpoint();
-        for &qpn in self.submissions.keys() {
-            refresh_gate(endpoint, &self.submissions, qpn);
+        for slot in self.qps.values() {
+            slot.queues.publish_state(endpoint);
         }
     }
 }
 
-/// Posts what waits in `queue` to QP `qpn`, in order, and renews the queue's gate under the
-/// same lock (so admission never counts a request twice or not at all).
-fn hand_over<T>(
-    queue: &Mutex<Pending<T>>,
-    endpoint: &mut Endpoint,
-    qpn: u32,
-    mut post: impl FnMut(&mut Endpoint, T),
-) {
-    if let Ok(mut pending) = queue.lock() {
-        // Nothing queued: nothing to post, and the gate is renewed by `refresh_gates`,
-        // which every caller runs after (this is every engine round, for every QP).
-        if pending.items.is_empty() {
-            return;
-        }
-        for wr in pending.items.drain(..) {
-            post(endpoint, wr);
-        }
-        if let Some(gate) = endpoint.post_gate(qpn) {
-            pending.gate = gate;
-        }
+/// The QP an async event is about, if any.
+fn event_qpn(event: &AsyncEvent) -> Option<u32> {
+    match *event {
+        AsyncEvent::CqOverflow { qpn, .. }
+        | AsyncEvent::QpFatal { qpn, .. }
+        | AsyncEvent::QpRequestError { qpn }
+        | AsyncEvent::QpAccessError { qpn }
+        | AsyncEvent::QpLastWqeReached { qpn } => Some(qpn),
+        _ => None,
     }
 }

@@ -1,8 +1,15 @@
 //! Completion queues (`ibv_cq`).
 //!
 //! A CQ of depth N holds at least N completions (as `ibv_create_cq` may give more than
-//! asked): N in the queue pollers read, and up to N more in the engine's, which overflows
-//! (an async event, the QP to ERR) when both are full.
+//! asked): N (rounded up to a power of two) in the ring pollers read, and up to N more in
+//! the engine's, which overflows (an async event, the QP to ERR) when both are full.
+//!
+//! A completion goes from the endpoint's CQ into the ring, after the round that made it,
+//! and from the ring to the poller's hands ([`Cq::poll_with`]: `ibv_poll_cq` writes each
+//! straight into the caller's `ibv_wc`); pollers take the ring's own lock, never the
+//! device's. A poll that finds the ring short runs a round itself, the same round the
+//! engine thread runs: under the lock if the engine is free (with a background thread),
+//! or always (the caller drives).
 //!
 //! A QP holds its CQs: a CQ lives until its handle and every QP using it are gone, and
 //! [`Cq::destroy`] refuses while a QP still uses it, as `ibv_destroy_cq` answers `EBUSY`.
@@ -18,7 +25,7 @@ use roce_transport::{CqId, LIMITS};
 use crate::channel::CompChannel;
 use crate::core::Core;
 use crate::error::Error;
-use crate::queues::{ChannelEvents, CqQueue};
+use crate::queues::{cq_queue, CqQueue};
 use crate::shared::Shared;
 
 /// One CQ, shared by its handle and the QPs that complete into it; destroyed in the
@@ -26,14 +33,14 @@ use crate::shared::Shared;
 pub(crate) struct CqInner {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: CqId,
-    channel: Option<Arc<ChannelEvents>>,
+    /// Whether it reports to a completion channel.
+    has_channel: bool,
     queue: Arc<CqQueue>,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
         if let Ok(mut core) = self.shared.lock() {
-            core.channels.remove(&self.id);
             core.cqs.remove(&self.id);
             // The last holder: no QP holds this CQ any more, so the transport cannot refuse.
             let _ = core.endpoint().destroy_cq(self.id);
@@ -46,8 +53,8 @@ impl CqInner {
     /// queue pollers read (a QP entering RESET; see `roce_transport::cq::Cq::discard_qp`).
     pub(crate) fn discard_qp(&self, core: &mut Core, qpn: u32) -> Result<(), Error> {
         core.endpoint().cq(self.id).discard_qp(qpn);
-        let mut entries = self.queue.entries.lock().map_err(|_| Error::Poisoned)?;
-        entries.retain(|entry| entry.qp_num != qpn);
+        let mut polling = self.queue.polling.lock().map_err(|_| Error::Poisoned)?;
+        polling.discard_qp(qpn);
         Ok(())
     }
 }
@@ -75,17 +82,14 @@ impl Cq {
         let mut core = shared.lock()?;
         let id = (core.endpoint().create_cq(depth))
             .map_err(|_| Error::InvalidArgument("a CQ needs 1 to max_cqe entries"))?;
-        let channel = channel.map(|channel| Arc::clone(&channel.events));
-        if let Some(channel) = &channel {
-            core.channels.insert(id, Arc::clone(channel));
-        }
-        let queue = Arc::new(CqQueue::new(depth));
-        core.cqs.insert(id, Arc::clone(&queue));
+        let slot = cq_queue(depth, channel.map(|channel| Arc::clone(&channel.events)));
+        let queue = Arc::clone(&slot.queue);
+        core.cqs.insert(id, slot);
         Ok(Cq {
             inner: Arc::new(CqInner {
                 shared: Arc::clone(shared),
                 id,
-                channel,
+                has_channel: channel.is_some(),
                 queue,
             }),
         })
@@ -108,45 +112,53 @@ impl Cq {
     /// Moves up to `max` completions, oldest first, into `out` and returns how many
     /// (`ibv_poll_cq`). Fails once the CQ has overflowed.
     pub fn poll_into(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize, Error> {
-        let shared = &self.inner.shared;
-        if shared.caller_drives() {
-            let mut core = shared.lock()?;
-            shared.drive(&mut core)?;
-        } else {
-            shared.check_running()?;
-        }
-        if self.inner.queue.overflowed.load(Ordering::Acquire) {
-            return Err(Error::CqOverflow);
-        }
-        let mut count = self.take(max, out)?;
-        if count == 0 && !shared.caller_drives() {
-            // Nothing yet: drive a round here if the engine is free, as a caller-driven
-            // context would, so a program that polls takes its frames without waiting
-            // for the engine thread to be woken (or scheduled, on a busy machine).
-            if let Some(mut core) = shared.try_lock() {
-                shared.drive(&mut core)?;
-                drop(core);
-                count = self.take(max, out)?;
-            }
-        }
-        if count < max && self.inner.queue.backlog.load(Ordering::Acquire) {
-            // This queue ran dry with more waiting in the engine's CQ: fetch them now, or a
-            // program that drains before waiting for an event would wait for ever.
-            shared.lock()?.deliver();
-            return Ok(count + self.take(max - count, out)?);
-        }
-        Ok(count)
+        self.poll_with(max, |completion| out.push(*completion))
     }
 
-    fn take(&self, max: usize, out: &mut Vec<WorkCompletion>) -> Result<usize, Error> {
-        let mut entries = self
-            .inner
-            .queue
-            .entries
-            .lock()
-            .map_err(|_| Error::Poisoned)?;
-        let count = max.min(entries.len());
-        out.extend(entries.drain(..count));
+    /// Hands up to `max` completions, oldest first, to `take` and returns how many
+    /// (`ibv_poll_cq`, which writes each into the caller's array): from the ring, and if
+    /// the ring has fewer, after a round that may bring more ([`Cq`]'s docs). Fails once
+    /// the CQ has overflowed.
+    pub fn poll_with(
+        &self,
+        max: usize,
+        mut take: impl FnMut(&WorkCompletion),
+    ) -> Result<usize, Error> {
+        let shared = &self.inner.shared;
+        let queue = &self.inner.queue;
+        shared.check_running()?;
+        if queue.overflowed.load(Ordering::Acquire) {
+            return Err(Error::CqOverflow);
+        }
+        let polling = || queue.polling.lock().map_err(|_| Error::Poisoned);
+        let mut count = polling()?.take(max, &mut take);
+        if count < max {
+            let backlog = queue.backlog.load(Ordering::Acquire);
+            // The caller's progress: a round, as the engine thread's. With the thread, only
+            // if the engine is free (its own round delivers otherwise), unless completions
+            // wait behind a full ring: a program that drains before it waits for an event
+            // would otherwise wait for ever. (The ring's lock is not held meanwhile: the
+            // device's lock comes first.)
+            let core = if shared.caller_drives() || backlog {
+                Some(shared.lock()?)
+            } else if count == 0 {
+                shared.try_lock()
+            } else {
+                None
+            };
+            if let Some(mut core) = core {
+                let worked = shared.round(&mut core)?;
+                drop(core);
+                count += polling()?.take(max - count, &mut take);
+                if !worked && count == 0 {
+                    // Nothing came: let the kernel's softirq thread run, if it waits on this
+                    // CPU (the veth's receive runs there once softirqs are deferred to it, and
+                    // a program polling in a tight loop would hold it off for a scheduler
+                    // slice, 4-8 ms measured; `docs/performance.md`).
+                    std::thread::yield_now();
+                }
+            }
+        }
         Ok(count)
     }
 
@@ -188,7 +200,7 @@ impl Cq {
         if queue.overflowed.load(Ordering::Acquire) {
             return Err(Error::CqOverflow);
         }
-        let handed_over = queue.entries.lock().map_err(|_| Error::Poisoned)?.len();
+        let handed_over = queue.polling.lock().map_err(|_| Error::Poisoned)?.len();
         let cq = core.endpoint().cq(self.inner.id);
         if handed_over + cq.len() > depth {
             return Err(Error::InvalidArgument(
@@ -196,16 +208,17 @@ impl Cq {
             ));
         }
         // Cannot fail: fewer than `depth` wait in the engine's CQ.
+        // The ring keeps its size (a power of two at least the first depth): with the
+        // engine's CQ behind it, the CQ still holds at least `depth`.
         let _ = cq.resize(depth);
-        queue.depth.store(depth, Ordering::Relaxed);
-        core.deliver();
+        core.deliver(std::time::Instant::now());
         Ok(())
     }
 
     /// Arms the CQ for one event on its channel (`ibv_req_notify_cq`): the next completion,
     /// or with `solicited_only` the next solicited one (or any error).
     pub fn req_notify(&self, solicited_only: bool) -> Result<(), Error> {
-        if self.inner.channel.is_none() {
+        if !self.inner.has_channel {
             return Err(Error::InvalidArgument("the CQ has no completion channel"));
         }
         let on = if solicited_only {

@@ -84,14 +84,13 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
     while !shared.stop_requested() {
-        let posted = shared.posted();
-        let (worked, next_timer) = {
+        let (worked, next_timer, seen) = {
             let Some(mut core) = shared.engine_lock() else {
                 shared.fail(io::Error::other("a thread panicked inside a verbs call"));
                 return;
             };
-            match core.drive(posted) {
-                Ok(worked) => (worked, core.engine.poll_timeout()),
+            match core.round(&shared.doorbells) {
+                Ok(worked) => (worked, core.engine.poll_timeout(), core.doorbells_seen()),
                 Err(error) => {
                     drop(core);
                     shared.fail(error);
@@ -118,7 +117,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             std::thread::yield_now();
             continue;
         }
-        shared.sleep_unless_posted(posted, || {
+        shared.sleep_unless_posted(seen, || {
             sleep(shared, readiness.as_ref(), next_timer);
         });
     }
@@ -137,11 +136,15 @@ fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instan
         return;
     };
     let wake = shared.wake_fd();
-    let mut fds = vec![PollFd::new(wake, PollFlags::IN)];
+    let mut fds = [
+        PollFd::new(wake, PollFlags::IN),
+        PollFd::new(wake, PollFlags::IN),
+    ];
     if let Some(fd) = readiness {
-        fds.push(PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN));
+        fds[1] = PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN);
     }
-    let _ = poll(&mut fds, Some(&timeout));
+    let watched = if readiness.is_some() { 2 } else { 1 };
+    let _ = poll(&mut fds[..watched], Some(&timeout));
     if fds[0].revents().contains(PollFlags::IN) {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(wake, &mut counter);

@@ -20,14 +20,16 @@
 //!   demand ([`Pd::reg_mr_on_demand`], [`Pd::reg_mr_implicit`]: nothing need be mapped, an
 //!   access where nothing is fails). [`Mr::rereg`] changes a region's PD, rights and memory
 //!   under the same keys.
-//! - **Locking.** With an engine thread, the data path never takes the context's lock:
-//!   posting checks the request against the QP's state and room as of the engine's last
-//!   round and queues it in the QP's own submission queue; polling reads the CQ's own queue,
-//!   which the engine fills after each round. So threads on different QPs and CQs do not
-//!   meet, and spinning pollers never hold up the engine. Registering memory, `modify` and
-//!   reading or writing a region take the context's lock for the length of the call (never
-//!   across a wait). With [`Progress::Caller`] the caller's calls drive the engine, under the
-//!   lock.
+//! - **Locking.** The data path never takes the context's lock: a QP's send and receive
+//!   queues and a CQ's queue are single-producer/single-consumer rings between the object
+//!   and the engine; posting checks a request against the QP's state as published when it
+//!   changed and its room as of the engine's last round, writes it into the ring and rings
+//!   the QP's doorbell; polling reads the CQ's ring. So threads on different QPs and CQs do
+//!   not meet, and spinning pollers never hold up the engine. Progress is one kind of round
+//!   whoever runs it: the background thread, a poll that finds its ring short, a send to an
+//!   idle QP ([`Progress::Caller`]: no thread, only those). Registering memory, `modify`
+//!   and reading or writing a region take the context's lock for the length of the call
+//!   (never across a wait).
 //! - **Neighbours.** Over AF_XDP the peer's MAC comes from the kernel's table, resolved on
 //!   demand when a QP is given a destination or an address handle is created.
 //! - **Errors** are typed ([`Error`]) and each has rdma-core's errno ([`Error::errno`]);
@@ -52,7 +54,8 @@
 //! Not yet: memory windows.
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
-//! `options`, `queues` (what the engine shares with posters and pollers outside the lock),
+//! `options`, `ring` (a lock-free single-producer/single-consumer ring), `queues` (what the
+//! engine shares with posters and pollers outside the lock: the rings, the doorbells),
 //! `async_events` (each context's queue of them),
 //! `iova` (region addresses), `limits` (the device's limits), `neighbour`, `backend`
 //! (choosing one), `cm_routes` (where CM events go), `groups` (multicast attachments and the
@@ -89,6 +92,7 @@ mod options;
 mod path;
 mod qp;
 mod queues;
+mod ring;
 mod shared;
 mod srq;
 pub mod sysfs;

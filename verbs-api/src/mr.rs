@@ -402,9 +402,20 @@ impl Mr {
     /// (`None` over the caller's memory, which the device no longer touches once this
     /// returns).
     pub fn dereg(self) -> Result<Option<Box<[u8]>>, Error> {
-        // Dropping `self` afterwards finds the key gone, which it ignores.
-        let mut core = self.pd.shared.lock()?;
-        Ok(core.endpoint().mrs().dereg_mr(self.key)?)
+        self.try_dereg().map_err(|(_, error)| error)
+    }
+
+    /// [`dereg`](Self::dereg), giving the region back with the error when it fails (as
+    /// `ibv_dereg_mr` leaves a region registered when it fails): it stays registered and
+    /// may be deregistered again.
+    pub fn try_dereg(self) -> Result<Option<Box<[u8]>>, (Mr, Error)> {
+        let deregistered = self
+            .pd
+            .shared
+            .lock()
+            .and_then(|mut core| Ok(core.endpoint().mrs().dereg_mr(self.key)?));
+        // On success, dropping `self` finds the key gone, which it ignores.
+        deregistered.map_err(|error| (self, error))
     }
 }
 

@@ -31,7 +31,9 @@ pub enum Progress {
     /// A background thread that polls for [`OpenOptions::spin`] after its last work, then
     /// sleeps in poll(2) until a frame, a timer or a post.
     Events,
-    /// No thread: posting and polling a CQ drive the engine (one thread per context).
+    /// No thread: a poll that finds its CQ short runs a round, as does a send to a QP with
+    /// nothing outstanding; sends behind others wait for the next poll (or wait for an
+    /// event, or [`Context::progress`](crate::Context::progress)). One thread per context.
     Caller,
 }
 
@@ -107,6 +109,13 @@ pub struct OpenOptions {
     /// The connection manager's timeouts and retries (the kernel's by default; shorter
     /// ones let a test see an unreachable peer quickly).
     pub cm_timing: CmTiming,
+    /// Bind only this receive queue of the interface (AF_XDP only): an engine of its own,
+    /// beside the engines of the other queues, each opened with its own `queue` (one
+    /// device, one engine per queue; their QPs are separate). Frames must arrive where
+    /// their QP's engine is: on veth, the peer receives on the queue we send from, so
+    /// engines on queue k of both ends talk through queue k; on a NIC, steer each flow to
+    /// its queue (`ethtool -N`). `None` (the default): every queue, one engine.
+    pub queue: Option<u32>,
 }
 
 impl Default for OpenOptions {
@@ -120,6 +129,7 @@ impl Default for OpenOptions {
             loss: None,
             async_fd: None,
             cm_timing: CmTiming::default(),
+            queue: None,
         }
     }
 }

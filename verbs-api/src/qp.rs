@@ -1,14 +1,13 @@
 //! Queue pairs (`ibv_qp`): creation, the state machine, and posting.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use roce_transport::qp::{PostError, PostGate, QpCaps, QpInit, QpStats};
+use roce_transport::qp::{QpCaps, QpInit, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
 };
 use roce_transport::wr::{RecvWr, SendWr};
-use roce_transport::Endpoint;
 use roce_wire::Psn;
 
 use crate::cq::{Cq, CqInner};
@@ -16,7 +15,7 @@ use crate::error::{Error, PostFailure};
 use crate::handshake::{ConnectOptions, QpEndpoint};
 use crate::limits;
 use crate::mr::{Pd, PdInner};
-use crate::queues::{Pending, Submission};
+use crate::queues::{qp_queues, Posting, QpQueues, WorkRequest};
 use crate::shared::Shared;
 use crate::srq::{Srq, SrqInner};
 
@@ -68,7 +67,7 @@ impl Pd {
             .map_err(std::io::Error::from)?;
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
         let mut core = shared.lock()?;
-        limits::check_qp_count(core.submissions.len())?;
+        limits::check_qp_count(core.qps.len())?;
         let qpn = match srq {
             Some(srq) => {
                 (core.endpoint()).create_qp_with_srq(init, send_cq.id, recv_cq.id, srq.id())
@@ -76,8 +75,8 @@ impl Pd {
             None => core.endpoint().create_qp(init, send_cq.id, recv_cq.id),
         }?;
         let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
-        let queues = Arc::new(Submission::new(gate));
-        core.submissions.insert(qpn, Arc::clone(&queues));
+        let (queues, slot) = qp_queues(qpn, gate);
+        core.qps.insert(qpn, slot);
         Ok(Qp {
             pd: Arc::clone(&self.inner),
             _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
@@ -102,8 +101,9 @@ pub struct Qp {
     qp_type: QpType,
     /// Our first PSN, chosen at random, as rc_pingpong does.
     first_psn: Psn,
-    /// Where posts wait for the engine thread, so that posting never takes the device lock.
-    queues: Arc<Submission>,
+    /// The rings posts write and the engine drains, so that posting never takes the device
+    /// lock.
+    queues: Arc<QpQueues>,
 }
 
 impl Qp {
@@ -161,10 +161,11 @@ impl Qp {
             self.shared().resolve(av.dgid)?;
         }
         let mut core = self.shared().lock()?;
-        // Work admitted before the change reaches the QP before it.
-        core.submit(Instant::now());
-        let result = core.endpoint().modify_qp(Instant::now(), self.qpn, attr);
-        core.refresh_gates();
+        // Work posted before the change reaches the QP before it.
+        let now = Instant::now();
+        core.hand_over(self.qpn, now);
+        let result = core.endpoint().modify_qp(now, self.qpn, attr);
+        self.queues.publish_state(core.endpoint());
         result?;
         if attr.state == Some(QpState::Reset) {
             for cq in &self._cqs {
@@ -226,78 +227,81 @@ impl Qp {
     }
 
     /// `ibv_post_send` for a list of work requests: posts them in order and stops at the
-    /// first that fails, returning its index with the error (as `bad_wr`). With an engine
-    /// thread, the requests are checked against the QP's state and queue room as of the
-    /// engine's last round, queued for it without the device lock, and the thread is woken;
-    /// a queue the engine has just drained may still look full for that long.
+    /// first that fails, returning its index with the error (as `bad_wr`). Each is checked
+    /// against the QP's state (as published when it last changed) and queue room (as of
+    /// the engine's last round), written into the QP's send ring, and the QP's doorbell
+    /// rung, without the device lock; a queue the engine has just drained, or a state just
+    /// changed by the peer, is looked at again under the lock before a request is refused.
     pub fn post_send(&self, wrs: impl IntoIterator<Item = SendWr>) -> Result<(), PostFailure> {
-        let check = |gate: &PostGate, wr: &SendWr, queued| gate.check_send(wr, queued).map(drop);
-        let direct =
-            |endpoint: &mut Endpoint, now, qpn, wr: SendWr| endpoint.post_send(now, qpn, &wr);
-        self.post(wrs, &self.queues.sends, check, direct, true)
+        self.post(wrs, &self.queues.sends)
     }
 
     /// `ibv_post_recv` for a list of work requests, with the same failure rule.
     pub fn post_recv(&self, wrs: impl IntoIterator<Item = RecvWr>) -> Result<(), PostFailure> {
-        let check = |gate: &PostGate, wr: &RecvWr, queued| gate.check_recv(wr, queued);
-        let direct =
-            |endpoint: &mut Endpoint, now, qpn, wr: RecvWr| endpoint.post_recv(now, qpn, &wr);
-        self.post(wrs, &self.queues.recvs, check, direct, false)
+        self.post(wrs, &self.queues.recvs)
     }
 
-    /// Both queues' posting: straight into the endpoint when the caller drives the engine
-    /// (then, for sends, `transmit` makes them leave at once), else into `queue` after
-    /// `check` against its gate. Stops at the first refusal, as `bad_wr`.
-    fn post<T>(
+    /// Both queues' posting: into the ring after the check, in order, stopping at the first
+    /// refusal (`bad_wr`); then the doorbell, and the caller's share of progress
+    /// ([`Shared::posted`]).
+    fn post<T: WorkRequest>(
         &self,
         wrs: impl IntoIterator<Item = T>,
-        queue: &Mutex<Pending<T>>,
-        check: impl Fn(&PostGate, &T, usize) -> Result<(), PostError>,
-        direct: impl Fn(&mut Endpoint, Instant, u32, T) -> Result<(), PostError>,
-        transmit: bool,
+        queue: &Mutex<Posting<T>>,
     ) -> Result<(), PostFailure> {
+        let send = T::SEND;
         let shared = self.shared();
         let fail = |index, error| PostFailure { index, error };
-        let mut result = Ok(());
-        if shared.caller_drives() {
-            let mut core = shared.lock().map_err(|error| fail(0, error))?;
-            let now = Instant::now();
-            core.submit(now);
-            for (index, wr) in wrs.into_iter().enumerate() {
-                if let Err(error) = direct(core.endpoint(), now, self.qpn, wr) {
-                    result = Err(fail(index, error.into()));
-                    break;
-                }
-            }
-            core.refresh_gates();
-            if transmit {
-                // Whatever was posted leaves now, even behind a failure.
-                shared.kick(&mut core).map_err(|error| fail(0, error))?;
-            }
-            return result;
-        }
         shared.check_running().map_err(|error| fail(0, error))?;
-        {
-            let mut pending = queue.lock().map_err(|_| fail(0, Error::Poisoned))?;
+        let mut result = Ok(());
+        let (any, was_idle) = {
+            let mut posting: MutexGuard<'_, Posting<T>> =
+                queue.lock().map_err(|_| fail(0, Error::Poisoned))?;
+            let was_idle = posting.outstanding(self.queues.retired(send)) == 0;
+            let mut any = false;
             for (index, wr) in wrs.into_iter().enumerate() {
-                let queued = pending.items.len();
-                if let Err(error) = check(&pending.gate, &wr, queued) {
+                let mut checked = posting.check(&self.queues, &wr);
+                if checked.is_err() {
+                    // What was published may be old: look again under the lock first.
+                    self.refresh(shared, &mut any)
+                        .map_err(|error| fail(index, error))?;
+                    checked = posting.check(&self.queues, &wr);
+                }
+                if let Err(error) = checked.and_then(|()| posting.push(wr)) {
                     result = Err(fail(index, error.into()));
                     break;
                 }
-                pending.items.push_back(wr);
+                any = true;
             }
+            (any, was_idle)
+        };
+        if any {
+            // Whatever was posted leaves, even behind a failure.
+            let rang = shared.ring(&self.queues);
+            shared.posted(send, rang, was_idle);
         }
-        // Whatever was admitted leaves now, even behind a failure.
-        shared.hand_over(transmit);
         result
+    }
+
+    /// Brings what the rings' check uses up to date under the device lock: the requests
+    /// already written (`any`, this post's) handed to the endpoint first, then the QP's
+    /// state and how many of its requests it retired.
+    fn refresh(&self, shared: &Shared, any: &mut bool) -> Result<(), Error> {
+        let mut core = shared.lock()?;
+        core.hand_over(self.qpn, Instant::now());
+        core.publish(self.qpn);
+        // Handed over: the next round sends them without a doorbell.
+        if std::mem::take(any) {
+            shared.wake();
+        }
+        Ok(())
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
         if let Ok(mut core) = self.shared().lock() {
-            core.submissions.remove(&self.qpn);
+            core.qps.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
             // The MACs of groups that went with it leave the interface's filter.
             let core = &mut *core;

@@ -3,8 +3,9 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::Engine;
@@ -19,6 +20,7 @@ use crate::core::Core;
 use crate::device::Device;
 use crate::error::Error;
 use crate::limits;
+use crate::queues::{Doorbells, QpQueues};
 
 /// State shared by a context and every object made from it.
 pub(crate) struct Shared {
@@ -31,9 +33,8 @@ pub(crate) struct Shared {
     /// Set while the background thread runs; otherwise callers drive the engine.
     thread_running: AtomicBool,
     stop: AtomicBool,
-    /// Counts the posts (and other work) handed to the engine without its lock; the engine
-    /// hands queued work over only when it moved.
-    posted: AtomicU64,
+    /// The QPs whose rings have new requests for the engine.
+    pub(crate) doorbells: Doorbells,
     /// Set while the background thread sleeps (or is about to): only then does a post
     /// write `wake`.
     sleeping: AtomicBool,
@@ -64,7 +65,7 @@ impl Shared {
             kind,
             thread_running: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            posted: AtomicU64::new(0),
+            doorbells: Doorbells::default(),
             sleeping: AtomicBool::new(false),
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             failure: Mutex::new(None),
@@ -117,6 +118,7 @@ impl Shared {
     /// Asks the background thread to stop, waking it.
     pub(crate) fn request_stop(&self) {
         self.stop.store(true, Ordering::Release);
+        self.doorbells.bump();
         self.wake_thread();
     }
 
@@ -124,7 +126,8 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
 
-    /// After a post: make the new work leave now.
+    /// After a change under the lock (a CM step, `modify`): make what it queued leave now,
+    /// by a round here when the caller drives, else by the engine thread.
     pub(crate) fn kick(&self, core: &mut Core) -> Result<(), Error> {
         if self.caller_drives() {
             self.drive(core)
@@ -134,18 +137,33 @@ impl Shared {
         }
     }
 
-    /// [`Core::drive`], recording a failure for every later call.
+    /// One round of the engine ([`Core::round`]), recording a failure for every later
+    /// call.
     pub(crate) fn drive(&self, core: &mut Core) -> Result<(), Error> {
-        core.drive(self.posted())
-            .map(drop)
+        self.round(core).map(drop)
+    }
+
+    /// [`drive`](Self::drive), saying whether the round moved work.
+    pub(crate) fn round(&self, core: &mut Core) -> Result<bool, Error> {
+        core.round(&self.doorbells)
             .map_err(|error| self.fail(error))
     }
 
-    /// How many times work was handed over without the lock ([`wake`](Self::wake)).
-    pub(crate) fn posted(&self) -> u64 {
-        // SeqCst, against `sleep_unless_posted`'s store of `sleeping`: either the thread
-        // sees the new count, or the poster sees it sleeping.
-        self.posted.load(Ordering::SeqCst)
+    /// How a caller-driven wait passes its time: a round, then, if it moved nothing, a
+    /// sleep in the backend until a frame may be waiting, the engine's next timer or
+    /// `slice`, then another round.
+    pub(crate) fn drive_waiting(&self, core: &mut Core, slice: Duration) -> Result<(), Error> {
+        if self.round(core)? {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let until = core
+            .engine
+            .poll_timeout()
+            .map(|at| at.saturating_duration_since(now));
+        let wait = until.map_or(slice, |until| until.min(slice));
+        core.engine.backend().wait(Some(wait))?;
+        self.drive(core)
     }
 
     /// Records `error` as what stopped the engine (the first one stays) and returns it.
@@ -158,39 +176,57 @@ impl Shared {
         Error::EngineFailed(why)
     }
 
-    /// After work was admitted without the lock: make the engine thread take it, waking it
-    /// if it sleeps (a spinning or busy thread sees the count move).
+    /// After work was done for the engine under its lock (a change to finish): make the
+    /// engine thread look again, waking it if it sleeps (a spinning or busy thread sees
+    /// the count move).
     pub(crate) fn wake(&self) {
-        self.posted.fetch_add(1, Ordering::SeqCst);
+        self.doorbells.bump();
+        self.wake_if_sleeping();
+    }
+
+    fn wake_if_sleeping(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
             self.wake_thread();
         }
     }
 
-    /// After a post was queued without the lock. A send leaves now: sent from this thread
-    /// when the engine is free (waking the engine thread costs more than the round: on
-    /// two cores it preempts a program), else handed to the thread that holds it. A
-    /// receive only needs to be in the endpoint before its SEND arrives, and that frame
-    /// makes the engine hand it over first: counted, no wake-up (`docs/performance.md`).
-    pub(crate) fn hand_over(&self, send: bool) {
+    /// After a post wrote `queues`' rings (`rang`: and rang its doorbell). The caller's
+    /// progress is a round, the same one the engine thread runs:
+    ///
+    /// - a send to a QP that had none outstanding (a request, a ping, a reply: latency)
+    ///   leaves now, sent by a round from this thread when the engine is free (waking the
+    ///   engine thread costs more than the round: on two cores it preempts a program);
+    /// - a send behind others (a program posting faster than rounds go) waits for the next
+    ///   round: the poll that comes for their completions, or the engine thread's, woken if
+    ///   it sleeps; so a burst of posts is sent by a few rounds, not a round per post;
+    /// - a receive only has to be in the endpoint before its SEND arrives, and that frame
+    ///   makes the round that takes it answer the doorbells first: nothing more.
+    pub(crate) fn posted(&self, send: bool, rang: bool, was_idle: bool) {
         if !send {
-            self.posted.fetch_add(1, Ordering::SeqCst);
             return;
         }
-        if let Some(mut core) = self.try_lock() {
-            self.posted.fetch_add(1, Ordering::SeqCst);
-            // A failure is recorded for every later call; this post was admitted.
-            let _ = self.drive(&mut core);
-            return;
+        if was_idle {
+            if let Some(mut core) = self.try_lock() {
+                // A failure is recorded for every later call; this post was taken.
+                let _ = self.drive(&mut core);
+                return;
+            }
         }
-        self.wake();
+        if rang {
+            self.wake_if_sleeping();
+        }
     }
 
-    /// Runs `sleep` unless work was posted since the count `seen` (what the engine's last
-    /// round handed over); a post that comes during `sleep` writes the wake-up fd.
+    /// Rings `queues`' doorbell; whether this rang it.
+    pub(crate) fn ring(&self, queues: &QpQueues) -> bool {
+        self.doorbells.ring(queues)
+    }
+
+    /// Runs `sleep` unless something rang since the count `seen` (what the engine's last
+    /// round answered); a doorbell rung during `sleep` writes the wake-up fd.
     pub(crate) fn sleep_unless_posted(&self, seen: u64, sleep: impl FnOnce()) {
         self.sleeping.store(true, Ordering::SeqCst);
-        if self.posted() == seen {
+        if self.doorbells.count() == seen {
             sleep();
         }
         self.sleeping.store(false, Ordering::Release);

@@ -37,9 +37,7 @@ pub(crate) fn next_event<T>(
             // Nobody else moves the engine: sleep in the backend, a slice at a time.
             let slice = left.map_or(CALLER_WAIT_SLICE, |left| left.min(CALLER_WAIT_SLICE));
             let mut core = shared.lock()?;
-            let waited = core.engine.run_once(slice);
-            shared.drive(&mut core)?;
-            waited?;
+            shared.drive_waiting(&mut core, slice)?;
         } else {
             // In slices, so a failed engine or a dropped context is noticed.
             let slice = left.map_or(THREAD_WAIT_SLICE, |left| left.min(THREAD_WAIT_SLICE));

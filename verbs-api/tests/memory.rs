@@ -1141,3 +1141,113 @@ fn a_channel_a_cq_reports_to_is_busy_until_the_cq_is_gone() {
     cq.destroy().unwrap();
     channel.destroy().expect("no CQ reports to it any more");
 }
+
+/// A backend that counts the engine's turns (each ends with one `submit`).
+struct CountingTurns<B> {
+    inner: B,
+    turns: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<B: roce_provider::backend::Backend> roce_provider::backend::Backend for CountingTurns<B> {
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> std::io::Result<usize> {
+        self.inner.receive(budget, handler)
+    }
+    fn transmit(
+        &mut self,
+        len: usize,
+        flow: u16,
+        fill: roce_provider::backend::Fill<'_>,
+    ) -> std::io::Result<()> {
+        self.inner.transmit(len, flow, fill)
+    }
+    fn submit(&mut self) -> std::io::Result<()> {
+        self.turns.fetch_add(1, Ordering::Relaxed);
+        self.inner.submit()
+    }
+    fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.inner.wait(timeout)
+    }
+}
+
+/// A program that posts faster than rounds go (one request per post, as perftest does)
+/// does not drive a round per post: the first post to an idle QP sends at once, the rest
+/// wait in the ring for the round its poll runs, which sends them all.
+#[test]
+fn a_burst_of_posts_is_sent_by_a_round_not_a_round_per_post() {
+    let (wire_a, wire_b) = memory_pair();
+    let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let open =
+        |backend: Box<dyn roce_provider::backend::Backend>, (mac, ip), (peer_mac, peer_ip)| {
+            let addressing = Addressing {
+                mac,
+                ip,
+                neighbours: HashMap::from([(peer_ip, peer_mac)]),
+            };
+            let options = OpenOptions {
+                backend: BackendChoice::Custom(backend, addressing),
+                progress: Progress::Caller,
+                ..OpenOptions::default()
+            };
+            Context::open(&device("mem", mac, ip), options).expect("open")
+        };
+    let counted = CountingTurns {
+        inner: wire_a,
+        turns: Arc::clone(&turns),
+    };
+    let ctx_a = open(Box::new(counted), (MAC_A, IP_A), (MAC_B, IP_B));
+    let ctx_b = open(Box::new(wire_b), (MAC_B, IP_B), (MAC_A, IP_A));
+    let (pd_a, pd_b) = (ctx_a.alloc_pd().unwrap(), ctx_b.alloc_pd().unwrap());
+    let (cq_a, cq_b) = (
+        ctx_a.create_cq(256, None).unwrap(),
+        ctx_b.create_cq(256, None).unwrap(),
+    );
+    let attr = |cq| QpInitAttr {
+        caps: QpCaps {
+            max_send_wr: 128,
+            ..QpCaps::default()
+        },
+        ..init(QpType::Rc, cq)
+    };
+    let (qp_a, qp_b) = (
+        pd_a.create_qp(&attr(&cq_a)).unwrap(),
+        pd_b.create_qp(&attr(&cq_b)).unwrap(),
+    );
+    qp_a.connect(&qp_b.endpoint(1).unwrap(), &fast()).unwrap();
+    qp_b.connect(&qp_a.endpoint(1).unwrap(), &fast()).unwrap();
+    let target = pd_b.reg_mr(64, AccessFlags::all()).unwrap();
+    let src = pd_a.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let b_side = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || drive_until(&cq_b, &stop).len())
+    };
+    let write = |n| {
+        let op = SendOp::RdmaWrite {
+            remote_addr: target.addr(),
+            rkey: target.rkey(),
+        };
+        signaled(n, op, src.sge(0, 64))
+    };
+    let before = turns.load(Ordering::Relaxed);
+    qp_a.post_send([write(0)]).unwrap();
+    let after_first = turns.load(Ordering::Relaxed);
+    assert_eq!(
+        after_first - before,
+        1,
+        "the first, to an idle QP, leaves at once"
+    );
+    for n in 1..100 {
+        qp_a.post_send([write(n)]).unwrap();
+    }
+    assert_eq!(
+        turns.load(Ordering::Relaxed),
+        after_first,
+        "no round per post behind others"
+    );
+    let done = cq_a.wait_for(100, STALL).unwrap();
+    assert!(done.iter().all(|wc| wc.status == WcStatus::Success));
+    let ids: Vec<u64> = done.iter().map(|wc| wc.wr_id).collect();
+    assert_eq!(ids, (0..100).collect::<Vec<_>>());
+    stop.store(true, Ordering::Release);
+    assert_eq!(b_side.join().unwrap(), 0, "B saw no completions of its own");
+}

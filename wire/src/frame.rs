@@ -479,7 +479,12 @@ impl<'a> FrameRepr<'a> {
 
     /// Bytes [`emit`](Self::emit) writes: the frame without Ethernet padding.
     pub fn buffer_len(&self) -> usize {
-        self.ip_offset() + self.ip_len()
+        self.buffer_len_with(self.payload.len())
+    }
+
+    /// Bytes [`emit_with`](Self::emit_with) writes for a payload of `payload_len` bytes.
+    pub fn buffer_len_with(&self, payload_len: usize) -> usize {
+        self.ip_offset() + self.ip_len(payload_len)
     }
 
     fn ip_offset(&self) -> usize {
@@ -491,30 +496,47 @@ impl<'a> FrameRepr<'a> {
             }
     }
 
-    fn udp_len(&self) -> usize {
+    fn udp_len(&self, payload_len: usize) -> usize {
         UDP_HEADER_LEN
             + bth::HEADER_LEN
             + ExtRepr::buffer_len(self.bth.opcode)
-            + self.payload.len()
+            + payload_len
             + usize::from(self.bth.pad_count)
             + ICRC_LEN
     }
 
-    fn ip_len(&self) -> usize {
-        self.ip.header_len() + self.udp_len()
+    fn ip_len(&self, payload_len: usize) -> usize {
+        self.ip.header_len() + self.udp_len(payload_len)
     }
 
     /// Writes the whole frame, deriving lengths, the IPv4 checksum and the ICRC. Fails when
     /// `buffer` is too short or the fields are inconsistent (headers that do not match the
     /// opcode, a payload on an opcode without one, a value too wide for its field).
     pub fn emit(&self, buffer: &mut [u8]) -> crate::Result<usize> {
+        self.emit_with(self.payload.len(), buffer, |out| {
+            out.copy_from_slice(self.payload);
+            true
+        })
+    }
+
+    /// [`emit`](Self::emit) with a payload of `payload_len` bytes (`self.payload` is not
+    /// used) that `write_payload` writes in place, between the headers and the pad, before
+    /// the ICRC is computed over it: a sender copies the bytes straight from where they lie
+    /// into the frame. Fails as `emit` does, or when `write_payload` returns `false`.
+    pub fn emit_with(
+        &self,
+        payload_len: usize,
+        buffer: &mut [u8],
+        write_payload: impl FnOnce(&mut [u8]) -> bool,
+    ) -> crate::Result<usize> {
         let info = self.bth.opcode.info();
-        let len = self.buffer_len();
-        let has_payload = !self.payload.is_empty() || self.bth.pad_count != 0;
+        let len = self.buffer_len_with(payload_len);
+        let has_payload = payload_len != 0 || self.bth.pad_count != 0;
+        let udp_len = self.udp_len(payload_len);
         // The IPv4 total length, or the IPv6 payload length, must fit its 16-bit field.
         let length_field = match self.ip {
-            IpRepr::V4(_) => self.ip_len(),
-            IpRepr::V6(_) => self.udp_len(),
+            IpRepr::V4(_) => self.ip_len(payload_len),
+            IpRepr::V6(_) => udp_len,
         };
         if buffer.len() < len
             || self.bth.pad_count > 3
@@ -525,11 +547,11 @@ impl<'a> FrameRepr<'a> {
         }
         let buffer = &mut buffer[..len];
         let ip = self.emit_ethernet(buffer)?;
-        let udp = ip + self.ip.emit(self.udp_len(), &mut buffer[ip..])?;
+        let udp = ip + self.ip.emit(udp_len, &mut buffer[ip..])?;
         let udp_header = UdpHeader {
             source_port: self.udp_src_port,
             destination_port: ROCEV2_UDP_PORT,
-            length: self.udp_len() as u16,
+            length: udp_len as u16,
             checksum: 0,
         };
         buffer[udp..udp + UDP_HEADER_LEN].copy_from_slice(&udp_header.to_bytes());
@@ -538,8 +560,10 @@ impl<'a> FrameRepr<'a> {
             .emit(&mut bth::Packet::new_unchecked(&mut buffer[bth..]));
         let ext = bth + bth::HEADER_LEN;
         let payload = ext + self.ext.emit(self.bth.opcode, &mut buffer[ext..])?;
-        let pad = payload + self.payload.len();
-        buffer[payload..pad].copy_from_slice(self.payload);
+        let pad = payload + payload_len;
+        if !write_payload(&mut buffer[payload..pad]) {
+            return Err(Error);
+        }
         let icrc = len - ICRC_LEN;
         buffer[pad..icrc].fill(0);
         let value = icrc::compute(&buffer[ip..icrc])?;
@@ -755,6 +779,40 @@ mod tests {
         let mut bytes = [0u8; 62];
         assert_eq!(ack_repr().emit(&mut bytes), Ok(62));
         assert_eq!(bytes, ACK_FRAME);
+    }
+
+    /// A payload written in place by the sender gives the frame `emit` gives: same bytes,
+    /// same ICRC; a writer that fails fails the emit.
+    #[test]
+    fn a_payload_written_in_place_makes_the_same_frame() {
+        let payload = [0x5A; 13];
+        let mut repr = ack_repr();
+        repr.bth.opcode = Opcode::RcRdmaWriteOnly;
+        repr.bth.pad_count = 3;
+        repr.ext = ExtRepr {
+            reth: Some(reth::Repr {
+                virtual_address: 0x1000,
+                rkey: 0x42,
+                dma_length: 13,
+            }),
+            ..ExtRepr::default()
+        };
+        repr.payload = &payload;
+        let mut copied = [0u8; 200];
+        let len = repr.emit(&mut copied).unwrap();
+        let lent = FrameRepr {
+            payload: &[],
+            ..repr
+        };
+        assert_eq!(lent.buffer_len_with(payload.len()), len);
+        let mut written = [0xFFu8; 200];
+        let written_len = lent.emit_with(payload.len(), &mut written, |out| {
+            out.copy_from_slice(&payload);
+            true
+        });
+        assert_eq!(written_len, Ok(len));
+        assert_eq!(written[..len], copied[..len]);
+        assert_eq!(lent.emit_with(13, &mut written, |_| false), Err(Error));
     }
 
     /// Round trip through every layer variant the captures lack: 802.1Q and IPv6, with pad.

@@ -76,7 +76,7 @@ fn soname_dir(built: &Path) -> Result<PathBuf, String> {
         let target = built.join(file);
         if !target.exists() {
             return Err(format!(
-                "{} not found; build the libraries first: cargo build --release -p roce-ibverbs -p roce-rdmacm -p roce-mlx5 -p roce-efa",
+                "{} not found; build the libraries first: cargo build --release -p roce-ibverbs -p roce-rdmacm-shim -p roce-mlx5 -p roce-efa",
                 target.display()
             ));
         }

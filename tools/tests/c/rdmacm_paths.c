@@ -111,6 +111,38 @@ static void destroy_while_waited_on(void)
 	CHECK(!waiter_returned);
 }
 
+static volatile int id_destroyed;
+
+static void *destroy(void *id)
+{
+	CHECK(rdma_destroy_id(id) == 0);
+	id_destroyed = 1;
+	return NULL;
+}
+
+/* rdma_destroy_id waits until every event of the id that the program took is acked, as
+ * rdma-core's does: an event (and a conversion under way in another thread) points into
+ * the id. */
+static void destroy_waits_for_acks(struct rdma_event_channel *channel, struct sockaddr *peer)
+{
+	struct rdma_cm_id *id;
+	struct rdma_cm_event *event;
+	pthread_t destroyer;
+
+	CHECK(rdma_create_id(channel, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, peer, 2000) == 0);
+	event = next_event(channel);
+	CHECK(event && event->id == id && event->event == ADDR_RESOLVED);
+	if (!event || pthread_create(&destroyer, NULL, destroy, id))
+		return;
+	usleep(300000);
+	CHECK(!id_destroyed);
+	CHECK(event->id == id);
+	CHECK(rdma_ack_cm_event(event) == 0);
+	pthread_join(destroyer, NULL);
+	CHECK(id_destroyed);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_event_channel *channel;
@@ -181,6 +213,7 @@ int main(int argc, char **argv)
 		rdma_free_devices(devices);
 
 	CHECK(rdma_destroy_id(id) == 0);
+	destroy_waits_for_acks(channel, (struct sockaddr *)&peer);
 	rdma_destroy_event_channel(channel);
 	destroy_while_waited_on();
 	if (failures)

@@ -75,7 +75,7 @@ pub fn build_libraries() {
             "-p",
             "roce-ibverbs",
             "-p",
-            "roce-rdmacm",
+            "roce-rdmacm-shim",
             "-p",
             "roce-mlx5",
             "-p",

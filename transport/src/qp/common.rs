@@ -10,7 +10,7 @@ use roce_wire::{bth, ExtRepr, Opcode, Psn};
 use crate::counters::Counters;
 use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
-use crate::mr::{MrTable, PdId};
+use crate::mr::{Location, MrTable, PdId};
 use crate::qp_state::{AddressVector, PathMtu, QpState, QpType};
 use crate::srq::{SrqId, SrqTable};
 use crate::wr::UdDest;
@@ -115,10 +115,31 @@ pub struct OutPacket {
     pub bth: bth::Repr,
     /// Extension headers.
     pub ext: ExtRepr,
-    /// Payload (without pad).
+    /// Payload (without pad), when the packet holds its bytes: always from
+    /// [`Endpoint::poll_transmit_into`](crate::Endpoint::poll_transmit_into); from
+    /// [`Endpoint::poll_transmit_lent`](crate::Endpoint::poll_transmit_lent) only for
+    /// what is not in registered memory (CM MADs, and a UC or UD message's last packet).
     pub payload: Vec<u8>,
     /// Where it goes.
     pub av: AddressVector,
+    /// Where the payload lies when the packet does not hold it (checked, not copied).
+    pub(crate) lent: Option<Lent>,
+}
+
+/// Where the payload of a packet lies, for the provider to copy it once, straight into the
+/// frame ([`Endpoint::write_payload`](crate::Endpoint::write_payload)). Valid until the
+/// endpoint is next changed: the provider writes the packet before anything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lent {
+    /// Bytes `offset..offset + len` of the message of the sending QP's send WQE at `index`
+    /// (its inline data, or its gather list, checked).
+    Wqe {
+        index: usize,
+        offset: usize,
+        len: usize,
+    },
+    /// `len` bytes at a checked location (a READ response).
+    Region { location: Location, len: usize },
 }
 
 impl Default for OutPacket {
@@ -129,6 +150,7 @@ impl Default for OutPacket {
             ext: ExtRepr::default(),
             payload: Vec::new(),
             av: NO_ADDRESS,
+            lent: None,
         }
     }
 }
@@ -146,6 +168,14 @@ impl OutPacket {
             };
         } else {
             *self = packet;
+        }
+    }
+
+    /// The payload's length (without pad), whether the packet holds it or it is lent.
+    pub fn payload_len(&self) -> usize {
+        match self.lent {
+            None => self.payload.len(),
+            Some(Lent::Wqe { len, .. } | Lent::Region { len, .. }) => len,
         }
     }
 }
@@ -245,6 +275,7 @@ impl Common {
             ext,
             payload,
             av: self.connected_av(),
+            lent: None,
         }
     }
 

@@ -18,14 +18,14 @@ use roce_wire::{FrameRepr, Opcode};
 
 use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
-use crate::mr::PdId;
+use crate::mr::{MrTable, PdId};
 use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
-pub(crate) use common::{Ctx, Failure};
+pub(crate) use common::{Ctx, Failure, Lent};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
@@ -401,6 +401,9 @@ impl Qp {
             Next::Nothing => false,
             Next::Sent { completes_front } => {
                 if completes_front {
+                    // The WQE is retired as its last packet leaves: the packet takes its
+                    // own copy of the payload first.
+                    self.materialize(ctx.mrs, out);
                     self.complete_sent_front(ctx);
                 }
                 true
@@ -410,6 +413,41 @@ impl Qp {
                 false
             }
         }
+    }
+
+    /// Copies the lent payload of the packet this QP gave last into `out` (as long as its
+    /// [`Lent::len`](OutPacket::payload_len)): from the WQE's inline data or gather list, or
+    /// from the region a READ response reads.
+    pub fn write_payload(&self, mrs: &MrTable, lent: Lent, out: &mut [u8]) -> Result<(), WcStatus> {
+        match lent {
+            Lent::Wqe { index, offset, .. } => {
+                let wqe = self.sq.get(index).ok_or(WcStatus::LocalQpOperation)?;
+                requester::write_payload(&self.common, mrs, wqe, offset, out)
+            }
+            Lent::Region { location, .. } => mrs
+                .read(location, out)
+                .map_err(|_| WcStatus::LocalProtection),
+        }
+    }
+
+    /// Makes `out` hold its payload's bytes rather than lend them.
+    pub fn materialize(&self, mrs: &MrTable, out: &mut OutPacket) {
+        let Some(lent) = out.lent else {
+            return;
+        };
+        let mut bytes = std::mem::take(&mut out.payload);
+        bytes.clear();
+        bytes.resize(out.payload_len(), 0);
+        if let Err(status) = self.write_payload(mrs, lent, &mut bytes) {
+            // Checked when the packet was made, and nothing changed since.
+            tracing::warn!(
+                qpn = self.common.qpn,
+                ?status,
+                "a lent payload could not be read"
+            );
+        }
+        out.payload = bytes;
+        out.lent = None;
     }
 
     /// What the responder has queued to send.

@@ -4,9 +4,10 @@
 use roce_wire::opcode::Position;
 use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr};
 
-use super::common::{Common, Ctx, OutPacket, QpConfig};
+use super::common::{Common, Ctx, Lent, OutPacket, QpConfig};
 use super::send_queue::{self, SendQueue, SendWqe};
 use crate::cq::WcStatus;
+use crate::mr::MrTable;
 use crate::qp_state::{QpState, QpType};
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{SendFlags, SendOp, SendWr};
@@ -173,12 +174,12 @@ pub(crate) fn next_packet(
         let status = WcStatus::LocalQpOperation;
         return Next::Fail { index, status };
     };
-    if let Err(status) = payload(qp, ctx, wqe, k, &mut out.payload) {
+    if let Err(status) = payload(qp, ctx, index, wqe, k, out) {
         return Next::Fail { index, status };
     }
     out.ext = ext_headers(qp, wqe, k, position);
     let mut bth = qp.bth(opcode, psn, wqe.wr.ud.as_ref());
-    bth.pad_count = ((4 - out.payload.len() % 4) % 4) as u8;
+    bth.pad_count = ((4 - out.payload_len() % 4) % 4) as u8;
     // Only what consumes a receive at the responder may ask it to raise an event.
     let consumes_receive = matches!(
         wqe.wr.op,
@@ -233,30 +234,54 @@ fn sendable(sq: &SendQueue, timers: &TimerTable, qp: &Common) -> Option<(usize, 
     Some((index, k))
 }
 
-/// Fills `payload` with the data of packet `k` of `wqe` (none for a READ request or an
-/// atomic; an ATOMIC WRITE's own 8 bytes).
+/// Says where the data of packet `k` of `wqe` (at `index` of the queue) lies, having
+/// checked that it may be read (none for a READ request or an atomic): the provider copies
+/// it from there into the frame. An ATOMIC WRITE's own 8 bytes the packet holds.
 fn payload(
     qp: &Common,
     ctx: &mut Ctx,
+    index: usize,
     wqe: &SendWqe,
     k: u32,
-    payload: &mut Vec<u8>,
+    out: &mut OutPacket,
 ) -> Result<(), WcStatus> {
-    payload.clear();
+    out.payload.clear();
+    out.lent = None;
     if let SendOp::AtomicWrite { data, .. } = wqe.wr.op {
-        payload.extend_from_slice(&data);
+        out.payload.extend_from_slice(&data);
         return Ok(());
     }
     if wqe.wr.op.is_read_or_atomic() {
         return Ok(());
     }
     let offset = k as usize * qp.config.mtu;
-    let chunk = (wqe.len as usize - offset).min(qp.config.mtu);
-    if wqe.wr.flags.contains(SendFlags::INLINE) {
-        payload.extend_from_slice(&wqe.wr.inline_data[offset..offset + chunk]);
+    let len = (wqe.len as usize - offset).min(qp.config.mtu);
+    if len == 0 {
         return Ok(());
     }
-    ctx.mrs
-        .gather(qp.pd, &wqe.wr.sg_list, offset as u64, chunk, payload)
+    if !wqe.wr.flags.contains(SendFlags::INLINE) {
+        (ctx.mrs)
+            .check_gather(qp.pd, &wqe.wr.sg_list, offset as u64, len)
+            .map_err(|_| WcStatus::LocalProtection)?;
+    }
+    out.lent = Some(Lent::Wqe { index, offset, len });
+    Ok(())
+}
+
+/// Copies a lent payload of `wqe` (bytes `offset..offset + out.len()` of its message) into
+/// `out`.
+pub(crate) fn write_payload(
+    qp: &Common,
+    mrs: &MrTable,
+    wqe: &SendWqe,
+    offset: usize,
+    out: &mut [u8],
+) -> Result<(), WcStatus> {
+    if wqe.wr.flags.contains(SendFlags::INLINE) {
+        let bytes = wqe.wr.inline_data.get(offset..offset + out.len());
+        out.copy_from_slice(bytes.ok_or(WcStatus::LocalLength)?);
+        return Ok(());
+    }
+    mrs.gather_into(qp.pd, &wqe.wr.sg_list, offset as u64, out)
         .map_err(|_| WcStatus::LocalProtection)
 }

@@ -6,7 +6,7 @@ use roce_wire::frame::IpRepr;
 use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
 
-use super::common::{Common, Ctx, Failure, OutPacket};
+use super::common::{Common, Ctx, Failure, Lent, OutPacket};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
 use crate::cq::{NetworkHeader, WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError};
@@ -225,14 +225,17 @@ fn next_response(
             let position = Position::of(k - owed.start, resource.npsn - owed.start);
             let psn = first_psn + k;
             let read = AccessFlags::REMOTE_READ;
-            // The region may have gone since the request was accepted.
+            // The region may have gone since the request was accepted. The bytes are lent:
+            // the provider copies them from the region into the frame.
             out.payload.clear();
-            let copied =
-                remote_access(qp, ctx, rkey, address + offset, chunk, read).and_then(|location| {
-                    (ctx.mrs.append(location, chunk as usize, &mut out.payload))
-                        .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
+            out.lent = None;
+            let located = remote_access(qp, ctx, rkey, address + offset, chunk, read);
+            if let Ok(location) = located {
+                out.lent = (chunk > 0).then_some(Lent::Region {
+                    location,
+                    len: chunk as usize,
                 });
-            if copied.is_err() {
+            } else {
                 tracing::debug!(qpn = qp.qpn, %psn, "NAK sent: READ of memory gone");
                 qp.stats.naks_sent += 1;
                 let nak = Syndrome::Nak(NakCode::RemoteAccessError);

@@ -13,10 +13,17 @@ pub mod probe;
 pub mod unsupported;
 
 /// Exports `$name` with default version `$version`, as a jump to the `extern "C"` function
-/// `$f` (which must have the C signature callers expect of `$name`).
+/// `$f` (which must have the C signature callers expect of `$name`). `"prefix" + name`
+/// exports `prefixname` (for names made from another list's).
 #[macro_export]
 macro_rules! export {
     ($name:literal @ $version:literal => $f:path) => {
+        $crate::export!(@emit $name, $version, $f);
+    };
+    ($prefix:literal + $name:ident @ $version:literal => $f:path) => {
+        $crate::export!(@emit concat!($prefix, stringify!($name)), $version, $f);
+    };
+    (@emit $name:expr, $version:expr, $f:path) => {
         ::core::arch::global_asm!(
             ".pushsection .text",
             concat!(".globl ", $name),

@@ -95,8 +95,6 @@ pub(crate) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_chan
 pub(crate) struct Cq {
     pub(crate) raw: ibv_cq_ex,
     pub(crate) cq: roce_verbs::Cq,
-    /// Where `poll_cq` takes completions before converting them (kept, not reallocated).
-    polled: Mutex<Vec<WorkCompletion>>,
     /// QPs that complete into it: while any is left, it cannot go.
     pub(crate) users: AtomicUsize,
     /// The completion `start_poll`/`next_poll` took last, which the `read_*` report.
@@ -284,7 +282,6 @@ unsafe fn create(
     let ours_cq = Cq {
         raw: raw_cq_ex(context, channel, attr, cqe),
         cq,
-        polled: Mutex::new(Vec::with_capacity(depth.min(1024))),
         users: AtomicUsize::new(0),
         current: Mutex::new(Current {
             wc: ibv_wc::default(),
@@ -483,39 +480,41 @@ pub(crate) unsafe extern "C" fn poll_cq(
     if wc.is_null() {
         return -1;
     }
-    let Ok(mut polled) = ours.polled.lock() else {
-        return -1;
-    };
-    polled.clear();
-    if let Err(error) = ours.cq.poll_into(max, &mut polled) {
-        crate::log_failure("ibv_poll_cq", &error);
-        return -1;
-    }
-    for (index, completion) in polled.iter().enumerate() {
-        // SAFETY: the caller passes room for `num_entries` completions; we took at most
-        // that many.
+    // Each completion goes from the CQ's ring straight into the caller's array.
+    let mut index = 0;
+    let polled = ours.cq.poll_with(max, |completion| {
+        // SAFETY: the caller passes room for `num_entries` completions; we are handed at
+        // most that many.
         unsafe { wc.add(index).write(to_wc(completion)) };
+        index += 1;
+    });
+    match polled {
+        Ok(count) => count as c_int,
+        Err(error) => {
+            crate::log_failure("ibv_poll_cq", &error);
+            -1
+        }
     }
-    polled.len() as c_int
 }
 
 impl Cq {
     /// Takes the next completion into `current` and the `status`/`wr_id` the caller reads:
     /// 0, `ENOENT` when none waits, or the errno of a CQ that can no longer be polled.
     fn take_next(&self, raw: *mut ibv_cq_ex) -> c_int {
-        let Ok(mut polled) = self.polled.lock() else {
-            return EINVAL;
-        };
-        polled.clear();
-        match self.cq.poll_into(1, &mut polled) {
-            Ok(0) => return ENOENT,
+        let mut taken = None;
+        match self
+            .cq
+            .poll_with(1, |completion| taken = Some(to_wc(completion)))
+        {
             Ok(_) => {}
             Err(error) => {
                 crate::log_failure("ibv_start_poll", &error);
                 return crate::errno_of(&error);
             }
         }
-        let wc = to_wc(&polled[0]);
+        let Some(wc) = taken else {
+            return ENOENT;
+        };
         let ts = if self.stamps & wc_ex::COMPLETION_TIMESTAMP != 0 {
             hca_clock_ns()
         } else {

@@ -122,7 +122,16 @@ export!("ibv_query_qp_data_in_order" @ "IBVERBS_1.14" => data_in_order_unknown);
 export!("ibv_copy_ah_attr_from_kern" @ "IBVERBS_1.1" => unsupported::nothing);
 export!("ibv_copy_qp_attr_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
 export!("ibv_copy_path_rec_from_kern" @ "IBVERBS_1.0" => unsupported::nothing);
-// For our librdmacm.so.1 only.
+// rdma_cm (roce-rdmacm, linked here): each call under a private name, which our
+// librdmacm.so.1 (verbs-api/rdmacm/shim) forwards its symbol to, so that one library owns
+// the process's roce-verbs state.
+macro_rules! export_rdmacm {
+    ($name:ident @ $version:literal => $entry:path, $returns:ident) => {
+        export!("roce_" + $name @ "ROCE_RDMACM_PRIVATE" => $entry);
+    };
+}
+roce_rdmacm::for_each_symbol!(export_rdmacm);
+// What roce-rdmacm asks of this library's verbs objects.
 export!("roce_rdmacm_verbs_context" @ "ROCE_RDMACM_PRIVATE" => rdmacm_hook::verbs_context);
 
 /// `ibv_query_qp_data_in_order`: 0 promises nothing about placement order.

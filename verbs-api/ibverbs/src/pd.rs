@@ -525,7 +525,9 @@ pub(crate) unsafe extern "C" fn rereg_mr(
     0
 }
 
-/// `ibv_dereg_mr`: from now on its keys are unknown to every peer and work request.
+/// `ibv_dereg_mr`: from now on its keys are unknown to every peer and work request. When
+/// it fails, the region stays registered and the program's `ibv_mr` valid, as rdma-core
+/// frees nothing before the kernel has deregistered it.
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     if mr.is_null() {
         return EINVAL;
@@ -535,17 +537,28 @@ pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     if unsafe { handles::free_imported_mr(mr) } {
         return 0;
     }
-    // SAFETY: the caller passes a region of ours and gives it up.
-    let ours = unsafe { Box::from_raw(mr.cast::<Mr>()) };
-    handles::forget(ours.raw.handle, mr as usize);
-    // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
-    if let Some(pd) = unsafe { Pd::from_raw(ours.raw.pd) } {
-        pd.users.fetch_sub(1, Ordering::AcqRel);
-    }
-    match ours.mr.dereg() {
-        Ok(_) => 0,
-        Err(error) => {
+    let ours = mr.cast::<Mr>();
+    // SAFETY: the caller passes a region of ours (`raw` is our Mr's first field); its
+    // region is moved out, and back in below unless the allocation is freed without it.
+    let region = unsafe { core::ptr::addr_of_mut!((*ours).mr).read() };
+    match region.try_dereg() {
+        Ok(_) => {
+            // SAFETY: as above; the program gives the region up now that it is gone.
+            let raw = unsafe { &(*ours).raw };
+            handles::forget(raw.handle, mr as usize);
+            // SAFETY: a region's PD outlives it (it cannot be freed while we use it).
+            if let Some(pd) = unsafe { Pd::from_raw(raw.pd) } {
+                pd.users.fetch_sub(1, Ordering::AcqRel);
+            }
+            // SAFETY: leaked from a Box in `reg_mr`, given up by the caller; its region was
+            // moved out above, so only the allocation goes (ManuallyDrop is transparent).
+            drop(unsafe { Box::from_raw(ours.cast::<core::mem::ManuallyDrop<Mr>>()) });
+            0
+        }
+        Err((region, error)) => {
             crate::log_failure("ibv_dereg_mr", &error);
+            // SAFETY: back where it was read from; the program's `ibv_mr` is unchanged.
+            unsafe { core::ptr::addr_of_mut!((*ours).mr).write(region) };
             crate::errno_of(&error)
         }
     }

@@ -10,7 +10,7 @@ use core::ffi::{c_char, c_int};
 use crate::abi::*;
 
 /// `rdma_getaddrinfo`: 0, or libc's `EAI_*` code.
-pub(crate) unsafe extern "C" fn getaddrinfo(
+pub unsafe extern "C" fn getaddrinfo(
     node: *const c_char,
     service: *const c_char,
     hints: *const rdma_addrinfo,
@@ -162,7 +162,7 @@ unsafe fn boxed_copy(
 }
 
 /// `rdma_freeaddrinfo`.
-pub(crate) unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
+pub unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
     let mut next = res;
     while !next.is_null() {
         // SAFETY: an entry `rdma_getaddrinfo` made, freed once.

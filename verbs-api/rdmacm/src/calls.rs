@@ -19,7 +19,7 @@ use crate::verbs;
 const EINVAL: c_int = 22;
 
 /// `rdma_bind_addr`.
-pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+pub unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
     with_id(id, |ours| {
         // SAFETY: the caller passes a sockaddr.
         let addr = unsafe { from_sockaddr(addr) }.ok_or(EINVAL)?;
@@ -38,7 +38,7 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::
 }
 
 /// `rdma_resolve_addr`: reports `ADDR_RESOLVED` or `ADDR_ERROR` on the channel.
-pub(crate) unsafe extern "C" fn resolve_addr(
+pub unsafe extern "C" fn resolve_addr(
     id: *mut rdma_cm_id,
     src: *mut libc::sockaddr,
     dst: *mut libc::sockaddr,
@@ -65,7 +65,7 @@ pub(crate) unsafe extern "C" fn resolve_addr(
 
 /// `rdma_resolve_route`: reports `ROUTE_RESOLVED` (RoCE has no SA: the path is local) and
 /// sets `id->route.path_rec`.
-pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+pub unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     with_id(id, |ours| {
         let mut inner = ours.lock()?;
         Id::cm(&inner)?
@@ -78,7 +78,7 @@ pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: 
 }
 
 /// `rdma_listen`.
-pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+pub unsafe extern "C" fn listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     with_id(id, |ours| {
         let inner = ours.lock()?;
         // rdma-core's default for a backlog of 0 or less.
@@ -167,7 +167,7 @@ fn depths(
 }
 
 /// `rdma_connect`: the REQ leaves; `ESTABLISHED`, `REJECTED` or `UNREACHABLE` follows.
-pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     with_id(id, |ours| {
         // SAFETY: the caller passes NULL or a conn param.
         let param = unsafe { param.as_ref() };
@@ -207,7 +207,7 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_co
 
 /// `rdma_accept`: the QP goes to RTR and RTS and the REP leaves; `ESTABLISHED` follows the
 /// RTU. With no param (or 0xFF), the request's depths are granted within the device's.
-pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+pub unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     with_id(id, |ours| {
         // SAFETY: the caller passes NULL or a conn param.
         let param = unsafe { param.as_ref() };
@@ -241,7 +241,7 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_con
 }
 
 /// `rdma_reject`.
-pub(crate) unsafe extern "C" fn reject(
+pub unsafe extern "C" fn reject(
     id: *mut rdma_cm_id,
     private_data: *const c_void,
     len: u8,
@@ -261,7 +261,7 @@ pub(crate) unsafe extern "C" fn reject(
 }
 
 /// `rdma_disconnect`: the QP goes to ERR and the DREQ leaves; `DISCONNECTED` follows.
-pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
     with_id(id, |ours| {
         let inner = ours.lock()?;
         Id::cm(&inner)?
@@ -273,7 +273,7 @@ pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
 /// `rdma_establish`: after `CONNECT_RESPONSE` on an id without a QP (the program moved
 /// its own), sends the RTU. An id with a QP was established by the CM itself (`EINVAL`, as
 /// rdma-core).
-pub(crate) unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
+pub unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
     with_id(id, |ours| {
         let mut inner = ours.lock()?;
         if !ours.raw(&mut inner).qp.is_null() {
@@ -287,14 +287,14 @@ pub(crate) unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
 
 /// `rdma_notify`: the CM learns of the QP's first packet from the QP itself, so there is
 /// nothing to tell it.
-pub(crate) unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+pub unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
     with_id(id, |ours| Id::cm(&ours.lock()?).map(|_| ()))
 }
 
 /// `rdma_migrate_id`: the id's events go to `channel` from now on. A synchronous id
 /// becomes asynchronous (its own channel goes, as rdma-core destroys it); NULL makes an
 /// asynchronous id synchronous (`EINVAL` for one that is already).
-pub(crate) unsafe extern "C" fn migrate_id(
+pub unsafe extern "C" fn migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
 ) -> c_int {
@@ -324,7 +324,7 @@ pub(crate) unsafe extern "C" fn migrate_id(
 
 /// `rdma_init_qp_attr`: the attributes that move the id's QP to `attr->qp_state` (INIT,
 /// RTR or RTS) and their mask, as the kernel's rdma_cm derives them from the exchange.
-pub(crate) unsafe extern "C" fn init_qp_attr(
+pub unsafe extern "C" fn init_qp_attr(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_attr,
     mask: *mut c_int,
@@ -348,13 +348,13 @@ pub(crate) unsafe extern "C" fn init_qp_attr(
 }
 
 /// `rdma_get_src_port`, in network order.
-pub(crate) unsafe extern "C" fn get_src_port(id: *mut rdma_cm_id) -> u16 {
+pub unsafe extern "C" fn get_src_port(id: *mut rdma_cm_id) -> u16 {
     // SAFETY: the caller passes an id of ours.
     unsafe { id.as_ref() }.map_or(0, |raw| port_of(&raw.route.addr.src_addr))
 }
 
 /// `rdma_get_dst_port`, in network order.
-pub(crate) unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
+pub unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
     // SAFETY: the caller passes an id of ours.
     unsafe { id.as_ref() }.map_or(0, |raw| port_of(&raw.route.addr.dst_addr))
 }
@@ -362,7 +362,7 @@ pub(crate) unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
 /// `rdma_set_option`: the options rdma-core passes to the kernel for an RC id over RoCE
 /// (`RDMA_OPTION_ID_TOS`, `_REUSEADDR`, `_AFONLY`, `_ACK_TIMEOUT`) are accepted and have no
 /// effect here; others fail with `ENOSYS`, as the kernel answers them.
-pub(crate) unsafe extern "C" fn set_option(
+pub unsafe extern "C" fn set_option(
     id: *mut rdma_cm_id,
     level: c_int,
     optname: c_int,
@@ -383,7 +383,7 @@ pub(crate) unsafe extern "C" fn set_option(
 
 /// `rdma_get_devices`: every device of the namespace, opened, NULL-terminated; freed by
 /// `rdma_free_devices`.
-pub(crate) unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut c_void {
+pub unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut c_void {
     let devices = match verbs::open_all() {
         Ok(devices) => devices,
         Err(errno) => {
@@ -410,7 +410,7 @@ pub(crate) unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut c_void
 }
 
 /// `rdma_free_devices`.
-pub(crate) unsafe extern "C" fn free_devices(list: *mut *mut c_void) {
+pub unsafe extern "C" fn free_devices(list: *mut *mut c_void) {
     // SAFETY: a list from `rdma_get_devices` (calloc), freed once; the devices stay open.
     unsafe { libc::free(list.cast()) };
 }

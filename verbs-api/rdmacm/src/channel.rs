@@ -15,7 +15,7 @@
 use core::ffi::c_int;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use roce_cabi::set_errno;
 use roce_verbs::{CmEvent, EventChannel};
@@ -38,17 +38,66 @@ pub(crate) struct Channel {
 /// What a thread waiting on a channel uses, kept alive by it past the channel's destruction.
 pub(crate) struct State {
     events: EventChannel,
-    /// Its ids, by the handle their events carry (each a `*mut Id`).
-    ids: Mutex<HashMap<u64, usize>>,
+    /// Its ids, by the handle their events carry.
+    ids: Mutex<HashMap<u64, IdKey>>,
     /// Whether the channel is not destroyed yet: read-locked while an event is turned into
     /// the C event (which reaches into the channel), write-locked to destroy it.
     pub(crate) open: RwLock<bool>,
 }
 
+/// How a channel knows an id: its address (a `*const Id`) and its count of events taken
+/// and not acked.
+#[derive(Clone)]
+pub(crate) struct IdKey {
+    pub(crate) addr: usize,
+    pub(crate) unacked: Arc<Unacked>,
+}
+
+/// The events of one id that the program took (or a conversion is making) and has not
+/// acked: `rdma_destroy_id` waits until there are none, as rdma-core's waits for
+/// `events_completed` to reach the events reported, since each points into the id.
+#[derive(Default)]
+pub(crate) struct Unacked {
+    count: Mutex<usize>,
+    acked: Condvar,
+}
+
+impl Unacked {
+    /// Waits until every event taken has been acked.
+    pub(crate) fn wait_all_acked(&self) {
+        let Ok(mut count) = self.count.lock() else {
+            return;
+        };
+        while *count > 0 {
+            match self.acked.wait(count) {
+                Ok(guard) => count = guard,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// One event taken for an id, acked when dropped.
+pub(crate) struct Taken(Arc<Unacked>);
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Ok(mut count) = self.0.count.lock() {
+            *count -= 1;
+            self.0.acked.notify_all();
+        }
+    }
+}
+
 impl State {
-    /// The id registered as `handle`.
-    pub(crate) fn id(&self, handle: u64) -> Option<usize> {
-        self.ids.lock().ok()?.get(&handle).copied()
+    /// The id registered as `handle` (its address), with one more of its events taken:
+    /// counted under the lock `rdma_destroy_id` unregisters it under, so a destruction
+    /// that comes after waits for this event's ack.
+    pub(crate) fn take_event_of(&self, handle: u64) -> Option<(usize, Taken)> {
+        let ids = self.ids.lock().ok()?;
+        let key = ids.get(&handle)?;
+        *key.unacked.count.lock().ok()? += 1;
+        Some((key.addr, Taken(Arc::clone(&key.unacked))))
     }
 
     /// The next event: waits unless `nonblocking` (then `EAGAIN`).
@@ -110,8 +159,8 @@ impl Channel {
         &self.state.events
     }
 
-    /// Remembers the id (its address) whose events carry `handle`.
-    pub(crate) fn register(&self, handle: u64, id: usize) {
+    /// Remembers the id whose events carry `handle`.
+    pub(crate) fn register(&self, handle: u64, id: IdKey) {
         if let Ok(mut ids) = self.state.ids.lock() {
             ids.insert(handle, id);
         }
@@ -130,7 +179,7 @@ impl Channel {
 }
 
 /// `rdma_create_event_channel`.
-pub(crate) extern "C" fn create_event_channel() -> *mut rdma_event_channel {
+pub extern "C" fn create_event_channel() -> *mut rdma_event_channel {
     if !crate::verbs::any_device() {
         set_errno(ENODEV);
         return core::ptr::null_mut();
@@ -145,7 +194,7 @@ pub(crate) extern "C" fn create_event_channel() -> *mut rdma_event_channel {
 }
 
 /// `rdma_destroy_event_channel`.
-pub(crate) unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_channel) {
+pub unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_channel) {
     if !channel.is_null() {
         // SAFETY: the caller passes a channel of ours, destroyed once, after its ids.
         let ours = unsafe { Box::from_raw(channel.cast::<Channel>()) };
@@ -158,7 +207,7 @@ pub(crate) unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_c
 }
 
 /// `rdma_event_str`.
-pub(crate) extern "C" fn event_str(event: c_int) -> *const core::ffi::c_char {
+pub extern "C" fn event_str(event: c_int) -> *const core::ffi::c_char {
     let name: &'static core::ffi::CStr = match event {
         0 => c"RDMA_CM_EVENT_ADDR_RESOLVED",
         1 => c"RDMA_CM_EVENT_ADDR_ERROR",

@@ -17,7 +17,7 @@ const EINVAL: c_int = 22;
 /// `rdma_create_ep`: a synchronous id from `rdma_getaddrinfo`'s answer: a passive one bound
 /// to its source (its requests get QPs as `attr` says), an active one with its address and
 /// route resolved and, given `attr`, its QP.
-pub(crate) unsafe extern "C" fn create_ep(
+pub unsafe extern "C" fn create_ep(
     id: *mut *mut rdma_cm_id,
     res: *mut rdma_addrinfo,
     pd: *mut c_void,
@@ -91,7 +91,7 @@ pub(crate) unsafe extern "C" fn create_ep(
 }
 
 /// `rdma_destroy_ep`: the id's QP (and what `rdma_create_qp` made for it), then the id.
-pub(crate) unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
+pub unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
     // SAFETY: the caller passes an id of ours, not used after.
     unsafe {
         destroy_qp(id);
@@ -101,10 +101,7 @@ pub(crate) unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
 
 /// `rdma_get_request`: waits on a synchronous listener for a connect request; the new id
 /// is synchronous too and, after `rdma_create_ep` with a QP attr, has its QP.
-pub(crate) unsafe extern "C" fn get_request(
-    listen: *mut rdma_cm_id,
-    id: *mut *mut rdma_cm_id,
-) -> c_int {
+pub unsafe extern "C" fn get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
     with_id(listen, |listener| {
         if id.is_null() {
             return Err(EINVAL);

@@ -9,7 +9,7 @@ use roce_cabi::set_errno;
 use roce_verbs::{CmEvent, CmEventKind, ConnectRequest};
 
 use crate::abi::*;
-use crate::channel::Channel;
+use crate::channel::{Channel, Taken};
 use crate::id::{Id, Request};
 use crate::joins;
 use crate::qp_attr;
@@ -18,11 +18,13 @@ const EINVAL: c_int = 22;
 const ECONNREFUSED: c_int = 111;
 const ETIMEDOUT: c_int = 110;
 
-/// Our `rdma_cm_event` and the private data it points to.
+/// Our `rdma_cm_event`, the private data it points to, and its place in its id's count of
+/// events not acked (given back when it is dropped: acked).
 #[repr(C)]
 pub(crate) struct Event {
     raw: rdma_cm_event,
     private_data: Vec<u8>,
+    taken: Option<Taken>,
 }
 
 impl Event {
@@ -54,15 +56,18 @@ pub(crate) unsafe fn next(channel: *const Channel) -> Result<Box<Event>, c_int> 
         if !*open {
             continue;
         }
-        let Some(key) = state.id(event.id) else {
+        let Some((key, taken)) = state.take_event_of(event.id) else {
             continue;
         };
-        // SAFETY: registered ids are live until `rdma_destroy_id` unregisters them.
+        // SAFETY: registered when taken, and `rdma_destroy_id` frees it only once `taken`
+        // is dropped (the event acked).
         let Some(id) = (unsafe { (key as *const Id).as_ref() }) else {
             continue;
         };
         // SAFETY: open, and it stays so while `open` is held (destroying waits for it).
-        return Ok(convert(unsafe { &*channel }, id, event));
+        let mut converted = convert(unsafe { &*channel }, id, event);
+        converted.taken = Some(taken);
+        return Ok(converted);
     }
 }
 
@@ -95,6 +100,7 @@ fn convert(channel: &Channel, id: &Id, event: CmEvent) -> Box<Event> {
             },
         },
         private_data: Vec::new(),
+        taken: None,
     });
     let mut conn = rdma_conn_param {
         private_data: core::ptr::null(),
@@ -223,7 +229,7 @@ fn ud_param(qp_num: u32, qkey: u32, private_data: &[u8], ah_attr: ibv_ah_attr) -
 }
 
 /// `rdma_get_cm_event`.
-pub(crate) unsafe extern "C" fn get_cm_event(
+pub unsafe extern "C" fn get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
@@ -247,7 +253,7 @@ pub(crate) unsafe extern "C" fn get_cm_event(
 }
 
 /// `rdma_ack_cm_event`.
-pub(crate) unsafe extern "C" fn ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+pub unsafe extern "C" fn ack_cm_event(event: *mut rdma_cm_event) -> c_int {
     if event.is_null() {
         set_errno(EINVAL);
         return -1;

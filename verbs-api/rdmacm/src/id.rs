@@ -7,13 +7,13 @@
 use core::cell::UnsafeCell;
 use core::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use roce_cabi::set_errno;
 use roce_verbs::CmId;
 
 use crate::abi::*;
-use crate::channel::Channel;
+use crate::channel::{Channel, IdKey, Unacked};
 use crate::qp_attr;
 use crate::verbs::{self, Opened};
 
@@ -32,6 +32,8 @@ pub(crate) struct Request {
 pub(crate) struct Id {
     raw: UnsafeCell<rdma_cm_id>,
     inner: Mutex<Inner>,
+    /// Its events the program has not acked yet; it is freed only once there are none.
+    unacked: Arc<Unacked>,
 }
 
 // SAFETY: `raw` is written only under `inner`'s lock (the program reads it as it reads
@@ -71,6 +73,7 @@ impl Id {
         Box::new(Id {
             raw: UnsafeCell::new(raw),
             inner: Mutex::new(Inner::default()),
+            unacked: Arc::default(),
         })
     }
 
@@ -88,8 +91,11 @@ impl Id {
     }
 
     /// What its channel registers it as.
-    pub(crate) fn key(&self) -> usize {
-        core::ptr::from_ref(self) as usize
+    pub(crate) fn key(&self) -> IdKey {
+        IdKey {
+            addr: core::ptr::from_ref(self) as usize,
+            unacked: Arc::clone(&self.unacked),
+        }
     }
 
     /// A synchronous id's own channel.
@@ -338,7 +344,7 @@ pub(crate) fn with_id(id: *mut rdma_cm_id, f: impl FnOnce(&Id) -> Result<(), c_i
 
 /// `rdma_create_id`: RC ids (`RDMA_PS_TCP`) and UD ids (`RDMA_PS_UDP`). With no channel
 /// the id is synchronous: its calls wait for their event, as rdma-core's do.
-pub(crate) unsafe extern "C" fn create_id(
+pub unsafe extern "C" fn create_id(
     channel: *mut rdma_event_channel,
     id: *mut *mut rdma_cm_id,
     context: *mut c_void,
@@ -379,17 +385,22 @@ pub(crate) unsafe extern "C" fn create_id(
 }
 
 /// `rdma_destroy_id`: a connection still up is disconnected, a request not answered
-/// rejected, a listener stops.
-pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
+/// rejected, a listener stops. Returns once every event of the id the program took is acked
+/// (as rdma-core's), so that no event, nor a conversion under way, points into it.
+pub unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     let destroyed = with_id(id, |ours| {
         let mut inner = ours.lock()?;
         if let Some(cm) = inner.cm.take() {
             ours.channel(&mut inner)?.unregister(cm.handle());
         }
+        drop(inner);
+        // Unregistered: no new event counts on it, so this ends once the program acks.
+        ours.unacked.wait_all_acked();
         Ok(())
     });
     if destroyed == 0 {
-        // SAFETY: an id of ours, destroyed once; unregistered above, so no event names it.
+        // SAFETY: an id of ours, destroyed once; unregistered and all its events acked
+        // above, so nothing points into it.
         drop(unsafe { Box::from_raw(id.cast::<Id>()) });
     }
     destroyed

@@ -67,7 +67,7 @@ unsafe fn join(
 }
 
 /// `rdma_join_multicast`: a full member's join.
-pub(crate) unsafe extern "C" fn join_multicast(
+pub unsafe extern "C" fn join_multicast(
     id: *mut rdma_cm_id,
     addr: *mut libc::sockaddr,
     context: *mut c_void,
@@ -77,7 +77,7 @@ pub(crate) unsafe extern "C" fn join_multicast(
 }
 
 /// `rdma_join_multicast_ex`: the join flags of `attr` (full or send-only member).
-pub(crate) unsafe extern "C" fn join_multicast_ex(
+pub unsafe extern "C" fn join_multicast_ex(
     id: *mut rdma_cm_id,
     attr: *mut rdma_cm_join_mc_attr_ex,
     context: *mut c_void,
@@ -107,10 +107,7 @@ pub(crate) unsafe extern "C" fn join_multicast_ex(
 
 /// `rdma_leave_multicast`: the join of the same address (`EADDRNOTAVAIL` if none); the id's
 /// QP is detached from the group first, as librdmacm does (its answer ignored).
-pub(crate) unsafe extern "C" fn leave_multicast(
-    id: *mut rdma_cm_id,
-    addr: *mut libc::sockaddr,
-) -> c_int {
+pub unsafe extern "C" fn leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
     with_id(id, |ours| {
         // SAFETY: the caller's sockaddr.
         let bytes = unsafe { addr_bytes(addr) }.ok_or(EINVAL)?;

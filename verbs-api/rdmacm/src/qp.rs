@@ -49,7 +49,7 @@ impl InitAttr for ibv_qp_init_attr_ex {
 /// `rdma_create_qp`: a QP of the id's type through our libibverbs, with the id's PD and
 /// new CQs where the caller gives none, moved as rdma-core moves it (RC to INIT with no
 /// remote access until the exchange sets it, UD on to RTS); `id->qp` is set.
-pub(crate) unsafe extern "C" fn create_qp(
+pub unsafe extern "C" fn create_qp(
     id: *mut rdma_cm_id,
     pd: *mut c_void,
     attr: *mut ibv_qp_init_attr,
@@ -69,7 +69,7 @@ pub(crate) unsafe extern "C" fn create_qp(
 /// `rdma_create_qp_ex` (perftest's `-R` uses it for the work request builders): as
 /// `rdma_create_qp`, through the device's `create_qp_ex` op, with the caller's extended
 /// attributes (`attr->pd` the id's when the caller gives none).
-pub(crate) unsafe extern "C" fn create_qp_ex(
+pub unsafe extern "C" fn create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
@@ -227,7 +227,7 @@ fn move_qp(cm: &CmId, verbs: &verbs::Verbs, qp: *mut ibv_qp, qp_type: u32) -> Re
 }
 
 /// `rdma_destroy_qp`: the id's QP, and the CQs `rdma_create_qp` made for it.
-pub(crate) unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
+pub unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     with_id(id, |ours| {
         let verbs = verbs::verbs()?;
         let mut inner = ours.lock()?;
