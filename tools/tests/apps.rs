@@ -74,6 +74,18 @@ fn pair(mtu: u32) -> Pair {
         mtu,
     )
     .unwrap();
+    // Programs that list interfaces (UCX's tcp) take only those up and running: wait for
+    // the carrier, which follows the links' `up` by a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (ns, interface) in [(&a, "a0"), (&b, "b0")] {
+        while !ns
+            .ip(&["-o", "link", "show", interface])
+            .is_ok_and(|shown| String::from_utf8_lossy(&shown.stdout).contains("state UP"))
+        {
+            assert!(Instant::now() < deadline, "{interface} never came up");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
     Pair { a, b }
 }
 

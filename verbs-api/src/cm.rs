@@ -572,6 +572,13 @@ impl CmId {
         self.state().ok()?.src
     }
 
+    /// Whether the id is bound to one of the device's own addresses: not unbound, nor bound
+    /// to the wildcard or a loopback address, which the kernel takes alike (`cma_any_addr`)
+    /// and which leave `rdma_cm_id.verbs` NULL until a peer is resolved.
+    pub fn bound_to_device(&self) -> bool {
+        self.local_addr().is_some_and(|addr| !is_any(addr.ip()))
+    }
+
     /// The peer's address and port.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.state().ok()?.dst

@@ -3,6 +3,7 @@
 //! device list.
 
 use core::ffi::{c_int, c_void};
+use std::sync::MutexGuard;
 
 use roce_cabi::set_errno;
 use roce_verbs::ConnParam;
@@ -10,8 +11,6 @@ use roce_verbs::ConnParam;
 use crate::abi::*;
 use crate::channel::Channel;
 use crate::event;
-use std::sync::MutexGuard;
-
 use crate::id::{from_sockaddr, port_of, to_storage, with_id, Id, Inner, Request};
 use crate::qp_attr;
 use crate::verbs;
@@ -27,10 +26,10 @@ pub unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockadd
         let cm = ours.attach(&mut inner, addr.ip())?;
         cm.bind_addr(addr)
             .map_err(|error| crate::errors::fail("rdma_bind_addr", &error))?;
-        if !(addr.ip().is_unspecified() || addr.ip().is_loopback()) {
+        let (on_device, bound) = (cm.bound_to_device(), cm.local_addr().unwrap_or(addr));
+        if on_device {
             ours.show_device(&mut inner);
         }
-        let bound = Id::cm(&inner)?.local_addr().unwrap_or(addr);
         let raw = ours.raw(&mut inner);
         raw.route.addr.src_addr = to_storage(bound);
         Ok(())
