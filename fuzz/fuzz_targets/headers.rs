@@ -3,8 +3,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use roce_wire::{
-    aeth, atomic_ack_eth, atomic_eth, bth, cnp, deth, feth, ieth, immdt, reth, ExtHeader, ExtRepr,
-    Opcode,
+    aeth, atomic_ack_eth, atomic_eth, bth, cnp, deth, feth, ieth, immdt, reth, xrceth, ExtHeader,
+    ExtRepr, Opcode,
 };
 use roce_wire_fuzz::{assert_same_bits, ext_reserved, BTH_RESERVED};
 
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
-    match selector % 11 {
+    match selector % 12 {
         0 => round_trip!(bth, rest, &BTH_RESERVED),
         1 => round_trip!(reth, rest, ext_reserved(ExtHeader::Reth)),
         2 => round_trip!(aeth, rest, ext_reserved(ExtHeader::Aeth)),
@@ -41,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
         7 => round_trip!(atomic_ack_eth, rest, ext_reserved(ExtHeader::AtomicAckEth)),
         8 => round_trip!(feth, rest, ext_reserved(ExtHeader::Feth)),
         9 => round_trip!(cnp, rest, ext_reserved(ExtHeader::Cnp)),
+        10 => round_trip!(xrceth, rest, ext_reserved(ExtHeader::XrcEth)),
         _ => ext_round_trip(rest),
     }
 });

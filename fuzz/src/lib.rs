@@ -18,6 +18,8 @@ pub fn ext_reserved(header: ExtHeader) -> &'static [u8] {
         ExtHeader::Feth => &[0xFF, 0xFF, 0xFF, 0xC0],
         // A CNP body is 16 reserved bytes.
         ExtHeader::Cnp => &[0xFF; 16],
+        // The byte before the XRC SRQ number.
+        ExtHeader::XrcEth => &[0xFF, 0, 0, 0],
         other => &NONE_RESERVED[..other.wire_len()],
     }
 }

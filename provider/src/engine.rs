@@ -604,6 +604,7 @@ mod tests {
                 remote_qpn: 0x12,
                 remote_qkey: 0x11,
             }),
+            xrc_srqn: 0,
         };
         for _ in 0..budget + 10 {
             endpoint.post_send(now, qpn, &wr).unwrap();
@@ -712,6 +713,7 @@ mod tests {
                 remote_qpn: MULTICAST_QPN,
                 remote_qkey: 0x0123_4567,
             }),
+            xrc_srqn: 0,
         };
         engine
             .endpoint()
@@ -812,6 +814,7 @@ mod tests {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         endpoint.post_send(now, qpn, &wr).unwrap();
         let addressing = Addressing {

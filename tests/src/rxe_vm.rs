@@ -96,6 +96,31 @@ impl Vm {
     pub fn exec(&self, seconds: u32, command: &str) -> Output {
         self.run(&["exec", "1", "-t", &seconds.to_string(), command])
     }
+
+    /// Copies `file` into VM 1's 9p share as `name`; its path in the guest. A program
+    /// compiled here against libibverbs.so.1 runs there over rxe (the same Debian release).
+    pub fn copy_in(&self, file: &Path, name: &str) -> String {
+        let share = rxe_dir().join("run/vm1/share");
+        std::fs::copy(file, share.join(name)).unwrap_or_else(|error| {
+            panic!("copy {} into {}: {error}", file.display(), share.display())
+        });
+        format!("/host/{name}")
+    }
+}
+
+/// Where rxe-peer.sh keeps its state: `$RXE_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/rxe-peer`.
+pub fn rxe_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("RXE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".cache")
+        },
+        PathBuf::from,
+    );
+    cache.join("rxe-peer")
 }
 
 impl Drop for Vm {

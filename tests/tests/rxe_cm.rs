@@ -43,6 +43,7 @@ fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     }
 }
 

@@ -475,6 +475,7 @@ fn serve(
                     inline_data: Vec::new(),
                     flags: SendFlags::empty(),
                     ud: None,
+                    xrc_srqn: 0,
                 };
                 side.qp.post_send([echo])?;
             }

@@ -351,6 +351,7 @@ impl Ping<'_> {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: self.ud,
+            xrc_srqn: 0,
         };
         let started = Instant::now();
         let mut pending = RECV_WRID;

@@ -451,6 +451,7 @@ impl Run {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         sim.post_send(A, qp_a, &wr)
             .map_err(|e| format!("post_send on QP {qp_a:#x}: {e}"))?;

@@ -119,6 +119,7 @@ impl Bench {
                 inline_data: Vec::new(),
                 flags: SendFlags::SIGNALED,
                 ud: None,
+                xrc_srqn: 0,
             },
             recv_wr: RecvWr {
                 wr_id: 2,
@@ -275,6 +276,7 @@ fn sim(c: &mut Criterion) {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     };
     group.throughput(Throughput::Bytes(LEN as u64));
     let mut ran = false;

@@ -16,6 +16,8 @@ bitflags::bitflags! {
         const REMOTE_READ = 4;
         /// Peers may perform atomics.
         const REMOTE_ATOMIC = 8;
+        /// Memory windows may be bound to the region (`IBV_ACCESS_MW_BIND`).
+        const MW_BIND = 16;
     }
 }
 
@@ -59,6 +61,23 @@ pub enum MrError {
     /// Longer than the device's `max_mr_size`.
     #[error("region larger than max_mr_size")]
     TooLarge,
+    /// Memory windows are bound to the region: it cannot be deregistered (IBTA 10.6.7.2.6).
+    #[error("memory windows are bound to the region")]
+    WindowsBound,
+    /// No memory window has this R_Key (or it was deallocated).
+    #[error("unknown memory window")]
+    UnknownWindow,
+    /// `max_mw` memory windows exist already.
+    #[error("no memory windows left")]
+    TooManyWindows,
+    /// A bind the window's type, state, PD, region or range does not allow (the
+    /// operation completes with `IBV_WC_MW_BIND_ERR`).
+    #[error("memory window bind refused: {0}")]
+    Bind(&'static str),
+    /// An invalidation (LOCAL_INV, or a SEND with invalidate) of a key that is not a type 2
+    /// window bound here.
+    #[error("cannot invalidate: {0}")]
+    Invalidate(&'static str),
     /// Nothing (or nothing with the rights needed) is mapped there: an on-demand region's
     /// page fault failed.
     #[error("no page mapped there (on-demand page fault failed)")]
@@ -111,6 +130,7 @@ impl MrError {
             MrError::PdBusy => errno::EBUSY,
             MrError::OutOfMemory => errno::ENOMEM,
             MrError::NullAddress | MrError::Unmapped => errno::EFAULT,
+            MrError::TooManyWindows => errno::ENOMEM,
             _ => errno::EINVAL,
         }
     }

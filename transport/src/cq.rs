@@ -17,6 +17,8 @@ pub enum WcStatus {
     LocalProtection = 4,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP entered ERR before the request ran.
     WrFlush = 5,
+    /// `IBV_WC_MW_BIND_ERR`: a memory window bind was refused.
+    MwBind = 6,
     /// `IBV_WC_BAD_RESP_ERR`: the responder answered with something impossible.
     BadResponse = 7,
     /// `IBV_WC_LOC_ACCESS_ERR`: a protection error on a local RDMA READ/atomic target.
@@ -49,6 +51,10 @@ pub enum WcOpcode {
     CompareSwap = 3,
     /// An atomic fetch-and-add completed.
     FetchAdd = 4,
+    /// A memory window bind completed.
+    BindMw = 5,
+    /// A local invalidation completed.
+    LocalInv = 6,
     /// An ATOMIC WRITE completed (`IBV_WC_ATOMIC_WRITE`).
     AtomicWrite = 9,
     /// A receive consumed by a SEND.

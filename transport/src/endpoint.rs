@@ -26,13 +26,15 @@ use crate::cq::{Cq, WcStatus};
 use crate::errno;
 use crate::limits::LIMITS;
 use crate::mcast::{McastError, McastTable, Mgid};
-use crate::mr::MrTable;
+use crate::mr::{MrTable, PdId};
 use crate::qp::{
-    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpInit, QpStats, ResponderBacklog,
+    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpCaps, QpInit, QpStats, ResponderBacklog,
+    NO_CQ,
 };
 use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
-use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable};
+use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable, XrcSrq};
 use crate::wr::{RecvWr, SendWr};
+use crate::xrc::{XrcError, XrcdId, XrcdTable};
 
 /// Identifies a completion queue of an [`Endpoint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,6 +56,12 @@ pub enum CreateQpError {
     /// A queue size or limit beyond the device's (named).
     #[error("{0} beyond the device's limit")]
     InvalidCap(&'static str),
+    /// An XRC domain that does not exist.
+    #[error("unknown XRC domain")]
+    UnknownXrcd,
+    /// An XRC QP that would have a receive queue or an SRQ, which XRC QPs have not.
+    #[error("an XRC QP with a receive queue or an SRQ")]
+    XrcWithReceiveQueue,
 }
 
 /// Why destroying a CQ failed.
@@ -81,9 +89,11 @@ impl CreateQpError {
     /// The errno `ibv_create_qp` fails with.
     pub fn errno(&self) -> i32 {
         match self {
-            CreateQpError::UnknownCq | CreateQpError::UnknownSrq | CreateQpError::InvalidCap(_) => {
-                errno::EINVAL
-            }
+            CreateQpError::UnknownCq
+            | CreateQpError::UnknownSrq
+            | CreateQpError::InvalidCap(_)
+            | CreateQpError::UnknownXrcd
+            | CreateQpError::XrcWithReceiveQueue => errno::EINVAL,
             CreateQpError::NoQpn => errno::ENOMEM,
         }
     }
@@ -168,6 +178,7 @@ pub struct Endpoint {
     mrs: MrTable,
     cqs: Vec<Cq>,
     srqs: SrqTable,
+    xrcds: XrcdTable,
     qps: QpTable,
     next_qpn: u32,
     /// Slot of the QP to look at first in the next `poll_transmit`, so no QP starves the
@@ -327,6 +338,7 @@ impl Endpoint {
             mrs: MrTable::new(seed),
             cqs: Vec::new(),
             srqs: SrqTable::default(),
+            xrcds: XrcdTable::default(),
             qps: QpTable::default(),
             next_qpn: FIRST_QPN,
             transmit_cursor: 0,
@@ -425,7 +437,7 @@ impl Endpoint {
         if !self.cq_exists(id) {
             return Err(DestroyCqError::UnknownCq);
         }
-        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) {
+        if self.qps.qps.iter().any(|qp| qp.uses_cq(id.0)) || self.srqs.uses_cq(id.0) {
             return Err(DestroyCqError::InUse);
         }
         self.cqs[id.0] = Cq::new(0);
@@ -468,7 +480,10 @@ impl Endpoint {
         if srq.is_some_and(|srq| !self.srqs.exists(srq)) {
             return Err(CreateQpError::UnknownSrq);
         }
-        if srq.is_some() {
+        if init.qp_type == QpType::XrcRecv || (init.qp_type == QpType::XrcSend && srq.is_some()) {
+            return Err(CreateQpError::XrcWithReceiveQueue);
+        }
+        if srq.is_some() || init.qp_type == QpType::XrcSend {
             init.caps.max_recv_wr = 0;
             init.caps.max_recv_sge = 0;
         }
@@ -490,6 +505,85 @@ impl Endpoint {
     /// Creates a shared receive queue (`ibv_create_srq`); `attr.srq_limit` is ignored.
     pub fn create_srq(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
         self.srqs.create(attr)
+    }
+
+    /// Opens a new XRC domain (`ibv_open_xrcd`).
+    pub fn alloc_xrcd(&mut self) -> XrcdId {
+        self.xrcds.alloc()
+    }
+
+    /// Closes an XRC domain no XRC SRQ or target QP belongs to (`ibv_close_xrcd`).
+    pub fn dealloc_xrcd(&mut self, xrcd: XrcdId) -> Result<(), XrcError> {
+        if !self.xrcds.exists(xrcd) {
+            return Err(XrcError::UnknownXrcd);
+        }
+        let has_qp = self.qps.qps.iter().any(|qp| qp.common.xrcd == Some(xrcd));
+        if has_qp || self.srqs.uses_xrcd(xrcd) {
+            return Err(XrcError::Busy);
+        }
+        self.xrcds.remove(xrcd)
+    }
+
+    /// Creates an XRC SRQ of `xrcd` (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): the receives
+    /// of XRC requests naming it, checked in `pd`, completing in `cq`.
+    pub fn create_xrc_srq(
+        &mut self,
+        attr: SrqAttr,
+        xrcd: XrcdId,
+        cq: CqId,
+        pd: PdId,
+    ) -> Result<SrqId, SrqError> {
+        if !self.xrcds.exists(xrcd) {
+            return Err(SrqError::InvalidAttr("xrcd"));
+        }
+        if !self.cq_exists(cq) {
+            return Err(SrqError::InvalidAttr("cq"));
+        }
+        if !self.mrs.has_pd(pd) {
+            return Err(SrqError::InvalidAttr("pd"));
+        }
+        self.srqs.create_xrc(attr, XrcSrq { xrcd, pd, cq: cq.0 })
+    }
+
+    /// The SRQ's number (`ibv_get_srq_num`): what an XRC sender names it by.
+    pub fn srq_number(&self, srq: SrqId) -> Result<u32, SrqError> {
+        self.srqs.number(srq)
+    }
+
+    /// Creates an XRC target QP of `xrcd` in RESET (`ibv_create_qp_ex` with
+    /// `IBV_QPT_XRC_RECV`): no PD, CQs or queues of its own, it receives into the XRC SRQs
+    /// of its domain that requests name.
+    pub fn create_xrc_recv_qp(&mut self, xrcd: XrcdId) -> Result<u32, CreateQpError> {
+        if !self.xrcds.exists(xrcd) {
+            return Err(CreateQpError::UnknownXrcd);
+        }
+        if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
+            return Err(CreateQpError::NoQpn);
+        }
+        let qpn = self.next_qpn;
+        self.next_qpn += 1;
+        let init = QpInit {
+            pd: PdId::NONE,
+            qp_type: QpType::XrcRecv,
+            caps: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        let mut qp = Qp::new(qpn, init, NO_CQ, NO_CQ);
+        qp.common.config.mtu = self.port_mtu.bytes();
+        qp.common.xrcd = Some(xrcd);
+        self.qps.insert(qp);
+        Ok(qpn)
+    }
+
+    /// The XRC domain of an XRC target QP (what `ibv_open_qp` checks); `None` for any other.
+    pub fn xrc_recv_xrcd(&self, qpn: u32) -> Option<XrcdId> {
+        self.qps.get(qpn).and_then(|qp| qp.common.xrcd)
     }
 
     /// `ibv_modify_srq`: resizes it or arms its limit.

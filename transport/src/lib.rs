@@ -50,9 +50,17 @@
 //!
 //! Where this follows the spec rather than rxe: `retry_cnt` 7 is seven retries, not
 //! infinity (rxe treats it as infinite; only `rnr_retry` 7 is infinite in the IBTA).
-//! Not done yet: SEND with invalidate reports the R_Key in the completion but invalidates
-//! nothing (there are no memory windows); SQD does not stop new work requests; path
-//! migration and alternate paths are not supported.
+//! Memory windows ([`mr::MwType`]) live in the region table beside the regions: binds and
+//! local invalidations are work requests the requester runs when its cursor reaches them
+//! (sending nothing, completing in order), and the responder reaches a region through a
+//! window's R_Key under the window's rules, and frees a window a SEND with invalidate names.
+//!
+//! XRC ([`xrc`]): an XRC initiator QP sends like RC with an XRCETH naming the XRC SRQ each
+//! request is for; an XRC target QP of an XRC domain answers like RC, taking each request's
+//! receive, PD and CQ from the XRC SRQ of its domain the XRCETH names.
+//!
+//! Not done yet: SQD does not stop new work requests; path migration and alternate paths
+//! are not supported.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -74,6 +82,7 @@ pub mod sim;
 pub mod srq;
 mod timer;
 pub mod wr;
+pub mod xrc;
 
 pub use counters::Counters;
 pub use endpoint::{CqId, Endpoint, Transmit};

@@ -58,6 +58,8 @@ pub struct DeviceLimits {
     pub max_srq_wr: u32,
     /// Most scatter elements per SRQ receive.
     pub max_srq_sge: u32,
+    /// Most memory windows alive at once.
+    pub max_mw: u32,
     /// Entries of a port's GID table (`gid_tbl_len`); those past the interface's addresses
     /// are empty.
     pub gid_tbl_len: u32,
@@ -84,6 +86,7 @@ pub const LIMITS: DeviceLimits = DeviceLimits {
     max_srq: 1 << 16,
     max_srq_wr: 1 << 16,
     max_srq_sge: 32,
+    max_mw: 1 << 17,
     // rxe's RXE_PORT_GID_TBL_LEN.
     gid_tbl_len: 1024,
     // rxe's (`RXE_MAX_MCAST_GRP`, `RXE_MAX_MCAST_QP_ATTACH`, `RXE_MAX_TOT_MCAST_QP_ATTACH`).

@@ -5,6 +5,8 @@
 //! tests), so a peer cannot guess one, and a key is never issued twice in a table's lifetime:
 //! a peer that still holds an old rkey must hit "unknown key", never someone else's memory.
 
+mod mw;
+
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
@@ -17,10 +19,16 @@ pub use crate::access::{AccessFlags, AtomicOp, MrError};
 pub use crate::caller_memory::CallerMemory;
 use crate::limits::LIMITS;
 use crate::wr::Sge;
+pub use mw::MwType;
 
 /// A protection domain's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PdId(u32);
+
+impl PdId {
+    /// No PD: an XRC target QP's own (each request is checked against its SRQ's PD).
+    pub(crate) const NONE: PdId = PdId(u32::MAX);
+}
 
 /// The bytes behind a region: its own, or the caller's.
 #[derive(Debug)]
@@ -98,6 +106,8 @@ pub struct Mr {
     iova: u64,
     access: AccessFlags,
     memory: Memory,
+    /// Memory windows bound to it.
+    windows: u32,
 }
 
 impl Mr {
@@ -119,6 +129,11 @@ impl Mr {
     /// Whether it covers no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many memory windows are bound to it (while any is, it cannot be deregistered).
+    pub fn windows_bound(&self) -> u32 {
+        self.windows
     }
 
     /// The bytes of a region that owns them; `None` over the caller's memory, which the
@@ -167,14 +182,19 @@ pub struct Location {
     pub offset: usize,
 }
 
-/// All PDs and MRs of one device.
+/// All PDs, MRs and memory windows of one device.
 #[derive(Debug)]
 pub struct MrTable {
     rng: ChaCha12Rng,
     next_pd: u32,
+    /// Each PD's regions and windows.
     pds: HashMap<PdId, usize>,
     mrs: Regions,
     issued: HashSet<u32>,
+    /// Memory windows by index (their R_Key without the key byte).
+    mws: HashMap<u32, mw::Mw>,
+    /// Every window index ever issued: no region key starts with one, none is issued twice.
+    window_indices: HashSet<u32>,
 }
 
 impl Mr {
@@ -211,6 +231,8 @@ impl MrTable {
             pds: HashMap::new(),
             mrs: Regions::default(),
             issued: HashSet::new(),
+            mws: HashMap::new(),
+            window_indices: HashSet::new(),
         }
     }
 
@@ -222,7 +244,12 @@ impl MrTable {
         pd
     }
 
-    /// Frees a protection domain that has no regions left.
+    /// Whether the protection domain exists.
+    pub fn has_pd(&self, pd: PdId) -> bool {
+        self.pds.contains_key(&pd)
+    }
+
+    /// Frees a protection domain that has no regions or windows left.
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), MrError> {
         match self.pds.get(&pd) {
             None => Err(MrError::UnknownPd),
@@ -409,6 +436,7 @@ impl MrTable {
             iova,
             access,
             memory,
+            windows: 0,
         };
         self.mrs.insert(key, mr);
         key
@@ -417,7 +445,7 @@ impl MrTable {
     fn fresh_key(&mut self) -> u32 {
         loop {
             let key = self.rng.next_u32();
-            if self.issued.insert(key) {
+            if !self.is_window_index(key) && self.issued.insert(key) {
                 return key;
             }
         }
@@ -425,8 +453,23 @@ impl MrTable {
 
     /// Deregisters a region and gives back the bytes it owned (`None` over the caller's
     /// memory, which the transport no longer touches from now on). Its key is never issued
-    /// again.
+    /// again. A region with memory windows bound stays ([`MrError::WindowsBound`], as
+    /// `ibv_dereg_mr` refuses it).
     pub fn dereg_mr(&mut self, key: u32) -> Result<Option<Box<[u8]>>, MrError> {
+        if self.mrs.get(key).is_some_and(|mr| mr.windows > 0) {
+            return Err(MrError::WindowsBound);
+        }
+        self.remove_region(key)
+    }
+
+    /// [`dereg_mr`](Self::dereg_mr) that first unbinds the windows bound to the region (they
+    /// grant nothing from now on): for a region whose owner is gone.
+    pub fn dereg_mr_unbinding(&mut self, key: u32) -> Result<Option<Box<[u8]>>, MrError> {
+        self.unbind_all(key);
+        self.remove_region(key)
+    }
+
+    fn remove_region(&mut self, key: u32) -> Result<Option<Box<[u8]>>, MrError> {
         let mr = self.mrs.remove(key).ok_or(MrError::UnknownKey)?;
         if let Some(regions) = self.pds.get_mut(&mr.pd) {
             *regions -= 1;
@@ -518,6 +561,71 @@ impl MrTable {
         let mr = self.mrs.get_mut(key).ok_or(MrError::UnknownKey)?;
         let offset = mr.permits(pd, address, 8, op.needs())?;
         mr.memory.atomic(offset, op)
+    }
+
+    /// The responder's R_Key check for QP `qpn` in `pd`: [`check`](Self::check) for a
+    /// region's key, and for a memory window's the window's own rules (its PD, its QP for
+    /// type 2, its rights and range); the location is in the window's region.
+    pub fn check_remote(
+        &self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        address: u64,
+        len: u64,
+        needed: AccessFlags,
+    ) -> Result<Location, MrError> {
+        if len == 0 || self.mrs.get(rkey).is_some() {
+            return self.check(pd, rkey, address, len, needed);
+        }
+        self.locate_in_window(pd, qpn, rkey, address, len, needed)
+            .unwrap_or(Err(MrError::UnknownKey))
+    }
+
+    /// [`check_remote`](Self::check_remote), then copies `data` in; a region's key takes one
+    /// lookup, as [`write`](Self::write) does.
+    pub fn write_remote(
+        &mut self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        address: u64,
+        data: &[u8],
+        needed: AccessFlags,
+    ) -> Result<(), MrError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if let Some(mr) = self.mrs.get_mut(rkey) {
+            let offset = mr.permits(pd, address, data.len() as u64, needed)?;
+            return mr.memory.write(offset, data);
+        }
+        let location = self
+            .locate_in_window(pd, qpn, rkey, address, data.len() as u64, needed)
+            .unwrap_or(Err(MrError::UnknownKey))?;
+        self.write_at(location, data)
+    }
+
+    /// [`atomic`](Self::atomic) through a region's or a memory window's R_Key, for QP `qpn`.
+    pub fn atomic_remote(
+        &mut self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        address: u64,
+        op: AtomicOp,
+    ) -> Result<u64, MrError> {
+        if self.mrs.get(rkey).is_some() {
+            return self.atomic(pd, rkey, address, op);
+        }
+        if !address.is_multiple_of(8) {
+            return Err(MrError::Misaligned);
+        }
+        let location = self
+            .locate_in_window(pd, qpn, rkey, address, 8, op.needs())
+            .unwrap_or(Err(MrError::UnknownKey))?;
+        let mr = self.mrs.get_mut(location.key).ok_or(MrError::UnknownKey)?;
+        mr.memory.atomic(location.offset, op)
     }
 }
 

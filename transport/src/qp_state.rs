@@ -1,5 +1,5 @@
 //! The QP state machine and the attributes each transition takes, as `ibv_modify_qp` (and the
-//! kernel's `ib_modify_qp_is_ok` table) define them for RC, UC and UD.
+//! kernel's `ib_modify_qp_is_ok` table) define them for RC, UC, UD and both XRC halves.
 //!
 //! Alternate paths, path migration and SQD async notification are not supported, so the
 //! attributes that only they use do not exist here.
@@ -22,6 +22,19 @@ pub enum QpType {
     Uc,
     /// Unreliable datagram.
     Ud,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): the requester half of an XRC connection; each
+    /// send names the XRC SRQ it is for.
+    XrcSend,
+    /// XRC target (`IBV_QPT_XRC_RECV`): the responder half, in an XRC domain; each request
+    /// is received into (and checked against the PD of) the XRC SRQ it names.
+    XrcRecv,
+}
+
+impl QpType {
+    /// Whether its connection is reliable (acknowledged, retried): RC and both XRC halves.
+    pub const fn is_reliable(self) -> bool {
+        !matches!(self, QpType::Uc | QpType::Ud)
+    }
 }
 
 /// A QP state, as `enum ibv_qp_state`.
@@ -280,12 +293,12 @@ fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(Attr
     // Attributes a connected QP's responder and requester may tune while sending.
     let rts_tunable = |qp_type| match qp_type {
         Ud => Attrs::CUR_STATE | Attrs::QKEY,
-        Uc => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS,
-        Rc => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS | Attrs::MIN_RNR_TIMER,
+        Uc | XrcSend => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS,
+        Rc | XrcRecv => Attrs::CUR_STATE | Attrs::ACCESS_FLAGS | Attrs::MIN_RNR_TIMER,
     };
     let init_attrs = match qp_type {
         Ud => Attrs::PKEY_INDEX | Attrs::PORT | Attrs::QKEY,
-        Uc | Rc => Attrs::PKEY_INDEX | Attrs::PORT | Attrs::ACCESS_FLAGS,
+        Uc | Rc | XrcSend | XrcRecv => Attrs::PKEY_INDEX | Attrs::PORT | Attrs::ACCESS_FLAGS,
     };
     Some(match (from, to) {
         (_, Reset) | (_, Err) => (none, none),
@@ -293,11 +306,11 @@ fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(Attr
         (Init, Init) => (none, init_attrs),
         (Init, Rtr) => match qp_type {
             Ud => (none, Attrs::PKEY_INDEX | Attrs::QKEY),
-            Uc => (
+            Uc | XrcSend => (
                 Attrs::AV | Attrs::PATH_MTU | Attrs::DEST_QPN | Attrs::RQ_PSN,
                 Attrs::ACCESS_FLAGS | Attrs::PKEY_INDEX,
             ),
-            Rc => (
+            Rc | XrcRecv => (
                 Attrs::AV
                     | Attrs::PATH_MTU
                     | Attrs::DEST_QPN
@@ -309,7 +322,8 @@ fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(Attr
         },
         (Rtr, Rts) => match qp_type {
             Ud | Uc => (Attrs::SQ_PSN, rts_tunable(qp_type)),
-            Rc => (
+            XrcRecv => (Attrs::SQ_PSN | Attrs::TIMEOUT, rts_tunable(qp_type)),
+            Rc | XrcSend => (
                 Attrs::SQ_PSN
                     | Attrs::TIMEOUT
                     | Attrs::RETRY_CNT
@@ -336,8 +350,29 @@ fn transition_attrs(qp_type: QpType, from: QpState, to: QpState) -> Option<(Attr
                     | Attrs::PKEY_INDEX
                     | Attrs::MIN_RNR_TIMER,
             ),
+            XrcSend => (
+                none,
+                Attrs::PORT
+                    | Attrs::AV
+                    | Attrs::TIMEOUT
+                    | Attrs::RETRY_CNT
+                    | Attrs::RNR_RETRY
+                    | Attrs::MAX_QP_RD_ATOMIC
+                    | Attrs::ACCESS_FLAGS
+                    | Attrs::PKEY_INDEX,
+            ),
+            XrcRecv => (
+                none,
+                Attrs::PORT
+                    | Attrs::AV
+                    | Attrs::TIMEOUT
+                    | Attrs::MAX_DEST_RD_ATOMIC
+                    | Attrs::ACCESS_FLAGS
+                    | Attrs::PKEY_INDEX
+                    | Attrs::MIN_RNR_TIMER,
+            ),
         },
-        (Sqe, Rts) if qp_type != Rc => (none, rts_tunable(qp_type)),
+        (Sqe, Rts) if matches!(qp_type, Uc | Ud) => (none, rts_tunable(qp_type)),
         _ => return None,
     })
 }
@@ -458,8 +493,9 @@ pub struct Peer {
 /// Most READs and atomics a connected QP made by [`connect_attrs`] keeps outstanding, either way.
 pub const CONNECT_RD_ATOMIC: u8 = 16;
 
-/// The three `modify_qp` calls (to INIT, RTR, RTS) that connect an RC or UC QP to `peer`, as
-/// rc_pingpong makes them; the QP allows every remote access its type can have.
+/// The three `modify_qp` calls (to INIT, RTR, RTS) that connect an RC, UC or XRC QP to
+/// `peer`, as rc_pingpong makes them (an XRC initiator to a target, or the reverse, with
+/// the attributes each half takes); the QP allows every remote access its type can have.
 pub fn connect_attrs(
     qp_type: QpType,
     peer: Peer,
@@ -467,11 +503,12 @@ pub fn connect_attrs(
     mtu: PathMtu,
     retry: RetryConfig,
 ) -> [QpAttr; 3] {
-    let rc = qp_type == QpType::Rc;
-    let access = if rc {
-        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
-    } else {
+    let responds = matches!(qp_type, QpType::Rc | QpType::XrcRecv);
+    let requests = matches!(qp_type, QpType::Rc | QpType::XrcSend);
+    let access = if qp_type == QpType::Uc {
         AccessFlags::REMOTE_WRITE
+    } else {
+        AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
     };
     [
         QpAttr::init(access),
@@ -481,17 +518,17 @@ pub fn connect_attrs(
             path_mtu: Some(mtu),
             dest_qp_num: Some(peer.qpn),
             rq_psn: Some(peer.psn),
-            max_dest_rd_atomic: rc.then_some(CONNECT_RD_ATOMIC),
-            min_rnr_timer: rc.then_some(retry.min_rnr_timer),
+            max_dest_rd_atomic: responds.then_some(CONNECT_RD_ATOMIC),
+            min_rnr_timer: responds.then_some(retry.min_rnr_timer),
             ..QpAttr::default()
         },
         QpAttr {
             state: Some(QpState::Rts),
             sq_psn: Some(sq_psn),
-            timeout: rc.then_some(retry.timeout),
-            retry_cnt: rc.then_some(retry.retry_cnt),
-            rnr_retry: rc.then_some(retry.rnr_retry),
-            max_rd_atomic: rc.then_some(CONNECT_RD_ATOMIC),
+            timeout: qp_type.is_reliable().then_some(retry.timeout),
+            retry_cnt: requests.then_some(retry.retry_cnt),
+            rnr_retry: requests.then_some(retry.rnr_retry),
+            max_rd_atomic: requests.then_some(CONNECT_RD_ATOMIC),
             ..QpAttr::default()
         },
     ]

@@ -237,6 +237,27 @@ impl Sim {
         }
     }
 
+    /// Connects XRC initiator `ini` on node `a` with XRC target `tgt` on node `b`, both
+    /// created and in RESET, each with the attributes its half takes.
+    pub fn connect_xrc(
+        &mut self,
+        (a, ini): (usize, u32),
+        (b, tgt): (usize, u32),
+        mtu: PathMtu,
+        retry: RetryConfig,
+    ) -> QpPair {
+        let psn_a = Psn::new(self.rng.next_u32());
+        let psn_b = Psn::new(self.rng.next_u32());
+        let av_b = self.av_of(b);
+        let av_a = self.av_of(a);
+        self.bring_up(a, ini, QpType::XrcSend, av_b, tgt, psn_b, psn_a, mtu, retry);
+        self.bring_up(b, tgt, QpType::XrcRecv, av_a, ini, psn_a, psn_b, mtu, retry);
+        QpPair {
+            a: (a, ini),
+            b: (b, tgt),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn bring_up(
         &mut self,

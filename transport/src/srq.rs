@@ -7,8 +7,14 @@
 
 use crate::errno;
 use crate::limits::LIMITS;
+use crate::mr::PdId;
 use crate::ring::Ring;
 use crate::wr::RecvWr;
+use crate::xrc::XrcdId;
+
+/// The SRQ number of the SRQ in slot 0 (`ibv_get_srq_num`; rxe's first SRQ index): what an
+/// XRCETH names.
+const FIRST_SRQN: u32 = 0x2_0001;
 
 /// Identifies a shared receive queue of an [`Endpoint`](crate::Endpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,6 +79,16 @@ impl SrqError {
     }
 }
 
+/// What makes an SRQ an XRC SRQ (`IBV_SRQT_XRC`): its domain, and the PD and CQ its
+/// receives use, since the XRC target QPs that take from it have neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSrq {
+    pub xrcd: XrcdId,
+    pub pd: PdId,
+    /// The CQ's slot.
+    pub cq: usize,
+}
+
 /// One SRQ.
 #[derive(Debug)]
 struct Srq {
@@ -81,6 +97,7 @@ struct Srq {
     /// The armed limit, 0 when disarmed.
     limit: u32,
     wqes: Ring<RecvWr>,
+    xrc: Option<XrcSrq>,
 }
 
 /// The endpoint's SRQs, and the limit events they raised since the owner last took them.
@@ -96,6 +113,15 @@ impl SrqTable {
     /// `ibv_create_srq`: `max_wr` 1 to `max_srq_wr`, `max_sge` up to `max_srq_sge` (0 is
     /// raised to 1, as rxe does); the limit starts disarmed.
     pub fn create(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
+        self.create_with(attr, None)
+    }
+
+    /// [`create`](Self::create) for an XRC SRQ.
+    pub fn create_xrc(&mut self, attr: SrqAttr, xrc: XrcSrq) -> Result<SrqId, SrqError> {
+        self.create_with(attr, Some(xrc))
+    }
+
+    fn create_with(&mut self, attr: SrqAttr, xrc: Option<XrcSrq>) -> Result<SrqId, SrqError> {
         if attr.max_wr == 0 || attr.max_wr > LIMITS.max_srq_wr {
             return Err(SrqError::InvalidAttr("max_wr"));
         }
@@ -107,6 +133,7 @@ impl SrqTable {
             max_sge: attr.max_sge.max(1),
             limit: 0,
             wqes: Ring::default(),
+            xrc,
         };
         let free = self.srqs.iter().position(Option::is_none);
         let slot = match free {
@@ -137,6 +164,36 @@ impl SrqTable {
 
     pub fn exists(&self, id: SrqId) -> bool {
         self.get(id).is_ok()
+    }
+
+    /// The SRQ's number (`ibv_get_srq_num`), what an XRCETH names.
+    pub fn number(&self, id: SrqId) -> Result<u32, SrqError> {
+        self.get(id)?;
+        Ok(FIRST_SRQN + id.0 as u32)
+    }
+
+    /// The XRC SRQ numbered `srqn` of domain `xrcd`, with its PD and CQ: where an XRC
+    /// request for it goes. `None` for any other number (a basic SRQ's too).
+    pub fn xrc_target(&self, srqn: u32, xrcd: XrcdId) -> Option<(SrqId, XrcSrq)> {
+        let slot = srqn.checked_sub(FIRST_SRQN)? as usize;
+        let xrc = self.srqs.get(slot)?.as_ref()?.xrc?;
+        (xrc.xrcd == xrcd).then_some((SrqId(slot), xrc))
+    }
+
+    /// Whether an XRC SRQ completes into the CQ in slot `cq`.
+    pub fn uses_cq(&self, cq: usize) -> bool {
+        self.srqs
+            .iter()
+            .flatten()
+            .any(|srq| srq.xrc.is_some_and(|xrc| xrc.cq == cq))
+    }
+
+    /// Whether an XRC SRQ belongs to `xrcd`.
+    pub fn uses_xrcd(&self, xrcd: XrcdId) -> bool {
+        self.srqs
+            .iter()
+            .flatten()
+            .any(|srq| srq.xrc.is_some_and(|xrc| xrc.xrcd == xrcd))
     }
 
     /// `ibv_modify_srq`, checked as a whole before anything changes.

@@ -2,6 +2,7 @@
 
 use smallvec::SmallVec;
 
+use crate::access::AccessFlags;
 use crate::qp_state::AddressVector;
 
 /// A gather or scatter list: one element inline (rc_pingpong, perftest and most programs post
@@ -23,6 +24,7 @@ pub struct Sge {
 
 /// What a send work request does, with its operands (`ibv_wr_opcode` and `wr.rdma`/`wr.atomic`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
 pub enum SendOp {
     /// SEND.
     #[default]
@@ -74,6 +76,12 @@ pub enum SendOp {
         /// Value added.
         add: u64,
     },
+    /// Binds a memory window to a range of a region (`IBV_WR_BIND_MW`, and what
+    /// `ibv_bind_mw` posts for a type 1 window); runs locally, sends nothing.
+    BindMw(MwBind),
+    /// Invalidates the type 2 memory window with this R_Key (`IBV_WR_LOCAL_INV`); runs
+    /// locally, sends nothing.
+    LocalInv(u32),
     /// ATOMIC WRITE (IBTA 1.5 memory placement extensions, RC only): `data`, as these bytes
     /// are in memory, stored at `remote_addr` in one 8-byte atomic store after every
     /// earlier request of the QP took effect. It takes no gather list; the responder needs
@@ -86,6 +94,38 @@ pub enum SendOp {
         /// The 8 bytes to store.
         data: [u8; 8],
     },
+}
+
+/// A memory window of an endpoint: its R_Key without the key byte, which stays the same
+/// through every bind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MwId(pub(crate) u32);
+
+impl MwId {
+    /// The window's index, the upper 24 bits of each of its R_Keys.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+/// What a memory window bind asks (`struct ibv_mw_bind_info` and the new R_Key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window.
+    pub mw: MwId,
+    /// The R_Key it takes: only its low 8 bits (the key byte the consumer owns) count.
+    pub rkey: u32,
+    /// The region's L_Key (ignored when `length` is 0, which unbinds a type 1 window).
+    pub mr_lkey: u32,
+    /// First address of the window, in the region's addresses.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub length: u64,
+    /// What peers may do through it (the remote rights of [`AccessFlags`]).
+    pub access: AccessFlags,
+    /// Peers address the window from 0 rather than from `addr` (`IBV_ACCESS_ZERO_BASED`;
+    /// type 2 windows only).
+    pub zero_based: bool,
 }
 
 impl SendOp {
@@ -106,6 +146,12 @@ impl SendOp {
     /// and add).
     pub const fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// Whether this runs at the requester without sending a packet (memory window binds and
+    /// local invalidation).
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
     }
 }
 
@@ -150,6 +196,9 @@ pub struct SendWr {
     pub flags: SendFlags,
     /// Destination of a UD send.
     pub ud: Option<UdDest>,
+    /// The XRC SRQ at the destination an XRC send is for (`qp_type.xrc.remote_srqn`);
+    /// ignored by other QPs.
+    pub xrc_srqn: u32,
 }
 
 /// A receive work request.
@@ -170,6 +219,7 @@ pub fn signaled(wr_id: u64, op: SendOp, sge: Sge) -> SendWr {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     }
 }
 
@@ -191,6 +241,7 @@ impl Clone for SendWr {
         self.inline_data.clone_from(&source.inline_data);
         self.flags = source.flags;
         self.ud = source.ud;
+        self.xrc_srqn = source.xrc_srqn;
     }
 }
 

@@ -135,6 +135,7 @@ fn duplicate_reads_of_a_gigabyte_leave_the_heap_flat_and_the_read_intact() {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     };
     sim.post_send(a, qa, &read).expect("READ posted");
 

@@ -111,6 +111,7 @@ fn lent_payloads_make_the_frames_copied_ones_do() {
         inline_data: b"inline bytes".to_vec(),
         flags: SendFlags::SIGNALED | SendFlags::INLINE,
         ud: None,
+        xrc_srqn: 0,
     };
     sim.post_send(A, qa, &inline).unwrap();
     assert_eq!(exchange(&mut sim), 1);

@@ -218,6 +218,7 @@ fn send(wr_id: u64) -> SendWr {
         inline_data: Vec::new(),
         flags: SendFlags::empty(),
         ud: None,
+        xrc_srqn: 0,
     }
 }
 

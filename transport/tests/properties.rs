@@ -238,6 +238,7 @@ fn run(ops: Vec<Op>, link: LinkConfig, mtu: PathMtu, seed: u64) -> Result<(), Te
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         sim.post_send(a, qa, &wr).unwrap();
         expected_results.push((wr_id, WcStatus::Success, opcode));

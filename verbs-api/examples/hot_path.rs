@@ -111,6 +111,7 @@ fn main() {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     };
     let mut seen = Vec::new();
     match test.as_str() {

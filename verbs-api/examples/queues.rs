@@ -98,6 +98,7 @@ fn end(
                 inline_data: Vec::new(),
                 flags: SendFlags::SIGNALED,
                 ud: None,
+                xrc_srqn: 0,
             };
             qp.post_send([wr]).unwrap();
             posted += 1;

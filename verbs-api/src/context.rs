@@ -36,6 +36,7 @@ use crate::options::{BackendChoice, CmTiming, OpenOptions, Progress};
 use crate::queues::EventQueue;
 use crate::shared::Shared;
 use crate::wait;
+use crate::xrc::Xrcd;
 
 /// An open device.
 ///
@@ -143,6 +144,11 @@ impl Context {
     /// Allocates a protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> Result<Pd, Error> {
         Pd::new(self.shared())
+    }
+
+    /// Opens a new XRC domain (`ibv_open_xrcd`).
+    pub fn open_xrcd(&self) -> Result<Xrcd, Error> {
+        Xrcd::new(self.shared())
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel`).

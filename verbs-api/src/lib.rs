@@ -47,11 +47,14 @@
 //!
 //! - **Shared receive queues** ([`Pd::create_srq`], [`Pd::create_qp_with_srq`]): receives
 //!   posted once for many QPs, with the limit event among the async events.
+//! - **XRC** ([`Context::open_xrcd`], [`Pd::create_xrc_srq`], [`Xrcd::create_recv_qp`],
+//!   [`QpType::XrcSend`]): XRC domains, XRC SRQs and both halves of XRC connections.
 //! - **UD multicast** ([`Qp::attach_mcast`], [`CmId::join_multicast`]): a datagram to a group
 //!   reaches every attached QP; rdma_cm's join joins the host to the group (IGMP, by the
 //!   kernel), as for rxe.
 //!
-//! Not yet: memory windows.
+//! - **Memory windows** ([`Pd::alloc_mw`], [`Qp::bind_mw`], [`SendOp::BindMw`],
+//!   [`SendOp::LocalInv`]): type 1 and type 2 windows as rxe gives them.
 //!
 //! The code, each module importing only those listed before it: `error`, `device`,
 //! `options`, `ring` (a lock-free single-producer/single-consumer ring), `queues` (what the
@@ -61,7 +64,8 @@
 //! (choosing one), `cm_routes` (where CM events go), `groups` (multicast attachments and the
 //! interface's part in them), `core` (the state behind the lock), `shared` (what every object holds),
 //! `path` (destinations), `wait` (blocking on an event queue), `engine_thread`; then one
-//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `srq`, `qp`,
+//! module per object: `mr` (PD and MR), `channel`, `cq`, `ah`, `handshake`, `xrc` (XRC
+//! domains), `srq`, `qp`, `mw`,
 //! `context`, the public front that opens a device and makes the objects, `counters` (its
 //! rxe-named counters), `mcast` (attaching QPs to multicast groups), and `cm`, the
 //! connection manager (rdma_cm) over it.
@@ -87,6 +91,7 @@ mod iova;
 mod limits;
 mod mcast;
 mod mr;
+mod mw;
 mod neighbour;
 mod options;
 mod path;
@@ -97,6 +102,7 @@ mod shared;
 mod srq;
 pub mod sysfs;
 mod wait;
+mod xrc;
 
 pub use ah::AddressHandle;
 pub use backend::BackendKind;
@@ -111,19 +117,25 @@ pub use device::{devices, Device, DeviceAttr, Gid, PortAttr, PortState};
 pub use error::{Error, PostFailure};
 pub use handshake::{ConnectOptions, QpEndpoint};
 pub use mr::{Mr, Pd, Rereg};
+pub use mw::{inc_rkey, Mw, MwBindInfo};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
 pub use roce_transport::Counters;
 pub use srq::Srq;
+pub use xrc::Xrcd;
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
 pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 pub use roce_transport::endpoint::AsyncEvent;
+pub use roce_transport::mr::MwType;
 pub use roce_transport::qp::{QpCaps, QpStats};
 pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
 pub use roce_transport::srq::{SrqAttr, SrqModify};
-pub use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest};
+pub use roce_transport::wr::{
+    MwBind, MwId, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest,
+};
+pub use roce_transport::xrc::XrcdId;
 pub use roce_transport::{AccessFlags, CqId, SrqId};
 pub use roce_wire::aeth::RnrTimer;
 pub use roce_wire::Psn;

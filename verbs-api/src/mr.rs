@@ -400,7 +400,8 @@ impl Mr {
 
     /// Deregisters now (`ibv_dereg_mr`) and hands back the bytes of a region that owned them
     /// (`None` over the caller's memory, which the device no longer touches once this
-    /// returns).
+    /// returns). Memory windows still bound to it are unbound first (see
+    /// [`windows_bound`](Self::windows_bound) for `ibv_dereg_mr`'s refusal).
     pub fn dereg(self) -> Result<Option<Box<[u8]>>, Error> {
         self.try_dereg().map_err(|(_, error)| error)
     }
@@ -413,9 +414,17 @@ impl Mr {
             .pd
             .shared
             .lock()
-            .and_then(|mut core| Ok(core.endpoint().mrs().dereg_mr(self.key)?));
+            .and_then(|mut core| Ok(core.endpoint().mrs().dereg_mr_unbinding(self.key)?));
         // On success, dropping `self` finds the key gone, which it ignores.
         deregistered.map_err(|error| (self, error))
+    }
+
+    /// How many memory windows are bound to the region now: while any is, `ibv_dereg_mr`
+    /// refuses with `EINVAL`, as rxe does.
+    pub fn windows_bound(&self) -> Result<u32, Error> {
+        let mut core = self.pd.shared.lock()?;
+        let mr = core.endpoint().mrs().get(self.key).ok_or(Error::Gone)?;
+        Ok(mr.windows_bound())
     }
 }
 
@@ -432,7 +441,8 @@ fn region_error(error: MrError) -> Error {
 impl Drop for Mr {
     fn drop(&mut self) {
         if let Ok(mut core) = self.pd.shared.lock() {
-            let _ = core.endpoint().mrs().dereg_mr(self.key);
+            // Windows bound to it must not outlive the memory they grant.
+            let _ = core.endpoint().mrs().dereg_mr_unbinding(self.key);
         }
     }
 }

@@ -18,6 +18,7 @@ use crate::mr::{Pd, PdInner};
 use crate::queues::{qp_queues, Posting, QpQueues, WorkRequest};
 use crate::shared::Shared;
 use crate::srq::{Srq, SrqInner};
+use crate::xrc::{Xrcd, XrcdInner};
 
 /// What `ibv_create_qp` takes.
 pub struct QpInitAttr<'a> {
@@ -62,9 +63,6 @@ impl Pd {
             caps: attr.caps,
             sq_sig_all: attr.sq_sig_all,
         };
-        let mut psn = [0u8; 4];
-        rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
-            .map_err(std::io::Error::from)?;
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
         let mut core = shared.lock()?;
         limits::check_qp_count(core.qps.len())?;
@@ -78,25 +76,68 @@ impl Pd {
         let (queues, slot) = qp_queues(qpn, gate);
         core.qps.insert(qpn, slot);
         Ok(Qp {
+            _life: QpLife::new(shared, qpn),
             pd: Arc::clone(&self.inner),
-            _cqs: [Arc::clone(send_cq), Arc::clone(recv_cq)],
+            _cqs: vec![Arc::clone(send_cq), Arc::clone(recv_cq)],
             _srq: srq.map(|srq| Arc::clone(&srq.inner)),
+            _xrcd: None,
             qpn,
             qp_type: attr.qp_type,
-            first_psn: Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF),
+            first_psn: random_psn()?,
             queues,
         })
     }
 }
 
-/// A queue pair (`ibv_qp`). Destroyed on drop: packets for it are dropped from then on.
-/// It keeps its PD and CQs alive.
+/// A QP's first PSN, at random, as rc_pingpong picks it.
+fn random_psn() -> Result<Psn, Error> {
+    let mut psn = [0u8; 4];
+    rustix::rand::getrandom(&mut psn, rustix::rand::GetRandomFlags::empty())
+        .map_err(std::io::Error::from)?;
+    Ok(Psn::new(u32::from_le_bytes(psn) & 0xFF_FFFF))
+}
+
+impl Xrcd {
+    /// Creates an XRC target QP of this domain in RESET (`ibv_create_qp_ex` with
+    /// `IBV_QPT_XRC_RECV`): no PD, CQs or queues of its own; it receives into the XRC SRQs of
+    /// the domain that requests name. It keeps the domain alive.
+    pub fn create_recv_qp(&self) -> Result<Qp, Error> {
+        let shared = &self.inner.shared;
+        let mut core = shared.lock()?;
+        limits::check_qp_count(core.qps.len())?;
+        let qpn = core.endpoint().create_xrc_recv_qp(self.id())?;
+        let gate = core.endpoint().post_gate(qpn).ok_or(Error::Gone)?;
+        let (queues, slot) = qp_queues(qpn, gate);
+        core.qps.insert(qpn, slot);
+        Ok(Qp {
+            _life: QpLife::new(shared, qpn),
+            pd: Arc::clone(&self.inner.holder.inner),
+            _cqs: Vec::new(),
+            _srq: None,
+            _xrcd: Some(Arc::clone(&self.inner)),
+            qpn,
+            qp_type: QpType::XrcRecv,
+            first_psn: random_psn()?,
+            queues,
+        })
+    }
+}
+
+/// A queue pair (`ibv_qp`). Destroyed on drop (the last handle of an XRC target opened
+/// again, [`Qp::open_xrc_recv`]): packets for it are dropped from then on. It keeps its PD
+/// and CQs alive.
 pub struct Qp {
+    /// Destroys the transport's QP when the last handle goes; first, so that it goes before
+    /// the CQs and SRQ it holds.
+    _life: Arc<QpLife>,
     pd: Arc<PdInner>,
-    /// The send and receive CQs, held so they outlive the QP that completes into them.
-    _cqs: [Arc<CqInner>; 2],
+    /// The send and receive CQs, held so they outlive the QP that completes into them (an
+    /// XRC target has none).
+    _cqs: Vec<Arc<CqInner>>,
     /// The SRQ it takes its receives from, held so it outlives the QP.
     _srq: Option<Arc<SrqInner>>,
+    /// An XRC target's domain, held so it outlives the QP.
+    _xrcd: Option<Arc<XrcdInner>>,
     qpn: u32,
     qp_type: QpType,
     /// Our first PSN, chosen at random, as rc_pingpong does.
@@ -116,9 +157,14 @@ impl Qp {
         self.qpn
     }
 
-    /// RC, UC or UD.
+    /// RC, UC, UD or an XRC half.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// The XRC domain of an XRC target QP.
+    pub fn xrcd_id(&self) -> Option<roce_transport::xrc::XrcdId> {
+        self._xrcd.as_ref().map(|xrcd| xrcd.id)
     }
 
     /// The current state (`ibv_query_qp`'s `qp_state`).
@@ -176,8 +222,8 @@ impl Qp {
         self.shared().kick(&mut core)
     }
 
-    /// Brings an RC or UC QP from RESET to RTS towards `remote`, as rc_pingpong's three
-    /// `ibv_modify_qp` calls do.
+    /// Brings an RC, UC or XRC QP from RESET to RTS towards `remote`, as rc_pingpong's three
+    /// `ibv_modify_qp` calls do (an XRC initiator towards a target, or the reverse).
     pub fn connect(&self, remote: &QpEndpoint, options: &ConnectOptions) -> Result<(), Error> {
         if self.qp_type == QpType::Ud {
             return Err(Error::InvalidArgument(
@@ -195,7 +241,8 @@ impl Qp {
             qpn: remote.qpn,
             psn: remote.psn,
         };
-        let rc = self.qp_type == QpType::Rc;
+        let responds = matches!(self.qp_type, QpType::Rc | QpType::XrcRecv);
+        let requests = matches!(self.qp_type, QpType::Rc | QpType::XrcSend);
         let [to_init, to_rtr, to_rts] = connect_attrs(
             self.qp_type,
             peer,
@@ -205,11 +252,11 @@ impl Qp {
         );
         self.modify(&to_init)?;
         self.modify(&QpAttr {
-            max_dest_rd_atomic: rc.then_some(options.max_dest_rd_atomic),
+            max_dest_rd_atomic: responds.then_some(options.max_dest_rd_atomic),
             ..to_rtr
         })?;
         self.modify(&QpAttr {
-            max_rd_atomic: rc.then_some(options.max_rd_atomic),
+            max_rd_atomic: requests.then_some(options.max_rd_atomic),
             ..to_rts
         })
     }
@@ -298,14 +345,50 @@ impl Qp {
     }
 }
 
-impl Drop for Qp {
+/// A QP's life in the transport, shared by its handles.
+struct QpLife {
+    shared: Arc<Shared>,
+    qpn: u32,
+}
+
+impl QpLife {
+    fn new(shared: &Arc<Shared>, qpn: u32) -> Arc<QpLife> {
+        Arc::new(QpLife {
+            shared: Arc::clone(shared),
+            qpn,
+        })
+    }
+}
+
+impl Drop for QpLife {
     fn drop(&mut self) {
-        if let Ok(mut core) = self.shared().lock() {
+        if let Ok(mut core) = self.shared.lock() {
             core.qps.remove(&self.qpn);
             core.endpoint().destroy_qp(self.qpn);
             // The MACs of groups that went with it leave the interface's filter.
             let core = &mut *core;
             core.multicast.forget_qp(core.engine.endpoint(), self.qpn);
         }
+    }
+}
+
+impl Qp {
+    /// `ibv_open_qp`: another handle to this XRC target QP, which lives until its last
+    /// handle goes, as an opened shareable QP does; any other QP is `EINVAL`.
+    pub fn open_xrc_recv(&self) -> Result<Qp, Error> {
+        if self.qp_type != QpType::XrcRecv {
+            return Err(Error::InvalidArgument("only XRC target QPs are opened"));
+        }
+        Ok(Qp {
+            _life: Arc::clone(&self._life),
+            pd: Arc::clone(&self.pd),
+            _cqs: self._cqs.clone(),
+            _srq: self._srq.clone(),
+            _xrcd: self._xrcd.clone(),
+            qpn: self.qpn,
+            qp_type: self.qp_type,
+            first_psn: self.first_psn,
+            queues: Arc::clone(&self.queues),
+        })
     }
 }

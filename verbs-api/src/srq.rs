@@ -13,15 +13,19 @@ use roce_transport::srq::{SrqAttr, SrqModify};
 use roce_transport::wr::RecvWr;
 use roce_transport::SrqId;
 
+use crate::cq::{Cq, CqInner};
 use crate::error::{Error, PostFailure};
 use crate::mr::{Pd, PdInner};
 use crate::shared::Shared;
+use crate::xrc::{Xrcd, XrcdInner};
 
 /// One SRQ, shared by its handles and the QPs on it; destroyed in the endpoint when the
 /// last of them goes.
 pub(crate) struct SrqInner {
     pd: Arc<PdInner>,
     pub(crate) id: SrqId,
+    /// An XRC SRQ's domain and CQ, held so they outlive it.
+    _xrc: Option<(Arc<XrcdInner>, Arc<CqInner>)>,
 }
 
 impl Drop for SrqInner {
@@ -54,6 +58,29 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&self.inner),
                 id,
+                _xrc: None,
+            }),
+        })
+    }
+
+    /// Creates an XRC SRQ of `xrcd` (`ibv_create_srq_ex` with `IBV_SRQT_XRC`): XRC requests
+    /// naming its number ([`Srq::number`]) are received into it, checked in this PD, and
+    /// complete in `cq`.
+    pub fn create_xrc_srq(&self, attr: SrqAttr, xrcd: &Xrcd, cq: &Cq) -> Result<Srq, Error> {
+        let shared = &self.inner.shared;
+        if !Arc::ptr_eq(&xrcd.inner.shared, shared) {
+            return Err(Error::ForeignObject("XRC domain"));
+        }
+        if !Arc::ptr_eq(&cq.inner.shared, shared) {
+            return Err(Error::ForeignObject("CQ"));
+        }
+        let mut core = shared.lock()?;
+        let id = (core.endpoint()).create_xrc_srq(attr, xrcd.id(), cq.inner.id, self.inner.id)?;
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                pd: Arc::clone(&self.inner),
+                id,
+                _xrc: Some((Arc::clone(&xrcd.inner), Arc::clone(&cq.inner))),
             }),
         })
     }
@@ -67,6 +94,12 @@ impl Srq {
     /// Which SRQ this is, as its async events name it.
     pub fn id(&self) -> SrqId {
         self.inner.id
+    }
+
+    /// Its number (`ibv_get_srq_num`): what an XRC initiator's work request names it by.
+    pub fn number(&self) -> Result<u32, Error> {
+        let mut core = self.shared().lock()?;
+        Ok(core.endpoint().srq_number(self.inner.id)?)
     }
 
     /// `ibv_post_srq_recv` for a list of work requests: posts them in order and stops at

@@ -241,6 +241,7 @@ fn connect(a: &Side, b: &Side, listener: &CmId) -> (CmId, CmId) {
         inline_data: Vec::new(),
         flags: SendFlags::SIGNALED,
         ud: None,
+        xrc_srqn: 0,
     }])
     .unwrap();
     expect(&b.channel, &passive, 9);
@@ -280,6 +281,7 @@ fn send(from: &Side, to: &Side, seed: u8) {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         }])
         .unwrap();
     let sent = from.cq.wait_for(1, STALL).unwrap();

@@ -118,6 +118,7 @@ impl Side {
             inline_data: payload(seed),
             flags: SendFlags::SIGNALED | SendFlags::INLINE,
             ud: Some(ah.dest(0xFF_FFFF, RDMA_UDP_QKEY)),
+            xrc_srqn: 0,
         }])
         .unwrap();
         let sent = self.send_cq.wait_for(1, STALL).unwrap();

@@ -1087,6 +1087,7 @@ fn posts_beyond_a_queue_or_its_sges_are_enomem_and_einval() {
             inline_data: Vec::new(),
             flags: SendFlags::empty(),
             ud: None,
+            xrc_srqn: 0,
         }))
         .unwrap_err();
     assert_eq!((failure.index, failure.error.errno()), (max_wr, ENOMEM));

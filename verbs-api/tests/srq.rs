@@ -109,6 +109,7 @@ fn two_rc_qps_share_an_srq_and_its_limit_event() {
             inline_data: Vec::new(),
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: 0,
         };
         qp_a.post_send([send]).unwrap();
     }

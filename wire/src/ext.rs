@@ -3,13 +3,15 @@
 use core::fmt;
 
 use crate::{
-    aeth, atomic_ack_eth, atomic_eth, cnp, deth, feth, ieth, immdt, reth, Error, ExtHeader, Opcode,
-    Result,
+    aeth, atomic_ack_eth, atomic_eth, cnp, deth, feth, ieth, immdt, reth, xrceth, Error, ExtHeader,
+    Opcode, Result,
 };
 
 /// Every extension header a packet carries; which ones are present is fixed by its opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExtRepr {
+    /// The XRC SRQ an XRC request is for.
+    pub xrceth: Option<xrceth::Repr>,
     /// RDMA WRITE/READ/FLUSH/ATOMIC WRITE target.
     pub reth: Option<reth::Repr>,
     /// ACK, NAK or RNR NAK with MSN.
@@ -44,6 +46,10 @@ impl ExtRepr {
             let (this, tail) = take(rest, header.wire_len())?;
             rest = tail;
             match header {
+                ExtHeader::XrcEth => {
+                    let packet = xrceth::Packet::new_checked(this)?;
+                    ext.xrceth = Some(xrceth::Repr::parse(&packet)?)
+                }
                 ExtHeader::Reth => {
                     ext.reth = Some(reth::Repr::parse(&reth::Packet::new_checked(this)?)?)
                 }
@@ -87,6 +93,7 @@ impl ExtRepr {
     pub fn matches(&self, opcode: Opcode) -> bool {
         let wanted = opcode.info().headers;
         let present = [
+            (ExtHeader::XrcEth, self.xrceth.is_some()),
             (ExtHeader::Reth, self.reth.is_some()),
             (ExtHeader::Aeth, self.aeth.is_some()),
             (ExtHeader::Deth, self.deth.is_some()),
@@ -115,6 +122,9 @@ impl ExtRepr {
             offset += header.wire_len();
             // `matches` guarantees each `Option` below is `Some`.
             match header {
+                ExtHeader::XrcEth => emit_some(self.xrceth, |r| {
+                    r.emit(&mut xrceth::Packet::new_unchecked(this))
+                }),
                 ExtHeader::Reth => emit_some(self.reth, |r| {
                     r.emit(&mut reth::Packet::new_unchecked(this))
                 }),
@@ -156,7 +166,8 @@ fn emit_some<R>(repr: Option<R>, emit: impl FnOnce(R)) {
 
 impl fmt::Display for ExtRepr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: [Option<&dyn fmt::Display>; 9] = [
+        let parts: [Option<&dyn fmt::Display>; 10] = [
+            self.xrceth.as_ref().map(|r| r as &dyn fmt::Display),
             self.feth.as_ref().map(|r| r as &dyn fmt::Display),
             self.reth.as_ref().map(|r| r as &dyn fmt::Display),
             self.aeth.as_ref().map(|r| r as &dyn fmt::Display),

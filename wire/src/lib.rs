@@ -50,6 +50,7 @@ pub mod multicast;
 pub mod opcode;
 pub mod psn;
 pub mod reth;
+pub mod xrceth;
 
 pub use ext::ExtRepr;
 pub use frame::{Frame, FrameError, FrameRepr};

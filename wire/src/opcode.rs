@@ -24,6 +24,8 @@ pub enum ExtHeader {
     Feth,
     /// The 16 reserved bytes that form a CNP's body.
     Cnp,
+    /// XRC extended transport header: the destination XRC SRQ.
+    XrcEth,
 }
 
 impl ExtHeader {
@@ -39,6 +41,7 @@ impl ExtHeader {
             ExtHeader::AtomicAckEth => crate::atomic_ack_eth::HEADER_LEN,
             ExtHeader::Feth => crate::feth::HEADER_LEN,
             ExtHeader::Cnp => crate::cnp::HEADER_LEN,
+            ExtHeader::XrcEth => crate::xrceth::HEADER_LEN,
         }
     }
 }
@@ -54,6 +57,8 @@ pub enum Service {
     Ud,
     /// RoCEv2 congestion notification.
     Cnp,
+    /// Extended reliable connection (IBTA Annex A14).
+    Xrc,
 }
 
 /// What a packet does: the operation its message carries out, whatever its service and its
@@ -324,6 +329,52 @@ opcodes! {
     UdSendOnlyWithImmediate = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Send, [Deth, ImmDt], true, Only, true;
     /// RoCEv2 congestion notification packet.
     Cnp = 0x81, "CNP", Cnp, [Cnp], false, Only, false;
+    /// XRC SEND, first packet.
+    XrcSendFirst = 0xA0, "XRC_SEND_FIRST", Send, [XrcEth], true, First, true;
+    /// XRC SEND, middle packet.
+    XrcSendMiddle = 0xA1, "XRC_SEND_MIDDLE", Send, [XrcEth], true, Middle, true;
+    /// XRC SEND, last packet.
+    XrcSendLast = 0xA2, "XRC_SEND_LAST", Send, [XrcEth], true, Last, true;
+    /// XRC SEND, last packet, with immediate data.
+    XrcSendLastWithImmediate = 0xA3, "XRC_SEND_LAST_WITH_IMMEDIATE", Send, [XrcEth, ImmDt], true, Last, true;
+    /// XRC SEND in one packet.
+    XrcSendOnly = 0xA4, "XRC_SEND_ONLY", Send, [XrcEth], true, Only, true;
+    /// XRC SEND in one packet, with immediate data.
+    XrcSendOnlyWithImmediate = 0xA5, "XRC_SEND_ONLY_WITH_IMMEDIATE", Send, [XrcEth, ImmDt], true, Only, true;
+    /// XRC RDMA WRITE, first packet.
+    XrcRdmaWriteFirst = 0xA6, "XRC_RDMA_WRITE_FIRST", Write, [XrcEth, Reth], true, First, true;
+    /// XRC RDMA WRITE, middle packet.
+    XrcRdmaWriteMiddle = 0xA7, "XRC_RDMA_WRITE_MIDDLE", Write, [XrcEth], true, Middle, true;
+    /// XRC RDMA WRITE, last packet.
+    XrcRdmaWriteLast = 0xA8, "XRC_RDMA_WRITE_LAST", Write, [XrcEth], true, Last, true;
+    /// XRC RDMA WRITE, last packet, with immediate data.
+    XrcRdmaWriteLastWithImmediate = 0xA9, "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, [XrcEth, ImmDt], true, Last, true;
+    /// XRC RDMA WRITE in one packet.
+    XrcRdmaWriteOnly = 0xAA, "XRC_RDMA_WRITE_ONLY", Write, [XrcEth, Reth], true, Only, true;
+    /// XRC RDMA WRITE in one packet, with immediate data.
+    XrcRdmaWriteOnlyWithImmediate = 0xAB, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, [XrcEth, Reth, ImmDt], true, Only, true;
+    /// XRC RDMA READ request.
+    XrcRdmaReadRequest = 0xAC, "XRC_RDMA_READ_REQUEST", ReadRequest, [XrcEth, Reth], true, Only, false;
+    /// XRC RDMA READ response, first packet.
+    XrcRdmaReadResponseFirst = 0xAD, "XRC_RDMA_READ_RESPONSE_FIRST", ReadResponse, [Aeth], false, First, true;
+    /// XRC RDMA READ response, middle packet.
+    XrcRdmaReadResponseMiddle = 0xAE, "XRC_RDMA_READ_RESPONSE_MIDDLE", ReadResponse, [], false, Middle, true;
+    /// XRC RDMA READ response, last packet.
+    XrcRdmaReadResponseLast = 0xAF, "XRC_RDMA_READ_RESPONSE_LAST", ReadResponse, [Aeth], false, Last, true;
+    /// XRC RDMA READ response in one packet.
+    XrcRdmaReadResponseOnly = 0xB0, "XRC_RDMA_READ_RESPONSE_ONLY", ReadResponse, [Aeth], false, Only, true;
+    /// XRC ACK or NAK.
+    XrcAcknowledge = 0xB1, "XRC_ACKNOWLEDGE", Acknowledge, [Aeth], false, Only, false;
+    /// XRC atomic acknowledgement carrying the original value.
+    XrcAtomicAcknowledge = 0xB2, "XRC_ATOMIC_ACKNOWLEDGE", AtomicAcknowledge, [Aeth, AtomicAckEth], false, Only, false;
+    /// XRC atomic compare and swap.
+    XrcCompareSwap = 0xB3, "XRC_COMPARE_SWAP", CompareSwap, [XrcEth, AtomicEth], true, Only, false;
+    /// XRC atomic fetch and add.
+    XrcFetchAdd = 0xB4, "XRC_FETCH_ADD", FetchAdd, [XrcEth, AtomicEth], true, Only, false;
+    /// XRC SEND, last packet, invalidating an R_Key.
+    XrcSendLastWithInvalidate = 0xB6, "XRC_SEND_LAST_WITH_INVALIDATE", Send, [XrcEth, Ieth], true, Last, true;
+    /// XRC SEND in one packet, invalidating an R_Key.
+    XrcSendOnlyWithInvalidate = 0xB7, "XRC_SEND_ONLY_WITH_INVALIDATE", Send, [XrcEth, Ieth], true, Only, true;
 }
 
 /// What ends a message besides its payload: nothing, immediate data or an R_Key to
@@ -339,7 +390,7 @@ pub enum Trailer {
 }
 
 /// Slots of the reverse table, one per (service, operation, position, trailer).
-const SERVICES: usize = 4;
+const SERVICES: usize = 5;
 const OPERATIONS: usize = Operation::Cnp as usize + 1;
 const POSITIONS: usize = 4;
 const TRAILERS: usize = 3;
@@ -363,6 +414,7 @@ impl Opcode {
             0 => Service::Rc,
             1 => Service::Uc,
             3 => Service::Ud,
+            5 => Service::Xrc,
             _ => Service::Cnp,
         }
     }
@@ -436,13 +488,13 @@ mod tests {
             }
         }
         assert_eq!(known, Opcode::ALL.len());
-        assert_eq!(known, 40);
+        assert_eq!(known, 63);
     }
 
     #[test]
     fn reserved_and_rd_opcodes_are_rejected() {
         for value in [
-            0x15, 0x18, 0x1E, 0x1F, 0x2C, 0x40, 0x4A, 0x60, 0x66, 0x80, 0xFF,
+            0x15, 0x18, 0x1E, 0x1F, 0x2C, 0x40, 0x4A, 0x60, 0x66, 0x80, 0xB5, 0xB8, 0xFF,
         ] {
             assert!(Opcode::try_from(value).is_err(), "{value:#x}");
         }
@@ -456,6 +508,7 @@ mod tests {
                 Service::Uc => "UC_",
                 Service::Ud => "UD_",
                 Service::Cnp => "CNP",
+                Service::Xrc => "XRC_",
             };
             assert!(opcode.name().starts_with(prefix), "{opcode}");
         }
@@ -494,7 +547,13 @@ mod tests {
     #[test]
     fn find_inverts_info() {
         let mut found = 0;
-        for service in [Service::Rc, Service::Uc, Service::Ud, Service::Cnp] {
+        for service in [
+            Service::Rc,
+            Service::Uc,
+            Service::Ud,
+            Service::Cnp,
+            Service::Xrc,
+        ] {
             for operation in [
                 Operation::Send,
                 Operation::Write,
@@ -599,5 +658,41 @@ mod tests {
         assert_eq!(Opcode::UdSendOnlyWithImmediate.info().ext_len(), 12);
         assert_eq!(Opcode::RcFlush.info().ext_len(), 20);
         assert_eq!(Opcode::Cnp.info().ext_len(), 16);
+        assert_eq!(Opcode::XrcSendMiddle.info().ext_len(), 4);
+        assert_eq!(Opcode::XrcRdmaWriteOnlyWithImmediate.info().ext_len(), 24);
+        assert_eq!(Opcode::XrcCompareSwap.info().ext_len(), 32);
+        assert_eq!(Opcode::XrcAcknowledge.info().ext_len(), 4);
+    }
+
+    /// Every XRC request carries the XRCETH first; XRC responses carry none, and otherwise
+    /// each XRC opcode has its RC twin's headers, 0xA0 above it.
+    #[test]
+    fn xrc_opcodes_are_rc_with_an_xrceth() {
+        let mut xrc = 0;
+        for &opcode in Opcode::ALL {
+            if opcode.service() != Service::Xrc {
+                continue;
+            }
+            xrc += 1;
+            let info = opcode.info();
+            let rc = Opcode::try_from(opcode as u8 - 0xA0).expect("an RC twin");
+            assert_eq!(opcode.name()[4..], rc.name()[3..], "{opcode}");
+            let rest = if info.is_request {
+                assert_eq!(info.headers.first(), Some(&ExtHeader::XrcEth), "{opcode}");
+                &info.headers[1..]
+            } else {
+                info.headers
+            };
+            assert_eq!(rest, rc.info().headers, "{opcode}");
+            assert_eq!(
+                (info.operation, info.position, info.has_payload),
+                (
+                    rc.info().operation,
+                    rc.info().position,
+                    rc.info().has_payload
+                )
+            );
+        }
+        assert_eq!(xrc, 23);
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use roce_provider::capture::{read_frames, write_frames, CapturedFrame};
 use roce_wire::aeth::{self, CreditCount, NakCode, RnrTimer, Syndrome};
 use roce_wire::icrc::{self, ICRC_LEN};
-use roce_wire::{atomic_ack_eth, atomic_eth, cnp, deth, feth, ieth, immdt, reth};
+use roce_wire::{atomic_ack_eth, atomic_eth, cnp, deth, feth, ieth, immdt, reth, xrceth};
 use roce_wire::{ExtHeader, Opcode, Psn};
 
 use super::conduct::{conduct, use_up_receives};
@@ -569,6 +569,11 @@ fn add_header(rng: &mut Rng, conn: &Conn, packet: &mut Packet, header: ExtHeader
             })
         }
         ExtHeader::Cnp => packet.ext.cnp = Some(cnp::Repr),
+        ExtHeader::XrcEth => {
+            packet.ext.xrceth = Some(xrceth::Repr {
+                srqn: rng.next() as u32 & 0xFF_FFFF,
+            })
+        }
     }
 }
 

@@ -67,6 +67,7 @@ impl Rdma<'_> {
                 SendFlags::empty()
             },
             ud: None,
+            xrc_srqn: 0,
         }
     }
 

@@ -96,10 +96,16 @@ pub fn installed(program: &str) -> bool {
 
 /// `roce exec PROGRAM ARGS...` inside `ns`, bounded to a minute.
 pub fn exec_in(ns: &Netns, program: &[&str]) -> Command {
+    exec_in_named(&ns.name, program)
+}
+
+/// [`exec_in`] the namespace called `name` (one this test did not create, such as the rxe
+/// VM's `rxe-host`).
+pub fn exec_in_named(name: &str, program: &[&str]) -> Command {
     build_libraries();
     let mut command = Command::new("ip");
     command
-        .args(["netns", "exec", &ns.name, "timeout", "60"])
+        .args(["netns", "exec", name, "timeout", "60"])
         .args([env!("CARGO_BIN_EXE_roce"), "exec", "--"])
         .args(program)
         .stdout(Stdio::piped())

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::RnrTimer;
+use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{bth, ExtRepr, Opcode, Psn};
 
 use crate::counters::Counters;
@@ -14,7 +15,12 @@ use crate::mr::{Location, MrTable, PdId};
 use crate::qp_state::{AddressVector, PathMtu, QpState, QpType};
 use crate::srq::{SrqId, SrqTable};
 use crate::wr::UdDest;
+use crate::xrc::XrcdId;
 use crate::AccessFlags;
+
+/// The CQ slot of a QP that has no such CQ (an XRC target QP's send CQ, and its receive
+/// CQ between messages): a completion for it is never made.
+pub(crate) const NO_CQ: usize = usize::MAX;
 
 /// Why a post was refused (the call fails; no completion is generated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -238,8 +244,11 @@ pub(crate) struct Common {
     pub state: QpState,
     pub config: QpConfig,
     pub stats: QpStats,
-    /// Where its receives come from when not posted to the QP itself.
+    /// Where its receives come from when not posted to the QP itself (an XRC target QP:
+    /// the SRQ of the request being handled).
     pub srq: Option<SrqId>,
+    /// The XRC domain of an XRC target QP.
+    pub xrcd: Option<XrcdId>,
     /// Which CQs a role's completion found full; the coordinator moves the QP to ERR.
     pub cq_full: FullCqs,
 }
@@ -302,6 +311,29 @@ impl Common {
     }
 }
 
+/// The service of a QP's packets, requests and responses alike.
+#[inline]
+pub(crate) fn service(qp_type: QpType) -> Service {
+    match qp_type {
+        QpType::Rc => Service::Rc,
+        QpType::Uc => Service::Uc,
+        QpType::Ud => Service::Ud,
+        QpType::XrcSend | QpType::XrcRecv => Service::Xrc,
+    }
+}
+
+/// The opcode of a response (or ACK) `operation` at `position` from a responder of
+/// `qp_type`: RC's, or XRC's for an XRC target.
+#[inline]
+pub(crate) fn response_opcode(qp_type: QpType, operation: Operation, position: Position) -> Opcode {
+    let rc = Opcode::find(Service::Rc, operation, position, Trailer::None);
+    // Both services have every response at every position (the opcode table's tests), so
+    // the last fallback is never taken.
+    Opcode::find(service(qp_type), operation, position, Trailer::None)
+        .or(rc)
+        .unwrap_or(Opcode::RcAcknowledge)
+}
+
 /// Queues a completion on `cq`, counting received messages as rxe does; `false` when the
 /// CQ is full and the completion is lost.
 #[inline(always)]
@@ -313,5 +345,8 @@ fn push_completion(ctx: &mut Ctx, cq: usize, completion: WorkCompletion) -> bool
     if received && completion.status == WcStatus::Success {
         ctx.counters.rdma_recvs += 1;
     }
-    ctx.cqs[cq].push(completion).is_ok()
+    // NO_CQ is never completed into; if it were, the completion would be lost as on overflow.
+    ctx.cqs
+        .get_mut(cq)
+        .is_some_and(|cq| cq.push(completion).is_ok())
 }

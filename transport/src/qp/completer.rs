@@ -98,7 +98,8 @@ pub(crate) fn handle_response(
     ctx: &mut Ctx,
     frame: &FrameRepr,
 ) -> Option<Outcome> {
-    if qp.qp_type != QpType::Rc || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+    let requester = matches!(qp.qp_type, QpType::Rc | QpType::XrcSend);
+    if !requester || !matches!(qp.state, QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
         return None;
     }
@@ -252,6 +253,10 @@ fn ack_through(
         if !sq.started(index) {
             break;
         }
+        if sq.has_locals() && wqe.local_done() {
+            index += 1;
+            continue;
+        }
         if wqe.wr.op.is_read_or_atomic() {
             let answered = wqe.answered_through() - 1;
             if psn.distance(answered) > 0 {
@@ -288,6 +293,10 @@ fn answered_before(
     while let Some(wqe) = sq.get(index) {
         if wqe.contains(psn) {
             return Ok(index);
+        }
+        if wqe.local_done() {
+            index += 1;
+            continue;
         }
         if wqe.wr.op.is_read_or_atomic() {
             let resume = wqe.answered_through();

@@ -25,7 +25,7 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
-pub(crate) use common::{Ctx, Failure, Lent};
+pub(crate) use common::{Ctx, Failure, Lent, NO_CQ};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
@@ -57,6 +57,9 @@ impl PostGate {
     /// Whether `wr` may be posted with `queued` more sends already admitted ahead of it;
     /// returns its message length.
     pub fn check_send(&self, wr: &SendWr, queued: usize) -> Result<u32, PostError> {
+        if self.qp_type == QpType::XrcRecv {
+            return Err(PostError::UnsupportedOperation);
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
             return Err(PostError::InvalidState);
         }
@@ -93,7 +96,8 @@ impl PostGate {
 
     /// Whether `wr` may be posted with `queued` more receives already admitted ahead of it.
     pub fn check_recv(&self, wr: &RecvWr, queued: usize) -> Result<(), PostError> {
-        if self.has_srq {
+        // XRC QPs have no receive queue: a target receives into XRC SRQs.
+        if self.has_srq || matches!(self.qp_type, QpType::XrcSend | QpType::XrcRecv) {
             return Err(PostError::UsesSrq);
         }
         if self.state == QpState::Reset {
@@ -171,6 +175,7 @@ impl Qp {
                 config: QpConfig::default(),
                 stats: QpStats::default(),
                 srq: None,
+                xrcd: None,
                 cq_full: FullCqs::default(),
             },
             caps: init.caps,
@@ -325,6 +330,7 @@ impl Qp {
                 return;
             }
         }
+        self.complete_local_front(ctx);
         match outcome.then {
             Then::Nothing => {}
             Then::Retry { from, wait } => {
@@ -397,7 +403,11 @@ impl Qp {
     #[inline]
     fn poll_request(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
         let (sq, timers) = (&mut self.sq, &mut self.timers);
-        match requester::next_packet(sq, timers, &mut self.common, ctx, out) {
+        let next = requester::next_packet(sq, timers, &mut self.common, ctx, out);
+        // Local operations the requester ran complete once nothing before them is left,
+        // ahead of the WQE whose packet just left.
+        self.complete_local_front(ctx);
+        match next {
             Next::Nothing => false,
             Next::Sent { completes_front } => {
                 if completes_front {
@@ -500,6 +510,24 @@ impl Qp {
         self.sq.pop_front();
         if let Some(completion) = completion {
             self.complete(ctx, self.common.send_cq, completion);
+        }
+    }
+
+    /// Completes the local operations (binds, local invalidations) at the front that have
+    /// run: they wait for nothing but the WQEs before them.
+    #[inline]
+    fn complete_local_front(&mut self, ctx: &mut Ctx) {
+        if self.sq.has_locals() {
+            self.complete_local_front_now(ctx);
+        }
+    }
+
+    #[inline(never)]
+    fn complete_local_front_now(&mut self, ctx: &mut Ctx) {
+        while self.sq.front().is_some_and(|wqe| wqe.local_done())
+            && self.common.state != QpState::Err
+        {
+            self.complete_front(ctx);
         }
     }
 

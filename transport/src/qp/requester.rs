@@ -2,7 +2,7 @@
 //! queue's cursor.
 
 use roce_wire::opcode::Position;
-use roce_wire::{atomic_eth, deth, ieth, immdt, reth, ExtRepr};
+use roce_wire::{atomic_eth, deth, ieth, immdt, reth, xrceth, ExtRepr};
 
 use super::common::{Common, Ctx, Lent, OutPacket, QpConfig};
 use super::send_queue::{self, SendQueue, SendWqe};
@@ -22,7 +22,9 @@ const MAX_UNACKED_PSNS: i32 = 128;
 /// Queues a send work request the QP admitted, `len` bytes long.
 #[inline]
 pub(crate) fn post(sq: &mut SendQueue, config: &QpConfig, wr: &SendWr, len: u32) {
-    let npsn = if wr.op.is_atomic() {
+    let npsn = if wr.op.is_local() {
+        0
+    } else if wr.op.is_atomic() {
         1
     } else {
         config.packets(len)
@@ -131,6 +133,11 @@ fn ext_headers(qp: &Common, wqe: &SendWqe, index: u32, position: Position) -> Ex
         SendOp::SendWithInv(rkey) if ends => ext.ieth = Some(ieth::Repr { rkey }),
         _ => {}
     }
+    if qp.qp_type == QpType::XrcSend {
+        ext.xrceth = Some(xrceth::Repr {
+            srqn: wqe.wr.xrc_srqn & 0xFF_FFFF,
+        });
+    }
     if let Some(dest) = &wqe.wr.ud {
         // A Q_Key with the high bit set means "use the QP's own" (IBTA 10.2.5).
         let qkey = if dest.remote_qkey & 0x8000_0000 != 0 {
@@ -155,8 +162,10 @@ pub(crate) fn next_packet(
     ctx: &mut Ctx,
     out: &mut OutPacket,
 ) -> Next {
-    let Some((index, k)) = sendable(sq, timers, qp) else {
-        return Next::Nothing;
+    let (index, k) = match next_remote(sq, timers, qp, ctx) {
+        Ok(Some(found)) => found,
+        Ok(None) => return Next::Nothing,
+        Err(failed) => return failed,
     };
     sq.begin_packet();
     let psn = sq.next_psn();
@@ -190,7 +199,8 @@ pub(crate) fn next_packet(
     );
     bth.solicited =
         consumes_receive && position.ends_message() && wqe.wr.flags.contains(SendFlags::SOLICITED);
-    if qp.qp_type == QpType::Rc {
+    let reliable = qp.qp_type.is_reliable();
+    if reliable {
         bth.ack_req =
             position.ends_message() || is_read || sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
     }
@@ -203,14 +213,68 @@ pub(crate) fn next_packet(
     if advance.retransmit {
         qp.stats.retransmits += 1;
     }
-    if qp.qp_type == QpType::Rc && !timers.is_set(Timer::Retransmit) {
+    if reliable && !timers.is_set(Timer::Retransmit) {
         if let Some(timeout) = qp.config.ack_timeout() {
             timers.set(Timer::Retransmit, ctx.now + timeout);
         }
     }
     Next::Sent {
-        completes_front: advance.wqe_sent && qp.qp_type != QpType::Rc,
+        completes_front: advance.wqe_sent && !reliable,
     }
+}
+
+/// The WQE and packet to send next, running the local operations the cursor passes on the
+/// way (each once: going back N passes them by); `Err` with the failure of one that fails.
+#[inline(always)]
+fn next_remote(
+    sq: &mut SendQueue,
+    timers: &TimerTable,
+    qp: &Common,
+    ctx: &mut Ctx,
+) -> Result<Option<(usize, u32)>, Next> {
+    loop {
+        let Some((index, k)) = sendable(sq, timers, qp) else {
+            return Ok(None);
+        };
+        if !sq.has_locals() || !pass_local(sq, qp, ctx, index)? {
+            return Ok(Some((index, k)));
+        }
+    }
+}
+
+/// If the WQE at `index`, under the cursor, is a local operation: runs it (unless it has
+/// run before going back N) and moves the cursor past it, `Ok(true)`. Out of the hot path:
+/// only queues with local operations get here.
+#[cold]
+#[inline(never)]
+fn pass_local(sq: &mut SendQueue, qp: &Common, ctx: &mut Ctx, index: usize) -> Result<bool, Next> {
+    let Some(wqe) = sq.get(index) else {
+        return Ok(false);
+    };
+    if !wqe.wr.op.is_local() {
+        return Ok(false);
+    }
+    if !wqe.done {
+        run_local(qp, ctx, &wqe.wr.op).map_err(|status| Next::Fail { index, status })?;
+    }
+    sq.pass_local();
+    Ok(true)
+}
+
+/// Runs a memory window bind or a local invalidation (`rxe_do_local_ops`): a refused bind
+/// fails with `IBV_WC_MW_BIND_ERR`, a refused invalidation with `IBV_WC_LOC_QP_OP_ERR`.
+fn run_local(qp: &Common, ctx: &mut Ctx, op: &SendOp) -> Result<(), WcStatus> {
+    let result = match op {
+        SendOp::BindMw(bind) => (ctx.mrs.bind_mw(qp.pd, qp.qpn, bind).map(drop))
+            .map_err(|error| (error, WcStatus::MwBind)),
+        SendOp::LocalInv(rkey) => (ctx.mrs.invalidate(qp.pd, None, *rkey))
+            .map_err(|error| (error, WcStatus::LocalQpOperation)),
+        _ => Ok(()),
+    };
+    result.map_err(|(error, status)| {
+        tracing::debug!(qpn = qp.qpn, %error, "local operation failed");
+        status
+    })
 }
 
 /// The WQE and packet to send next, if the QP's state, the RNR wait, fences, read slots and
@@ -228,7 +292,7 @@ fn sendable(sq: &SendQueue, timers: &TimerTable, qp: &Common) -> Option<(usize, 
         return None;
     }
     let window = sq.next_psn().distance(sq.acked_psn());
-    if qp.qp_type == QpType::Rc && window > MAX_UNACKED_PSNS {
+    if qp.qp_type.is_reliable() && window > MAX_UNACKED_PSNS {
         return None;
     }
     Some((index, k))

@@ -12,6 +12,8 @@ use std::collections::VecDeque;
 use roce_wire::aeth::Syndrome;
 use roce_wire::Psn;
 
+use crate::mr::PdId;
+
 /// ACKs and NAKs queued in a row at most. A request flood between two transmit turns is
 /// what makes runs: RNR and sequence NAKs for the same PSN and ACKs of duplicates.
 pub(crate) const MAX_ACK_RUN: usize = 4;
@@ -33,7 +35,13 @@ pub(crate) struct Resource {
 pub(crate) enum ResourceKind {
     /// A READ of `len` bytes at `address` through `rkey`: a duplicate may ask again for any
     /// tail of it (a retry from a lost response), and for nothing else.
-    Read { address: u64, rkey: u32, len: u32 },
+    /// `pd` checks each response's access (an XRC target's comes from the request's SRQ).
+    Read {
+        address: u64,
+        rkey: u32,
+        len: u32,
+        pd: PdId,
+    },
     /// An atomic and the value it found.
     Atomic { original: u64 },
     /// An ATOMIC WRITE done: its answer is an empty READ response.
@@ -62,6 +70,7 @@ impl Resource {
             address: start,
             rkey: key,
             len: total,
+            ..
         } = self.kind
         else {
             return false;
@@ -217,6 +226,7 @@ mod tests {
                 address: 0,
                 rkey: 1,
                 len: npsn * 256,
+                pd: PdId::NONE,
             },
             owed: Some(Owed { start: 0, next: 0 }),
         }

@@ -3,15 +3,16 @@
 
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
 use roce_wire::frame::IpRepr;
-use roce_wire::opcode::{Operation, Position, Service, Trailer};
-use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Opcode, Psn};
+use roce_wire::opcode::{Operation, Position, Service};
+use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Psn};
 
-use super::common::{Common, Ctx, Failure, Lent, OutPacket};
+use super::common::{response_opcode, Common, Ctx, Failure, Lent, OutPacket, NO_CQ};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
 use crate::cq::{NetworkHeader, WcOpcode, WcStatus, WorkCompletion};
-use crate::mr::{AtomicOp, Location, MrError};
+use crate::mr::{AtomicOp, Location, MrError, PdId};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
+use crate::srq::SrqId;
 use crate::wr::RecvWr;
 use crate::AccessFlags;
 
@@ -53,6 +54,8 @@ pub(crate) struct Responder {
     pending_ack: Option<Psn>,
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
     uc_resync: bool,
+    /// XRC target: the SRQ of the message under way, which its every packet must name.
+    xrc_srq: Option<SrqId>,
 }
 
 impl Responder {
@@ -81,6 +84,7 @@ impl Responder {
     /// the front), leaving none and no message under way.
     pub fn take_receives(&mut self) -> Ring<RecvWr> {
         self.in_message = None;
+        self.xrc_srq = None;
         std::mem::take(&mut self.rq)
     }
 }
@@ -157,7 +161,8 @@ fn ack_packet(qp: &Common, psn: Psn, syndrome: Syndrome, msn: u32) -> OutPacket 
         aeth: Some(aeth::Repr { syndrome, msn }),
         ..ExtRepr::default()
     };
-    qp.packet(qp.bth(Opcode::RcAcknowledge, psn, None), ext, Vec::new())
+    let opcode = response_opcode(qp.qp_type, Operation::Acknowledge, Position::Only);
+    qp.packet(qp.bth(opcode, psn, None), ext, Vec::new())
 }
 
 /// Puts any ACK owed in the queue, so what follows it stays in PSN order.
@@ -216,10 +221,16 @@ fn next_response(
                 }),
                 ..ExtRepr::default()
             };
-            let bth = qp.bth(Opcode::RcRdmaReadResponseOnly, first_psn, None);
+            let opcode = response_opcode(qp.qp_type, Operation::ReadResponse, Position::Only);
+            let bth = qp.bth(opcode, first_psn, None);
             out.replace_with(qp.packet(bth, ext, Vec::new()));
         }
-        ResourceKind::Read { address, rkey, len } => {
+        ResourceKind::Read {
+            address,
+            rkey,
+            len,
+            pd,
+        } => {
             let offset = u64::from(k) * mtu as u64;
             let chunk = (u64::from(len) - offset.min(u64::from(len))).min(mtu as u64) as u32;
             let position = Position::of(k - owed.start, resource.npsn - owed.start);
@@ -229,7 +240,7 @@ fn next_response(
             // the provider copies them from the region into the frame.
             out.payload.clear();
             out.lent = None;
-            let located = remote_access(qp, ctx, rkey, address + offset, chunk, read);
+            let located = remote_access(qp, pd, ctx, rkey, address + offset, chunk, read);
             if let Ok(location) = located {
                 out.lent = (chunk > 0).then_some(Lent::Region {
                     location,
@@ -248,12 +259,7 @@ fn next_response(
                 }
                 return true;
             };
-            let opcode = Opcode::find(
-                Service::Rc,
-                Operation::ReadResponse,
-                position,
-                Trailer::None,
-            );
+            let opcode = response_opcode(qp.qp_type, Operation::ReadResponse, position);
             let mut ext = ExtRepr::default();
             if position != Position::Middle {
                 ext.aeth = Some(aeth::Repr {
@@ -262,9 +268,7 @@ fn next_response(
                 });
             }
             out.ext = ext;
-            // RC has a READ response for every position (the opcode table's tests check),
-            // so the fallback is never taken.
-            out.bth = qp.bth(opcode.unwrap_or(Opcode::RcRdmaReadResponseOnly), psn, None);
+            out.bth = qp.bth(opcode, psn, None);
             out.bth.pad_count = ((4 - chunk % 4) % 4) as u8;
             out.av = qp.connected_av();
         }
@@ -280,11 +284,13 @@ pub(crate) fn handle_request(
     ctx: &mut Ctx,
     frame: &FrameRepr,
 ) -> Option<Failure> {
+    // An XRC initiator has no responder.
     let service_matches = matches!(
         (qp.qp_type, frame.bth.opcode.service()),
-        (QpType::Rc, roce_wire::opcode::Service::Rc)
-            | (QpType::Uc, roce_wire::opcode::Service::Uc)
-            | (QpType::Ud, roce_wire::opcode::Service::Ud)
+        (QpType::Rc, Service::Rc)
+            | (QpType::Uc, Service::Uc)
+            | (QpType::Ud, Service::Ud)
+            | (QpType::XrcRecv, Service::Xrc)
     );
     if !service_matches || !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
         qp.stats.dropped += 1;
@@ -295,12 +301,61 @@ pub(crate) fn handle_request(
     }
     match qp.qp_type {
         QpType::Rc => return rc_request(resp, qp, ctx, frame),
+        QpType::XrcRecv => return xrc_request(resp, qp, ctx, frame),
         QpType::Uc => uc_request(resp, qp, ctx, frame),
         QpType::Ud => ud_request(resp, qp, ctx, frame),
+        QpType::XrcSend => {}
     }
     None
 }
 
+/// An XRC target: the request is for the XRC SRQ its XRCETH names, which must be of the
+/// target's domain (and, within a message, the SRQ its first packet named). That SRQ gives
+/// the receive, the PD its keys are checked in and the CQ it completes in; then the request
+/// runs as RC's. A new request naming another SRQ is NAKed as an invalid request (counted in
+/// the NAKs sent) and the target enters ERR; a duplicate or early one is dropped.
+fn xrc_request(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
+    let named = frame
+        .ext
+        .xrceth
+        .zip(qp.xrcd)
+        .and_then(|(xrceth, xrcd)| ctx.srqs.xrc_target(xrceth.srqn, xrcd))
+        .filter(|(srq, _)| resp.in_message.is_none() || resp.xrc_srq == Some(*srq));
+    let Some((srq, xrc)) = named else {
+        tracing::debug!(qpn = qp.qpn, xrceth = ?frame.ext.xrceth, "XRCETH names no SRQ of the domain");
+        if frame.bth.psn == resp.epsn {
+            nak(
+                resp,
+                qp,
+                frame.bth.psn,
+                Syndrome::Nak(NakCode::InvalidRequest),
+            );
+            return Some(Failure::InvalidRequest);
+        }
+        qp.stats.dropped += 1;
+        return None;
+    };
+    qp.pd = xrc.pd;
+    qp.srq = Some(srq);
+    qp.recv_cq = xrc.cq;
+    let failure = rc_request(resp, qp, ctx, frame);
+    // Between messages the target has no SRQ; a receive held for a message under way keeps
+    // its CQ, where it is flushed if the target fails meanwhile.
+    qp.srq = None;
+    resp.xrc_srq = resp.in_message.is_some().then_some(srq);
+    if resp.rq.is_empty() {
+        qp.recv_cq = NO_CQ;
+        qp.pd = PdId::NONE;
+    }
+    failure
+}
+
+#[inline(always)]
 fn rc_request(
     resp: &mut Responder,
     qp: &mut Common,
@@ -360,7 +415,7 @@ fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Frame
                 let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
                 let read = AccessFlags::REMOTE_READ;
                 resource.is_some_and(|r| r.covers_read(psn, mtu, rkey, address, len))
-                    && remote_access(qp, ctx, rkey, address, len, read).is_ok()
+                    && remote_access(qp, qp.pd, ctx, rkey, address, len, read).is_ok()
             })
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -420,7 +475,7 @@ fn execute(
     if !length_ok || too_long {
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
-    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || qp.qp_type != QpType::Rc;
+    let reads_allowed = qp.config.max_dest_rd_atomic > 0 || !qp.qp_type.is_reliable();
     let read_or_atomic = matches!(operation, Operation::ReadRequest | Operation::AtomicWrite)
         || operation.is_atomic();
     if read_or_atomic && !reads_allowed {
@@ -446,7 +501,7 @@ fn execute(
     }
     resp.epsn = resp.epsn + 1;
     resp.ack_psn = resp.epsn;
-    if frame.bth.ack_req && qp.qp_type == QpType::Rc {
+    if frame.bth.ack_req && qp.qp_type.is_reliable() {
         resp.pending_ack = Some(frame.bth.psn);
     }
     Ok(())
@@ -464,14 +519,19 @@ fn read_request(
         .reth
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
-    remote_access(qp, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
+    remote_access(qp, qp.pd, ctx, rkey, address, len, AccessFlags::REMOTE_READ)?;
     let npsn = qp.config.packets(len);
     resp.msn = resp.msn.wrapping_add(1);
     let resource = Resource {
         first_psn: frame.bth.psn,
         npsn,
         msn: resp.msn,
-        kind: ResourceKind::Read { address, rkey, len },
+        kind: ResourceKind::Read {
+            address,
+            rkey,
+            len,
+            pd: qp.pd,
+        },
         owed: Some(Owed { start: 0, next: 0 }),
     };
     remember(resp, qp, resource);
@@ -525,6 +585,9 @@ fn receive_send(
         resp.in_message = Some(InMessage::Send { received });
         return Ok(());
     }
+    if let Some(ieth) = frame.ext.ieth {
+        invalidate(qp, ctx, ieth.rkey)?;
+    }
     let completion = WorkCompletion {
         byte_len: received,
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
@@ -556,6 +619,7 @@ fn start_write(
         let write = AccessFlags::REMOTE_WRITE;
         remote_access(
             qp,
+            qp.pd,
             ctx,
             reth.rkey,
             reth.virtual_address,
@@ -608,7 +672,7 @@ fn receive_write(
         let write = AccessFlags::REMOTE_WRITE;
         qp_permits(qp, write)?;
         ctx.mrs
-            .write(qp.pd, rkey, address, frame.payload, write)
+            .write_remote(qp.pd, qp.qpn, rkey, address, frame.payload, write)
             .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))?;
     }
     if !ends {
@@ -638,6 +702,23 @@ fn receive_write(
     Ok(())
 }
 
+/// A SEND with invalidate frees the type 2 memory window it names, which must be bound by
+/// this QP (rxe's `invalidate_rkey`). Any other key (a region's, another QP's or PD's
+/// window, a stale one) is IBTA's class J error: the receive completes with
+/// `IBV_WC_REM_INV_REQ_ERR`, the request is NAKed as invalid and the QP enters ERR (rxe
+/// acknowledges it instead; its requester then completes the SEND successfully).
+fn invalidate(qp: &Common, ctx: &mut Ctx, rkey: u32) -> Result<(), Refusal> {
+    ctx.mrs
+        .invalidate(qp.pd, Some(qp.qpn), rkey)
+        .map_err(|error| {
+            tracing::debug!(qpn = qp.qpn, rkey, %error, "SEND with invalidate refused");
+            Refusal::Fatal(
+                NakCode::InvalidRequest,
+                Some(WcStatus::RemoteInvalidRequest),
+            )
+        })
+}
+
 /// The first half of the responder's access check: the QP's own remote rights.
 fn qp_permits(qp: &Common, needed: AccessFlags) -> Result<(), Refusal> {
     if qp.config.access.contains(needed) {
@@ -647,10 +728,11 @@ fn qp_permits(qp: &Common, needed: AccessFlags) -> Result<(), Refusal> {
     }
 }
 
-/// The responder's access check, QP rights then R_Key, region and bounds: a violation is a
-/// remote access error NAK.
+/// The responder's access check, QP rights then R_Key, region and bounds in `pd`: a
+/// violation is a remote access error NAK.
 fn remote_access(
     qp: &Common,
+    pd: PdId,
     ctx: &Ctx,
     rkey: u32,
     address: u64,
@@ -659,7 +741,7 @@ fn remote_access(
 ) -> Result<Location, Refusal> {
     qp_permits(qp, needed)?;
     ctx.mrs
-        .check(qp.pd, rkey, address, u64::from(len), needed)
+        .check_remote(pd, qp.qpn, rkey, address, u64::from(len), needed)
         .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError, None))
 }
 
@@ -674,8 +756,8 @@ fn atomic(
         .atomic_eth
         .ok_or(Refusal::Fatal(NakCode::InvalidRequest, None))?;
     qp_permits(qp, AccessFlags::REMOTE_ATOMIC)?;
-    let operation = match frame.bth.opcode {
-        Opcode::RcCompareSwap => AtomicOp::CompareSwap {
+    let operation = match frame.bth.opcode.info().operation {
+        Operation::CompareSwap => AtomicOp::CompareSwap {
             compare: op.compare,
             swap: op.swap_add,
         },
@@ -683,7 +765,7 @@ fn atomic(
     };
     let original = ctx
         .mrs
-        .atomic(qp.pd, op.rkey, op.virtual_address, operation)
+        .atomic_remote(qp.pd, qp.qpn, op.rkey, op.virtual_address, operation)
         .map_err(|error| match error {
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
@@ -720,7 +802,7 @@ fn atomic_write(
     let store = AtomicOp::Write(u64::from_ne_bytes(data));
     qp_permits(qp, store.needs())?;
     ctx.mrs
-        .atomic(qp.pd, reth.rkey, reth.virtual_address, store)
+        .atomic_remote(qp.pd, qp.qpn, reth.rkey, reth.virtual_address, store)
         .map_err(|error| match error {
             MrError::Misaligned => Refusal::Fatal(NakCode::InvalidRequest, None),
             _ => Refusal::Fatal(NakCode::RemoteAccessError, None),
@@ -746,11 +828,8 @@ fn atomic_ack_packet(qp: &Common, psn: Psn, original: u64, msn: u32) -> OutPacke
         atomic_ack_eth: Some(atomic_ack_eth::Repr { original }),
         ..ExtRepr::default()
     };
-    qp.packet(
-        qp.bth(Opcode::RcAtomicAcknowledge, psn, None),
-        ext,
-        Vec::new(),
-    )
+    let opcode = response_opcode(qp.qp_type, Operation::AtomicAcknowledge, Position::Only);
+    qp.packet(qp.bth(opcode, psn, None), ext, Vec::new())
 }
 
 /// Keeps a new READ/atomic (behind any ACK owed), forgetting the oldest beyond

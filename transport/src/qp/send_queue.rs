@@ -4,9 +4,10 @@
 //! A WQE's packets are rebuilt from the WQE whenever they are (re)sent, so going back N after
 //! a NAK or timeout is only moving the cursor back ([`SendQueue::rewind`]).
 
-use roce_wire::opcode::{Operation, Position, Service, Trailer};
+use roce_wire::opcode::{Operation, Position, Trailer};
 use roce_wire::{Opcode, Psn};
 
+use super::common::service;
 use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
 use crate::qp_state::QpType;
 use crate::ring::Ring;
@@ -24,12 +25,22 @@ pub(crate) struct SendWqe {
     pub npsn: u32,
     /// READ response packets received, in order.
     pub responses: u32,
+    /// A local operation (bind, local invalidate) that has run: going back N passes it by.
+    pub done: bool,
 }
 
 impl SendWqe {
+    /// PSN of its last packet (a local operation, which has none, is not asked).
     #[inline]
     pub fn last_psn(&self) -> Psn {
-        self.first_psn + (self.npsn - 1)
+        self.first_psn + (self.npsn.max(1) - 1)
+    }
+
+    /// Whether it is a local operation that has run: it completes as soon as every WQE
+    /// before it has.
+    #[inline]
+    pub fn local_done(&self) -> bool {
+        self.done && self.wr.op.is_local()
     }
 
     #[inline]
@@ -62,6 +73,9 @@ pub(crate) struct SendQueue {
     acked_psn: Psn,
     /// Packets sent since the last one with AckReq.
     noack_pkts: u32,
+    /// A local operation (bind, local invalidation) was posted since the queue was last
+    /// empty: until it empties again, the requester and completer look for them.
+    locals: bool,
 }
 
 /// What transmitting one packet did to the queue.
@@ -86,6 +100,12 @@ impl SendQueue {
     #[inline]
     pub fn front(&self) -> Option<&SendWqe> {
         self.wqes.front()
+    }
+
+    /// Whether any local operation is queued.
+    #[inline]
+    pub fn has_locals(&self) -> bool {
+        self.locals
     }
 
     #[inline]
@@ -126,6 +146,8 @@ impl SendQueue {
         wqe.first_psn = Psn::new(0);
         wqe.npsn = npsn;
         wqe.responses = 0;
+        wqe.done = false;
+        self.locals |= wr.op.is_local();
     }
 
     /// The WQE to transmit from and the packet of it that goes next, if any WQE is left.
@@ -184,6 +206,19 @@ impl SendQueue {
         }
     }
 
+    /// Moves the cursor past the local operation under it, which has run (or had run before
+    /// going back N): it takes no PSN.
+    #[inline]
+    pub fn pass_local(&mut self) {
+        let psn = self.next_psn;
+        if let Some(wqe) = self.wqes.get_mut(self.next) {
+            wqe.first_psn = psn;
+            wqe.done = true;
+        }
+        self.next += 1;
+        self.pkt_in_wqe = 0;
+    }
+
     /// Moves the transmit cursor back to `psn` (go back N); a READ whose response packets
     /// from `psn` on are asked for again expects them again.
     #[inline]
@@ -228,6 +263,7 @@ impl SendQueue {
     #[inline]
     pub fn pop_front(&mut self) {
         self.wqes.pop_front();
+        self.locals &= !self.wqes.is_empty();
         self.next = self.next.saturating_sub(1);
     }
 
@@ -235,6 +271,7 @@ impl SendQueue {
     #[inline]
     pub fn take_all(&mut self) -> Ring<SendWqe> {
         self.next = 0;
+        self.locals = false;
         std::mem::take(&mut self.wqes)
     }
 
@@ -274,14 +311,17 @@ fn wc_opcode(wr: &SendWr) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::BindMw(_) => WcOpcode::BindMw,
+        SendOp::LocalInv(_) => WcOpcode::LocalInv,
         SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
     }
 }
 
-/// The wire operation a work request carries out, and what ends its message.
+/// The wire operation a work request carries out, and what ends its message; `None` for a
+/// local operation, which sends nothing.
 #[inline]
-fn operation(op: &SendOp) -> (Operation, Trailer) {
-    match op {
+fn operation(op: &SendOp) -> Option<(Operation, Trailer)> {
+    Some(match op {
         SendOp::Send => (Operation::Send, Trailer::None),
         SendOp::SendWithImm(_) => (Operation::Send, Trailer::Immediate),
         SendOp::SendWithInv(_) => (Operation::Send, Trailer::Invalidate),
@@ -291,16 +331,8 @@ fn operation(op: &SendOp) -> (Operation, Trailer) {
         SendOp::CompareSwap { .. } => (Operation::CompareSwap, Trailer::None),
         SendOp::FetchAdd { .. } => (Operation::FetchAdd, Trailer::None),
         SendOp::AtomicWrite { .. } => (Operation::AtomicWrite, Trailer::None),
-    }
-}
-
-#[inline]
-fn service(qp_type: QpType) -> Service {
-    match qp_type {
-        QpType::Rc => Service::Rc,
-        QpType::Uc => Service::Uc,
-        QpType::Ud => Service::Ud,
-    }
+        SendOp::BindMw(_) | SendOp::LocalInv(_) => return None,
+    })
 }
 
 /// The opcode of a request packet at `position` in the message of `op` (a READ request or
@@ -308,7 +340,7 @@ fn service(qp_type: QpType) -> Service {
 /// operation (the opcode table is what says READ is RC only, and so on).
 #[inline]
 pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -> Option<Opcode> {
-    let (operation, trailer) = operation(op);
+    let (operation, trailer) = operation(op)?;
     let trailer = if position.ends_message() {
         trailer
     } else {
@@ -318,7 +350,12 @@ pub(crate) fn request_opcode(qp_type: QpType, op: &SendOp, position: Position) -
 }
 
 /// Whether a QP of `qp_type` can carry out `wr` (a UD send also needs its destination).
+/// Memory window binds and local invalidation run on QPs that send to one peer (rxe: RC and
+/// UC; its XRC patches add the XRC initiator).
 pub(crate) fn supported(qp_type: QpType, wr: &SendWr) -> bool {
-    let one_packet = request_opcode(qp_type, &wr.op, Position::Only).is_some();
-    one_packet && (qp_type != QpType::Ud || wr.ud.is_some())
+    if request_opcode(qp_type, &wr.op, Position::Only).is_some() {
+        return qp_type != QpType::Ud || wr.ud.is_some();
+    }
+    let connected = matches!(qp_type, QpType::Rc | QpType::Uc | QpType::XrcSend);
+    wr.op.is_local() && connected && wr.sg_list.is_empty()
 }

@@ -39,14 +39,22 @@ pub type PostRecv =
 pub type PostSrqRecv =
     unsafe extern "C" fn(*mut c_void, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type QueryPort = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+pub type AllocMw = unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw;
+pub type OpenQp = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+pub type GetSrqNum = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+pub type OpenXrcd =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+pub type CloseXrcd = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
+pub type BindMw = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+pub type DeallocMw = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
 
 /// `struct ibv_context_ops`: what the inline `ibv_post_send`, `ibv_poll_cq`, ... call.
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_0_to_56: [usize; 7],
-    pub alloc_mw: usize,
-    pub bind_mw: usize,
-    pub dealloc_mw: usize,
+    pub alloc_mw: Option<AllocMw>,
+    pub bind_mw: Option<BindMw>,
+    pub dealloc_mw: Option<DeallocMw>,
     pub _compat_create_cq: usize,
     pub poll_cq: Option<PollCq>,
     pub req_notify_cq: Option<ReqNotifyCq>,
@@ -85,11 +93,14 @@ pub struct verbs_context {
     pub create_cq_ex: Option<CreateCqEx>,
     pub _priv: usize,
     pub query_device_ex: Option<QueryDeviceEx>,
-    pub _ops_224_to_264: [usize; 5],
+    pub _ops_224_to_256: [usize; 4],
+    pub open_qp: Option<OpenQp>,
     pub create_qp_ex: Option<CreateQpEx>,
-    pub get_srq_num: usize,
+    pub get_srq_num: Option<GetSrqNum>,
     pub create_srq_ex: Option<CreateSrqEx>,
-    pub _ops_288_to_312: [usize; 3],
+    pub open_xrcd: Option<OpenXrcd>,
+    pub close_xrcd: Option<CloseXrcd>,
+    pub _abi_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
 }
@@ -243,8 +254,9 @@ pub struct ibv_qp_ex {
     pub wr_flags: u32,
     pub wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
     pub wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
-    pub wr_bind_mw: Option<WrUnsupported>,
-    pub wr_local_inv: Option<WrUnsupported>,
+    pub wr_bind_mw:
+        Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
+    pub wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
     pub wr_rdma_write_imm: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u32)>,
@@ -253,7 +265,7 @@ pub struct ibv_qp_ex {
     pub wr_send_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_send_tso: Option<WrUnsupported>,
     pub wr_set_ud_addr: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_ah, u32, u32)>,
-    pub wr_set_xrc_srqn: Option<WrUnsupported>,
+    pub wr_set_xrc_srqn: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
     pub wr_set_inline_data: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, usize)>,
     pub wr_set_inline_data_list:
         Option<unsafe extern "C" fn(*mut ibv_qp_ex, usize, *const ibv_data_buf)>,
@@ -293,6 +305,7 @@ pub struct ibv_qp_init_attr_ex {
 }
 
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
 pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
@@ -302,6 +315,44 @@ pub type CreateQpEx =
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UC: u32 = 3;
 pub const IBV_QPT_UD: u32 = 4;
+pub const IBV_QPT_XRC_SEND: u32 = 9;
+pub const IBV_QPT_XRC_RECV: u32 = 10;
+
+/// `struct ibv_xrcd`.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `enum ibv_xrcd_init_attr_mask`.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+pub const IBV_XRCD_INIT_ATTR_RESERVED: u32 = 1 << 2;
+
+/// `struct ibv_qp_open_attr`: what `ibv_open_qp` takes.
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: u32,
+}
+
+/// `enum ibv_qp_open_attr_mask`.
+pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
+pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+pub const IBV_QP_OPEN_ATTR_RESERVED: u32 = 1 << 4;
 
 #[repr(C)]
 pub struct ibv_ah {
@@ -364,8 +415,51 @@ pub struct ibv_send_wr {
     pub wr: ibv_send_wr_wr,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// The `bind_mw` / `tso` union.
-    pub _bind_mw_or_tso: [u64; 6],
+    /// The `bind_mw` member of the `bind_mw` / `tso` union (the larger).
+    pub bind_mw: ibv_bind_mw_wr,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `type` (`enum ibv_mw_type`).
+    pub mw_type: u32,
+}
+
+pub const IBV_MW_TYPE_1: u32 = 1;
+pub const IBV_MW_TYPE_2: u32 = 2;
+/// `IBV_ACCESS_ZERO_BASED`: a window addressed from 0.
+pub const IBV_ACCESS_ZERO_BASED: u32 = 1 << 5;
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind`: what `ibv_bind_mw` takes.
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_bind_mw_wr {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 pub const IBV_WR_RDMA_WRITE: u32 = 0;
@@ -375,6 +469,8 @@ pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub const IBV_WR_RDMA_READ: u32 = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+pub const IBV_WR_LOCAL_INV: u32 = 7;
+pub const IBV_WR_BIND_MW: u32 = 8;
 pub const IBV_WR_SEND_WITH_INV: u32 = 9;
 
 #[repr(C)]
@@ -406,7 +502,7 @@ pub struct ibv_wc {
 
 pub const IBV_WC_GRH: u32 = 1;
 pub const IBV_WC_WITH_IMM: u32 = 2;
-pub const IBV_WC_WITH_INV: u32 = 4;
+pub const IBV_WC_WITH_INV: u32 = 1 << 3;
 
 /// `enum ibv_qp_attr_mask`.
 pub mod qp_mask {
@@ -507,6 +603,10 @@ pub type CreateSrqEx =
 /// `enum ibv_srq_init_attr_mask`.
 pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+/// `IBV_SRQT_XRC`.
+pub const IBV_SRQT_XRC: u32 = 1;
 /// `IBV_SRQT_BASIC` of `enum ibv_srq_type` (the others are XRC and tag matching).
 pub const IBV_SRQT_BASIC: u32 = 0;
 /// `enum ibv_srq_attr_mask`.
@@ -741,7 +841,8 @@ mod layout_tests {
             ibv_context { ops, cmd_fd, async_fd, num_comp_vectors, mutex, abi_compat }
             verbs_context {
                 query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, query_rt_values,
-                create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num, create_srq_ex, context
+                create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num, create_srq_ex, context,
+                open_qp, open_xrcd, close_xrcd
             }
             ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
@@ -803,7 +904,19 @@ mod layout_tests {
                 "qp_type.xrc.remote_srqn",
                 offset_of!(ibv_send_wr, remote_srqn),
             ),
-            ("bind_mw", offset_of!(ibv_send_wr, _bind_mw_or_tso)),
+            ("bind_mw", offset_of!(ibv_send_wr, bind_mw)),
+            (
+                "bind_mw.mw",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, mw),
+            ),
+            (
+                "bind_mw.rkey",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, rkey),
+            ),
+            (
+                "bind_mw.bind_info",
+                offset_of!(ibv_send_wr, bind_mw) + offset_of!(ibv_bind_mw_wr, bind_info),
+            ),
         ] {
             rows.push((format!("offsetof(struct ibv_send_wr, {member})"), value));
         }
@@ -830,6 +943,12 @@ mod layout_tests {
             ibv_srq_attr { max_wr, max_sge, srq_limit }
             ibv_srq_init_attr { srq_context, attr }
             ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
+            ibv_mw { context, pd, rkey, handle }
+            ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+            ibv_mw_bind { wr_id, send_flags, bind_info }
+            ibv_xrcd { context }
+            ibv_xrcd_init_attr { comp_mask, fd, oflags }
+            ibv_qp_open_attr { comp_mask, qp_num, xrcd, qp_context, qp_type }
             ibv_cq_ex {
                 context, channel, cq_context, handle, cqe, mutex, cond, comp_events_completed,
                 async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll,
@@ -853,6 +972,37 @@ mod layout_tests {
             ibv_td_init_attr { comp_mask }
             ibv_parent_domain_init_attr { pd, td, comp_mask, alloc, free, pd_context }
         });
+        rows.push((
+            "offsetof(struct ibv_mw, type)".into(),
+            offset_of!(ibv_mw, mw_type),
+        ));
+        // The enum values the memory-window and invalidation paths use.
+        for (name, value) in [
+            ("IBV_WC_WITH_INV", IBV_WC_WITH_INV),
+            ("IBV_WR_LOCAL_INV", IBV_WR_LOCAL_INV),
+            ("IBV_WR_BIND_MW", IBV_WR_BIND_MW),
+            ("IBV_WR_SEND_WITH_INV", IBV_WR_SEND_WITH_INV),
+            ("IBV_MW_TYPE_1", IBV_MW_TYPE_1),
+            ("IBV_MW_TYPE_2", IBV_MW_TYPE_2),
+            ("IBV_ACCESS_ZERO_BASED", IBV_ACCESS_ZERO_BASED),
+            ("IBV_WC_BIND_MW", roce_verbs::WcOpcode::BindMw as u32),
+            ("IBV_WC_LOCAL_INV", roce_verbs::WcOpcode::LocalInv as u32),
+            ("IBV_WC_MW_BIND_ERR", roce_verbs::WcStatus::MwBind as u32),
+            (
+                "IBV_ACCESS_MW_BIND",
+                roce_verbs::AccessFlags::MW_BIND.bits(),
+            ),
+            ("IBV_QPT_XRC_SEND", IBV_QPT_XRC_SEND),
+            ("IBV_QPT_XRC_RECV", IBV_QPT_XRC_RECV),
+            ("IBV_QP_INIT_ATTR_XRCD", IBV_QP_INIT_ATTR_XRCD),
+            ("IBV_SRQ_INIT_ATTR_XRCD", IBV_SRQ_INIT_ATTR_XRCD),
+            ("IBV_SRQ_INIT_ATTR_CQ", IBV_SRQ_INIT_ATTR_CQ),
+            ("IBV_SRQT_XRC", IBV_SRQT_XRC),
+            ("IBV_XRCD_INIT_ATTR_RESERVED", IBV_XRCD_INIT_ATTR_RESERVED),
+            ("IBV_QP_OPEN_ATTR_RESERVED", IBV_QP_OPEN_ATTR_RESERVED),
+        ] {
+            rows.push((name.into(), value as usize));
+        }
         // Members of anonymous structs and of the offloads we keep opaque.
         let odp = offset_of!(ibv_device_attr_ex, odp_caps);
         for (member, value) in [

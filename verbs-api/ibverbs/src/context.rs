@@ -397,7 +397,7 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
         atomic_cap: 1,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: clamp(limits.max_mw.into()),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: clamp(limits.max_mcast_grp.into()),
@@ -417,8 +417,10 @@ pub(crate) fn device_attr(device: &roce_verbs::Device) -> ibv_device_attr {
 
 /// `enum ibv_device_cap_flags` bits that hold: port events are raised
 /// (`IBV_DEVICE_PORT_ACTIVE_EVENT`), the system image GUID is set (`_SYS_IMAGE_GUID`), our
-/// responder sends RNR NAKs (`_RC_RNR_NAK_GEN`) and SRQs can be resized (`_SRQ_RESIZE`).
-const DEVICE_CAP_FLAGS: u32 = 1 << 9 | 1 << 10 | 1 << 12 | 1 << 13;
+/// responder sends RNR NAKs (`_RC_RNR_NAK_GEN`), SRQs can be resized (`_SRQ_RESIZE`),
+/// memory windows of both types exist (`_MEM_WINDOW`, `_MEM_WINDOW_TYPE_2B`, as rxe's) and
+/// so does XRC (`_XRC`, which rxe lacks).
+const DEVICE_CAP_FLAGS: u32 = 1 << 9 | 1 << 10 | 1 << 12 | 1 << 13 | 1 << 17 | 1 << 20 | 1 << 24;
 
 /// `struct ibv_device_attr_ex`: the device attributes, on-demand paging (every region may
 /// page on demand, since we never pin memory; so may the whole address space), the device
@@ -445,8 +447,8 @@ pub(crate) fn device_attr_ex(device: &roce_verbs::Device) -> ibv_device_attr_ex 
         _offloads: [0; 11],
         max_dm_size: 0,
         pci_atomic_caps: [0; 3],
-        // No XRC yet (on-demand paging would hold for it as for every region).
-        xrc_odp_caps: 0,
+        // XRC runs as RC does, over the same regions.
+        xrc_odp_caps: odp::SEND | odp::RECV | odp::WRITE | odp::READ | odp::ATOMIC | odp::SRQ_RECV,
         phys_port_cnt_ex: u32::from(orig_attr.phys_port_cnt),
     }
 }

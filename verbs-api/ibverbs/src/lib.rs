@@ -19,7 +19,8 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening, importing and
 //! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
-//! builders) → `ah` → `srq` → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
+//! builders) → `ah` → `mw` (memory windows, whose binds post through `ops.post_send`) →
+//! `srq` → `xrc` (XRC domains) → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
 //! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
 //! close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
@@ -37,6 +38,7 @@ mod handles;
 mod import;
 mod logging;
 mod mcast;
+mod mw;
 mod ops;
 mod pd;
 mod post;
@@ -46,6 +48,7 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
+mod xrc;
 
 use roce_cabi::{export, unsupported};
 

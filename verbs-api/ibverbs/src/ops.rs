@@ -8,7 +8,7 @@ use core::ffi::{c_int, c_void};
 use crate::abi::*;
 use crate::context::{self, query_port_ex, Context};
 use crate::logging::fail_null;
-use crate::{cq, handles, pd, qp, srq, stats};
+use crate::{cq, handles, mw, pd, qp, srq, stats, xrc};
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
@@ -58,6 +58,9 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
     ops.post_send = Some(qp::post_send);
     ops.post_recv = Some(qp::post_recv);
     ops.post_srq_recv = Some(srq::post_srq_recv);
+    ops.alloc_mw = Some(mw::alloc_mw);
+    ops.bind_mw = Some(mw::bind_mw);
+    ops.dealloc_mw = Some(mw::dealloc_mw);
     verbs_context {
         query_port: Some(query_port_ex),
         advise_mr: Some(pd::advise_mr),
@@ -70,11 +73,14 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
         create_cq_ex: Some(cq::create_cq_ex),
         _priv: 0,
         query_device_ex: Some(context::query_device_ex),
-        _ops_224_to_264: [0; 5],
+        _ops_224_to_256: [0; 4],
+        open_qp: Some(qp::open_qp),
         create_qp_ex: Some(qp::create_qp_ex),
-        get_srq_num: 0,
+        get_srq_num: Some(srq::get_srq_num),
         create_srq_ex: Some(srq::create_srq_ex),
-        _ops_288_to_312: [0; 3],
+        open_xrcd: Some(xrc::open_xrcd),
+        close_xrcd: Some(xrc::close_xrcd),
+        _abi_placeholder3: 0,
         sz: size_of::<verbs_context>(),
         context: ibv_context {
             device,
@@ -91,9 +97,9 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
 fn zeroed_ops() -> ibv_context_ops {
     ibv_context_ops {
         _compat_0_to_56: [0; 7],
-        alloc_mw: 0,
-        bind_mw: 0,
-        dealloc_mw: 0,
+        alloc_mw: None,
+        bind_mw: None,
+        dealloc_mw: None,
         _compat_create_cq: 0,
         poll_cq: None,
         req_notify_cq: None,

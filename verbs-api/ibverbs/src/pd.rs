@@ -529,7 +529,13 @@ pub(crate) unsafe extern "C" fn rereg_mr(
 /// it fails, the region stays registered and the program's `ibv_mr` valid, as rdma-core
 /// frees nothing before the kernel has deregistered it.
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
-    if mr.is_null() {
+    // SAFETY: the caller passes NULL or a region of ours.
+    let Some(region) = (unsafe { mr.cast::<Mr>().as_ref() }) else {
+        return EINVAL;
+    };
+    // Memory windows still bound to it keep it (rxe: IBTA 10.6.7.2.6).
+    if region.mr.windows_bound().unwrap_or(0) > 0 {
+        crate::log_failure("ibv_dereg_mr", &"memory windows are bound to the region");
         return EINVAL;
     }
     // An imported copy goes alone; the original stays its importer's.

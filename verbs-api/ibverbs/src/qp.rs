@@ -114,6 +114,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     let Some(init) = (unsafe { attr.as_mut() }) else {
         return fail_null(CALL, EINVAL, &"NULL attributes");
     };
+    if init.qp_type == IBV_QPT_XRC_RECV {
+        // SAFETY: the caller passes a domain of ours, when the mask says there is one.
+        return unsafe { create_xrc_recv(context, init) };
+    }
     if let Err((errno, why)) = qp_ex::check_init_attr(init) {
         return fail_null(CALL, errno, &why);
     }
@@ -167,11 +171,17 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
+        IBV_QPT_XRC_SEND => QpType::XrcSend,
         other => return fail_null(CALL, EOPNOTSUPP, &format!("QP type {other}")),
+    };
+    // An XRC initiator has no receive side: its receive CQ may be NULL.
+    let recv_cq_raw = match (qp_type, c.recv_cq.is_null()) {
+        (QpType::XrcSend, true) => c.send_cq,
+        _ => c.recv_cq,
     };
     // SAFETY: per this function's contract.
     let (Some(send_cq), Some(recv_cq)) = (unsafe { Cq::from_raw(c.send_cq) }, unsafe {
-        Cq::from_raw(c.recv_cq)
+        Cq::from_raw(recv_cq_raw)
     }) else {
         return fail_null(CALL, EINVAL, &"NULL CQ");
     };
@@ -179,7 +189,8 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
     let Some(context) = (unsafe { Context::from_raw(ours.raw.context) }) else {
         return fail_null(CALL, EINVAL, &"PD without a context");
     };
-    let Some(cap) = granted_cap(c.cap, srq.is_some(), &context.device().query().limits) else {
+    let no_receives = srq.is_some() || qp_type == QpType::XrcSend;
+    let Some(cap) = granted_cap(c.cap, no_receives, &context.device().query().limits) else {
         return fail_null(CALL, EINVAL, &"capabilities beyond the device's");
     };
     let attr = roce_verbs::QpInitAttr {
@@ -214,8 +225,11 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         Err(errno) => return fail_null(CALL, errno, &"the parent domain's allocator"),
     };
     ours.users.fetch_add(1, Ordering::AcqRel);
+    // Counted as `destroy_qp` uncounts them: by the pointers the caller gave.
     send_cq.users.fetch_add(1, Ordering::AcqRel);
-    recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    if !c.recv_cq.is_null() {
+        recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    }
     if let Some(srq) = srq {
         srq.users.fetch_add(1, Ordering::AcqRel);
     }
@@ -223,6 +237,117 @@ unsafe fn create(c: Creation) -> *mut ibv_qp {
         qps.insert(qp_num, ptr as usize);
     }
     ptr.cast()
+}
+
+/// An XRC target QP of the domain `init.xrcd` (`ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`
+/// and `IBV_QP_INIT_ATTR_XRCD`): no PD, CQs or caps.
+///
+/// # Safety
+/// `init.xrcd` is NULL or a domain of ours; `context` is open.
+unsafe fn create_xrc_recv(
+    context: *mut ibv_context,
+    init: &mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    const CALL: &str = "ibv_create_qp_ex";
+    if init.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 {
+        return fail_null(CALL, EINVAL, &"an XRC target QP without its XRC domain");
+    }
+    // SAFETY: per this function's contract.
+    let Some(xrcd) = (unsafe { crate::xrc::Xrcd::from_raw(init.xrcd.cast()) }) else {
+        return fail_null(CALL, EINVAL, &"NULL XRC domain");
+    };
+    let qp = match xrcd.create_recv_qp() {
+        Ok(qp) => qp,
+        Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
+    };
+    init.cap = ibv_qp_cap::default();
+    // SAFETY: per this function's contract.
+    unsafe { wrap_xrc_recv(context, init.qp_context, qp, true) }
+}
+
+/// Our `ibv_qp` around XRC target `qp` (created, or opened again); only the creator's is
+/// the one async events name.
+///
+/// # Safety
+/// `context` is open.
+unsafe fn wrap_xrc_recv(
+    context: *mut ibv_context,
+    qp_context: *mut c_void,
+    qp: roce_verbs::Qp,
+    creator: bool,
+) -> *mut ibv_qp {
+    let c = Creation {
+        pd: core::ptr::null_mut(),
+        qp_context,
+        send_cq: core::ptr::null_mut(),
+        recv_cq: core::ptr::null_mut(),
+        srq: core::ptr::null_mut(),
+        cap: &mut ibv_qp_cap::default(),
+        qp_type: IBV_QPT_XRC_RECV,
+        sq_sig_all: 0,
+        extended: false,
+    };
+    let qp_num = qp.qp_num();
+    let ptr = Box::into_raw(Box::new(Qp::new(&c, context, qp, ibv_qp_cap::default())));
+    // SAFETY: per this function's contract.
+    if let (true, Some(ours)) = (creator, unsafe { Context::from_raw(context) }) {
+        if let Ok(mut qps) = ours.qps.lock() {
+            qps.insert(qp_num, ptr as usize);
+        }
+    }
+    ptr.cast()
+}
+
+/// `verbs_context.open_qp` (`ibv_open_qp`): another handle to the XRC target QP `qp_num`
+/// of the domain `xrcd`, which lives until its last handle is destroyed. The number, the
+/// domain and the type (`IBV_QPT_XRC_RECV`) must be given (`EINVAL`); a QP of another
+/// domain, or none, is `EINVAL` too.
+pub(crate) unsafe extern "C" fn open_qp(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_open_attr,
+) -> *mut ibv_qp {
+    const CALL: &str = "ibv_open_qp";
+    // SAFETY: the caller passes an open context and the attributes.
+    let (Some(ours), Some(attr)) = (unsafe { Context::from_raw(context) }, unsafe {
+        attr.as_ref()
+    }) else {
+        return fail_null(CALL, EINVAL, &"NULL context or attributes");
+    };
+    let needed = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+    if attr.comp_mask >= IBV_QP_OPEN_ATTR_RESERVED || attr.comp_mask & needed != needed {
+        return fail_null(CALL, EINVAL, &"no QP number, XRC domain or type");
+    }
+    if attr.qp_type != IBV_QPT_XRC_RECV {
+        return fail_null(CALL, EINVAL, &"only XRC target QPs are opened");
+    }
+    // SAFETY: the caller passes a domain of ours.
+    let Some(xrcd) = (unsafe { crate::xrc::Xrcd::from_raw(attr.xrcd) }) else {
+        return fail_null(CALL, EINVAL, &"NULL XRC domain");
+    };
+    let creator = ours
+        .qps
+        .lock()
+        .ok()
+        .and_then(|qps| qps.get(&attr.qp_num).copied());
+    // SAFETY: the context's map holds QPs of ours that are not destroyed.
+    let found = creator.and_then(|ptr| unsafe { Qp::from_raw(ptr as *mut ibv_qp) });
+    let Some(found) = found.filter(|qp| qp.qp.xrcd_id() == Some(xrcd.id())) else {
+        return fail_null(
+            CALL,
+            EINVAL,
+            &"no XRC target QP of this number in the domain",
+        );
+    };
+    let qp_context = if attr.comp_mask & IBV_QP_OPEN_ATTR_CONTEXT != 0 {
+        attr.qp_context
+    } else {
+        core::ptr::null_mut()
+    };
+    match found.qp.open_xrc_recv() {
+        // SAFETY: `context` is open.
+        Ok(qp) => unsafe { wrap_xrc_recv(context, qp_context, qp, false) },
+        Err(error) => fail_null(CALL, crate::errno_of(&error), &error),
+    }
 }
 
 /// The capabilities a QP gets, written back into `cap`; `None` if they exceed the device's.
@@ -569,6 +694,9 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv(wr.imm_data),
+        // SAFETY: a bind names a window of ours and a region of the caller's.
+        IBV_WR_BIND_MW => unsafe { crate::mw::bind_op(&wr.bind_mw) }?,
         _ => return Err(EINVAL),
     };
     let flags = SendFlags::from_bits_truncate(wr.send_flags);
@@ -594,6 +722,7 @@ unsafe fn send_wr(wr: &ibv_send_wr, ud_qp: bool) -> Result<SendWr, c_int> {
         inline_data,
         flags,
         ud,
+        xrc_srqn: wr.remote_srqn,
     })
 }
 

@@ -8,10 +8,8 @@
 //! device lacks) fails it with that errno, posting nothing. An operation the QP's type
 //! cannot carry is refused by the transport when the batch is posted.
 //!
-//! Memory windows and invalidation (`wr_bind_mw`, `wr_local_inv`, `wr_send_inv`), TSO and
-//! XRC's `wr_set_xrc_srqn` fail the batch with `EOPNOTSUPP`, and their send ops flags are
-//! refused at creation (see [`supported_send_ops`]); whoever adds one replaces its slot in
-//! [`builders`] and adds its flag there.
+//! TSO fails the batch with `EOPNOTSUPP`, and its send ops flag is refused at creation (see
+//! [`supported_send_ops`]).
 
 use core::ffi::{c_int, c_void};
 use std::sync::Mutex;
@@ -25,8 +23,7 @@ use crate::post::{inline_bytes, sg_list};
 
 const EINVAL: c_int = 22;
 
-/// `enum ibv_qp_create_send_ops_flags` (the memory-window, invalidation and TSO ones are
-/// named for what refuses them until their builders come).
+/// `enum ibv_qp_create_send_ops_flags` (TSO named for what refuses it).
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod send_ops {
     pub const RDMA_WRITE: u64 = 1 << 0;
@@ -44,15 +41,21 @@ pub(crate) mod send_ops {
 }
 
 /// The send ops flags a QP of each type may be created with: rxe's sets
-/// (`RXE_SUP_*_QP_SEND_OPS_FLAGS`) less what this device cannot do yet (memory windows,
-/// local and remote invalidation).
+/// (`RXE_SUP_*_QP_SEND_OPS_FLAGS`), and for an XRC initiator RC's less ATOMIC WRITE (XRC
+/// has no such opcode).
 pub(crate) fn supported_send_ops(qp_type: u32) -> Option<u64> {
     use send_ops::*;
-    let unreliable = RDMA_WRITE | RDMA_WRITE_WITH_IMM | SEND | SEND_WITH_IMM;
+    let unreliable = RDMA_WRITE
+        | RDMA_WRITE_WITH_IMM
+        | SEND
+        | SEND_WITH_IMM
+        | LOCAL_INV
+        | BIND_MW
+        | SEND_WITH_INV;
+    let reliable = unreliable | RDMA_READ | ATOMIC_CMP_AND_SWP | ATOMIC_FETCH_AND_ADD;
     Some(match qp_type {
-        IBV_QPT_RC => {
-            unreliable | RDMA_READ | ATOMIC_CMP_AND_SWP | ATOMIC_FETCH_AND_ADD | ATOMIC_WRITE
-        }
+        IBV_QPT_RC => reliable | ATOMIC_WRITE,
+        IBV_QPT_XRC_SEND => reliable,
         IBV_QPT_UC => unreliable,
         IBV_QPT_UD => SEND | SEND_WITH_IMM,
         _ => return None,
@@ -61,8 +64,8 @@ pub(crate) fn supported_send_ops(qp_type: u32) -> Option<u64> {
 
 /// The `comp_mask` bits of `ibv_qp_init_attr_ex` this device takes, as rxe's
 /// `RXE_QP_COMP_MASK_SUP`: a PD, creation flags (none of which it supports, so only 0) and
-/// send ops flags. TSO, RSS and indirection tables are refused, as by rxe; XRC's `xrcd`
-/// comes with XRC QPs.
+/// send ops flags. TSO, RSS and indirection tables are refused, as by rxe. An XRC target's
+/// `xrcd` is taken where XRC targets are made (`qp::create_xrc_recv`).
 pub(crate) const SUPPORTED_COMP_MASK: u32 =
     IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 
@@ -134,10 +137,8 @@ fn builders(qp_base: ibv_qp) -> ibv_qp_ex {
         wr_flags: 0,
         wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
         wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
-        // Memory windows and invalidation (helper mwxrc): `wr_bind_mw`, `wr_local_inv`,
-        // `wr_send_inv`.
-        wr_bind_mw: Some(wr_unsupported),
-        wr_local_inv: Some(wr_unsupported),
+        wr_bind_mw: Some(wr_bind_mw),
+        wr_local_inv: Some(wr_local_inv),
         wr_rdma_read: Some(wr_rdma_read),
         wr_rdma_write: Some(wr_rdma_write),
         wr_rdma_write_imm: Some(wr_rdma_write_imm),
@@ -146,8 +147,7 @@ fn builders(qp_base: ibv_qp) -> ibv_qp_ex {
         wr_send_inv: Some(wr_send_inv),
         wr_send_tso: Some(wr_unsupported),
         wr_set_ud_addr: Some(wr_set_ud_addr),
-        // XRC (helper mwxrc).
-        wr_set_xrc_srqn: Some(wr_unsupported),
+        wr_set_xrc_srqn: Some(wr_set_xrc_srqn),
         wr_set_inline_data: Some(wr_set_inline_data),
         wr_set_inline_data_list: Some(wr_set_inline_data_list),
         wr_set_sge: Some(wr_set_sge),
@@ -237,9 +237,9 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     done.unwrap_or(EINVAL)
 }
 
-/// Memory windows, invalidation, TSO and XRC: the batch fails with `EOPNOTSUPP`
-/// (rdma-core leaves such slots NULL; failing is kinder than a jump to 0). The slots take
-/// more arguments, which the callee may ignore in the C calling convention.
+/// TSO: the batch fails with `EOPNOTSUPP` (rdma-core leaves such slots NULL; failing is
+/// kinder than a jump to 0). The slot takes more arguments, which the callee may ignore in
+/// the C calling convention.
 unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
     // SAFETY: the application passes its `ibv_qp_ex`.
     unsafe {
@@ -249,9 +249,56 @@ unsafe extern "C" fn wr_unsupported(qp: *mut ibv_qp_ex) {
     }
 }
 
-unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _invalidate_rkey: u32) {
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
     // SAFETY: the application passes its `ibv_qp_ex`.
-    unsafe { wr_unsupported(qp) };
+    unsafe { begin(qp, SendOp::SendWithInv(invalidate_rkey)) };
+}
+
+/// `ibv_wr_bind_mw`: a type 2 window's bind, with the R_Key the caller chose.
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: the application passes a window of ours and its bind information.
+    let op = unsafe { info.as_ref() }.ok_or(EINVAL).and_then(|info| {
+        let bind = ibv_bind_mw_wr {
+            mw,
+            rkey,
+            bind_info: *info,
+        };
+        // SAFETY: as above; the region in it is NULL or the caller's.
+        unsafe { crate::mw::bind_op(&bind) }
+    });
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        match op {
+            Ok(op) => begin(qp, op),
+            Err(errno) => {
+                with_batch(qp, |_, batch| {
+                    batch.error.get_or_insert(errno);
+                });
+            }
+        }
+    }
+}
+
+/// `ibv_wr_local_inv`.
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe { begin(qp, SendOp::LocalInv(invalidate_rkey)) };
+}
+
+/// `ibv_wr_set_xrc_srqn`: the XRC SRQ at the destination the request is for.
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, remote_srqn: u32) {
+    // SAFETY: the application passes its `ibv_qp_ex`.
+    unsafe {
+        amend(qp, |wr| {
+            wr.xrc_srqn = remote_srqn;
+            Ok(())
+        });
+    }
 }
 
 unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
@@ -490,14 +537,18 @@ mod tests {
             0,
             RDMA_WRITE | RDMA_WRITE_WITH_IMM
         )));
+        for qp_type in [IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_XRC_SEND] {
+            let windows = BIND_MW | LOCAL_INV | SEND_WITH_INV;
+            assert!(ok(init(pd | ops, qp_type, 0, windows)), "type {qp_type}");
+        }
         for (qp_type, op) in [
             (IBV_QPT_UC, RDMA_READ),
             (IBV_QPT_UC, ATOMIC_WRITE),
             (IBV_QPT_UD, RDMA_WRITE),
             (IBV_QPT_UD, ATOMIC_FETCH_AND_ADD),
-            (IBV_QPT_RC, BIND_MW),
-            (IBV_QPT_RC, LOCAL_INV),
-            (IBV_QPT_RC, SEND_WITH_INV),
+            (IBV_QPT_UD, BIND_MW),
+            (IBV_QPT_UD, SEND_WITH_INV),
+            (IBV_QPT_XRC_SEND, ATOMIC_WRITE),
         ] {
             assert_eq!(
                 errno(init(pd | ops, qp_type, 0, op)),

@@ -1,8 +1,7 @@
-//! Shared receive queues: `ibv_create_srq`, the `create_srq_ex` op (basic SRQs only; XRC
-//! and tag matching are `EOPNOTSUPP`), `ibv_modify_srq`, `ibv_query_srq`,
-//! `ibv_destroy_srq` (`EBUSY` while a QP uses it) and `ops.post_srq_recv`. The
-//! `get_srq_num` op stays NULL, so the inline `ibv_get_srq_num` fails with `EOPNOTSUPP`, as
-//! rdma-core answers for a provider without XRC (rxe).
+//! Shared receive queues: `ibv_create_srq`, the `create_srq_ex` op (basic and XRC SRQs; tag
+//! matching is `EOPNOTSUPP`), the `get_srq_num` op (an XRC sender names an SRQ by it),
+//! `ibv_modify_srq`, `ibv_query_srq`, `ibv_destroy_srq` (`EBUSY` while a QP uses it) and
+//! `ops.post_srq_recv`.
 
 use core::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +11,7 @@ use roce_verbs::{SrqAttr, SrqModify};
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::cq::Cq;
 use crate::logging::fail_null;
 use crate::pd::{Pd, Placement, RES_TYPE_SRQ};
 use crate::post::post_recv_list;
@@ -26,6 +26,8 @@ pub(crate) struct Srq {
     pub(crate) srq: roce_verbs::Srq,
     /// QPs that take their receives from it: while any is left, it cannot go.
     pub(crate) users: AtomicUsize,
+    /// An XRC SRQ's CQ (an `ibv_cq` of ours), whose users it counts in.
+    xrc_cq: usize,
     /// Where its memory came from (its parent domain's allocator, or the heap).
     placement: Placement,
 }
@@ -55,7 +57,8 @@ pub(crate) unsafe extern "C" fn create_srq(
 }
 
 /// `verbs_context.create_srq_ex` (the inline `ibv_create_srq_ex` calls it for anything but
-/// a plain PD and basic type): a basic SRQ; XRC, tag matching or a CQ are `EOPNOTSUPP`.
+/// a plain PD and basic type): a basic SRQ, or an XRC SRQ (`IBV_SRQT_XRC` with its PD,
+/// domain and CQ, `EINVAL` without them); tag matching is `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_srq_ex(
     context: *mut ibv_context,
     attr: *mut ibv_srq_init_attr_ex,
@@ -65,9 +68,14 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
     let Some(init) = (unsafe { attr.as_mut() }) else {
         return fail_null(CALL, EINVAL, &"NULL attributes");
     };
-    let basic = init.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 || init.srq_type == IBV_SRQT_BASIC;
+    let typed = init.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0;
+    if typed && init.srq_type == IBV_SRQT_XRC {
+        // SAFETY: the caller passes its PD, domain and CQ, when the mask says so.
+        return unsafe { create_xrc(context, init) };
+    }
+    let basic = !typed || init.srq_type == IBV_SRQT_BASIC;
     if !basic || init.comp_mask & !(IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD) != 0 {
-        return fail_null(CALL, EOPNOTSUPP, &"XRC or tag-matching SRQs");
+        return fail_null(CALL, EOPNOTSUPP, &"tag-matching SRQs");
     }
     // SAFETY: the caller passes a PD of ours, when the mask says there is one.
     let pd = (init.comp_mask & IBV_SRQ_INIT_ATTR_PD != 0)
@@ -80,6 +88,60 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
     unsafe { create(init.pd, init.srq_context, &mut init.attr) }
 }
 
+/// An XRC SRQ: its PD, domain and CQ must all be given, of this context.
+///
+/// # Safety
+/// The init struct's PD, domain and CQ are NULL or ours, when its mask names them.
+unsafe fn create_xrc(context: *mut ibv_context, init: &mut ibv_srq_init_attr_ex) -> *mut ibv_srq {
+    const CALL: &str = "ibv_create_srq_ex";
+    let needed = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    if init.comp_mask & needed != needed {
+        return fail_null(CALL, EINVAL, &"an XRC SRQ without its PD, XRC domain or CQ");
+    }
+    // SAFETY: per this function's contract.
+    let (pd, xrcd, cq) = unsafe {
+        (
+            Pd::from_raw(init.pd),
+            crate::xrc::Xrcd::from_raw(init.xrcd.cast()),
+            Cq::from_raw(init.cq),
+        )
+    };
+    let (Some(pd), Some(xrcd), Some(cq)) = (pd, xrcd, cq) else {
+        return fail_null(CALL, EINVAL, &"NULL PD, XRC domain or CQ");
+    };
+    if pd.raw.context != context {
+        return fail_null(CALL, EINVAL, &"a PD of another context");
+    }
+    let make = |wanted| pd.pd.create_xrc_srq(wanted, xrcd, &cq.cq);
+    // SAFETY: checked above to be a PD of ours.
+    let srq = unsafe { create_with(init.pd, init.srq_context, &mut init.attr, make) };
+    if !srq.is_null() {
+        cq.users.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: just created, ours.
+        if let Some(ours) = unsafe { srq.cast::<Srq>().as_mut() } {
+            ours.xrc_cq = init.cq as usize;
+        }
+    }
+    srq
+}
+
+/// `verbs_context.get_srq_num` (the inline `ibv_get_srq_num`).
+pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> c_int {
+    // SAFETY: the caller passes an SRQ of ours and a writable number.
+    let (Some(ours), Some(out)) = (unsafe { Srq::from_raw(srq.cast()) }, unsafe {
+        srq_num.as_mut()
+    }) else {
+        return EINVAL;
+    };
+    match ours.srq.number() {
+        Ok(number) => {
+            *out = number;
+            0
+        }
+        Err(error) => crate::errno_of(&error),
+    }
+}
+
 /// Creates a basic SRQ in `pd`, writing the sizes given back into `attr`.
 ///
 /// # Safety
@@ -88,6 +150,24 @@ unsafe fn create(
     pd: *mut ibv_pd,
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
+) -> *mut ibv_srq {
+    // SAFETY: per this function's contract.
+    let Some(ours) = (unsafe { Pd::from_raw(pd) }) else {
+        return fail_null("ibv_create_srq", EINVAL, &"NULL PD");
+    };
+    // SAFETY: per this function's contract.
+    unsafe { create_with(pd, srq_context, attr, |wanted| ours.pd.create_srq(wanted)) }
+}
+
+/// Creates an SRQ in `pd` with `make`, writing the sizes given back into `attr`.
+///
+/// # Safety
+/// `pd` is NULL or a PD of ours.
+unsafe fn create_with(
+    pd: *mut ibv_pd,
+    srq_context: *mut c_void,
+    attr: &mut ibv_srq_attr,
+    make: impl FnOnce(SrqAttr) -> Result<roce_verbs::Srq, roce_verbs::Error>,
 ) -> *mut ibv_srq {
     const CALL: &str = "ibv_create_srq";
     // SAFETY: per this function's contract.
@@ -103,7 +183,7 @@ unsafe fn create(
         max_sge: attr.max_sge,
         srq_limit: attr.srq_limit,
     };
-    let srq = match ours.pd.create_srq(wanted) {
+    let srq = match make(wanted) {
         Ok(srq) => srq,
         Err(error) => return fail_null(CALL, crate::errno_of(&error), &error),
     };
@@ -124,6 +204,7 @@ unsafe fn create(
         },
         srq,
         users: AtomicUsize::new(0),
+        xrc_cq: 0,
         placement: Placement::Heap,
     };
     let ptr = match Placement::place(Some(ours), RES_TYPE_SRQ, made) {
@@ -213,6 +294,9 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         }
         if let Some(pd) = Pd::from_raw(ours.raw.pd) {
             pd.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(cq) = Cq::from_raw(ours.xrc_cq as *mut ibv_cq) {
+            cq.users.fetch_sub(1, Ordering::AcqRel);
         }
         // Placed by `create`; the caller gives it up.
         placement.release(srq.cast::<Srq>());
