@@ -240,6 +240,7 @@ impl World {
                 remote_qpn: self.qpn[1 - side][2],
                 remote_qkey: UD_QKEY,
             }),
+            xrc_srqn: 0,
         };
         self.next_id += 1;
         let now = self.sim.now;

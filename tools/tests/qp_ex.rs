@@ -9,7 +9,7 @@ mod common;
 
 use roce_provider::netns::{needs_root, veth, Netns};
 
-use common::{can_compile_c, compile_c, exec_in, text, VERBS_H};
+use common::{can_compile_c, run_verbs_program, VERBS_H};
 
 /// A namespace with a veth pair, `qa` (10.84.0.1) and its peer `qb`, both up, MTU 1500: the
 /// device the programs use is `qa`.
@@ -25,14 +25,8 @@ fn run_c(test: &str, name: &str) {
     if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
-    let program = compile_c(name, &["-libverbs"]);
     let (a, _b) = namespace();
-    let run = exec_in(&a, &[program.path(), "qa"]).output().unwrap();
-    assert!(
-        run.status.success() && text(&run).contains("ok"),
-        "{}",
-        text(&run)
-    );
+    run_verbs_program(name, &a, "qa");
 }
 
 #[test]

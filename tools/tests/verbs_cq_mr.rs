@@ -12,14 +12,13 @@ mod common;
 
 use roce_provider::netns::{needs_root, veth, Netns};
 
-use common::{can_compile_c, compile_c, exec_in, text, VERBS_H};
+use common::{can_compile_c, run_verbs_program, VERBS_H};
 
 /// Runs `tests/c/NAME.c` on the device of a namespace's veth (`cq0`), expecting "ok".
 fn run_c(test: &str, name: &str) {
     if !needs_root(test) || !can_compile_c(test, "gcc and libibverbs-dev", VERBS_H) {
         return;
     }
-    let program = compile_c(name, &["-libverbs"]);
     let ns = Netns::create("roce-verbscq").unwrap();
     let peer = Netns::create("roce-verbscq-peer").unwrap();
     veth(
@@ -28,12 +27,7 @@ fn run_c(test: &str, name: &str) {
         1500,
     )
     .unwrap();
-    let run = exec_in(&ns, &[program.path(), "cq0"]).output().unwrap();
-    assert!(
-        run.status.success() && text(&run).contains("ok"),
-        "{}",
-        text(&run)
-    );
+    run_verbs_program(name, &ns, "cq0");
 }
 
 #[test]

@@ -35,6 +35,13 @@ pub enum WcStatus {
     RnrRetryExceeded = 13,
     /// `IBV_WC_GENERAL_ERR`.
     General = 21,
+    /// `IBV_WC_TM_ERR`: a tag-matching list operation failed (a tag deleted after it was
+    /// consumed).
+    TmError = 22,
+    /// `IBV_WC_TM_RNDV_INCOMPLETE`: a rendezvous request matched a tag but its data was not
+    /// read for it; the request's headers are in the tag's buffer, for the program to finish
+    /// ("TM software rendezvous").
+    TmRndvIncomplete = 23,
 }
 
 /// What a completion reports, with the values of `enum ibv_wc_opcode`.
@@ -61,6 +68,52 @@ pub enum WcOpcode {
     Recv = 128,
     /// A receive consumed by an RDMA WRITE with immediate.
     RecvRdmaWithImm = 129,
+    /// A tag-matching SRQ added a tag (`IBV_WC_TM_ADD`).
+    TmAdd = 130,
+    /// A tag-matching SRQ deleted a tag (`IBV_WC_TM_DEL`).
+    TmDel = 131,
+    /// A tag-matching SRQ took the count of unexpected messages handled (`IBV_WC_TM_SYNC`).
+    TmSync = 132,
+    /// A tagged message matched a tag, landed in it, or arrived unexpected
+    /// (`IBV_WC_TM_RECV`; [`TmInfo::flags`] says which).
+    TmRecv = 133,
+    /// An untagged message on a tag-matching SRQ (`IBV_WC_TM_NO_TAG`).
+    TmNoTag = 134,
+}
+
+bitflags::bitflags! {
+    /// The tag-matching bits of a completion's `wc_flags` (`enum ibv_wc_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct TmFlags: u8 {
+        /// The SRQ's count of unexpected messages and the program's differ: post
+        /// `IBV_WR_TAG_SYNC` with the count it handled (`IBV_WC_TM_SYNC_REQ`).
+        const SYNC_REQ = 1 << 4;
+        /// The message matched the tag named by `wr_id` (`IBV_WC_TM_MATCH`).
+        const MATCH = 1 << 5;
+        /// The message's data is in the tag's buffer (`IBV_WC_TM_DATA_VALID`).
+        const DATA_VALID = 1 << 6;
+    }
+}
+
+/// What a tag-matching completion adds (`ibv_wc_read_tm_info` and the tag-matching
+/// `wc_flags`); all zero for any other completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TmInfo {
+    /// Which tag-matching bits the completion has.
+    pub flags: TmFlags,
+    /// The sender's opaque value from the TMH (`priv`), on a match.
+    pub app_ctx: u32,
+    /// The tag from the TMH, on a match.
+    pub tag: u64,
+}
+
+impl TmInfo {
+    /// Nothing to add: every completion that is not tag matching's.
+    pub const NONE: TmInfo = TmInfo {
+        flags: TmFlags::empty(),
+        app_ctx: 0,
+        tag: 0,
+    };
 }
 
 /// One completion: `struct ibv_wc` without the fields RoCE has no use for.
@@ -86,6 +139,8 @@ pub struct WorkCompletion {
     pub solicited: bool,
     /// The network header of the packet a UD receive came in (what its GRH area holds).
     pub network_header: Option<NetworkHeader>,
+    /// Tag matching's part ([`TmInfo::NONE`] elsewhere).
+    pub tm: TmInfo,
 }
 
 /// The network header of a received RoCEv2 packet, as the kernel's `rdma_network_type`.
@@ -138,6 +193,7 @@ const BLANK: WorkCompletion = WorkCompletion {
     src_qp: 0,
     solicited: false,
     network_header: None,
+    tm: TmInfo::NONE,
 };
 
 /// A completion queue of fixed depth with `ibv_req_notify_cq` arming.
@@ -302,6 +358,7 @@ mod tests {
             src_qp: 0,
             solicited,
             network_header: None,
+            tm: TmInfo::NONE,
         }
     }
 

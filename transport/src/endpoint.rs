@@ -10,6 +10,7 @@
 //! [`Cm`]: CM MADs it receives (UD SEND_ONLY with Q_Key [`mad::GSI_QKEY`]) go to the CM, the
 //! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
+use std::borrow::Borrow;
 use std::time::Instant;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -33,6 +34,7 @@ use crate::qp::{
 };
 use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable, XrcSrq};
+use crate::tm::{TagMatching, TmOpError, TmOpWr, TmSrqCaps, TmStats};
 use crate::wr::{RecvWr, SendWr};
 use crate::xrc::{XrcError, XrcdId, XrcdTable};
 
@@ -56,6 +58,9 @@ pub enum CreateQpError {
     /// A queue size or limit beyond the device's (named).
     #[error("{0} beyond the device's limit")]
     InvalidCap(&'static str),
+    /// A tag-matching SRQ receives for RC QPs only (`IBV_TM_CAP_RC`).
+    #[error("a tag-matching SRQ takes RC QPs only")]
+    TagMatchingNeedsRc,
     /// An XRC domain that does not exist.
     #[error("unknown XRC domain")]
     UnknownXrcd,
@@ -92,6 +97,7 @@ impl CreateQpError {
             CreateQpError::UnknownCq
             | CreateQpError::UnknownSrq
             | CreateQpError::InvalidCap(_)
+            | CreateQpError::TagMatchingNeedsRc
             | CreateQpError::UnknownXrcd
             | CreateQpError::XrcWithReceiveQueue => errno::EINVAL,
             CreateQpError::NoQpn => errno::ENOMEM,
@@ -480,6 +486,10 @@ impl Endpoint {
         if srq.is_some_and(|srq| !self.srqs.exists(srq)) {
             return Err(CreateQpError::UnknownSrq);
         }
+        let tagged = srq.is_some_and(|srq| self.srqs.tm(srq).is_some());
+        if tagged && init.qp_type != QpType::Rc {
+            return Err(CreateQpError::TagMatchingNeedsRc);
+        }
         if init.qp_type == QpType::XrcRecv || (init.qp_type == QpType::XrcSend && srq.is_some()) {
             return Err(CreateQpError::XrcWithReceiveQueue);
         }
@@ -505,6 +515,55 @@ impl Endpoint {
     /// Creates a shared receive queue (`ibv_create_srq`); `attr.srq_limit` is ignored.
     pub fn create_srq(&mut self, attr: SrqAttr) -> Result<SrqId, SrqError> {
         self.srqs.create(attr)
+    }
+
+    /// Creates a tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`): a shared receive
+    /// queue with a list of up to `caps.max_num_tags` tags, changed by
+    /// [`post_srq_ops`](Self::post_srq_ops); its list operations and the messages of its QPs
+    /// complete in `cq` (see [`tm`](crate::tm)).
+    pub fn create_tm_srq(
+        &mut self,
+        attr: SrqAttr,
+        caps: TmSrqCaps,
+        cq: CqId,
+    ) -> Result<SrqId, SrqError> {
+        if !self.cq_exists(cq) {
+            return Err(SrqError::InvalidAttr("cq"));
+        }
+        let tm = TagMatching::new(caps, cq.0).map_err(SrqError::InvalidAttr)?;
+        self.srqs.create_tm(attr, tm)
+    }
+
+    /// `ibv_post_srq_ops`: runs a list of operations of a tag-matching SRQ in order, now,
+    /// telling `each` every one's index and ADD's handle; stops at the first refused and
+    /// returns its index with why. A signaled operation's completion is in the SRQ's CQ.
+    pub fn post_srq_ops<W: Borrow<TmOpWr>>(
+        &mut self,
+        srq: SrqId,
+        wrs: impl IntoIterator<Item = W>,
+        mut each: impl FnMut(usize, Option<u32>),
+    ) -> Result<(), (usize, TmOpError)> {
+        let tm = (self.srqs.tm_mut(srq)).ok_or((0, TmOpError::NotTagMatching))?;
+        tm.begin_list();
+        for (index, wr) in wrs.into_iter().enumerate() {
+            // The list operations' own QP (mlx5's command QP) has no number here.
+            let (handle, completion) = tm.post(wr.borrow(), 0).map_err(|error| (index, error))?;
+            if let Some(completion) = completion {
+                if self.cqs[tm.cq].push(completion).is_err() {
+                    self.events.push(AsyncEvent::CqOverflow {
+                        cq: CqId(tm.cq),
+                        qpn: 0,
+                    });
+                }
+            }
+            each(index, handle);
+        }
+        Ok(())
+    }
+
+    /// What a tag-matching SRQ saw; `None` for any other SRQ.
+    pub fn tm_stats(&self, srq: SrqId) -> Option<TmStats> {
+        self.srqs.tm(srq).map(|tm| tm.stats)
     }
 
     /// Opens a new XRC domain (`ibv_open_xrcd`).
@@ -613,6 +672,9 @@ impl Endpoint {
     /// group it was attached to.
     pub fn destroy_qp(&mut self, qpn: u32) -> bool {
         self.mcast.remove_qp(qpn);
+        if let Some(qp) = self.qps.get_mut(qpn) {
+            qp.abandon_tags(&mut self.srqs);
+        }
         self.qps.remove(qpn)
     }
 

@@ -30,7 +30,10 @@
 //!
 //! A QP may take its receives from a shared receive queue ([`srq`]) instead of its own: it
 //! takes the SRQ's next WQE when a message needs one and holds it until the message
-//! completes, so the responder always reads the front of the QP's own queue.
+//! completes, so the responder always reads the front of the QP's own queue. A tag-matching
+//! SRQ ([`tm`]) also holds a list of tagged buffers, which the responder matches its RC QPs'
+//! SENDs against, as mlx5's hardware does; a rendezvous request's data is read by the
+//! receiving QP with a READ of its own, a WQE that reports nothing to the program.
 //!
 //! A QP that goes to ERR on its own says why: the failing completion carries the precise
 //! status and the endpoint raises the matching async event.
@@ -81,6 +84,7 @@ mod ring;
 pub mod sim;
 pub mod srq;
 mod timer;
+pub mod tm;
 pub mod wr;
 pub mod xrc;
 

@@ -70,6 +70,17 @@ pub struct DeviceLimits {
     /// Most attachments of QPs to groups at once, over all groups
     /// (`max_total_mcast_qp_attach`).
     pub max_total_mcast_qp_attach: u32,
+    /// Tag matching (`tm_caps`): most tags a tag-matching SRQ's list holds
+    /// (`max_num_tags`).
+    pub max_tm_tags: u32,
+    /// Tag matching: most list operations outstanding on a tag-matching SRQ (`max_ops`).
+    pub max_tm_ops: u32,
+    /// Tag matching: most scatter elements of a tag's buffer (`max_sge`).
+    pub max_tm_sge: u32,
+    /// Tag matching: the longest rendezvous request (TMH, RVH and what follows) the
+    /// receiver reads the data of itself (`max_rndv_hdr_size`); a longer one is left to the
+    /// program.
+    pub max_rndv_hdr_size: u32,
 }
 
 /// The limits of every roce-xdp device.
@@ -93,6 +104,13 @@ pub const LIMITS: DeviceLimits = DeviceLimits {
     max_mcast_grp: 8192,
     max_mcast_qp_attach: 56,
     max_total_mcast_qp_attach: 0x7_0000,
+    // mlx5's forms: (1 << log_tag_matching_list_sz) - 1 tags, a QP's worth of operations, one
+    // scatter element and 64-byte rendezvous requests (MLX5_TM_MAX_SGE,
+    // MLX5_TM_MAX_RNDV_MSG_SIZE).
+    max_tm_tags: (1 << 10) - 1,
+    max_tm_ops: 1 << 16,
+    max_tm_sge: 1,
+    max_rndv_hdr_size: 64,
 };
 
 impl DeviceLimits {

@@ -9,6 +9,7 @@ use crate::errno;
 use crate::limits::LIMITS;
 use crate::mr::PdId;
 use crate::ring::Ring;
+use crate::tm::TagMatching;
 use crate::wr::RecvWr;
 use crate::xrc::XrcdId;
 
@@ -97,6 +98,8 @@ struct Srq {
     /// The armed limit, 0 when disarmed.
     limit: u32,
     wqes: Ring<RecvWr>,
+    /// A tag-matching SRQ's list and counts (boxed: most SRQs have none).
+    tm: Option<Box<TagMatching>>,
     xrc: Option<XrcSrq>,
 }
 
@@ -133,6 +136,7 @@ impl SrqTable {
             max_sge: attr.max_sge.max(1),
             limit: 0,
             wqes: Ring::default(),
+            tm: None,
             xrc,
         };
         let free = self.srqs.iter().position(Option::is_none);
@@ -166,6 +170,25 @@ impl SrqTable {
         self.get(id).is_ok()
     }
 
+    /// [`create`](Self::create) for a tag-matching SRQ (`IBV_SRQT_TM`).
+    pub fn create_tm(&mut self, attr: SrqAttr, tm: TagMatching) -> Result<SrqId, SrqError> {
+        let id = self.create(attr)?;
+        if let Some(srq) = self.srqs[id.0].as_mut() {
+            srq.tm = Some(Box::new(tm));
+        }
+        Ok(id)
+    }
+
+    /// A tag-matching SRQ's list; `None` for any other SRQ.
+    pub fn tm(&self, id: SrqId) -> Option<&TagMatching> {
+        self.get(id).ok()?.tm.as_deref()
+    }
+
+    /// [`tm`](Self::tm), to change.
+    pub fn tm_mut(&mut self, id: SrqId) -> Option<&mut TagMatching> {
+        self.get_mut(id).ok()?.tm.as_deref_mut()
+    }
+
     /// The SRQ's number (`ibv_get_srq_num`), what an XRCETH names.
     pub fn number(&self, id: SrqId) -> Result<u32, SrqError> {
         self.get(id)?;
@@ -180,12 +203,11 @@ impl SrqTable {
         (xrc.xrcd == xrcd).then_some((SrqId(slot), xrc))
     }
 
-    /// Whether an XRC SRQ completes into the CQ in slot `cq`.
+    /// Whether an XRC or tag-matching SRQ completes into the CQ in slot `cq`.
     pub fn uses_cq(&self, cq: usize) -> bool {
-        self.srqs
-            .iter()
-            .flatten()
-            .any(|srq| srq.xrc.is_some_and(|xrc| xrc.cq == cq))
+        self.srqs.iter().flatten().any(|srq| {
+            srq.xrc.is_some_and(|xrc| xrc.cq == cq) || srq.tm.as_ref().is_some_and(|tm| tm.cq == cq)
+        })
     }
 
     /// Whether an XRC SRQ belongs to `xrcd`.

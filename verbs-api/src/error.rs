@@ -10,6 +10,7 @@ use roce_transport::mr::MrError;
 use roce_transport::qp::PostError;
 use roce_transport::qp_state::ModifyQpError;
 use roce_transport::srq::SrqError;
+use roce_transport::tm::TmOpError;
 use rustix::io::Errno;
 
 /// Why a verbs call failed.
@@ -34,6 +35,9 @@ pub enum Error {
     /// A shared receive queue call was refused.
     #[error("SRQ: {0}")]
     Srq(#[from] SrqError),
+    /// A tag-matching list operation was refused, as `ibv_post_srq_ops` refuses it.
+    #[error("tag matching: {0}")]
+    TagMatching(#[from] TmOpError),
     /// The connection manager refused a call.
     #[error("connection manager: {0}")]
     Cm(#[from] CmError),
@@ -92,6 +96,7 @@ impl Error {
             Error::CreateQp(error) => return error.errno(),
             Error::ModifyQp(error) => return error.errno(),
             Error::Srq(error) => return error.errno(),
+            Error::TagMatching(error) => return error.errno(),
             Error::Mcast(error) => return error.errno(),
             Error::Cm(CmError::AddressInUse) => Errno::ADDRINUSE,
             Error::Cm(CmError::TooManyConnections) => Errno::NOMEM,

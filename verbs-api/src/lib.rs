@@ -101,6 +101,7 @@ mod ring;
 mod shared;
 mod srq;
 pub mod sysfs;
+mod tm;
 mod wait;
 mod xrc;
 
@@ -126,12 +127,13 @@ pub use xrc::Xrcd;
 
 pub use roce_provider::engine::{Addressing, EngineStats};
 pub use roce_provider::xdp::XdpMode;
-pub use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
+pub use roce_transport::cq::{TmFlags, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 pub use roce_transport::endpoint::AsyncEvent;
 pub use roce_transport::mr::MwType;
 pub use roce_transport::qp::{QpCaps, QpStats};
 pub use roce_transport::qp_state::{AddressVector, PathMtu, QpAttr, QpState, QpType, RetryConfig};
 pub use roce_transport::srq::{SrqAttr, SrqModify};
+pub use roce_transport::tm::{TmOp, TmOpWr, TmSrqCaps, TmStats};
 pub use roce_transport::wr::{
     MwBind, MwId, RecvWr, SendFlags, SendOp, SendWr, SgList, Sge, UdDest,
 };

@@ -22,10 +22,12 @@ use crate::xrc::{Xrcd, XrcdInner};
 /// One SRQ, shared by its handles and the QPs on it; destroyed in the endpoint when the
 /// last of them goes.
 pub(crate) struct SrqInner {
-    pd: Arc<PdInner>,
+    pub(crate) pd: Arc<PdInner>,
     pub(crate) id: SrqId,
+    /// A tag-matching SRQ's CQ, held so that it outlives the SRQ.
+    pub(crate) tm_cq: Option<Arc<CqInner>>,
     /// An XRC SRQ's domain and CQ, held so they outlive it.
-    _xrc: Option<(Arc<XrcdInner>, Arc<CqInner>)>,
+    pub(crate) _xrc: Option<(Arc<XrcdInner>, Arc<CqInner>)>,
 }
 
 impl Drop for SrqInner {
@@ -58,6 +60,7 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&self.inner),
                 id,
+                tm_cq: None,
                 _xrc: None,
             }),
         })
@@ -80,6 +83,7 @@ impl Pd {
             inner: Arc::new(SrqInner {
                 pd: Arc::clone(&self.inner),
                 id,
+                tm_cq: None,
                 _xrc: Some((Arc::clone(&xrcd.inner), Arc::clone(&cq.inner))),
             }),
         })

@@ -1,5 +1,6 @@
 //! RoCEv2 packet formats: the Ethernet/IP/UDP framing, every InfiniBand transport header a
-//! RoCEv2 RC, UC or UD queue pair sends, and the invariant CRC (ICRC).
+//! RoCEv2 RC, UC or UD queue pair sends, the invariant CRC (ICRC), and the tag-matching
+//! headers a SEND's payload starts with ([`tmh`], [`rvh`]).
 //!
 //! Shaped like smoltcp's `wire`: each header has a [`Packet`](bth::Packet)-style view whose
 //! `new_checked` guarantees that no accessor panics afterwards, a private `field` module of
@@ -50,6 +51,8 @@ pub mod multicast;
 pub mod opcode;
 pub mod psn;
 pub mod reth;
+pub mod rvh;
+pub mod tmh;
 pub mod xrceth;
 
 pub use ext::ExtRepr;

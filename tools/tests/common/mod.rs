@@ -176,3 +176,15 @@ pub fn compile_c(name: &str, libs: &[&str]) -> CProgram {
 
 /// libibverbs-dev's header, which the libibverbs C programs need.
 pub const VERBS_H: &str = "/usr/include/infiniband/verbs.h";
+
+/// Compiles `tests/c/NAME.c` against libibverbs and runs it on `device` inside `ns` under
+/// `roce exec`: it must exit 0 printing "ok".
+pub fn run_verbs_program(name: &str, ns: &Netns, device: &str) {
+    let program = compile_c(name, &["-libverbs"]);
+    let run = exec_in(ns, &[program.path(), device]).output().unwrap();
+    assert!(
+        run.status.success() && text(&run).contains("ok"),
+        "{}",
+        text(&run)
+    );
+}

@@ -9,7 +9,7 @@ use roce_wire::opcode::{Operation, Position, Service, Trailer};
 use roce_wire::{bth, ExtRepr, Opcode, Psn};
 
 use crate::counters::Counters;
-use crate::cq::{Cq, WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{Cq, TmFlags, WcOpcode, WcStatus, WorkCompletion};
 use crate::errno;
 use crate::mr::{Location, MrTable, PdId};
 use crate::qp_state::{AddressVector, PathMtu, QpState, QpType};
@@ -338,10 +338,12 @@ pub(crate) fn response_opcode(qp_type: QpType, operation: Operation, position: P
 /// CQ is full and the completion is lost.
 #[inline(always)]
 fn push_completion(ctx: &mut Ctx, cq: usize, completion: WorkCompletion) -> bool {
-    let received = matches!(
-        completion.opcode,
-        WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
-    );
+    let received = match completion.opcode {
+        WcOpcode::Recv | WcOpcode::RecvRdmaWithImm | WcOpcode::TmNoTag => true,
+        // A rendezvous request's match delivers nothing yet: its data's completion counts.
+        WcOpcode::TmRecv => completion.tm.flags != TmFlags::MATCH,
+        _ => false,
+    };
     if received && completion.status == WcStatus::Success {
         ctx.counters.rdma_recvs += 1;
     }

@@ -20,6 +20,7 @@ use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
 use crate::mr::{MrTable, PdId};
 use crate::qp_state::{check_modify, ModifyQpError, QpAttr, QpState, QpType};
+use crate::srq::SrqTable;
 use crate::timer::{Timer, TimerTable};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
@@ -29,8 +30,8 @@ pub(crate) use common::{Ctx, Failure, Lent, NO_CQ};
 pub use common::{OutPacket, PostError, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
-use responder::Responder;
-use send_queue::SendQueue;
+use responder::{RendezvousRead, Responder};
+use send_queue::{Origin, SendQueue};
 
 /// Everything that decides whether a post is accepted, as of one moment: what the
 /// requester and responder check, and what a verbs layer checks to admit work from other
@@ -240,6 +241,7 @@ impl Qp {
         match to {
             QpState::Err if self.common.state != QpState::Err => self.enter_error(ctx),
             QpState::Reset => {
+                self.abandon_tags(ctx.srqs);
                 self.sq = SendQueue::default();
                 self.comp = Completer::default();
                 self.resp = Responder::default();
@@ -291,6 +293,9 @@ impl Qp {
         }
         if frame.bth.opcode.info().is_request {
             let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
+            if let Some(read) = self.resp.take_rendezvous() {
+                self.start_rendezvous(ctx, read);
+            }
             self.handle_cq_full(ctx);
             if let Some(failure) = failure {
                 self.fail_by_peer(ctx, failure);
@@ -384,7 +389,7 @@ impl Qp {
             caps: self.caps,
             state: self.common.state,
             mtu: self.common.config.mtu,
-            sq_len: self.sq.len(),
+            sq_len: self.sq.program_len(),
             rq_len: self.resp.rq_len(),
             has_srq: self.common.srq.is_some(),
         }
@@ -502,7 +507,13 @@ impl Qp {
     /// Removes the front send WQE, which succeeded, and reports it if it is signaled.
     #[inline(always)]
     fn complete_front(&mut self, ctx: &mut Ctx) {
-        if self.sq.front().is_none() {
+        let Some(front) = self.sq.front() else {
+            return;
+        };
+        if front.origin != Origin::Program {
+            let (origin, len) = (front.origin, front.len);
+            self.sq.pop_front();
+            self.finish_own(ctx, origin, WcStatus::Success, len);
             return;
         }
         let completion = self.sq.success_of_front(self.common.qpn, self.sq_sig_all);
@@ -547,6 +558,12 @@ impl Qp {
                 count_send(ctx.counters, Some(&wqe.wr));
                 status
             };
+            if wqe.origin != Origin::Program {
+                let (origin, len) = (wqe.origin, wqe.len);
+                self.sq.pop_front();
+                self.finish_own(ctx, origin, status, len);
+                continue;
+            }
             let completion = send_queue::completion(self.common.qpn, &wqe.wr, status, 0);
             self.sq.pop_front();
             self.complete(ctx, self.common.send_cq, completion);
@@ -574,14 +591,69 @@ impl Qp {
         self.timers = TimerTable::default();
         let sends = self.sq.take_all();
         for wqe in sends.iter() {
+            if wqe.origin != Origin::Program {
+                self.finish_own(ctx, wqe.origin, WcStatus::WrFlush, wqe.len);
+                continue;
+            }
             let completion = send_queue::completion(self.common.qpn, &wqe.wr, WcStatus::WrFlush, 0);
             self.complete(ctx, self.common.send_cq, completion);
         }
+        responder::flush_tagged(&mut self.resp, &mut self.common, ctx);
         let recvs = self.resp.take_receives();
         for wr in recvs.iter() {
             let completion = responder::recv_completion(self.common.qpn, wr, WcStatus::WrFlush);
             self.complete(ctx, self.common.recv_cq, completion);
         }
+    }
+}
+
+impl Qp {
+    /// Tag matching: sends the READ of a matched rendezvous request's data, as a WQE of the
+    /// QP's own behind those posted; a QP that failed meanwhile fails the tag at once.
+    fn start_rendezvous(&mut self, ctx: &mut Ctx, read: RendezvousRead) {
+        let origin = Origin::Rendezvous(read.handle);
+        let len = read.wr.sg_list.iter().map(|sge| sge.length).sum();
+        if self.common.state == QpState::Err {
+            self.finish_own(ctx, origin, WcStatus::WrFlush, len);
+            return;
+        }
+        let npsn = self.common.config.packets(len);
+        self.sq.push_from(origin, &read.wr, len, npsn);
+    }
+
+    /// A WQE of the QP's own, `len` bytes long, ended with `status`. A rendezvous READ
+    /// completes its tag (`DATA_VALID`, or the failure) on the SRQ's CQ, frees it, and on
+    /// success sends the FIN; a FIN reports nothing.
+    fn finish_own(&mut self, ctx: &mut Ctx, origin: Origin, status: WcStatus, len: u32) {
+        let (Origin::Rendezvous(handle), Some(srq)) = (origin, self.common.srq) else {
+            return;
+        };
+        let Some(tm) = ctx.srqs.tm_mut(srq) else {
+            return;
+        };
+        let cq = tm.cq;
+        let Some((completion, fin)) = tm.finish_rendezvous(handle, self.common.qpn, status, len)
+        else {
+            return;
+        };
+        self.complete(ctx, cq, completion);
+        if let (Some(fin), false) = (fin, self.common.state == QpState::Err) {
+            let len = fin.inline_data.len() as u32;
+            self.sq.push_from(Origin::Fin, &fin, len, 1);
+        }
+    }
+
+    /// Frees the tags this QP holds (a rendezvous being read, a tagged message arriving)
+    /// without completions: it is being destroyed or reset.
+    pub fn abandon_tags(&mut self, srqs: &mut SrqTable) {
+        if let Some(tm) = self.common.srq.and_then(|srq| srqs.tm_mut(srq)) {
+            for index in 0..self.sq.len() {
+                if let Some(Origin::Rendezvous(handle)) = self.sq.get(index).map(|wqe| wqe.origin) {
+                    tm.release(handle);
+                }
+            }
+        }
+        responder::abandon_tagged(&mut self.resp, srqs);
     }
 }
 

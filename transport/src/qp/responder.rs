@@ -1,5 +1,8 @@
 //! The responder: executes incoming requests in PSN order, answers duplicates, NAKs gaps
-//! (once per gap) and errors, and acknowledges with coalescing.
+//! (once per gap) and errors, and acknowledges with coalescing. SENDs to a QP on a
+//! tag-matching SRQ are `tagged`'s.
+
+mod tagged;
 
 use roce_wire::aeth::{self, CreditCount, NakCode, Syndrome};
 use roce_wire::frame::IpRepr;
@@ -8,7 +11,7 @@ use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Psn};
 
 use super::common::{response_opcode, Common, Ctx, Failure, Lent, OutPacket, NO_CQ};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
-use crate::cq::{NetworkHeader, WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{NetworkHeader, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError, PdId};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
@@ -54,6 +57,10 @@ pub(crate) struct Responder {
     pending_ack: Option<Psn>,
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
     uc_resync: bool,
+    /// Tag matching: where the SEND under way goes.
+    tagged: Option<tagged::Delivery>,
+    /// Tag matching: a rendezvous READ for the QP to send, from the request just matched.
+    rendezvous: Option<RendezvousRead>,
     /// XRC target: the SRQ of the message under way, which its every packet must name.
     xrc_srq: Option<SrqId>,
 }
@@ -87,7 +94,15 @@ impl Responder {
         self.xrc_srq = None;
         std::mem::take(&mut self.rq)
     }
+
+    /// The rendezvous READ the last request asked for, if it was a matched rendezvous
+    /// request: the QP sends it.
+    pub fn take_rendezvous(&mut self) -> Option<RendezvousRead> {
+        self.rendezvous.take()
+    }
 }
+
+pub(crate) use tagged::{abandon as abandon_tagged, flush as flush_tagged, RendezvousRead};
 
 /// How a request failed.
 enum Refusal {
@@ -121,6 +136,7 @@ pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCo
         src_qp: 0,
         solicited: false,
         network_header: None,
+        tm: TmInfo::NONE,
     }
 }
 
@@ -482,6 +498,7 @@ fn execute(
         return Err(Refusal::Fatal(NakCode::InvalidRequest, None));
     }
     match operation {
+        Operation::Send if tagged::applies(qp, ctx) => tagged::receive(resp, qp, ctx, frame)?,
         Operation::Send => receive_send(resp, qp, ctx, frame)?,
         Operation::Write => receive_write(resp, qp, ctx, frame)?,
         Operation::ReadRequest => return read_request(resp, qp, ctx, frame),

@@ -8,15 +8,29 @@ use roce_wire::opcode::{Operation, Position, Trailer};
 use roce_wire::{Opcode, Psn};
 
 use super::common::service;
-use crate::cq::{WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::qp_state::QpType;
 use crate::ring::Ring;
 use crate::wr::{SendFlags, SendOp, SendWr};
+
+/// Who queued a WQE: the program, or the QP itself for tag matching. The QP's own complete
+/// without a completion of their own and are not counted against `max_send_wr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Origin {
+    #[default]
+    Program,
+    /// The RDMA READ of a matched rendezvous request's data into the buffer of the tag of
+    /// this handle (of the QP's SRQ, which keeps the rest).
+    Rendezvous(u32),
+    /// The SEND that tells a rendezvous sender its data was read.
+    Fin,
+}
 
 /// A posted send and its progress.
 #[derive(Debug, Default)]
 pub(crate) struct SendWqe {
     pub wr: SendWr,
+    pub origin: Origin,
     /// Message length in bytes.
     pub len: u32,
     /// PSN of its first packet, once it has started.
@@ -73,6 +87,8 @@ pub(crate) struct SendQueue {
     acked_psn: Psn,
     /// Packets sent since the last one with AckReq.
     noack_pkts: u32,
+    /// WQEs of the QP's own ([`Origin`]) among `wqes`.
+    own: usize,
     /// A local operation (bind, local invalidation) was posted since the queue was last
     /// empty: until it empties again, the requester and completer look for them.
     locals: bool,
@@ -90,6 +106,12 @@ impl SendQueue {
     #[inline]
     pub fn len(&self) -> usize {
         self.wqes.len()
+    }
+
+    /// WQEs the program posted (not those of the QP's own).
+    #[inline]
+    pub fn program_len(&self) -> usize {
+        self.wqes.len() - self.own
     }
 
     #[inline]
@@ -140,7 +162,17 @@ impl SendQueue {
     /// a copy.
     #[inline]
     pub fn push(&mut self, wr: &SendWr, len: u32, npsn: u32) {
+        self.push_from(Origin::Program, wr, len, npsn);
+    }
+
+    /// [`push`](Self::push) for a WQE of `origin`.
+    #[inline]
+    pub fn push_from(&mut self, origin: Origin, wr: &SendWr, len: u32, npsn: u32) {
+        if origin != Origin::Program {
+            self.own += 1;
+        }
         let wqe = self.wqes.push_slot();
+        wqe.origin = origin;
         wqe.wr.clone_from(wr);
         wqe.len = len;
         wqe.first_psn = Psn::new(0);
@@ -262,6 +294,13 @@ impl SendQueue {
     /// Removes the front WQE (whose completion has been built from it).
     #[inline]
     pub fn pop_front(&mut self) {
+        if self
+            .wqes
+            .front()
+            .is_some_and(|wqe| wqe.origin != Origin::Program)
+        {
+            self.own -= 1;
+        }
         self.wqes.pop_front();
         self.locals &= !self.wqes.is_empty();
         self.next = self.next.saturating_sub(1);
@@ -271,6 +310,7 @@ impl SendQueue {
     #[inline]
     pub fn take_all(&mut self) -> Ring<SendWqe> {
         self.next = 0;
+        self.own = 0;
         self.locals = false;
         std::mem::take(&mut self.wqes)
     }
@@ -299,6 +339,7 @@ pub(crate) fn completion(qpn: u32, wr: &SendWr, status: WcStatus, byte_len: u32)
         src_qp: 0,
         solicited: false,
         network_header: None,
+        tm: TmInfo::NONE,
     }
 }
 

@@ -88,7 +88,9 @@ pub struct verbs_context {
     pub alloc_parent_domain: Option<AllocParentDomain>,
     pub dealloc_td: Option<DeallocTd>,
     pub alloc_td: Option<AllocTd>,
-    pub _ops_136_to_192: [usize; 7],
+    pub modify_cq: usize,
+    pub post_srq_ops: Option<PostSrqOps>,
+    pub _ops_152_to_192: [usize; 5],
     pub query_rt_values: Option<QueryRtValues>,
     pub create_cq_ex: Option<CreateCqEx>,
     pub _priv: usize,
@@ -593,8 +595,14 @@ pub struct ibv_srq_init_attr_ex {
     pub pd: *mut ibv_pd,
     pub xrcd: *mut c_void,
     pub cq: *mut ibv_cq,
-    /// `struct ibv_tm_cap`.
-    pub tm_cap: [u32; 2],
+    pub tm_cap: ibv_tm_cap,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_tm_cap {
+    pub max_num_tags: u32,
+    pub max_ops: u32,
 }
 
 pub type CreateSrqEx =
@@ -605,10 +613,75 @@ pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
 pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
 pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
 /// `IBV_SRQT_XRC`.
 pub const IBV_SRQT_XRC: u32 = 1;
 /// `IBV_SRQT_BASIC` of `enum ibv_srq_type` (the others are XRC and tag matching).
 pub const IBV_SRQT_BASIC: u32 = 0;
+pub const IBV_SRQT_TM: u32 = 2;
+
+/// `struct ibv_ops_wr`: a tag-matching list operation (`ibv_post_srq_ops`).
+#[repr(C)]
+pub struct ibv_ops_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_ops_wr,
+    pub opcode: u32,
+    pub flags: c_int,
+    pub tm: ibv_ops_wr_tm,
+}
+
+/// `ibv_ops_wr.tm`.
+#[repr(C)]
+pub struct ibv_ops_wr_tm {
+    pub unexpected_cnt: u32,
+    pub handle: u32,
+    pub add: ibv_ops_wr_tm_add,
+}
+
+/// `ibv_ops_wr.tm.add`.
+#[repr(C)]
+pub struct ibv_ops_wr_tm_add {
+    pub recv_wr_id: u64,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub tag: u64,
+    pub mask: u64,
+}
+
+/// `enum ibv_ops_wr_opcode`.
+pub const IBV_WR_TAG_ADD: u32 = 0;
+pub const IBV_WR_TAG_DEL: u32 = 1;
+pub const IBV_WR_TAG_SYNC: u32 = 2;
+/// `enum ibv_ops_flags`.
+pub const IBV_OPS_SIGNALED: c_int = 1;
+pub const IBV_OPS_TM_SYNC: c_int = 1 << 1;
+
+pub type PostSrqOps =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr) -> c_int;
+
+/// `struct ibv_tm_caps` of `ibv_device_attr_ex`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_tm_caps {
+    pub max_rndv_hdr_size: u32,
+    pub max_num_tags: u32,
+    pub flags: u32,
+    pub max_ops: u32,
+    pub max_sge: u32,
+}
+
+/// `IBV_TM_CAP_RC` of `enum ibv_tm_cap_flags`.
+pub const IBV_TM_CAP_RC: u32 = 1;
+
+/// `struct ibv_wc_tm_info` (`ibv_wc_read_tm_info`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
+
+pub type ReadTmInfo = unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_wc_tm_info);
 /// `enum ibv_srq_attr_mask`.
 pub const IBV_SRQ_MAX_WR: c_int = 1;
 pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
@@ -645,7 +718,7 @@ pub struct ibv_cq_ex {
     pub read_completion_ts: Option<ReadU64>,
     pub read_cvlan: usize,
     pub read_flow_tag: usize,
-    pub read_tm_info: usize,
+    pub read_tm_info: Option<ReadTmInfo>,
     pub read_completion_wallclock_ns: Option<ReadU64>,
 }
 
@@ -684,6 +757,7 @@ pub mod wc_ex {
     pub const SL: u64 = 1 << 5;
     pub const DLID_PATH_BITS: u64 = 1 << 6;
     pub const COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const TM_INFO: u64 = 1 << 10;
     pub const COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
     /// `IBV_WC_STANDARD_FLAGS`.
     pub const STANDARD: u64 = BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS;
@@ -727,9 +801,11 @@ pub struct ibv_device_attr_ex {
     pub completion_timestamp_mask: u64,
     pub hca_core_clock: u64,
     pub device_cap_flags_ex: u64,
-    /// `tso_caps`, `rss_caps`, `max_wq_type_rq`, `packet_pacing_caps`, `raw_packet_caps`,
-    /// `tm_caps`, `cq_mod_caps`.
-    pub _offloads: [u64; 11],
+    /// `tso_caps`, `rss_caps`, `max_wq_type_rq`, `packet_pacing_caps`, `raw_packet_caps`.
+    pub _offloads: [u32; 15],
+    pub tm_caps: ibv_tm_caps,
+    /// `struct ibv_cq_moderation_caps`.
+    pub cq_mod_caps: [u16; 2],
     pub max_dm_size: u64,
     /// `struct ibv_pci_atomic_caps`.
     pub pci_atomic_caps: [u16; 3],
@@ -842,7 +918,7 @@ mod layout_tests {
             verbs_context {
                 query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, query_rt_values,
                 create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num, create_srq_ex, context,
-                open_qp, open_xrcd, close_xrcd
+                open_qp, open_xrcd, close_xrcd, post_srq_ops
             }
             ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
@@ -964,8 +1040,13 @@ mod layout_tests {
             ibv_odp_caps { general_caps }
             ibv_device_attr_ex {
                 orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock,
-                device_cap_flags_ex, max_dm_size, pci_atomic_caps, xrc_odp_caps, phys_port_cnt_ex
+                device_cap_flags_ex, tm_caps, cq_mod_caps, max_dm_size, pci_atomic_caps,
+                xrc_odp_caps, phys_port_cnt_ex
             }
+            ibv_tm_caps { max_rndv_hdr_size, max_num_tags, flags, max_ops, max_sge }
+            ibv_tm_cap { max_num_tags, max_ops }
+            ibv_ops_wr { wr_id, next, opcode, flags, tm }
+            ibv_wc_tm_info { tag }
             ibv_query_device_ex_input { comp_mask }
             ibv_values_ex { comp_mask, raw_clock }
             ibv_td { context }
@@ -1024,6 +1105,64 @@ mod layout_tests {
                 format!("offsetof(struct ibv_device_attr_ex, {member})"),
                 value,
             ));
+        }
+        let tm = offset_of!(ibv_ops_wr, tm);
+        let add = tm + offset_of!(ibv_ops_wr_tm, add);
+        for (member, value) in [
+            (
+                "tm.unexpected_cnt",
+                tm + offset_of!(ibv_ops_wr_tm, unexpected_cnt),
+            ),
+            ("tm.handle", tm + offset_of!(ibv_ops_wr_tm, handle)),
+            (
+                "tm.add.recv_wr_id",
+                add + offset_of!(ibv_ops_wr_tm_add, recv_wr_id),
+            ),
+            (
+                "tm.add.sg_list",
+                add + offset_of!(ibv_ops_wr_tm_add, sg_list),
+            ),
+            (
+                "tm.add.num_sge",
+                add + offset_of!(ibv_ops_wr_tm_add, num_sge),
+            ),
+            ("tm.add.tag", add + offset_of!(ibv_ops_wr_tm_add, tag)),
+            ("tm.add.mask", add + offset_of!(ibv_ops_wr_tm_add, mask)),
+        ] {
+            rows.push((format!("offsetof(struct ibv_ops_wr, {member})"), value));
+        }
+        rows.push((
+            "offsetof(struct ibv_wc_tm_info, priv)".into(),
+            offset_of!(ibv_wc_tm_info, priv_),
+        ));
+        // Tag matching's constants, and the transport's values of its completions.
+        use roce_verbs::{TmFlags, WcOpcode, WcStatus};
+        for (name, value) in [
+            ("IBV_SRQT_TM", IBV_SRQT_TM as usize),
+            ("IBV_SRQ_INIT_ATTR_CQ", IBV_SRQ_INIT_ATTR_CQ as usize),
+            ("IBV_SRQ_INIT_ATTR_TM", IBV_SRQ_INIT_ATTR_TM as usize),
+            ("IBV_WR_TAG_ADD", IBV_WR_TAG_ADD as usize),
+            ("IBV_WR_TAG_DEL", IBV_WR_TAG_DEL as usize),
+            ("IBV_WR_TAG_SYNC", IBV_WR_TAG_SYNC as usize),
+            ("IBV_OPS_SIGNALED", IBV_OPS_SIGNALED as usize),
+            ("IBV_OPS_TM_SYNC", IBV_OPS_TM_SYNC as usize),
+            ("IBV_TM_CAP_RC", IBV_TM_CAP_RC as usize),
+            ("IBV_WC_EX_WITH_TM_INFO", wc_ex::TM_INFO as usize),
+            ("IBV_WC_TM_SYNC_REQ", TmFlags::SYNC_REQ.bits() as usize),
+            ("IBV_WC_TM_MATCH", TmFlags::MATCH.bits() as usize),
+            ("IBV_WC_TM_DATA_VALID", TmFlags::DATA_VALID.bits() as usize),
+            ("IBV_WC_TM_ADD", WcOpcode::TmAdd as usize),
+            ("IBV_WC_TM_DEL", WcOpcode::TmDel as usize),
+            ("IBV_WC_TM_SYNC", WcOpcode::TmSync as usize),
+            ("IBV_WC_TM_RECV", WcOpcode::TmRecv as usize),
+            ("IBV_WC_TM_NO_TAG", WcOpcode::TmNoTag as usize),
+            ("IBV_WC_TM_ERR", WcStatus::TmError as usize),
+            (
+                "IBV_WC_TM_RNDV_INCOMPLETE",
+                WcStatus::TmRndvIncomplete as usize,
+            ),
+        ] {
+            rows.push((name.into(), value));
         }
         rows.push(("sizeof(struct timespec)".into(), size_of::<timespec>()));
         rows

@@ -424,9 +424,11 @@ const DEVICE_CAP_FLAGS: u32 = 1 << 9 | 1 << 10 | 1 << 12 | 1 << 13 | 1 << 17 | 1
 
 /// `struct ibv_device_attr_ex`: the device attributes, on-demand paging (every region may
 /// page on demand, since we never pin memory; so may the whole address space), the device
-/// clock of completion timestamps, and the port count.
+/// clock of completion timestamps, tag matching on RC (with mlx5's sizes), and the port
+/// count.
 pub(crate) fn device_attr_ex(device: &roce_verbs::Device) -> ibv_device_attr_ex {
     let orig_attr = device_attr(device);
+    let limits = device.query().limits;
     ibv_device_attr_ex {
         orig_attr,
         comp_mask: 0,
@@ -444,7 +446,15 @@ pub(crate) fn device_attr_ex(device: &roce_verbs::Device) -> ibv_device_attr_ex 
         completion_timestamp_mask: u64::MAX,
         hca_core_clock: crate::cq::HCA_CORE_CLOCK_KHZ,
         device_cap_flags_ex: u64::from(orig_attr.device_cap_flags),
-        _offloads: [0; 11],
+        _offloads: [0; 15],
+        tm_caps: ibv_tm_caps {
+            max_rndv_hdr_size: limits.max_rndv_hdr_size,
+            max_num_tags: limits.max_tm_tags,
+            flags: IBV_TM_CAP_RC,
+            max_ops: limits.max_tm_ops,
+            max_sge: limits.max_tm_sge,
+        },
+        cq_mod_caps: [0; 2],
         max_dm_size: 0,
         pci_atomic_caps: [0; 3],
         // XRC runs as RC does, over the same regions.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use roce_cabi::{set_errno, EOPNOTSUPP};
-use roce_verbs::{CompChannel, Error, WcOpcode, WorkCompletion};
+use roce_verbs::{CompChannel, Error, TmInfo, WcOpcode, WorkCompletion};
 use std::time::Duration;
 
 use rustix::fs::{fcntl_setfl, OFlags};
@@ -120,6 +120,8 @@ struct Current {
     ts: u64,
     /// `read_completion_wallclock_ns`: nanoseconds of `CLOCK_REALTIME`.
     wallclock: u64,
+    /// `read_tm_info`: a tag-matching completion's tag and `app_ctx`.
+    tm: TmInfo,
 }
 
 /// The device clock's frequency in kHz (`hca_core_clock`): its ticks are the nanoseconds of
@@ -194,10 +196,12 @@ pub(crate) unsafe extern "C" fn create_cq(
     unsafe { create(context, &mut attr, "ibv_create_cq") }.cast()
 }
 
-/// The `wc_flags` an extended CQ may ask for: the standard fields and both timestamps (the
-/// VLAN, flow tag and tag matching fields have no meaning here).
-const SUPPORTED_WC_FLAGS: u64 =
-    wc_ex::STANDARD | wc_ex::COMPLETION_TIMESTAMP | wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK;
+/// The `wc_flags` an extended CQ may ask for: the standard fields, both timestamps and tag
+/// matching's (the VLAN and flow tag fields have no meaning here).
+const SUPPORTED_WC_FLAGS: u64 = wc_ex::STANDARD
+    | wc_ex::COMPLETION_TIMESTAMP
+    | wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK
+    | wc_ex::TM_INFO;
 
 /// `verbs_context.create_cq_ex` (the inline `ibv_create_cq_ex`). Errors as rdma-core's with
 /// rxe: `wc_flags` we cannot fill, an unknown `comp_mask` and `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`
@@ -287,6 +291,7 @@ unsafe fn create(
             wc: ibv_wc::default(),
             ts: 0,
             wallclock: 0,
+            tm: TmInfo::NONE,
         }),
         polling: AtomicBool::new(false),
         single_threaded,
@@ -358,7 +363,7 @@ fn raw_cq_ex(
             .then_some(read_completion_ts as ReadU64),
         read_cvlan: 0,
         read_flow_tag: 0,
-        read_tm_info: 0,
+        read_tm_info: asked(wc_ex::TM_INFO).then_some(read_tm_info as ReadTmInfo),
         read_completion_wallclock_ns: asked(wc_ex::COMPLETION_TIMESTAMP_WALLCLOCK)
             .then_some(read_completion_wallclock_ns as ReadU64),
     }
@@ -432,7 +437,8 @@ fn wc_flags(completion: &WorkCompletion) -> u32 {
     if is_receive && completion.src_qp != 0 {
         wc_flags |= IBV_WC_GRH;
     }
-    wc_flags
+    // Tag matching's bits have verbs.h's values (the layout probe checks).
+    wc_flags | u32::from(completion.tm.flags.bits())
 }
 
 /// The `ibv_wc` of a completion.
@@ -502,17 +508,16 @@ impl Cq {
     /// 0, `ENOENT` when none waits, or the errno of a CQ that can no longer be polled.
     fn take_next(&self, raw: *mut ibv_cq_ex) -> c_int {
         let mut taken = None;
-        match self
-            .cq
-            .poll_with(1, |completion| taken = Some(to_wc(completion)))
-        {
+        match self.cq.poll_with(1, |completion| {
+            taken = Some((to_wc(completion), completion.tm))
+        }) {
             Ok(_) => {}
             Err(error) => {
                 crate::log_failure("ibv_start_poll", &error);
                 return crate::errno_of(&error);
             }
         }
-        let Some(wc) = taken else {
+        let Some((wc, tm)) = taken else {
             return ENOENT;
         };
         let ts = if self.stamps & wc_ex::COMPLETION_TIMESTAMP != 0 {
@@ -526,7 +531,12 @@ impl Cq {
             0
         };
         if let Ok(mut current) = self.current.lock() {
-            *current = Current { wc, ts, wallclock };
+            *current = Current {
+                wc,
+                ts,
+                wallclock,
+                tm,
+            };
         }
         // SAFETY: `raw` is this CQ's own `ibv_cq_ex`, whose `status` and `wr_id` the poller
         // reads after this call returns (the poll lock, or the caller's single thread,
@@ -563,6 +573,7 @@ impl Cq {
                 wc: ibv_wc::default(),
                 ts: 0,
                 wallclock: 0,
+                tm: TmInfo::NONE,
             },
             |current| *current,
         )
@@ -616,6 +627,7 @@ unsafe fn current(cq: *mut ibv_cq_ex) -> Current {
             wc: ibv_wc::default(),
             ts: 0,
             wallclock: 0,
+            tm: TmInfo::NONE,
         },
     }
 }
@@ -682,6 +694,21 @@ unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
 unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
     // SAFETY: the caller passes an extended CQ of ours.
     unsafe { current(cq) }.wallclock
+}
+
+/// `ibv_wc_read_tm_info`: the tag and `app_ctx` of the TMH a tag-matching completion
+/// matched (`IBV_WC_TM_MATCH`); zeroes otherwise, as mlx5 scatters the TMH into the CQE on a
+/// match only.
+unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, tm_info: *mut ibv_wc_tm_info) {
+    // SAFETY: the caller passes an extended CQ of ours.
+    let tm = unsafe { current(cq) }.tm;
+    // SAFETY: the caller passes a writable `struct ibv_wc_tm_info` (or NULL).
+    if let Some(out) = unsafe { tm_info.as_mut() } {
+        *out = ibv_wc_tm_info {
+            tag: tm.tag,
+            priv_: tm.app_ctx,
+        };
+    }
 }
 
 /// `ops.req_notify_cq`.

@@ -9,6 +9,7 @@ pub(crate) fn errno_of(error: &roce_verbs::Error) -> i32 {
         Error::Mr(_) | Error::ModifyQp(_) | Error::CreateQp(_) => EINVAL,
         Error::Post(error) => post_errno(error),
         Error::Srq(error) => error.errno(),
+        Error::TagMatching(error) => error.errno(),
         Error::Mcast(error) => error.errno(),
         Error::Unsupported(_) => roce_cabi::EOPNOTSUPP,
         Error::TimedOut => 110,

@@ -19,9 +19,10 @@
 //!
 //! Modules import one way, each only from modules below it: `ops` (opening, importing and
 //! closing a device, the context's function tables) → `qp` → `qp_ex` (the `ibv_wr_*`
-//! builders) → `ah` → `mw` (memory windows, whose binds post through `ops.post_send`) →
-//! `srq` → `xrc` (XRC domains) → `import` (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` →
-//! `device`; `mcast` (attaching QPs to multicast groups) above `qp`; `stats` (counters on
+//! builders) → `ah` → `mw` (memory windows, whose binds post through `ops.post_send`) → `tm`
+//! (tag-matching SRQs, `ibv_post_srq_ops`) → `srq` → `xrc` (XRC domains) → `import`
+//! (`ibv_import_pd`/`_mr`) → `cq` → `pd` → `context` → `device`; `mcast` (attaching QPs to
+//! multicast groups) above `qp`; `stats` (counters on
 //! close and exit) sits between `ops` and `context`; `post`
 //! (walking a posted list of work requests, inline data) below `qp`, `qp_ex` and `srq`;
 //! `handles` (what makes objects importable: `cmd_fd`, handles) below `pd` and `context`;
@@ -48,6 +49,7 @@ mod rdmacm_hook;
 mod srq;
 mod stats;
 mod strings;
+mod tm;
 mod xrc;
 
 use roce_cabi::{export, unsupported};

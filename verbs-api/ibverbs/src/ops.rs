@@ -8,7 +8,7 @@ use core::ffi::{c_int, c_void};
 use crate::abi::*;
 use crate::context::{self, query_port_ex, Context};
 use crate::logging::fail_null;
-use crate::{cq, handles, mw, pd, qp, srq, stats, xrc};
+use crate::{cq, handles, mw, pd, qp, srq, stats, tm, xrc};
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
@@ -68,7 +68,9 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
         alloc_parent_domain: Some(pd::alloc_parent_domain),
         dealloc_td: Some(pd::dealloc_td),
         alloc_td: Some(pd::alloc_td),
-        _ops_136_to_192: [0; 7],
+        modify_cq: 0,
+        post_srq_ops: Some(tm::post_srq_ops),
+        _ops_152_to_192: [0; 5],
         query_rt_values: Some(context::query_rt_values),
         create_cq_ex: Some(cq::create_cq_ex),
         _priv: 0,

@@ -1,6 +1,6 @@
-//! Shared receive queues: `ibv_create_srq`, the `create_srq_ex` op (basic and XRC SRQs; tag
-//! matching is `EOPNOTSUPP`), the `get_srq_num` op (an XRC sender names an SRQ by it),
-//! `ibv_modify_srq`, `ibv_query_srq`, `ibv_destroy_srq` (`EBUSY` while a QP uses it) and
+//! Shared receive queues: `ibv_create_srq`, the `create_srq_ex` op (basic and XRC SRQs, and
+//! tag-matching ones, which `tm` makes), the `get_srq_num` op (an XRC sender names an SRQ by
+//! it), `ibv_modify_srq`, `ibv_query_srq`, `ibv_destroy_srq` (`EBUSY` while a QP uses it) and
 //! `ops.post_srq_recv`.
 
 use core::ffi::{c_int, c_void};
@@ -26,8 +26,8 @@ pub(crate) struct Srq {
     pub(crate) srq: roce_verbs::Srq,
     /// QPs that take their receives from it: while any is left, it cannot go.
     pub(crate) users: AtomicUsize,
-    /// An XRC SRQ's CQ (an `ibv_cq` of ours), whose users it counts in.
-    xrc_cq: usize,
+    /// An XRC or tag-matching SRQ's CQ (an `ibv_cq` of ours), whose users it counts in.
+    pub(crate) held_cq: usize,
     /// Where its memory came from (its parent domain's allocator, or the heap).
     placement: Placement,
 }
@@ -69,6 +69,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
         return fail_null(CALL, EINVAL, &"NULL attributes");
     };
     let typed = init.comp_mask & IBV_SRQ_INIT_ATTR_TYPE != 0;
+    if typed && init.srq_type == IBV_SRQT_TM {
+        // SAFETY: the caller passes its PD and CQ, when the mask says so.
+        return unsafe { crate::tm::create_srq(context, init) };
+    }
     if typed && init.srq_type == IBV_SRQT_XRC {
         // SAFETY: the caller passes its PD, domain and CQ, when the mask says so.
         return unsafe { create_xrc(context, init) };
@@ -119,7 +123,7 @@ unsafe fn create_xrc(context: *mut ibv_context, init: &mut ibv_srq_init_attr_ex)
         cq.users.fetch_add(1, Ordering::AcqRel);
         // SAFETY: just created, ours.
         if let Some(ours) = unsafe { srq.cast::<Srq>().as_mut() } {
-            ours.xrc_cq = init.cq as usize;
+            ours.held_cq = init.cq as usize;
         }
     }
     srq
@@ -163,7 +167,7 @@ unsafe fn create(
 ///
 /// # Safety
 /// `pd` is NULL or a PD of ours.
-unsafe fn create_with(
+pub(crate) unsafe fn create_with(
     pd: *mut ibv_pd,
     srq_context: *mut c_void,
     attr: &mut ibv_srq_attr,
@@ -204,7 +208,7 @@ unsafe fn create_with(
         },
         srq,
         users: AtomicUsize::new(0),
-        xrc_cq: 0,
+        held_cq: 0,
         placement: Placement::Heap,
     };
     let ptr = match Placement::place(Some(ours), RES_TYPE_SRQ, made) {
@@ -295,7 +299,7 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         if let Some(pd) = Pd::from_raw(ours.raw.pd) {
             pd.users.fetch_sub(1, Ordering::AcqRel);
         }
-        if let Some(cq) = Cq::from_raw(ours.xrc_cq as *mut ibv_cq) {
+        if let Some(cq) = Cq::from_raw(ours.held_cq as *mut ibv_cq) {
             cq.users.fetch_sub(1, Ordering::AcqRel);
         }
         // Placed by `create`; the caller gives it up.
