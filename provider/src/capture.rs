@@ -136,8 +136,10 @@ pub fn read_frames(path: &Path) -> Result<Vec<CapturedFrame>, CaptureError> {
 ///
 /// Records gather in memory and reach the file whole, one write(2) of whole records at a
 /// time: at least every [`FLUSH_INTERVAL`] while frames flow, before the backend waits, on
-/// [`flush`](Self::flush) or a [`CaptureFlusher`]'s, and on drop. So a run stopped by a
-/// signal leaves a file that ends with a whole record, missing at most the last interval.
+/// [`flush`](Self::flush) or a [`CaptureFlusher`]'s, on drop, and when the process exits
+/// (exit(3), a return from `main`): a C program that never closes its device, or a Rust one
+/// that calls `std::process::exit`, drops nothing. So a run stopped by a signal leaves a file
+/// that ends with a whole record, missing at most the last interval.
 pub struct PcapRecorder<B> {
     inner: B,
     writer: PcapWriter<SharedFile>,
@@ -160,6 +162,9 @@ struct SharedFile(Arc<Mutex<Gathered>>);
 struct Gathered {
     file: File,
     pending: Vec<u8>,
+    /// The process that created the recorder: a child forked since shares the memory of
+    /// what was pending, not the duty to write it.
+    owner: u32,
 }
 
 impl SharedFile {
@@ -177,7 +182,7 @@ impl Write for SharedFile {
 
     fn flush(&mut self) -> io::Result<()> {
         let mut gathered = self.0.lock().map_err(|_| io::Error::other("poisoned"))?;
-        let Gathered { file, pending } = &mut *gathered;
+        let Gathered { file, pending, .. } = &mut *gathered;
         let result = file.write_all(pending);
         pending.clear();
         result
@@ -200,6 +205,41 @@ pub fn flush_all() -> io::Result<()> {
     result
 }
 
+/// [`flush_all`] for the files of this process, as it exits (registered with atexit(3) by
+/// the first recorder). Bounded: a lock held by a thread that exit(3) stopped for good would
+/// otherwise hang the exit, so each is tried for a moment and given up.
+extern "C" fn flush_at_exit() {
+    let me = std::process::id();
+    let Some(live) = lock_briefly(&LIVE) else {
+        return;
+    };
+    for file in live.iter().filter_map(Weak::upgrade) {
+        if let Some(mut gathered) = lock_briefly(&file) {
+            if gathered.owner == me {
+                let Gathered { file, pending, .. } = &mut *gathered;
+                let _ = file.write_all(pending);
+                pending.clear();
+            }
+        }
+    }
+}
+
+/// `mutex`'s guard, if it comes free within 100 ms (never poisoned: only whole records are
+/// added under it).
+fn lock_briefly<T>(mutex: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 /// Flushes a [`PcapRecorder`]'s file from anywhere, e.g. a thread that watches for signals
 /// while the recorder sits inside an engine.
 #[derive(Clone)]
@@ -218,7 +258,18 @@ impl<B: Backend> PcapRecorder<B> {
         let gathered = Gathered {
             file: File::create(path)?,
             pending: Vec::with_capacity(FLUSH_SIZE),
+            owner: std::process::id(),
         };
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        AT_EXIT.call_once(|| {
+            #[allow(unsafe_code)]
+            // SAFETY: registers an `extern "C"` function without arguments that does not
+            // panic, to run at exit(3); it stays loaded, being part of this binary or of a
+            // library that is not unloaded while a recorder lives.
+            unsafe {
+                libc::atexit(flush_at_exit);
+            }
+        });
         let mut file = SharedFile(Arc::new(Mutex::new(gathered)));
         if let Ok(mut live) = LIVE.lock() {
             live.retain(|file| file.strong_count() > 0);
@@ -429,6 +480,35 @@ mod tests {
         recorded.wait(Some(Duration::ZERO)).unwrap();
         assert_eq!(on_disk(&path).len(), 5);
         drop(recorded);
+    }
+
+    /// Set in the child of the exit test: the capture it records to.
+    const EXIT_CHILD: &str = "ROCE_CAPTURE_EXIT_TEST_PCAP";
+
+    #[test]
+    fn records_reach_the_file_when_the_process_exits_without_dropping_the_recorder() {
+        if let Some(path) = std::env::var_os(EXIT_CHILD) {
+            // The child: two frames gathered, well within the flush interval, and an exit
+            // that drops nothing.
+            let (a, _b) = crate::memory::memory_pair();
+            let mut recorded = PcapRecorder::create(a, Path::new(&path)).unwrap();
+            recorded.send(&[7; 60]).unwrap();
+            recorded.send(&[8; 61]).unwrap();
+            std::process::exit(0);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit.pcap");
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "capture::tests::records_reach_the_file_when_the_process_exits_without_dropping_the_recorder",
+                "--test-threads=1",
+            ])
+            .env(EXIT_CHILD, &path)
+            .output()
+            .unwrap();
+        assert!(child.status.success(), "{child:?}");
+        assert_eq!(on_disk(&path), [vec![7; 60], vec![8; 61]]);
     }
 
     #[test]

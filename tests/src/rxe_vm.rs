@@ -97,6 +97,41 @@ impl Vm {
         self.run(&["exec", "1", "-t", &seconds.to_string(), command])
     }
 
+    /// [`spawn`](Self::spawn)s a server and returns its job once the VM shows it listening
+    /// as `on` says: a client started then finds it, however slowly the VM runs. Panics,
+    /// with what the server said, if it ends first or does not listen within
+    /// [`LISTEN_PATIENCE`] seconds.
+    pub fn spawn_server(&self, seconds: u32, command: &str, on: Listener) -> String {
+        let job = self.spawn(seconds, command);
+        let probe = match on {
+            Listener::Tcp(port) => format!("ss -Hltn 'sport = :{port}' | grep -q ."),
+            Listener::RdmaCm(port) => format!(
+                "rdma resource show cm_id | grep -qE 'state LISTEN .*src-addr [^ ]*:{port}( |$)'"
+            ),
+        };
+        let waited = self.exec(
+            LISTEN_PATIENCE + 15,
+            &format!(
+                "end=$((SECONDS + {LISTEN_PATIENCE}))
+                 while ((SECONDS < end)); do
+                   {probe} && exit 0
+                   if [ -e /host/cmd/{job}.rc ]; then
+                     echo \"it ended (status $(cat /host/cmd/{job}.rc)) before listening:\"
+                     cat /host/cmd/{job}.out; exit 2
+                   fi
+                   sleep 0.1
+                 done
+                 echo \"not listening after {LISTEN_PATIENCE} s ({on}):\"; cat /host/cmd/{job}.out; exit 1"
+            ),
+        );
+        assert!(
+            waited.status.success(),
+            "the VM's server `{command}` ({on}):\n{}",
+            text(&waited)
+        );
+        job
+    }
+
     /// Copies `file` into VM 1's 9p share as `name`; its path in the guest. A program
     /// compiled here against libibverbs.so.1 runs there over rxe (the same Debian release).
     pub fn copy_in(&self, file: &Path, name: &str) -> String {
@@ -122,6 +157,29 @@ pub fn rxe_dir() -> PathBuf {
     );
     cache.join("rxe-peer")
 }
+
+/// What a server in the VM listens on, as [`Vm::spawn_server`] waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// A TCP port: the exchange of perftest (without `-R`) and of the pingpongs.
+    Tcp(u16),
+    /// An rdma_cm port (`rdma resource show cm_id` says LISTEN): rping, udaddy, perftest
+    /// `-R`'s first listener.
+    RdmaCm(u16),
+}
+
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listener::Tcp(port) => write!(f, "TCP port {port}"),
+            Listener::RdmaCm(port) => write!(f, "rdma_cm port {port}"),
+        }
+    }
+}
+
+/// Seconds a VM server may take to listen (a program starts in a few seconds under
+/// emulation, more on a loaded host).
+pub const LISTEN_PATIENCE: u32 = 60;
 
 impl Drop for Vm {
     fn drop(&mut self) {

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use roce_provider::netns::{needs_root, veth, Netns};
 
 use common::text;
-use roce_tests::rxe_vm::{vm, Vm};
+use roce_tests::rxe_vm::{vm, Listener, Vm};
 
 /// A `while :; do roce perf ...; done` loop in a namespace (servers, or clients of
 /// `--serve`; or `roce pingpong`), stopped (with the program it is running) on drop.
@@ -50,6 +50,15 @@ impl Drop for PerfLoop<'_> {
         }
     }
 }
+
+/// `--wait` against our servers: milliseconds a step waits for an answer. A step that gets
+/// its answer goes on at once, so only the steps whose answer is none wait it out; the tool's
+/// 200 ms was too little for our own engine on two cores at load 12 (`bad_icrc`'s ACK came
+/// later: a step judged `none`; 500 ms passed at load 13-16, and 1000 ms cost CI 50 s more
+/// per run for no more headroom needed there). Not for `--serve`, where the wait is how long a requester's
+/// next move counts as the answer to ours (a longer one sees its retransmission too), nor
+/// against rxe, whose documented verdicts were taken with 300 ms.
+const ANSWER_WAIT: &str = "500";
 
 /// The table columns of docs/conformance.md with a verdict per scenario.
 const OURS: usize = 4;
@@ -142,7 +151,7 @@ fn conform_our_servers(a: &Netns, b: &Netns, theirs: &str, ipv6: bool, pcap: &st
     for (service, flags) in servers {
         // One server process owns the namespace's RoCE port at a time: one service per run.
         let server = PerfLoop::start(b, &flags);
-        let mut args = vec!["--service", service, theirs];
+        let mut args = vec!["--service", service, "--wait", ANSWER_WAIT, theirs];
         if service == "atomic" {
             args.extend(["--pcap", pcap]);
         }
@@ -327,22 +336,31 @@ fn over_ipv6_every_scenario_behaves_as_over_ipv4_and_fuzzing_finds_nothing() {
     fuzz_our_servers(&a, &b, &theirs, true, 60);
 }
 
+/// Seconds a perftest client in the VM may run before its loop ends it and starts the next
+/// (one that hung in a scenario such as `requester_read_response_short` must make way for the
+/// next scenario's): a fresh client starts, connects and runs its five requests in well under
+/// that even on a loaded host (10 s ended some in the middle of their scenario: `failed`).
+const CLIENT_LIMIT: u32 = 20;
+
+/// `--patience` against rxe: seconds one of the VM's servers may take to come back, and
+/// `--serve` waits for the next client, which may be the one [`CLIENT_LIMIT`] must end first.
+const PATIENCE: &str = "45";
+
 #[test]
 fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     let Some(vm) = vm("every_scenario_against_rxe", "1500") else {
         return;
     };
-    for server in [
-        "ib_write_bw -x 1 -p 18515",
-        "ib_read_bw -x 1 -p 18516",
-        "ib_atomic_bw -x 1 -p 18517",
-        "ib_send_bw -x 1 -p 18518 -s 64 -n 5",
+    for (server, port) in [
+        ("ib_write_bw -x 1 -p 18515", 18515),
+        ("ib_read_bw -x 1 -p 18516", 18516),
+        ("ib_atomic_bw -x 1 -p 18517", 18517),
+        ("ib_send_bw -x 1 -p 18518 -s 64 -n 5", 18518),
         // A server whose message never came gives up, so the next connection finds one.
-        "timeout 10 ibv_ud_pingpong -g 1 -p 18519 -s 64 -n 1",
+        ("timeout 10 ibv_ud_pingpong -g 1 -p 18519 -s 64 -n 1", 18519),
     ] {
         let looping = format!("while :; do {server} -d rxe0 >/dev/null 2>&1; done");
-        let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
-        assert!(spawned.status.success(), "{}", text(&spawned));
+        vm.spawn_server(900, &looping, Listener::Tcp(port));
     }
     // The VM's kernel log must stay free of oopses and warnings.
     let check = format!(
@@ -354,7 +372,7 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
             .args(["netns", "exec", "rxe-host", "timeout", "600"])
             .arg(env!("CARGO_BIN_EXE_roce"))
             .args(args)
-            .args(["-d", "host0", "--patience", "20", "--check", &check])
+            .args(["-d", "host0", "--patience", PATIENCE, "--check", &check])
             .arg("10.88.0.11")
             .output()
             .unwrap()
@@ -370,8 +388,8 @@ fn every_scenario_against_rxe_behaves_as_documented_and_fuzzing_it_completes() {
     // The target as requester: the VM's perftest clients connect to `--serve` here.
     for (_, flags) in CLIENTS {
         let looping = format!(
-            "while :; do timeout 10 ib_{flags} -d rxe0 -x 1 10.88.0.1 >/dev/null 2>&1; \
-             sleep 0.2; done"
+            "while :; do timeout {CLIENT_LIMIT} ib_{flags} -d rxe0 -x 1 10.88.0.1 \
+             >/dev/null 2>&1; sleep 0.2; done"
         );
         let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
         assert!(spawned.status.success(), "{}", text(&spawned));
@@ -421,7 +439,14 @@ fn fuzz_rxe(roce: &dyn Fn(&[&str]) -> std::process::Output, packets: u32, extra:
             true
         }
         Some("status=FOUND") => {
-            assert!(last.contains(" findings=1 ") && saved == 1, "{out}");
+            // A batch that broke the target is saved; a server that does not come back
+            // after a batch that passed its liveness check has no batch to blame (nothing
+            // saved): in a loaded VM, that is also a perftest server slow to restart.
+            let unreachable = out.contains("roce fuzz: cannot connect to the");
+            assert!(
+                last.contains(" findings=1 ") && (saved == 1 || (saved == 0 && unreachable)),
+                "{out}"
+            );
             eprintln!("rxe did not survive roce fuzz {extra:?}:\n{out}");
             false
         }
@@ -472,15 +497,16 @@ fn over_ipv6_against_rxe(vm: &Vm, roce: &dyn Fn(&[&str]) -> std::process::Output
     // rxe's GID index of the ULA (rxe-gid knows only the IPv4 and link-local ones).
     let gid =
         "$(grep -l '^fd88' /sys/class/infiniband/rxe0/ports/1/gids/* | head -1 | xargs basename)";
-    for server in [
-        "ib_write_bw -p 18525",
-        "ib_read_bw -p 18526",
-        "ib_atomic_bw -p 18527",
-        "ib_send_bw -p 18528 -s 64 -n 5",
-    ] {
-        let looping = format!("while :; do {server} -d rxe0 -x {gid} >/dev/null 2>&1; done");
-        let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
-        assert!(spawned.status.success(), "{}", text(&spawned));
+    for port in 18525..=18528 {
+        let server = match port {
+            18525 => "ib_write_bw",
+            18526 => "ib_read_bw",
+            18527 => "ib_atomic_bw",
+            _ => "ib_send_bw -s 64 -n 5",
+        };
+        let looping =
+            format!("while :; do {server} -p {port} -d rxe0 -x {gid} >/dev/null 2>&1; done");
+        vm.spawn_server(900, &looping, Listener::Tcp(port));
     }
     let only = "write_only,psn_ahead,duplicate_write,bad_icrc,truncated_reth,read_only,\
                 read_multi_packet,duplicate_read,fetch_add,duplicate_atomic,send_only,\
@@ -503,8 +529,8 @@ fn over_ipv6_against_rxe(vm: &Vm, roce: &dyn Fn(&[&str]) -> std::process::Output
     for (_, flags) in CLIENTS {
         let flags = flags.replace("-p 1851", "-p 1852");
         let looping = format!(
-            "while :; do timeout 10 ib_{flags} -d rxe0 -x {gid} 10.88.0.1 >/dev/null 2>&1; \
-             sleep 0.2; done"
+            "while :; do timeout {CLIENT_LIMIT} ib_{flags} -d rxe0 -x {gid} 10.88.0.1 \
+             >/dev/null 2>&1; sleep 0.2; done"
         );
         let spawned = vm.run(&["spawn", "1", "-t", "900", &looping]);
         assert!(spawned.status.success(), "{}", text(&spawned));

@@ -16,10 +16,11 @@ use std::thread;
 use std::time::Duration;
 
 use roce_provider::netns::{needs_root, prerequisite, veth, Netns};
-use roce_tests::rxe_vm::{vm, Vm};
+use roce_tests::rxe_vm::{vm, Listener, Vm};
 
 use common::{
-    build_libraries, built_dir, can_compile_c, compile_c, dynamic_symbols, exec_in, installed, text,
+    build_libraries, built_dir, can_compile_c, compile_c, dynamic_symbols, exec_in, installed,
+    said, text,
 };
 
 fn root_and(test: &str, programs: &[&str]) -> bool {
@@ -363,18 +364,21 @@ fn rping_and_perftest_against_the_kernel_cm_in_the_rxe_vm_in_both_roles() {
     };
     let (count, size) = (100, 4096);
 
-    // Nothing listens in the VM yet: the kernel's CM rejects our REQ (invalid service ID).
+    // Nothing listens in the VM: the kernel's CM rejects our REQ (invalid service ID), and
+    // goes on rejecting it while our CM sends it again (`CmConfig::unlistened_retry`).
     let refused = rping_in_host(&["-c", "-a", "10.88.0.11", "-C", "1"])
         .output()
         .unwrap();
     assert!(
         !refused.status.success() && text(&refused).contains("RDMA_CM_EVENT_REJECTED, error 8"),
         "our client with nobody listening: {}",
-        text(&refused)
+        said(&refused)
     );
 
     kernel_server_our_client(&vm, "10.88.0.11", "10.88.0.11", count, size);
     our_server_kernel_client(&vm, "10.88.0.1", "10.88.0.1", count, size);
+    our_client_under_loss(&vm);
+    perftest_rdma_cm_in_both_roles(&vm);
 }
 
 /// The rping flags of the VM tests: `count` pings of `size` bytes, checked by the VM's
@@ -383,40 +387,52 @@ fn vm_rping_flags(count: usize, size: usize) -> String {
     format!("-v -V -C {count} -S {size}")
 }
 
-/// The kernel's rping server in the VM bound to `server_on`, ours the client (in the
-/// host's namespace) to `client_to`, again while the server is not listening yet.
+/// How long a VM server may run: longer than our client may (`in_host`'s 60 s) after it
+/// listens, so that a failure is our client's to tell, not the server's time limit's.
+const VM_SERVER_LIMIT: u32 = 150;
+
+/// A shell command for the VM: `command`, each try bounded to `seconds`, tried again (for
+/// at most 30 s) while its output contains `again`, a refusal that left nothing half done
+/// on either side (a client that failed later must not be restarted: our server would take
+/// its next first connection for the one it waits for). Prints the last try's output and
+/// how it ended, and exits with its status.
+fn vm_client(command: &str, again: &str, seconds: u32) -> String {
+    format!(
+        "end=$((SECONDS + 30)); try=0
+         while :; do
+           try=$((try + 1)); timeout {seconds} {command} > /tmp/client.out 2>&1; rc=$?
+           grep -q '{again}' /tmp/client.out && ((SECONDS < end)) || break
+           sleep 0.2
+         done
+         cat /tmp/client.out; echo \"[exit status $rc after $try tries]\"; exit $rc"
+    )
+}
+
+/// How long [`vm_client`]'s command may take in all, for `exec`'s bound.
+fn vm_client_limit(seconds: u32) -> u32 {
+    seconds + 30 + 30
+}
+
+/// The kernel's rping server in the VM bound to `server_on`, listening; ours the client
+/// (in the host's namespace) to `client_to`.
 fn kernel_server_our_client(vm: &Vm, server_on: &str, client_to: &str, count: usize, size: usize) {
     let flags = vm_rping_flags(count, size);
-    let spawned = vm.run(&[
-        "spawn",
-        "1",
-        "-t",
-        "60",
+    let job = vm.spawn_server(
+        VM_SERVER_LIMIT,
         &format!("rping -s -a {server_on} {flags}"),
-    ]);
-    assert!(spawned.status.success(), "rping server: {}", text(&spawned));
-    let job = String::from_utf8_lossy(&spawned.stdout).trim().to_string();
-    let mut client = None;
-    for _ in 0..50 {
-        let args: Vec<&str> = ["-c", "-a", client_to]
-            .into_iter()
-            .chain(flags.split(' '))
-            .collect();
-        let output = rping_in_host(&args).output().unwrap();
-        let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
-        client = Some(output);
-        if !rejected {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
-    let client = client.expect("tried at least once");
-    let server = vm.run(&["wait", "1", &job, "60"]);
+        Listener::RdmaCm(RPING_PORT),
+    );
+    let args: Vec<&str> = ["-c", "-a", client_to]
+        .into_iter()
+        .chain(flags.split(' '))
+        .collect();
+    let client = rping_in_host(&args).output().unwrap();
+    let server = vm.wait(&job, VM_SERVER_LIMIT);
     assert!(
         client.status.success(),
         "our client to {client_to}: {}\nkernel server: {}",
-        text(&client),
-        text(&server)
+        said(&client),
+        said(&server)
     );
     check_pings(
         "our client",
@@ -434,8 +450,11 @@ fn kernel_server_our_client(vm: &Vm, server_on: &str, client_to: &str, count: us
     );
 }
 
+/// rping's port.
+const RPING_PORT: u16 = 7174;
+
 /// Ours the rping server bound to `server_on`, the kernel's rping in the VM the client to
-/// `client_to` (again until our server listens).
+/// `client_to`.
 fn our_server_kernel_client(vm: &Vm, server_on: &str, client_to: &str, count: usize, size: usize) {
     let flags = vm_rping_flags(count, size);
     let args: Vec<&str> = ["-s", "-a", server_on]
@@ -445,34 +464,28 @@ fn our_server_kernel_client(vm: &Vm, server_on: &str, client_to: &str, count: us
     let server = rping_in_host(&args).spawn().unwrap();
     let server = thread::spawn(move || server.wait_with_output().unwrap());
     // Our CM, up for the server, answers a REQ for a port nobody listens on with a REJ
-    // (after holding it for a listener): the kernel's rping says so and stops.
-    let refused = vm.run(&[
-        "exec",
-        "1",
-        "-t",
-        "30",
-        "sleep 2; rping -c -a 10.88.0.1 -p 7999 -C 1",
-    ]);
+    // (after holding it for a listener): the kernel's rping says so and stops. Once it has,
+    // our rping listens (it listens right after its bind opened the device).
+    let refused = vm.exec(30, "sleep 2; rping -c -a 10.88.0.1 -p 7999 -C 1");
     assert!(
         text(&refused).contains("RDMA_CM_EVENT_REJECTED, error 8"),
         "kernel client to a port we do not listen on: {}",
-        text(&refused)
+        said(&refused)
     );
-    let client = vm.run(&[
-        "exec",
-        "1",
-        "-t",
-        "60",
-        &format!(
-            "for try in $(seq 50); do rping -c -a {client_to} {flags} > /tmp/rping.out 2>&1 && break; sleep 0.2; done; cat /tmp/rping.out"
+    let client = vm.exec(
+        vm_client_limit(60),
+        &vm_client(
+            &format!("rping -c -a {client_to} {flags}"),
+            "RDMA_CM_EVENT_REJECTED, error 8",
+            60,
         ),
-    ]);
+    );
     let server = server.join().unwrap();
     assert!(
-        server.status.success(),
+        server.status.success() && client.status.success(),
         "our server on {server_on}: {}\nkernel client: {}",
-        text(&server),
-        text(&client)
+        said(&server),
+        said(&client)
     );
     check_pings(
         "kernel client",
@@ -488,38 +501,27 @@ fn our_server_kernel_client(vm: &Vm, server_on: &str, client_to: &str, count: us
         count,
         Some(size),
     );
+}
 
-    // Under 5 % loss on the bridge: the kernel's rping serves, ours connects.
+/// Under 5 % loss on the bridge: the kernel's rping serves, ours connects.
+fn our_client_under_loss(vm: &Vm) {
     let lossy = vm.run(&["loss", "5"]);
-    assert!(lossy.status.success(), "loss 5: {}", text(&lossy));
-    let job = vm.run(&[
-        "spawn",
-        "1",
-        "-t",
-        "60",
+    assert!(lossy.status.success(), "loss 5: {}", said(&lossy));
+    let job = vm.spawn_server(
+        VM_SERVER_LIMIT,
         "rping -s -a 10.88.0.11 -v -V -C 20",
-    ]);
-    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
-    let mut client = None;
-    for _ in 0..50 {
-        let output = rping_in_host(&["-c", "-a", "10.88.0.11", "-v", "-V", "-C", "20"])
-            .output()
-            .unwrap();
-        let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
-        client = Some(output);
-        if !rejected {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
-    let client = client.expect("tried at least once");
-    let server = vm.run(&["wait", "1", &job, "60"]);
+        Listener::RdmaCm(RPING_PORT),
+    );
+    let client = rping_in_host(&["-c", "-a", "10.88.0.11", "-v", "-V", "-C", "20"])
+        .output()
+        .unwrap();
+    let server = vm.wait(&job, VM_SERVER_LIMIT);
     let _ = vm.run(&["loss", "0"]);
     assert!(
         client.status.success(),
         "under loss, our client: {}\nkernel server: {}",
-        text(&client),
-        text(&server)
+        said(&client),
+        said(&server)
     );
     check_pings(
         "our client under loss",
@@ -528,72 +530,58 @@ fn our_server_kernel_client(vm: &Vm, server_on: &str, client_to: &str, count: us
         20,
         None,
     );
+}
 
-    // perftest -R: rxe serves, we connect (again while the kernel rejects: nobody listens
-    // yet), then we serve and the kernel connects.
+/// perftest `-R` against the kernel's CM: rxe serves (listening), we connect; then we serve
+/// and the kernel connects. Each connects twice (the key exchange, then the data QP): the
+/// second REQ may come before the server listens again, which our CM rides out in both
+/// roles (`CmConfig::unlistened_hold` as the server, `unlistened_retry` as the client).
+fn perftest_rdma_cm_in_both_roles(vm: &Vm) {
     for (program, size, iters) in PERFTEST_R {
-        let job = vm.run(&[
-            "spawn",
-            "1",
-            "-t",
-            "60",
+        let job = vm.spawn_server(
+            VM_SERVER_LIMIT,
             &format!("{program} -R -n {iters}"),
-        ]);
-        assert!(job.status.success(), "{program} server: {}", text(&job));
-        let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
-        let mut client = None;
-        for _ in 0..50 {
-            let output = in_host(program, &["-R", "-n", iters, "10.88.0.11"])
-                .output()
-                .unwrap();
-            // perftest names the event only by number on its first connection.
-            let said = text(&output);
-            let rejected = said.contains("REJECTED") || said.contains("CM event bl blka 8");
-            client = Some(output);
-            if !rejected {
-                break;
-            }
-            thread::sleep(Duration::from_millis(200));
-        }
-        let client = client.expect("tried at least once");
-        let server = vm.run(&["wait", "1", &job, "60"]);
-        assert!(
-            client.status.success() && common::has_row(&text(&client), size, iters),
-            "{program} -R, our client: {}\nkernel server: {}",
-            text(&client),
-            text(&server)
+            Listener::RdmaCm(PERFTEST_PORT),
         );
+        let client = in_host(program, &["-R", "-n", iters, "10.88.0.11"])
+            .output()
+            .unwrap();
+        let server = vm.wait(&job, VM_SERVER_LIMIT);
         assert!(
-            common::has_row(&text(&server), size, iters),
-            "{program} -R, kernel server: {}",
-            text(&server)
+            client.status.success()
+                && common::has_row(&text(&client), size, iters)
+                && common::has_row(&text(&server), size, iters),
+            "{program} -R, our client: {}\nkernel server: {}",
+            said(&client),
+            said(&server)
         );
 
         let server = in_host(program, &["-R", "-n", iters]).spawn().unwrap();
         let server = thread::spawn(move || server.wait_with_output().unwrap());
-        let client = vm.run(&[
-            "exec",
-            "1",
-            "-t",
-            "60",
-            &format!(
-                "for try in $(seq 50); do {program} -R -n {iters} 10.88.0.1 > /tmp/perf.out 2>&1 && break; sleep 0.2; done; cat /tmp/perf.out"
+        // Until our server listens, its CM (or, before it runs, nobody) refuses the first
+        // connection: perftest says "bl blka 8" for that one alone.
+        let client = vm.exec(
+            vm_client_limit(60),
+            &vm_client(
+                &format!("{program} -R -n {iters} 10.88.0.1"),
+                "CM event bl blka 8",
+                60,
             ),
-        ]);
+        );
         let server = server.join().unwrap();
         assert!(
-            server.status.success() && common::has_row(&text(&server), size, iters),
+            server.status.success()
+                && common::has_row(&text(&server), size, iters)
+                && common::has_row(&text(&client), size, iters),
             "{program} -R, our server: {}\nkernel client: {}",
-            text(&server),
-            text(&client)
-        );
-        assert!(
-            common::has_row(&text(&client), size, iters),
-            "{program} -R, kernel client: {}",
-            text(&client)
+            said(&server),
+            said(&client)
         );
     }
 }
+
+/// perftest's port.
+const PERFTEST_PORT: u16 = 18515;
 
 /// rping `-q`: each side creates its QP with `ibv_create_qp` and moves it through
 /// `rdma_init_qp_attr`'s INIT, RTR and RTS attributes itself; the client hears
@@ -635,12 +623,13 @@ fn rping_moving_its_own_qp_talks_to_itself_between_namespaces() {
 /// udaddy's output says every connection resolved and every message came back, and it
 /// exited 0.
 fn check_udaddy(side: &str, output: &Output) {
-    let said = text(output);
+    let printed = text(output);
     assert!(
         output.status.success()
-            && said.contains("test complete")
-            && said.contains("return status 0"),
-        "udaddy {side}: {said}"
+            && printed.contains("test complete")
+            && printed.contains("return status 0"),
+        "udaddy {side}: {}",
+        said(output)
     );
 }
 
@@ -703,9 +692,13 @@ fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
         text(&refused)
     );
 
-    let job = vm.spawn(60, "udaddy -b 10.88.0.11 -c 2 -C 5");
-    let client = udaddy_client(|| in_host("udaddy", &ours).output().unwrap());
-    let server = vm.wait(&job, 60);
+    let job = vm.spawn_server(
+        VM_SERVER_LIMIT,
+        "udaddy -b 10.88.0.11 -c 2 -C 5",
+        Listener::RdmaCm(RPING_PORT),
+    );
+    let client = in_host("udaddy", &ours).output().unwrap();
+    let server = vm.wait(&job, VM_SERVER_LIMIT);
     check_udaddy("our client", &client);
     check_udaddy("kernel server", &server);
 
@@ -714,14 +707,18 @@ fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
         .unwrap();
     let server = thread::spawn(move || server.wait_with_output().unwrap());
     let client = vm.exec(
-        60,
-        "for try in $(seq 50); do udaddy -s 10.88.0.1 -c 2 -C 5 > /tmp/ud.out 2>&1 && break; sleep 0.2; done; cat /tmp/ud.out",
+        vm_client_limit(60),
+        &vm_client("udaddy -s 10.88.0.1 -c 2 -C 5", NOBODY_LISTENS, 60),
     );
     check_udaddy("kernel client", &client);
     check_udaddy("our server", &server.join().unwrap());
 
-    let job = vm.spawn(60, "rping -s -q -a 10.88.0.11 -v -C 10 -S 1024");
-    let client = rping_client_in_host(&[
+    let job = vm.spawn_server(
+        VM_SERVER_LIMIT,
+        "rping -s -q -a 10.88.0.11 -v -C 10 -S 1024",
+        Listener::RdmaCm(RPING_PORT),
+    );
+    let client = rping_in_host(&[
         "-c",
         "-q",
         "-a",
@@ -732,13 +729,15 @@ fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
         "10",
         "-S",
         "1024",
-    ]);
-    let server = vm.wait(&job, 60);
+    ])
+    .output()
+    .unwrap();
+    let server = vm.wait(&job, VM_SERVER_LIMIT);
     assert!(
         client.status.success(),
         "our rping -q client: {}\nkernel server: {}",
-        text(&client),
-        text(&server)
+        said(&client),
+        said(&server)
     );
     check_pings(
         "our client",
@@ -754,21 +753,6 @@ fn udaddy_and_rping_q_against_the_kernel_cm_in_the_rxe_vm() {
         10,
         None,
     );
-}
-
-/// Our rping client in the host namespace, again while the VM's server is not listening.
-fn rping_client_in_host(args: &[&str]) -> Output {
-    let mut last = None;
-    for _ in 0..50 {
-        let output = rping_in_host(args).output().unwrap();
-        let rejected = text(&output).contains("RDMA_CM_EVENT_REJECTED");
-        last = Some(output);
-        if !rejected {
-            break;
-        }
-        thread::sleep(Duration::from_millis(200));
-    }
-    last.expect("tried at least once")
 }
 
 /// [`two_namespaces`] with IPv6 as well: `ca` fd85::1/64, `cb` fd85::2/64 (no duplicate

@@ -11,12 +11,10 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::thread;
-use std::time::Duration;
 
 use common::rxe::{capture_path, captured_frames, last_frames, recovery_by_sender};
-use common::{has_row, text};
-use roce_tests::rxe_vm::{vm, Vm};
+use common::{has_row, said, text, wait_for_listener_in};
+use roce_tests::rxe_vm::{vm, Listener, Vm};
 
 const ITERS: &str = "50";
 
@@ -55,18 +53,26 @@ fn ours_tool(tool: &str, args: &[&str]) -> Child {
 }
 
 fn check(what: &str, ours: Output, theirs: Output) {
-    let (ours_text, theirs_text) = (text(&ours), text(&theirs));
+    let (ours_said, theirs_said) = (said(&ours), said(&theirs));
     let done = format!("{ITERS} iters in");
     assert!(
-        ours.status.success() && ours_text.contains(&done),
-        "{what}: ours failed:\n{ours_text}\nrxe:\n{theirs_text}\n{}",
+        ours.status.success() && ours_said.contains(&done),
+        "{what}: ours failed:\n{ours_said}\nrxe:\n{theirs_said}\n{}",
         evidence()
     );
     assert!(
-        theirs.status.success() && theirs_text.contains(&done),
-        "{what}: rxe failed:\n{theirs_text}\nours:\n{ours_text}\n{}",
+        theirs.status.success() && theirs_said.contains(&done),
+        "{what}: rxe failed:\n{theirs_said}\nours:\n{ours_said}\n{}",
         evidence()
     );
+}
+
+/// The TCP port of the exchange of rdma-core's pingpongs and perftest.
+const EXCHANGE_PORT: u16 = 18515;
+
+/// Waits until our server in the host namespace takes connections.
+fn our_server_listens() {
+    wait_for_listener_in("rxe-host", EXCHANGE_PORT);
 }
 
 /// The IPv4-mapped GID unless the program line picks one itself.
@@ -81,25 +87,23 @@ fn gid_flag(program: &str) -> &'static str {
 /// rdma-core's `program` serves, we connect.
 fn rxe_server(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
     let command = format!("{program} -d rxe0 {} -n {ITERS}", gid_flag(program));
-    let job = vm.run(&["spawn", "1", "-t", "120", &command]);
-    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
-    thread::sleep(Duration::from_secs(2));
+    let job = vm.spawn_server(150, &command, Listener::Tcp(EXCHANGE_PORT));
     let mut args = our_args.to_vec();
     args.push("10.88.0.11");
     let ours = ours(&args).wait_with_output().expect("our client");
-    let theirs = vm.run(&["wait", "1", &job, "120"]);
+    let theirs = vm.wait(&job, 150);
     check(what, ours, theirs);
 }
 
 /// We serve, rdma-core's `program` connects.
 fn rxe_client(vm: &Vm, program: &str, what: &str, our_args: &[&str]) {
     let server = ours(our_args);
-    thread::sleep(Duration::from_secs(1));
+    our_server_listens();
     let command = format!(
         "{program} -d rxe0 {} -n {ITERS} 10.88.0.1",
         gid_flag(program)
     );
-    let theirs = vm.run(&["exec", "1", "-t", "120", &command]);
+    let theirs = vm.exec(120, &command);
     let ours = server.wait_with_output().expect("our server");
     check(what, ours, theirs);
 }
@@ -199,7 +203,9 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
         let what = format!("{test} {} ({role})", extra.join(" "));
         assert!(
             ours.status.success() && theirs.status.success(),
-            "{what}:\nours:\n{ours_text}\nperftest:\n{theirs_text}\n{}",
+            "{what}:\nours:\n{}\nperftest:\n{}\n{}",
+            said(&ours),
+            said(&theirs),
             evidence()
         );
         let (client_row, server_row) = rows;
@@ -231,17 +237,16 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
         ours_text
     };
     // perftest serves, we connect (our client retries the connection for a few seconds).
-    let job = vm.run(&["spawn", "1", "-t", "120", &program]);
-    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    let job = vm.spawn_server(150, &program, Listener::Tcp(EXCHANGE_PORT));
     let ours = ours_tool("perf", &ours_args(Some("10.88.0.11")))
         .wait_with_output()
         .expect("our client");
-    let theirs = vm.run(&["wait", "1", &job, "120"]);
+    let theirs = vm.wait(&job, 150);
     judge("perftest server", ours, theirs, false);
     // We serve, perftest connects.
     let server = ours_tool("perf", &ours_args(None));
-    thread::sleep(Duration::from_secs(1));
-    let theirs = vm.run(&["exec", "1", "-t", "120", &format!("{program} 10.88.0.1")]);
+    our_server_listens();
+    let theirs = vm.exec(120, &format!("{program} 10.88.0.1"));
     let ours = server.wait_with_output().expect("our server");
     let ours_text = judge("our server", ours, theirs, true);
     if test == "atomic_bw" {
@@ -348,8 +353,7 @@ fn error_behaviour_against_rxe() {
     // A WRITE naming memory with a key rxe never issued: rxe NAKs it (remote access error)
     // and our work request completes with REM_ACCESS_ERR.
     let program = "ib_write_bw -d rxe0 -x $(rxe-gid) -F -n 20 -s 4096";
-    let job = vm.run(&["spawn", "1", "-t", "60", program]);
-    let job = String::from_utf8_lossy(&job.stdout).trim().to_string();
+    let job = vm.spawn_server(60, program, Listener::Tcp(EXCHANGE_PORT));
     let args = [
         "write_bw", "-d", "host0", "-x", "1", "-n", "20", "-s", "4096",
     ];
@@ -360,7 +364,7 @@ fn error_behaviour_against_rxe() {
     .wait_with_output()
     .expect("our client");
     // perftest's server gives up when we hang up.
-    let _ = vm.run(&["wait", "1", &job, "60"]);
+    let _ = vm.wait(&job, 60);
     let ours_text = text(&ours);
     assert!(
         !ours.status.success(),
@@ -377,16 +381,16 @@ fn error_behaviour_against_rxe() {
         "send_bw", "-d", "host0", "-x", "1", "-n", "50", "-s", "4096",
     ];
     let server = ours_tool("perf", &[&args[..], &["--late-receives", "300"]].concat());
-    thread::sleep(Duration::from_secs(1));
+    our_server_listens();
     let program = "ib_send_bw -d rxe0 -x $(rxe-gid) -F -n 50 -s 4096 10.88.0.1";
-    let theirs = vm.run(&["exec", "1", "-t", "60", program]);
+    let theirs = vm.exec(60, program);
     let ours = server.wait_with_output().expect("our server");
     let _ = vm.run(&["capture-stop"]);
     assert!(
         ours.status.success() && theirs.status.success(),
         "RNR run:\nours:\n{}\nperftest:\n{}",
-        text(&ours),
-        text(&theirs)
+        said(&ours),
+        said(&theirs)
     );
     assert!(has_row(&text(&ours), "4096", "50"), "{}", text(&ours));
 

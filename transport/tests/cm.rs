@@ -7,7 +7,7 @@ use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 use roce_transport::cm::{
     AcceptParams, Cm, CmConfig, CmError, CmEvent, ConnId, ConnState, ConnectParams, Gid, QpAttrs,
-    SidrReply,
+    SidrReply, UNLISTENED_RESEND,
 };
 use roce_transport::qp_state::{PathMtu, QpState};
 use roce_wire::cm::rej::RejectReason;
@@ -460,6 +460,10 @@ fn consumer_reject_reaches_the_requester() {
 #[test]
 fn nobody_listening_is_rejected_with_invalid_service_id_after_the_hold() {
     let mut pair = Pair::new(5, [0, 0]);
+    pair.cms[A] = Cm::new(CmConfig {
+        unlistened_retry: Duration::ZERO,
+        ..config(A)
+    });
     pair.cms[B].stop_listening(SERVICE);
     pair.connect();
     assert!(pair.drive_until(MINUTE, |p| !p.events[A].is_empty()));
@@ -478,6 +482,72 @@ fn nobody_listening_is_rejected_with_invalid_service_id_after_the_hold() {
     assert_eq!(pair.cms[B].stats().no_listener, 1);
     assert!(pair.events[B].is_empty());
     assert_eq!(pair.cms[B].poll_timeout(), None);
+}
+
+/// A peer that rejects at once (the kernel's CM) while nobody listens, and listens a
+/// moment later (perftest `-R`'s server opening its second listener): our REQ goes again
+/// every `UNLISTENED_RESEND` and is taken; the application never hears of the REJs.
+#[test]
+fn a_req_rejected_because_nobody_listens_yet_is_sent_again_until_the_listener_comes() {
+    let mut pair = Pair::new(8, [0, 0]);
+    pair.cms[B] = Cm::new(CmConfig {
+        unlistened_hold: Duration::ZERO,
+        ..config(B)
+    });
+    pair.connect();
+    // REQs at 0, 102 and 204 ms are rejected 2 ms later; the fourth is sent at 306 ms.
+    let listening = Duration::from_millis(250);
+    assert!(pair.drive_until(MINUTE, |p| p.elapsed() >= listening));
+    assert!(pair.events[A].is_empty(), "{:?}", pair.event_names(A));
+    let reqs = pair.sent_names(A);
+    assert_eq!(reqs, ["CM_REQ"; 4], "{reqs:?}");
+    assert_eq!(
+        pair.sent[A][3].0,
+        (UNLISTENED_RESEND + pair.latency * 2) * 3
+    );
+    assert_eq!(pair.cms[B].stats().no_listener, 3);
+    pair.cms[B].listen(SERVICE, 4).unwrap();
+    assert!(pair.drive_until(MINUTE, Pair::both_established));
+    assert_eq!(pair.event_names(A), ["ConnectResponse", "Established"]);
+    assert_eq!(pair.cms[A].stats().unlistened_retries, 3);
+    assert_eq!(pair.cms[A].stats().retransmits, 3);
+    // Every REQ is the same one: same communication ID and transaction ID.
+    let first = &pair.sent[A][0].1;
+    assert!(pair.sent[A]
+        .iter()
+        .filter(|(_, repr)| repr.message.name() == "CM_REQ")
+        .all(|(_, repr)| repr == first));
+}
+
+/// Nobody ever listens: the REJ is reported once `unlistened_retry` has passed since the
+/// first, and the resends did not use up the REQ's own retries (more were sent than
+/// `max_cm_retries` allows).
+#[test]
+fn nobody_listening_at_all_is_rejected_after_the_retry_window() {
+    let mut pair = Pair::new(9, [0, 0]);
+    pair.cms[B] = Cm::new(CmConfig {
+        unlistened_hold: Duration::ZERO,
+        ..config(B)
+    });
+    pair.connect();
+    assert!(pair.drive_until(MINUTE, |p| !p.events[A].is_empty()));
+    assert_eq!(pair.event_names(A), ["Rejected"]);
+    let (at, _) = pair.events[A][0];
+    let window = CmConfig::default().unlistened_retry;
+    let first_rej = pair.latency * 2;
+    assert!(
+        at >= first_rej + window && at <= first_rej + window + pair.latency * 2,
+        "{at:?}"
+    );
+    let reqs = pair.sent_names(A).len() as u64;
+    assert!(
+        reqs > u64::from(CmConfig::default().max_cm_retries) + 1,
+        "{reqs}"
+    );
+    assert_eq!(pair.cms[A].stats().unlistened_retries, reqs - 1);
+    assert_eq!(pair.cms[B].stats().no_listener, reqs);
+    assert_eq!(pair.cms[A].connection_count(), 0);
+    assert_eq!(pair.cms[A].poll_timeout(), None);
 }
 
 #[test]
@@ -499,8 +569,12 @@ fn a_req_that_comes_just_before_the_listener_is_offered_to_it() {
 }
 
 #[test]
-fn without_a_hold_nobody_listening_is_rejected_at_once() {
+fn without_a_hold_or_a_retry_nobody_listening_is_rejected_at_once() {
     let mut pair = Pair::new(7, [0, 0]);
+    pair.cms[A] = Cm::new(CmConfig {
+        unlistened_retry: Duration::ZERO,
+        ..config(A)
+    });
     pair.cms[B] = Cm::new(CmConfig {
         unlistened_hold: Duration::ZERO,
         ..config(B)

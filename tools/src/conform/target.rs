@@ -97,7 +97,9 @@ pub struct Perftest {
 /// multi-packet messages stay small.
 const PATH_MTU_ENUM: u8 = 1;
 const PATH_MTU: usize = 256;
-/// Bound on each read and write of the exchange.
+/// Bound on each read and write of the exchange, or `--patience` when longer: a peer that
+/// took the connection sets up its QP before it answers, which takes a slow target (an
+/// emulated VM on a loaded host) more than 10 s at times.
 const EXCHANGE_STALL: Duration = Duration::from_secs(10);
 
 impl Perftest {
@@ -122,8 +124,8 @@ impl Perftest {
         loop {
             match TcpStream::connect((self.host, self.port(service))) {
                 Ok(stream) => {
-                    stream.set_read_timeout(Some(EXCHANGE_STALL))?;
-                    stream.set_write_timeout(Some(EXCHANGE_STALL))?;
+                    stream.set_read_timeout(Some(EXCHANGE_STALL.max(self.patience)))?;
+                    stream.set_write_timeout(Some(EXCHANGE_STALL.max(self.patience)))?;
                     stream.set_nodelay(true)?;
                     return Ok(stream);
                 }
@@ -292,8 +294,8 @@ pub struct Reach {
     /// The send server's message size (its `-s`).
     #[arg(long, default_value_t = 64)]
     pub send_size: usize,
-    /// Seconds a server (or client) may take to come back before the target counts as
-    /// broken.
+    /// Seconds a server (or client) may take to come back, and to answer each step of the
+    /// exchange (10 s at least), before the target counts as broken.
     #[arg(long, default_value_t = 15)]
     pub patience: u64,
     /// The target's RoCE address (its GID's) when it is not HOST: perftest's exchange is

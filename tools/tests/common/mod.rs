@@ -26,17 +26,31 @@ pub fn roce_in(ns: &Netns, tool: &str, args: &[&str]) -> Command {
 
 /// Waits until something listens on TCP `port` inside `ns` (bounded).
 pub fn wait_for_listener(ns: &Netns, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    wait_for_listener_in(&ns.name, port);
+}
+
+/// Waits until something listens on TCP `port` inside the namespace named `ns` (bounded:
+/// a server starts in well under a minute even on a loaded machine).
+pub fn wait_for_listener_in(ns: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
-        let output = ns
-            .run(&["ss", "-Hltn", &format!("sport = :{port}")])
+        let output = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "ss",
+                "-Hltn",
+                &format!("sport = :{port}"),
+            ])
+            .output()
             .unwrap();
         if !output.stdout.is_empty() {
             return;
         }
         thread::sleep(Duration::from_millis(20));
     }
-    panic!("nothing listens on {port} in {}", ns.name);
+    panic!("nothing listens on {port} in {ns}");
 }
 
 /// A program's stdout and stderr, for assertions and failure messages.
@@ -46,6 +60,21 @@ pub fn text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+/// How a program ended, then its stdout and stderr: for failure messages, where an empty
+/// output alone does not tell a program killed by its time limit (`timeout`'s 124; stdout
+/// buffered and lost) or by a signal from one that printed nothing.
+pub fn said(output: &Output) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let status = output.status;
+    let how = match (status.code(), status.signal()) {
+        (Some(124), _) => "exit status 124: its time limit ended it".to_string(),
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => format!("{status}"),
+    };
+    format!("[{how}]\n{}", text(output))
 }
 
 /// Whether `text` has a perftest result row for `size` bytes and `iters` iterations.

@@ -1,6 +1,6 @@
 //! The active side of a connection: REQ out, REP in, RTU out; MRA stretching the wait.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use roce_wire::cm::rej::RejectReason;
 use roce_wire::cm::{mra, path, rej, rep, req, rtu, Message, MessageKind};
@@ -13,6 +13,11 @@ use super::event::{CmError, CmEvent};
 use super::ids::ConnId;
 use super::params::ConnectParams;
 use crate::qp_state::{AddressVector, PathMtu};
+
+/// How long after a REJ "invalid service ID" a REQ is sent again, while
+/// [`CmConfig::unlistened_retry`](super::CmConfig::unlistened_retry) lasts (perftest's own
+/// pause between its connection attempts).
+pub const UNLISTENED_RESEND: Duration = Duration::from_millis(100);
 
 impl Common {
     pub(super) fn connect(
@@ -185,6 +190,31 @@ impl Common {
             (ConnState::RepReceived, _) => self.stats.duplicates += 1,
             _ => self.stats.unexpected += 1,
         }
+    }
+
+    /// A REJ "invalid service ID" of our REQ, within [`CmConfig::unlistened_retry`] of the
+    /// first: the REQ goes again after [`UNLISTENED_RESEND`] (not counted as one of its
+    /// retries) and the REJ is not reported. Whether it was taken so.
+    ///
+    /// [`CmConfig::unlistened_retry`]: super::CmConfig::unlistened_retry
+    pub(super) fn retry_unlistened(&mut self, now: Instant, id: u32, m: &rej::Repr) -> bool {
+        if m.reason != RejectReason::INVALID_SERVICE_ID || m.message_rejected != MessageKind::Req {
+            return false;
+        }
+        let window = self.config.unlistened_retry;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        let first = *c.unlistened_since.get_or_insert(now);
+        let left = window.saturating_sub(now.saturating_duration_since(first));
+        let Some(outstanding) = c.outstanding.as_mut().filter(|_| !left.is_zero()) else {
+            return false;
+        };
+        // The timer's resend takes one retry: this one gives it back.
+        outstanding.retries_left = outstanding.retries_left.saturating_add(1);
+        c.deadline = Some(now + UNLISTENED_RESEND.min(left));
+        self.stats.unlistened_retries += 1;
+        true
     }
 
     pub(super) fn on_mra(&mut self, now: Instant, m: mra::Repr) {

@@ -85,6 +85,9 @@ pub(crate) struct Connection {
     /// Passive: the PSN our REP will carry, drawn when the attributes were asked for
     /// before the accept.
     pub reserved_psn: Option<Psn>,
+    /// Active: when the peer first rejected our REQ because nobody listened
+    /// ([`CmConfig::unlistened_retry`](super::CmConfig::unlistened_retry)).
+    pub unlistened_since: Option<Instant>,
 }
 
 impl Connection {
@@ -113,6 +116,7 @@ impl Connection {
             sgid_index: 0,
             attrs: None,
             reserved_psn: None,
+            unlistened_since: None,
         }
     }
 

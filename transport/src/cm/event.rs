@@ -161,4 +161,7 @@ pub struct CmStats {
     pub stale: u64,
     /// MADs resent after a timeout.
     pub retransmits: u64,
+    /// REQs sent again after the peer rejected them because nobody listened
+    /// ([`CmConfig::unlistened_retry`](super::CmConfig::unlistened_retry)).
+    pub unlistened_retries: u64,
 }

@@ -32,7 +32,9 @@
 //! A second difference: a REQ for a service nobody listens on waits
 //! [`CmConfig::unlistened_hold`] for a listener before the REJ "invalid service ID", so a
 //! program that closes one listener and opens the next on the same port does not lose
-//! the REQ that came in between (perftest `-R`, whose client does not survive a REJ).
+//! the REQ that came in between (perftest `-R`, whose client does not survive a REJ); and,
+//! the same gap seen from the requester, a REQ such a peer rejects at once is sent again
+//! for [`CmConfig::unlistened_retry`] before the REJ is reported.
 //! One deliberate difference: the kernel drops a duplicate REQ its application has not
 //! answered yet; this CM answers it with an MRA (service timeout 2^24, rdma_cm's
 //! `CMA_CM_MRA_SETTING`), as the IBTA intends, so a slow acceptor does not use up the
@@ -67,6 +69,7 @@ use roce_wire::mad;
 
 use crate::qp_state::{QpAttr, QpState};
 
+pub use active::UNLISTENED_RESEND;
 pub use attrs::QpAttrs;
 pub use connection::ConnState;
 pub use event::{CmError, CmEvent, CmStats, ConnectRequest, MadTransmit};

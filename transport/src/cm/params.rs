@@ -35,6 +35,14 @@ pub struct CmConfig {
     /// the next on the same port (perftest `-R` after its key exchange) otherwise lose the
     /// peer's REQ that arrives in between. Zero rejects at once.
     pub unlistened_hold: Duration,
+    /// How long after a peer first rejected our REQ with "invalid service ID" (nobody
+    /// listens) the REQ is still sent again, every [`UNLISTENED_RESEND`](super::UNLISTENED_RESEND),
+    /// before the REJ is reported: the mirror of `unlistened_hold` for a peer that rejects at
+    /// once, as the kernel's CM does. perftest `-R`'s client connects a second time right
+    /// after its key exchange, while the server is still opening its second listener, and
+    /// does not survive that REJ (perftest 4.5-0.17 retries on freed ids and crashes).
+    /// Zero reports the first REJ, as the kernel.
+    pub unlistened_retry: Duration,
 }
 
 impl Default for CmConfig {
@@ -49,6 +57,7 @@ impl Default for CmConfig {
             max_path_mtu: PathMtu::Mtu4096,
             max_connections: 4096,
             unlistened_hold: Duration::from_millis(500),
+            unlistened_retry: Duration::from_secs(2),
         }
     }
 }

@@ -113,6 +113,7 @@ impl Common {
             return;
         };
         match state {
+            ConnState::ReqSent if self.retry_unlistened(now, id, &m) => {}
             ConnState::ReqSent
             | ConnState::RepSent
             | ConnState::MraReqSent
