@@ -534,6 +534,8 @@ struct IdState {
     ud: bool,
     /// The multicast groups it joined.
     joins: Vec<mcast::Joined>,
+    /// The local ACK timeout its QP gets at RTS (`RDMA_OPTION_ID_ACK_TIMEOUT`), if set.
+    ack_timeout: Option<u8>,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -637,7 +639,19 @@ impl CmId {
             program_qp: false,
             bound: None,
             reply: None,
+            ack_timeout: None,
         })
+    }
+
+    /// Sets the local ACK timeout (4.096 µs × 2^`timeout`) its QP gets when the connection
+    /// moves it to RTS, in place of the one derived from the packet lifetime
+    /// (`rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`); `rdma_init_qp_attr` reports it too.
+    pub fn set_ack_timeout(&self, timeout: u8) -> Result<(), Error> {
+        if timeout > 31 {
+            return Err(Error::InvalidArgument("an ACK timeout above 31"));
+        }
+        self.state()?.ack_timeout = Some(timeout);
+        Ok(())
     }
 
     /// The index of our GID for a peer at `dst`, as the kernel picks the source address:
@@ -808,11 +822,31 @@ impl CmId {
             PortSpace::Tcp
         };
         let service_id = ServiceId::rdma_ip(space, port);
+        // On a shared device the switch must send this service's requests to us, and
+        // nobody else may listen on it.
+        crate::backend::claim(&self.shared)?;
+        if let Some(link) = self.shared.kind.switch() {
+            link.listen(service_id.0)
+                .map_err(|error| match error.raw_os_error() {
+                    Some(code) if code == rustix::io::Errno::ADDRINUSE.raw_os_error() => {
+                        Error::Cm(roce_transport::cm::CmError::AddressInUse)
+                    }
+                    _ => Error::Io(error),
+                })?;
+        }
         let mut core = self.shared.lock()?;
-        core.endpoint()
+        let listened = core
+            .endpoint()
             .cm()
-            .ok_or(Error::Gone)?
-            .listen(service_id, backlog)?;
+            .ok_or(Error::Gone)
+            .and_then(|cm| Ok(cm.listen(service_id, backlog)?));
+        if let Err(error) = listened {
+            drop(core);
+            if let Some(link) = self.shared.kind.switch() {
+                let _ = link.unlisten(service_id.0);
+            }
+            return Err(error);
+        }
         let route = Route {
             bound: state.src,
             ..self.route(None)?
@@ -900,6 +934,7 @@ impl CmId {
                 .connect(Instant::now(), &params, &private)?;
         let route = Route {
             program_qp,
+            ack_timeout: state.ack_timeout,
             ..self.route((!program_qp).then_some(qpn))?
         };
         core.cm.conns.insert(conn, route);
@@ -953,7 +988,10 @@ impl CmId {
         core.submit(now);
         let endpoint = core.endpoint();
         let cm = endpoint.cm().ok_or(Error::Gone)?;
-        let attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        let mut attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        if state.ack_timeout.is_some() {
+            attrs.rts.timeout = state.ack_timeout;
+        }
         if program_qp {
             drop(state);
             return self.shared.kick(&mut core);
@@ -1110,5 +1148,9 @@ impl Drop for CmId {
         // that exits right after rdma_destroy_id (perftest's server) would otherwise leave
         // its peer resending DREQs to nobody until its retries run out.
         let _ = self.shared.drive(&mut core);
+        drop(core);
+        if let (Some(service_id), Some(link)) = (state.listening, self.shared.kind.switch()) {
+            let _ = link.unlisten(service_id.0);
+        }
     }
 }

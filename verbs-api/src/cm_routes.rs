@@ -123,6 +123,9 @@ pub(crate) struct Route {
     pub(crate) bound: Option<SocketAddr>,
     /// The REP of an active side's connection, until `ESTABLISHED` tells it.
     pub(crate) reply: Option<Box<ConnReply>>,
+    /// The local ACK timeout the program set (`RDMA_OPTION_ID_ACK_TIMEOUT`), for the RTS
+    /// the REP brings.
+    pub(crate) ack_timeout: Option<u8>,
 }
 
 impl Route {
@@ -206,6 +209,10 @@ impl CmRoutes {
                         continue;
                     }
                     route.reply = Some(reply);
+                    let mut qp = qp;
+                    if route.ack_timeout.is_some() {
+                        qp.rts.timeout = route.ack_timeout;
+                    }
                     let applied = route.qpn.map(|qpn| {
                         let applied = apply_qp_attrs(endpoint, now, qpn, &qp);
                         publish_state(endpoint, qps, qpn);

@@ -106,7 +106,7 @@ mod wait;
 mod xrc;
 
 pub use ah::AddressHandle;
-pub use backend::BackendKind;
+pub use backend::{BackendKind, SwitchLink};
 pub use channel::CompChannel;
 pub use cm::{
     CmEvent, CmEventKind, CmId, ConnParam, ConnReply, ConnectRequest, EventChannel, McastJoin,

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use roce_transport::qp::{QpCaps, QpInit, QpStats};
+use roce_transport::qp::{QpCaps, QpInit, QpRetry, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
 };
@@ -64,6 +64,8 @@ impl Pd {
             sq_sig_all: attr.sq_sig_all,
         };
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
+        // A shared device's QP numbers come from this process's block.
+        crate::backend::claim(shared)?;
         let mut core = shared.lock()?;
         limits::check_qp_count(core.qps.len())?;
         let qpn = match srq {
@@ -182,6 +184,15 @@ impl Qp {
             .lock()?
             .endpoint()
             .qp_stats(self.qpn)
+            .ok_or(Error::Gone)
+    }
+
+    /// The requester's retry settings as they are (the CM's, once it moved the QP to RTS).
+    pub fn retry(&self) -> Result<QpRetry, Error> {
+        self.shared()
+            .lock()?
+            .endpoint()
+            .qp_retry(self.qpn)
             .ok_or(Error::Gone)
     }
 

@@ -27,7 +27,7 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
 pub(crate) use common::{Ctx, Failure, Lent, NO_CQ};
-pub use common::{OutPacket, PostError, QpStats};
+pub use common::{OutPacket, PostError, QpRetry, QpStats};
 use completer::{Completer, Outcome, Then};
 use requester::Next;
 use responder::{RendezvousRead, Responder};
@@ -48,7 +48,8 @@ pub struct PostGate {
     pub mtu: usize,
     /// Send work requests queued in the QP.
     pub sq_len: usize,
-    /// Receive work requests queued in the QP.
+    /// Receive work requests posted to the QP itself and not yet completed (none on an
+    /// SRQ: the verbs layer counts the QP's retired receives from this).
     pub rq_len: usize,
     /// The QP takes its receives from a shared receive queue.
     pub has_srq: bool,
@@ -382,6 +383,17 @@ impl Qp {
         }
     }
 
+    /// The receives posted to this QP and not yet completed: none on an SRQ or an XRC
+    /// target, whose responder holds a WQE of the SRQ's while a message arrives into it.
+    fn own_receives(&self) -> usize {
+        let shared = self.common.srq.is_some() || self.common.qp_type == QpType::XrcRecv;
+        if shared {
+            0
+        } else {
+            self.resp.rq_len()
+        }
+    }
+
     /// What decides whether a post is accepted now.
     pub fn post_gate(&self) -> PostGate {
         PostGate {
@@ -390,7 +402,7 @@ impl Qp {
             state: self.common.state,
             mtu: self.common.config.mtu,
             sq_len: self.sq.program_len(),
-            rq_len: self.resp.rq_len(),
+            rq_len: self.own_receives(),
             has_srq: self.common.srq.is_some(),
         }
     }

@@ -636,13 +636,23 @@ pub(crate) unsafe extern "C" fn query_qp(
         Ok(state) => state_value(state),
         Err(error) => return crate::errno_of(&error),
     };
+    let retry = match ours.qp.retry() {
+        Ok(retry) => retry,
+        Err(error) => return crate::errno_of(&error),
+    };
     let Ok(known) = ours.attr.lock() else {
         return EINVAL;
     };
+    // What the program set, but the retry settings as they are: rdma_cm moves a QP to RTS
+    // without ibv_modify_qp (rdma_accept, the REP's RTS), with the ACK timeout
+    // rdma_set_option gave.
     *attr = ibv_qp_attr {
         qp_state: state,
         cur_qp_state: state,
         cap: ours.cap,
+        timeout: retry.timeout,
+        retry_cnt: retry.retry_cnt,
+        rnr_retry: retry.rnr_retry,
         ..*known
     };
     *init = ibv_qp_init_attr {

@@ -358,9 +358,10 @@ pub unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
     unsafe { id.as_ref() }.map_or(0, |raw| port_of(&raw.route.addr.dst_addr))
 }
 
-/// `rdma_set_option`: the options rdma-core passes to the kernel for an RC id over RoCE
-/// (`RDMA_OPTION_ID_TOS`, `_REUSEADDR`, `_AFONLY`, `_ACK_TIMEOUT`) are accepted and have no
-/// effect here; others fail with `ENOSYS`, as the kernel answers them.
+/// `rdma_set_option`: the options rdma-core passes to the kernel for an RC id over RoCE:
+/// `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`) sets the QP's local ACK timeout at RTS, as the
+/// kernel's; `_TOS`, `_REUSEADDR` and `_AFONLY` are accepted and have no effect here;
+/// others fail with `ENOSYS`, as the kernel answers them.
 pub unsafe extern "C" fn set_option(
     id: *mut rdma_cm_id,
     level: c_int,
@@ -368,13 +369,22 @@ pub unsafe extern "C" fn set_option(
     optval: *mut c_void,
     optlen: usize,
 ) -> c_int {
-    with_id(id, |_| {
+    with_id(id, |ours| {
         const RDMA_OPTION_ID: c_int = 0;
+        const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
         if optval.is_null() || optlen == 0 {
             return Err(EINVAL);
         }
         match (level, optname) {
-            (RDMA_OPTION_ID, 0..=3) => Ok(()),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => {
+                // SAFETY: the caller passes `optlen` (at least 1) readable bytes.
+                let timeout = unsafe { optval.cast::<u8>().read() };
+                let inner = ours.lock()?;
+                Id::cm(&inner)?
+                    .set_ack_timeout(timeout)
+                    .map_err(|error| crate::errors::fail("rdma_set_option", &error))
+            }
+            (RDMA_OPTION_ID, 0..=2) => Ok(()),
             _ => Err(38),
         }
     })

@@ -152,6 +152,7 @@ impl Id {
             inner.device = device;
             if let Some(device) = device {
                 id.raw(&mut inner).verbs = device.ibv;
+                id.raw(&mut inner).pd = device.pd;
                 id.raw(&mut inner).port_num = 1;
             }
             id.describe(&mut inner, &cm);
@@ -220,6 +221,7 @@ impl Id {
         if let Some(device) = inner.device {
             let raw = self.raw(inner);
             raw.verbs = device.ibv;
+            raw.pd = device.pd;
             raw.port_num = 1;
         }
     }
