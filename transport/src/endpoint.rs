@@ -11,6 +11,7 @@
 //! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
 use std::borrow::Borrow;
+use std::sync::Arc;
 use std::time::Instant;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -21,6 +22,7 @@ use roce_wire::opcode::Service;
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
+use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 
 use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
@@ -221,6 +223,8 @@ pub struct Endpoint {
     mcast: McastTable,
     /// rxe's hardware counters.
     counters: Counters,
+    /// How QPs take part in congestion control (shared with each QP).
+    congestion: Arc<CongestionConfig>,
 }
 
 /// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
@@ -379,7 +383,44 @@ impl Endpoint {
             unknown_group_drops: 0,
             mcast: McastTable::default(),
             counters: Counters::default(),
+            congestion: Arc::new(CongestionConfig::default()),
         }
+    }
+
+    /// How the device takes part in congestion control (ECN, CNPs, DCQCN, selective
+    /// repeat).
+    pub fn congestion(&self) -> CongestionConfig {
+        *self.congestion
+    }
+
+    /// Changes at `now` how the device takes part in congestion control, for every QP,
+    /// existing or to come.
+    pub fn set_congestion(&mut self, now: Instant, config: CongestionConfig) {
+        self.congestion = Arc::new(config);
+        for qp in &mut self.qps.qps {
+            qp.set_congestion(now, self.congestion.clone());
+        }
+    }
+
+    /// Sets (or, with `None` or a rate of 0, clears) a limit on the rate QP `qpn` sends at,
+    /// from `now` (`ibv_modify_qp_rate_limit`, `IBV_QP_RATE_LIMIT`): its pacer lets the
+    /// least of the limit and DCQCN's rate through. Refused unless the QP is in RTR, RTS or
+    /// SQD.
+    pub fn set_rate_limit(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        limit: Option<RateLimit>,
+    ) -> Result<(), ModifyQpError> {
+        self.qps
+            .get_mut(qpn)
+            .ok_or(ModifyQpError::OutOfRange("qpn"))?
+            .set_rate_limit(now, limit)
+    }
+
+    /// The QP's rates (its pacer's, DCQCN's, its limit) as of `now`.
+    pub fn qp_rate(&mut self, now: Instant, qpn: u32) -> Option<QpRate> {
+        self.qps.get_mut(qpn).map(|qp| qp.rate(now))
     }
 
     /// The device's counters, with rxe's names and meanings.
@@ -551,7 +592,7 @@ impl Endpoint {
         }
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
+        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0, self.congestion.clone());
         qp.common.config.mtu = self.port_mtu.bytes();
         qp.common.srq = srq;
         self.qps.insert(qp);
@@ -679,7 +720,7 @@ impl Endpoint {
             },
             sq_sig_all: false,
         };
-        let mut qp = Qp::new(qpn, init, NO_CQ, NO_CQ);
+        let mut qp = Qp::new(qpn, init, NO_CQ, NO_CQ, self.congestion.clone());
         qp.common.config.mtu = self.port_mtu.bytes();
         qp.common.xrcd = Some(xrcd);
         self.qps.insert(qp);
@@ -1100,6 +1141,7 @@ impl Endpoint {
             becn: false,
             dest_qpn: mad::GSI_QPN,
             ack_req: false,
+            resv7: 0,
             psn,
         };
         packet.ext = ExtRepr {

@@ -536,6 +536,9 @@ struct IdState {
     joins: Vec<mcast::Joined>,
     /// The local ACK timeout its QP gets at RTS (`RDMA_OPTION_ID_ACK_TIMEOUT`), if set.
     ack_timeout: Option<u8>,
+    /// The traffic class (TOS) of its connection (`rdma_set_option`'s
+    /// `RDMA_OPTION_ID_TOS`): in the REQ's path, so both QPs send with it.
+    tos: u8,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -562,6 +565,14 @@ impl CmId {
             number,
             state: Mutex::new(state),
         }
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`: the IP header's DSCP and ECN bits (IPv6
+    /// traffic class) of the connection it will make; the ECN bits are ECT(0) while the
+    /// device marks its packets ECN-capable (see `roce_transport::congestion`).
+    pub fn set_tos(&self, tos: u8) -> Result<(), Error> {
+        self.state()?.tos = tos;
+        Ok(())
     }
 
     /// What events for this id carry as [`CmEvent::id`].
@@ -922,7 +933,7 @@ impl CmId {
             rnr_retry_count: param.rnr_retry_count,
             srq: false,
             flow_control: true,
-            traffic_class: 0,
+            traffic_class: state.tos,
             hop_limit: HOP_LIMIT,
             flow_label: 0,
         };

@@ -121,6 +121,7 @@ pub use mr::{Mr, Pd, Rereg};
 pub use mw::{inc_rkey, Mw, MwBindInfo};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
+pub use roce_transport::congestion::{CongestionConfig, QpRate, Rate, RateLimit};
 pub use roce_transport::Counters;
 pub use srq::Srq;
 pub use xrc::Xrcd;

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use roce_transport::congestion::{QpRate, RateLimit};
 use roce_transport::qp::{QpCaps, QpInit, QpRetry, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
@@ -194,6 +195,25 @@ impl Qp {
             .endpoint()
             .qp_retry(self.qpn)
             .ok_or(Error::Gone)
+    }
+
+    /// `ibv_modify_qp_rate_limit` (and `IBV_QP_RATE_LIMIT`): what this QP sends is paced
+    /// to `limit` (a token bucket, the pacer DCQCN's rate goes through too); `None` or a
+    /// rate of 0 removes it. Only in RTR, RTS or SQD, where rdma-core sets it.
+    pub fn set_rate_limit(&self, limit: Option<RateLimit>) -> Result<(), Error> {
+        let mut core = self.shared().lock()?;
+        let now = Instant::now();
+        core.endpoint().set_rate_limit(now, self.qpn, limit)?;
+        // The pacer may hold back what is queued: the engine must hear of its timer.
+        self.shared().kick(&mut core)
+    }
+
+    /// The QP's rates now: its pacer's, DCQCN's, its limit, and whether it agreed on
+    /// selective repeat.
+    pub fn rate(&self) -> Result<QpRate, Error> {
+        let mut core = self.shared().lock()?;
+        let now = Instant::now();
+        core.endpoint().qp_rate(now, self.qpn).ok_or(Error::Gone)
     }
 
     /// What the peer needs to connect to this QP, with our GID at `gid_index`.

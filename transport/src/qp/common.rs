@@ -208,6 +208,9 @@ pub struct QpStats {
     pub naks_received: u64,
     /// Incoming packets dropped (wrong state, duplicate responses, ghosts, bad Q_Key...).
     pub dropped: u64,
+    /// READ response packets and atomic results this QP's responder sent again, for a
+    /// duplicate request (after a response was lost).
+    pub responses_resent: u64,
 }
 
 /// The requester's retry settings as they are, whoever set them (the program's

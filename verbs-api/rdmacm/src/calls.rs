@@ -359,8 +359,9 @@ pub unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
 }
 
 /// `rdma_set_option`: the options rdma-core passes to the kernel for an RC id over RoCE:
-/// `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`) sets the QP's local ACK timeout at RTS, as the
-/// kernel's; `_TOS`, `_REUSEADDR` and `_AFONLY` are accepted and have no effect here;
+/// `RDMA_OPTION_ID_TOS` (one byte, as the kernel takes it) sets the traffic class of the
+/// id's connection; `RDMA_OPTION_ID_ACK_TIMEOUT` (a `u8`) sets the QP's local ACK timeout at
+/// RTS, as the kernel's; `_REUSEADDR` and `_AFONLY` are accepted and have no effect here;
 /// others fail with `ENOSYS`, as the kernel answers them.
 pub unsafe extern "C" fn set_option(
     id: *mut rdma_cm_id,
@@ -371,6 +372,7 @@ pub unsafe extern "C" fn set_option(
 ) -> c_int {
     with_id(id, |ours| {
         const RDMA_OPTION_ID: c_int = 0;
+        const RDMA_OPTION_ID_TOS: c_int = 0;
         const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
         if optval.is_null() || optlen == 0 {
             return Err(EINVAL);
@@ -384,7 +386,22 @@ pub unsafe extern "C" fn set_option(
                     .set_ack_timeout(timeout)
                     .map_err(|error| crate::errors::fail("rdma_set_option", &error))
             }
-            (RDMA_OPTION_ID, 0..=2) => Ok(()),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) => {
+                if optlen != 1 {
+                    return Err(EINVAL);
+                }
+                // SAFETY: one readable byte, as the caller says.
+                let tos = unsafe { optval.cast::<u8>().read() };
+                let mut inner = ours.lock()?;
+                inner.tos = Some(tos);
+                match &inner.cm {
+                    Some(cm) => cm
+                        .set_tos(tos)
+                        .map_err(|error| crate::errors::fail("rdma_set_option", &error)),
+                    None => Ok(()),
+                }
+            }
+            (RDMA_OPTION_ID, 1..=2) => Ok(()),
             _ => Err(38),
         }
     })

@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     /// A synchronous id's own channel (`rdma_create_id` with none): its calls wait for
     /// their event.
     pub(crate) own_channel: Option<Box<Channel>>,
+    /// `RDMA_OPTION_ID_TOS`, kept until the `CmId` exists.
+    pub(crate) tos: Option<u8>,
     /// What `rdma_create_ep` gave a passive endpoint for the QPs of its requests.
     pub(crate) ep_qp: Option<(*mut c_void, ibv_qp_init_attr)>,
     /// What `id->route.path_rec` points to once the route is known.
@@ -208,6 +210,10 @@ impl Id {
             };
             let cm = cm.map_err(|error| crate::errors::fail("rdma_create_id", &error))?;
             channel.register(cm.handle(), self.key());
+            if let Some(tos) = inner.tos {
+                cm.set_tos(tos)
+                    .map_err(|error| crate::errors::fail("rdma_set_option", &error))?;
+            }
             inner.device = Some(device);
             inner.cm = Some(cm);
         }
