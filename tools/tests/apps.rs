@@ -449,16 +449,24 @@ fn launch_agent(dir: &Path, pair: &Pair, via: Via) -> PathBuf {
     agent
 }
 
-/// `mpirun` in `a` with one rank in each namespace (rank 0 is `mpirun`'s own child in `a`,
-/// rank 1 reached through the agent in `b`), running `mpi_check SCALE`.
-fn mpirun(pair: &Pair, mpi: Mpi, program: &common::CProgram, scale: u32) -> Ran {
+/// `mpirun` in `a` with `per_namespace` ranks in each namespace (the first ones are
+/// `mpirun`'s own children in `a`, the others reached through the agent in `b`), running
+/// `mpi_check SCALE`.
+fn mpirun(
+    pair: &Pair,
+    mpi: Mpi,
+    program: &common::CProgram,
+    scale: u32,
+    per_namespace: u32,
+) -> Ran {
     let via = match mpi {
         Mpi::Ucx => Via::Ours,
         Mpi::Tcp => Via::Plain,
     };
     build_libraries();
     let agent = launch_agent(program.dir.path(), pair, via);
-    let hosts = format!("{A}:1,{B}:1");
+    let hosts = format!("{A}:{per_namespace},{B}:{per_namespace}");
+    let ranks = (2 * per_namespace).to_string();
     let scale = scale.to_string();
     let mut args = vec![
         "mpirun",
@@ -468,7 +476,7 @@ fn mpirun(pair: &Pair, mpi: Mpi, program: &common::CProgram, scale: u32) -> Ran 
         "--host",
         &hosts,
         "-np",
-        "2",
+        &ranks,
     ];
     match mpi {
         // Only UCX's verbs transports: the ranks share a host name, so Open MPI would take
@@ -510,11 +518,17 @@ fn mpirun(pair: &Pair, mpi: Mpi, program: &common::CProgram, scale: u32) -> Ran 
     Ran::from(command(&pair.a, via, &env, &args, 240).output().unwrap())
 }
 
-fn check_mpi(what: &str, ran: &Ran) {
+fn check_mpi(what: &str, ran: &Ran, ranks: u32) {
     assert!(ran.status.success(), "{what}: {}\n{}", ran.status, ran.text);
+    for rank in 0..ranks {
+        let line = format!("rank {rank} of {ranks}");
+        assert!(
+            ran.text.contains(&line),
+            "{what}: no {line:?} in\n{}",
+            ran.text
+        );
+    }
     for line in [
-        "rank 0 of 2",
-        "rank 1 of 2",
         "pingpong        8 B",
         "pingpong  4194304 B",
         "allreduce 1048576 doubles (sum)",
@@ -547,8 +561,24 @@ fn mpi_job_over_the_ucx_pml_one_rank_per_namespace() {
     let _one = one_at_a_time();
     let program = mpi_check();
     let pair = pair(9000);
-    let ran = mpirun(&pair, Mpi::Ucx, &program, 10);
-    check_mpi("mpirun over the UCX pml", &ran);
+    let ran = mpirun(&pair, Mpi::Ucx, &program, 10, 1);
+    check_mpi("mpirun over the UCX pml", &ran, 2);
+}
+
+/// Two ranks in each namespace: ranks 0 and 1 (the pingpong's pair) share namespace `a`'s
+/// device, as do ranks 2 and 3 `b`'s, so the collectives run between processes of one
+/// device (through the switch) and across the veth at once.
+#[test]
+fn mpi_job_over_the_ucx_pml_two_ranks_per_namespace() {
+    let test = "mpi_job_over_the_ucx_pml_two_ranks_per_namespace";
+    if !mpi_installed(test) {
+        return;
+    }
+    let _one = one_at_a_time();
+    let program = mpi_check();
+    let pair = pair(9000);
+    let ran = mpirun(&pair, Mpi::Ucx, &program, 10, 2);
+    check_mpi("mpirun over the UCX pml, two ranks per namespace", &ran, 4);
 }
 
 // ------------------------------------------------------------------------ libfabric
@@ -964,10 +994,10 @@ fn figures_against_tcp() {
         }
     }
     let program = mpi_check();
-    let ucx = mpirun(&pair, Mpi::Ucx, &program, 1);
-    check_mpi("mpirun over the UCX pml", &ucx);
-    let tcp = mpirun(&pair, Mpi::Tcp, &program, 1);
-    check_mpi("mpirun over the TCP BTL", &tcp);
+    let ucx = mpirun(&pair, Mpi::Ucx, &program, 1, 1);
+    check_mpi("mpirun over the UCX pml", &ucx, 2);
+    let tcp = mpirun(&pair, Mpi::Tcp, &program, 1, 1);
+    check_mpi("mpirun over the TCP BTL", &tcp, 2);
     for (key, what, unit, column) in [
         (
             "pingpong        8 B",
