@@ -57,6 +57,14 @@ pub trait Backend: Send {
         Vec::new()
     }
 
+    /// Whether frames to this device's own MAC should be handed to the backend, which
+    /// delivers them to whichever process owns their destination QP or CM ID (the switch
+    /// of a device several processes share, [`crate::switch`]), rather than looped back by
+    /// the engine, which knows only its own QPs. `false` for a device that is ours alone.
+    fn loops_back(&self) -> bool {
+        false
+    }
+
     /// Sends one whole frame, copied in (for tests and tools that hold frames as bytes).
     fn send(&mut self, frame: &[u8]) -> io::Result<()> {
         self.transmit(frame.len(), flow_entropy(frame), &mut |buffer| {
@@ -111,7 +119,37 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn received_per_queue(&self) -> Vec<u64> {
         (**self).received_per_queue()
     }
+
+    fn loops_back(&self) -> bool {
+        (**self).loops_back()
+    }
 }
+
+/// The error a backend gives, once, when its device is gone for good (the switch that
+/// owned it died): the engine then fails every QP and raises `IBV_EVENT_DEVICE_FATAL`
+/// rather than stopping (`Endpoint::device_fatal`).
+pub fn device_lost(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, DeviceLost(why.to_owned()))
+}
+
+/// Whether `error` is [`device_lost`]'s.
+pub fn is_device_lost(error: &io::Error) -> bool {
+    error
+        .get_ref()
+        .is_some_and(|inner| inner.is::<DeviceLost>())
+}
+
+/// The payload of [`device_lost`]'s error.
+#[derive(Debug)]
+struct DeviceLost(String);
+
+impl std::fmt::Display for DeviceLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device lost: {}", self.0)
+    }
+}
+
+impl std::error::Error for DeviceLost {}
 
 /// The UDP source port of a frame over IPv4 or IPv6 (an 802.1Q tag allowed), which in
 /// RoCEv2 carries the sending QP's flow entropy; 0 for anything else.

@@ -364,6 +364,10 @@ impl<B: Backend> Backend for PcapRecorder<B> {
     fn received_per_queue(&self) -> Vec<u64> {
         self.inner.received_per_queue()
     }
+
+    fn loops_back(&self) -> bool {
+        self.inner.loops_back()
+    }
 }
 
 impl<B> Drop for PcapRecorder<B> {

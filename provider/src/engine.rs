@@ -147,7 +147,15 @@ impl<B: Backend> Engine<B> {
 
     /// [`poll`](Self::poll) at `now`, a clock reading the caller took for this turn.
     pub fn poll_at(&mut self, now: Instant) -> io::Result<()> {
-        let more_rx = self.receive_turn(now)?;
+        let more_rx = match self.receive_turn(now) {
+            // The device is gone for good: fail every QP, as an HCA's fatal error does.
+            Err(error) if crate::backend::is_device_lost(&error) => {
+                tracing::warn!(%error, "device lost");
+                self.endpoint.device_fatal(now);
+                false
+            }
+            other => other?,
+        };
         self.endpoint.handle_timeout(now);
         let more_tx = self.transmit_turn(now)?;
         self.unfinished = more_rx || more_tx;
@@ -286,6 +294,16 @@ impl<B: Backend> Engine<B> {
         result
     }
 
+    /// Whether a packet to our own address stays in this endpoint: always, unless the
+    /// backend delivers such frames to whichever process owns them (a shared device) and
+    /// the destination is not one of our QPs (or is QP 1, whose CM messages may be for the
+    /// listener of another process).
+    fn loops_back_itself(&self, transmit: &Transmit) -> bool {
+        let qpn = transmit.packet.bth.dest_qpn;
+        !self.backend.loops_back()
+            || (qpn != roce_wire::mad::GSI_QPN && self.endpoint.qp_state(qpn).is_some())
+    }
+
     /// Emits one packet straight into the backend's buffer, or loops it back when it is
     /// addressed to us; `false` when the backend's queue is full (nothing was sent).
     fn transmit(&mut self, now: Instant, transmit: &Transmit) -> io::Result<bool> {
@@ -301,7 +319,7 @@ impl<B: Backend> Engine<B> {
             self.endpoint.transmit_failed();
             return Ok(true);
         };
-        if repr.ethernet.dst == self.addressing.mac {
+        if repr.ethernet.dst == self.addressing.mac && self.loops_back_itself(transmit) {
             self.loop_back(now, transmit, &repr)?;
             return Ok(true);
         }

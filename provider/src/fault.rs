@@ -127,6 +127,10 @@ impl<B: Backend> Backend for FaultInjector<B> {
         self.inner.submit()
     }
 
+    fn loops_back(&self) -> bool {
+        self.inner.loops_back()
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         // A held frame must not wait for traffic that may never come.
         self.release_held()?;

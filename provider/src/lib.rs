@@ -16,6 +16,9 @@
 //! - [`multicast`]: an interface's multicast MAC filter and the host's IP membership of
 //!   groups (IGMP), as the kernel keeps them for rxe;
 //! - [`netns`]: network namespaces and veth pairs for tests and the demo;
+//! - [`switch`]: the device switch, which lets several processes share a device (it owns
+//!   the AF_XDP sockets; each process's [`switch::SwitchBackend`] reaches it through
+//!   shared-memory rings, or holds the sockets itself while it is alone on the device);
 //! - [`engine::Engine`]: drives a `roce_transport::Endpoint` over any backend with the real
 //!   clock, a packet's payload copied once, from registered memory into the backend's buffer.
 //!
@@ -42,6 +45,7 @@ pub mod memory;
 #[allow(unsafe_code)]
 pub mod multicast;
 pub mod netns;
+pub mod switch;
 pub mod udp;
 mod umem;
 pub mod xdp;

@@ -23,6 +23,7 @@ fn read_request(dst: Ipv4Addr) -> Vec<u8> {
             ([2, 0, 0, 0, 0, 2], dst),
             bth::Repr {
                 ack_req: true,
+                resv7: 0,
                 ..bth::Repr::new(Opcode::RcRdmaReadRequest, 0x11, Psn::new(0))
             },
             ExtRepr {

@@ -60,13 +60,12 @@ fn two_contexts_of_a_device_share_its_engine_and_reach_each_other() {
     let run = thread::spawn(move || {
         netns::enter(&name).unwrap();
         let device = devices().unwrap().remove(0);
-        let native = BackendKind::AfXdp(XdpMode::Native);
         let first = Context::open(&device, OpenOptions::default()).unwrap();
         let second = Context::open(&device, OpenOptions::default()).unwrap();
-        assert_eq!(first.backend_kind(), &native);
+        assert!(af_xdp(first.backend_kind()), "{:?}", first.backend_kind());
         assert_eq!(
             second.backend_kind(),
-            &native,
+            first.backend_kind(),
             "the same engine, not a fallback"
         );
 
@@ -105,7 +104,7 @@ fn two_contexts_of_a_device_share_its_engine_and_reach_each_other() {
         // All gone: the interface is free, and a new context takes AF_XDP again.
         drop((qp3, qp4, mr2, mr3, cq2, pd2, second));
         let again = Context::open(&device, OpenOptions::default()).unwrap();
-        assert_eq!(again.backend_kind(), &native);
+        assert!(af_xdp(again.backend_kind()));
 
         // A context in another namespace is another device's, with an engine of its own.
         let here = thread::spawn(move || {
@@ -114,7 +113,16 @@ fn two_contexts_of_a_device_share_its_engine_and_reach_each_other() {
             let ctx = Context::open(&device, OpenOptions::default()).unwrap();
             ctx.backend_kind().clone()
         });
-        assert_eq!(here.join().unwrap(), native);
+        assert!(af_xdp(&here.join().unwrap()));
     });
     run.join().expect("the contexts' thread");
+}
+
+/// Native AF_XDP, opened by this process itself or through the device's switch (which
+/// lends it the device while it is the only process on it).
+fn af_xdp(kind: &BackendKind) -> bool {
+    matches!(
+        kind,
+        BackendKind::AfXdp(XdpMode::Native) | BackendKind::Switch(_)
+    )
 }

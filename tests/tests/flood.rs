@@ -31,6 +31,7 @@ fn junk(ip_b: Ipv4Addr, qpn_b: u32) -> Vec<Vec<u8>> {
         (MAC_B, ip_b),
         bth::Repr {
             ack_req: true,
+            resv7: 0,
             ..bth::Repr::new(Opcode::RcSendOnly, qpn_b, Psn::new(7))
         },
         ExtRepr::default(),

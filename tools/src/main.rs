@@ -16,6 +16,7 @@ mod progress;
 mod rdma;
 mod signals;
 mod sim;
+mod switch;
 mod tcp;
 mod workload;
 
@@ -48,6 +49,8 @@ enum Command {
     Exec(exec::Args),
     /// NVMe over Fabrics (RDMA): serve a target, run a verified workload, discover (root).
     Nvmf(nvmf::Args),
+    /// Run the switch that lets several processes use one device, in the foreground (root).
+    Switch(switch::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(&args),
         Command::Exec(args) => exec::run(&args),
         Command::Nvmf(args) => nvmf::run(&args),
+        Command::Switch(args) => switch::run(&args),
     }
 }
 

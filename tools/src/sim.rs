@@ -1,6 +1,13 @@
-//! `roce sim`: moves data between two endpoints of the deterministic simulator in
+//! `roce sim`: moves data between endpoints of the deterministic simulator in
 //! `roce_transport::sim`, over a link that loses, reorders, duplicates and corrupts frames,
 //! and checks every byte that arrives.
+//!
+//! By default two endpoints face each other over a link without a speed. With `--incast N`,
+//! N senders write to one receiver through a switch (`roce_transport::sim::SwitchConfig`):
+//! links of `--link-rate`, a shared egress queue to the receiver of `--buffer` bytes that
+//! marks ECN-capable frames CE between `--kmin` and `--kmax` (probability up to `--pmax`)
+//! and drops what does not fit. The senders run DCQCN (`--dcqcn off` makes them ignore
+//! CNPs).
 //!
 //! Each RC QP pair owns a window of [`SLOTS`] slots of [`MESSAGE`] bytes on each side,
 //! reused message after message, so memory stays near 2 MiB per pair whatever `--bytes` is.
@@ -11,9 +18,12 @@
 //! FETCH_ADD and CMP_SWAP must return the value the counter held at that point of the pair's
 //! request order, and at the end the FETCH_ADD counter must hold the sum of every add.
 //!
-//! The last line of stdout is `verified=BYTES ops=N retransmits=R naks=K status=ok`, or the
-//! same with `status=FAIL reason="..."` after the first failed check; the exit status is 0
-//! for ok, 1 for FAIL and 2 for arguments that cannot be run.
+//! The last line of stdout is `verified=BYTES ops=N retransmits=R naks=K drops=D
+//! utilisation=U fairness=F lost=L status=ok`, or the same with `status=FAIL reason="..."`
+//! after the first failed check: D frames the switch dropped, U the share of the time the
+//! switch's port to the receiver was sending (`-` without a switch), F Jain's fairness
+//! index over the QP pairs' throughputs, L frames the links lost (`--loss`). The exit
+//! status is 0 for ok, 1 for FAIL and 2 for arguments that cannot be run.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -21,10 +31,11 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use roce_transport::congestion::{CongestionConfig, DcqcnParams, QpRate, Rate};
 use roce_transport::cq::{WcOpcode, WcStatus, WorkCompletion};
 use roce_transport::qp::QpStats;
 use roce_transport::qp_state::{PathMtu, QpType};
-use roce_transport::sim::{LinkConfig, QpPair, RetryConfig, Sim};
+use roce_transport::sim::{LinkConfig, QpPair, RetryConfig, Sim, SwitchConfig};
 use roce_transport::wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};
 
 use crate::progress::Tenths;
@@ -47,22 +58,12 @@ const STALL_STEPS: u64 = 1_000_000;
 /// Runs shorter than this print no progress.
 const QUIET_FOR: Duration = Duration::from_secs(1);
 
-/// The requester node (every QP pair's `a` side).
-const A: usize = 0;
-/// The responder node.
-const B: usize = 1;
-
 /// Arguments of `roce sim`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Operations to use in turn, one message each (an atomic alternates FETCH_ADD and
-    /// CMP_SWAP).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "send,write,read,atomic"
-    )]
+    /// CMP_SWAP) [default: send,write,read,atomic; with --incast: write].
+    #[arg(long, value_enum, value_delimiter = ',')]
     ops: Vec<Op>,
     /// Bytes to move and verify in total, with an optional K, M or G suffix (KiB, MiB, GiB).
     /// SEND, WRITE and READ move 64 KiB per message (the last one may be shorter); an atomic
@@ -89,10 +90,108 @@ pub struct Args {
     /// Seed of every random choice: the same arguments replay the same run.
     #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
-    /// RC QP pairs between the two endpoints; messages go to them in turn.
+    /// RC QP pairs between the two endpoints (with --incast: from each sender); messages
+    /// go to them in turn.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     qps: u16,
+    /// N senders to one receiver through a switch, instead of two endpoints face to face.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    incast: Option<u16>,
+    /// DCQCN's reaction point on every endpoint (off: CNPs are still sent, and ignored).
+    #[arg(long, value_enum, default_value = "on")]
+    dcqcn: OnOff,
+    /// Offer selective repeat on every endpoint (they all accept it): only what was lost
+    /// is sent again, instead of going back N.
+    #[arg(long)]
+    selective_repeat: bool,
+    /// A DCQCN knob, by mlx5's name (`--dcqcn-param rp_ai_rate=40`; repeatable).
+    #[arg(long, value_name = "NAME=VALUE")]
+    dcqcn_param: Vec<String>,
+    /// With --incast: the speed of every link, in Gb/s [default: 10].
+    #[arg(long, value_name = "GBPS", value_parser = clap::value_parser!(u32).range(1..=800))]
+    link_rate: Option<u32>,
+    /// With --incast: one-way delay of every link, in µs [default: 1].
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    link_latency: Option<u32>,
+    /// With --incast: bytes the switch's egress queue holds before it drops [default: 512K].
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::parse_size)]
+    buffer: Option<u64>,
+    /// With --incast: queue length from which ECN-capable frames may be marked CE
+    /// [default: 5000].
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::parse_size)]
+    kmin: Option<u64>,
+    /// With --incast: queue length from which every ECN-capable frame is marked CE
+    /// [default: 50000].
+    #[arg(long, value_name = "SIZE", value_parser = crate::args::parse_size)]
+    kmax: Option<u64>,
+    /// With --incast: marking probability just below --kmax, in percent [default: 50].
+    #[arg(long, value_name = "PERCENT", value_parser = crate::args::parse_percent)]
+    pmax: Option<f64>,
+    /// Every US µs of simulated time, print the queue to the receiver and each sending QP's
+    /// DCQCN state (current rate/target rate in Mb/s/α of 1024) on stderr.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u32).range(1..))]
+    trace: Option<u32>,
+}
+
+/// `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+impl Args {
+    /// The operations to use in turn.
+    fn ops(&self) -> Vec<Op> {
+        match (self.ops.is_empty(), self.incast) {
+            (false, _) => self.ops.clone(),
+            (true, Some(_)) => vec![Op::Write],
+            (true, None) => vec![Op::Send, Op::Write, Op::Read, Op::Atomic],
+        }
+    }
+
+    /// The switch, with --incast.
+    fn switch(&self) -> Option<SwitchConfig> {
+        let model = SwitchConfig::default();
+        self.incast.map(|_| SwitchConfig {
+            rate: self
+                .link_rate
+                .map_or(model.rate, |gbps| Rate::gbps(u64::from(gbps))),
+            latency: self
+                .link_latency
+                .map_or(model.latency, |us| Duration::from_micros(u64::from(us))),
+            buffer: self.buffer.unwrap_or(model.buffer),
+            kmin: self.kmin.unwrap_or(model.kmin),
+            kmax: self.kmax.unwrap_or(model.kmax),
+            pmax: self.pmax.unwrap_or(model.pmax),
+        })
+    }
+
+    /// How every endpoint takes part in congestion control.
+    fn congestion(&self) -> Result<CongestionConfig, String> {
+        let mut dcqcn = DcqcnParams::default();
+        for setting in &self.dcqcn_param {
+            let (name, value) = setting
+                .split_once('=')
+                .ok_or_else(|| format!("--dcqcn-param {setting}: NAME=VALUE expected"))?;
+            let value = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("--dcqcn-param {setting}: {value} is not a number"))?;
+            dcqcn.set(name.trim(), value)?;
+        }
+        let mut config = CongestionConfig {
+            rp: self.dcqcn == OnOff::On,
+            dcqcn,
+            selective_repeat: self.selective_repeat,
+            ..CongestionConfig::default()
+        };
+        if let Some(switch) = self.switch() {
+            config.line_rate = switch.rate;
+        }
+        Ok(config)
+    }
 }
 
 /// An operation `--ops` can name.
@@ -193,6 +292,10 @@ struct Lane {
     sum: Counter,
     /// The same for the CMP_SWAP word.
     word: Counter,
+    /// Bytes of this pair's messages that arrived and were checked.
+    verified: u64,
+    /// When (in simulated time) its last checked message completed.
+    last_done: Option<Instant>,
 }
 
 /// Where windows live in each node's address space; pair i's is `i` × `WINDOW_SPACING` on.
@@ -260,10 +363,11 @@ impl Lane {
     /// The windows (node, key) a message's bytes come from and go to; an atomic's come from
     /// the counters.
     fn ends(&self, work: Work) -> (Option<(usize, u32)>, (usize, u32)) {
+        let (a, b) = (self.pair.a.0, self.pair.b.0);
         match work {
-            Work::Send | Work::Write => (Some((A, self.local)), (B, self.remote)),
-            Work::Read => (Some((B, self.remote)), (A, self.local)),
-            Work::FetchAdd { .. } | Work::CompareSwap { .. } => (None, (A, self.local)),
+            Work::Send | Work::Write => (Some((a, self.local)), (b, self.remote)),
+            Work::Read => (Some((b, self.remote)), (a, self.local)),
+            Work::FetchAdd { .. } | Work::CompareSwap { .. } => (None, (a, self.local)),
         }
     }
 }
@@ -284,34 +388,53 @@ struct Run {
     next_lane: usize,
     /// Scratch space for the bytes a message should have delivered.
     expected: Vec<u8>,
+    /// The nodes that post (every pair's `a` side).
+    senders: Vec<usize>,
+    /// The node every pair's `b` side is on.
+    receiver: usize,
+    /// When (in simulated time) the first message was posted.
+    started: Instant,
 }
 
 impl Run {
-    /// Connects the pairs and registers their windows.
-    fn new(args: &Args, sim: &mut Sim) -> Self {
+    /// Connects the pairs (`--qps` from each of `senders` to `receiver`) and registers
+    /// their windows.
+    fn new(args: &Args, sim: &mut Sim, senders: Vec<usize>, receiver: usize) -> Self {
         let blank = WINDOW.blank();
         let mut counters = vec![CANARY; COUNTERS_LEN];
         counters[GUARD..GUARD + 16].fill(0);
-        let lanes = (0..usize::from(args.qps))
-            .map(|lane| {
-                let pair = sim.connect(A, B, QpType::Rc, args.mtu, RetryConfig::default());
+        let pairs: Vec<(usize, usize)> = senders
+            .iter()
+            .flat_map(|&sender| (0..usize::from(args.qps)).map(move |_| sender))
+            .enumerate()
+            .collect();
+        let lanes = pairs
+            .into_iter()
+            .map(|(lane, a)| {
+                let b = receiver;
+                let pair = sim.connect(a, b, QpType::Rc, args.mtu, RetryConfig::default());
                 Lane {
                     pair,
-                    local: sim.reg(A, window_iova(lane), &blank),
-                    remote: sim.reg(B, window_iova(lane), &blank),
-                    counters: sim.reg(B, counters_iova(lane), &counters),
+                    local: sim.reg(a, window_iova(lane), &blank),
+                    remote: sim.reg(b, window_iova(lane), &blank),
+                    counters: sim.reg(b, counters_iova(lane), &counters),
                     in_flight: VecDeque::with_capacity(SLOTS),
                     next_seq: 0,
                     next_op: 0,
                     atomics: 0,
                     sum: Counter::default(),
                     word: Counter::default(),
+                    verified: 0,
+                    last_done: None,
                 }
             })
             .collect();
         Run {
+            senders,
+            receiver,
+            started: sim.now,
             seed: args.seed,
-            ops: args.ops.clone(),
+            ops: args.ops(),
             target: args.bytes,
             lanes,
             posted: 0,
@@ -436,7 +559,7 @@ impl Run {
                 }]
                 .into(),
             };
-            sim.post_recv(B, qp_b, &receive)
+            sim.post_recv(l.pair.b.0, qp_b, &receive)
                 .map_err(|e| format!("post_recv on QP {qp_b:#x}: {e}"))?;
         }
         let wr = SendWr {
@@ -453,7 +576,7 @@ impl Run {
             ud: None,
             xrc_srqn: 0,
         };
-        sim.post_send(A, qp_a, &wr)
+        sim.post_send(l.pair.a.0, qp_a, &wr)
             .map_err(|e| format!("post_send on QP {qp_a:#x}: {e}"))?;
         self.lanes[lane].in_flight.push_back(message);
         self.posted += len as u64;
@@ -463,10 +586,12 @@ impl Run {
     /// Takes every completion, and checks and retires the messages that are complete.
     /// Returns how many were retired.
     fn collect(&mut self, sim: &mut Sim) -> Result<usize, String> {
-        for completion in sim.poll_send(A) {
-            self.on_send_completion(&completion)?;
+        for index in 0..self.senders.len() {
+            for completion in sim.poll_send(self.senders[index]) {
+                self.on_send_completion(&completion)?;
+            }
         }
-        for completion in sim.poll_recv(B) {
+        for completion in sim.poll_recv(self.receiver) {
             self.on_recv_completion(&completion)?;
         }
         let mut retired = 0;
@@ -476,7 +601,10 @@ impl Run {
                     break;
                 }
                 self.check(sim, lane, &message)?;
-                self.lanes[lane].in_flight.pop_front();
+                let l = &mut self.lanes[lane];
+                l.in_flight.pop_front();
+                l.verified += message.len as u64;
+                l.last_done = Some(sim.now);
                 self.verified += message.len as u64;
                 self.done += 1;
                 retired += 1;
@@ -572,7 +700,7 @@ impl Run {
     fn check_end(&self, sim: &mut Sim) -> Result<(), String> {
         for (lane, l) in self.lanes.iter().enumerate() {
             let qpn = l.pair.a.1;
-            let counters = region(sim, B, l.counters);
+            let counters = region(sim, l.pair.b.0, l.counters);
             let value = |at: usize| u64::from_ne_bytes(counters[at..at + 8].try_into().unwrap());
             let (sum, word) = (value(GUARD), value(GUARD + 8));
             if (sum, word) != (l.sum.value, l.word.value) {
@@ -588,7 +716,7 @@ impl Run {
                     "QP {qpn:#x}: a guard around the counters was written"
                 ));
             }
-            for (node, key) in [(A, l.local), (B, l.remote)] {
+            for (node, key) in [(l.pair.a.0, l.local), (l.pair.b.0, l.remote)] {
                 if let Some(at) = WINDOW.damaged_guard(region(sim, node, key)) {
                     return Err(format!(
                         "QP {qpn:#x}: the guard at offset {at} of pair {lane}'s window on node \
@@ -601,14 +729,54 @@ impl Run {
     }
 }
 
+/// Prints, on stderr, the simulated time, the queue to the receiver, and each sending QP's
+/// DCQCN state (`RC/RT/α`, rates in Mb/s, `-` while DCQCN does not limit it).
+fn trace(sim: &mut Sim, run: &Run) {
+    let now = sim.now;
+    let queued = sim.port_stats(run.receiver).queued;
+    let qps: Vec<String> = run
+        .lanes
+        .iter()
+        .map(|lane| {
+            let (node, qpn) = lane.pair.a;
+            let rate = sim.nodes[node].endpoint.qp_rate(now, qpn);
+            match rate.unwrap_or_default() {
+                QpRate {
+                    dcqcn_current: Some(rc),
+                    dcqcn_target: Some(rt),
+                    alpha: Some(alpha),
+                    ..
+                } => format!("{}/{}/{alpha}", rc.kbps() / 1000, rt.kbps() / 1000),
+                _ => "-".into(),
+            }
+        })
+        .collect();
+    eprintln!(
+        "t={:.1}us queue={queued} drops={} {}",
+        (now - run.started).as_secs_f64() * 1e6,
+        sim.stats.dropped,
+        qps.join(" ")
+    );
+}
+
 /// Runs the simulator until every byte is verified or a check fails.
-fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Tenths) -> Result<(), String> {
+fn drive(
+    sim: &mut Sim,
+    run: &mut Run,
+    progress: &mut Tenths,
+    trace_every: Option<Duration>,
+) -> Result<(), String> {
+    let mut next_trace = sim.now;
     run.refill(sim)?;
     while !run.finished() {
         let mut failure = None;
         let mut calls = 0u64;
         let moved = sim.run_until(STALL_STEPS, |sim| {
             calls += 1;
+            if let Some(every) = trace_every.filter(|_| sim.now >= next_trace) {
+                next_trace = sim.now + every;
+                trace(sim, run);
+            }
             match run.collect(sim) {
                 Ok(retired) => retired > 0,
                 Err(reason) => {
@@ -636,7 +804,7 @@ fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Tenths) -> Result<(), Stri
                 sim.stats.corrupt_accepted
             ));
         }
-        for node in [A, B] {
+        for node in 0..sim.nodes.len() {
             if let Some(event) = sim.nodes[node].endpoint.take_events().first() {
                 return Err(format!("node {node}: {event:?}"));
             }
@@ -652,7 +820,20 @@ fn drive(sim: &mut Sim, run: &mut Run, progress: &mut Tenths) -> Result<(), Stri
 
 /// Arguments clap cannot check alone.
 fn check_args(args: &Args) -> Result<(), String> {
-    if args.ops.iter().all(|&op| op == Op::Atomic) && !args.bytes.is_multiple_of(8) {
+    args.congestion()?;
+    let lanes = usize::from(args.incast.unwrap_or(1)) * usize::from(args.qps);
+    if lanes > 256 {
+        return Err(format!(
+            "{lanes} QP pairs (--incast × --qps): at most 256, each holds 2 MiB of windows"
+        ));
+    }
+    if args
+        .switch()
+        .is_some_and(|switch| switch.kmin > switch.kmax)
+    {
+        return Err("--kmin must not exceed --kmax".into());
+    }
+    if args.ops().iter().all(|&op| op == Op::Atomic) && !args.bytes.is_multiple_of(8) {
         return Err(
             "atomics move 8 bytes each: with --ops atomic, --bytes must be a multiple \
                     of 8"
@@ -673,6 +854,7 @@ fn total_stats(sim: &Sim, run: &Run) -> QpStats {
             total.naks_sent += stats.naks_sent;
             total.naks_received += stats.naks_received;
             total.dropped += stats.dropped;
+            total.responses_resent += stats.responses_resent;
         }
     }
     total
@@ -682,16 +864,40 @@ fn percent(probability: f64) -> String {
     format!("{}%", probability * 100.0)
 }
 
+/// Jain's fairness index of `rates`: 1 when all are equal, 1/n when one has everything.
+fn jain(rates: &[f64]) -> f64 {
+    let sum: f64 = rates.iter().sum();
+    let squares: f64 = rates.iter().map(|rate| rate * rate).sum();
+    if squares == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (rates.len() as f64 * squares)
+}
+
+/// Each QP pair's throughput in bytes per simulated second: what it verified over the
+/// time to its last message.
+fn lane_rates(run: &Run) -> Vec<f64> {
+    run.lanes
+        .iter()
+        .map(|lane| match lane.last_done {
+            Some(done) if done > run.started => {
+                lane.verified as f64 / (done - run.started).as_secs_f64()
+            }
+            _ => 0.0,
+        })
+        .collect()
+}
+
 fn report(
     out: &mut impl Write,
     args: &Args,
-    sim: &Sim,
+    sim: &mut Sim,
     run: &Run,
     simulated: Duration,
     wall: Duration,
     outcome: &Result<(), String>,
 ) -> io::Result<()> {
-    let ops: Vec<String> = args.ops.iter().map(Op::to_string).collect();
+    let ops: Vec<String> = args.ops().iter().map(Op::to_string).collect();
     writeln!(
         out,
         "qps={} mtu={} message={MESSAGE} ops={} bytes={} seed={} loss={} reorder={} dup={} \
@@ -706,7 +912,25 @@ fn report(
         percent(sim.link.duplicate),
         percent(sim.link.corrupt),
     )?;
-    let net = &sim.stats;
+    if let Some(switch) = sim.switch() {
+        let port = sim.port_stats(run.receiver);
+        writeln!(
+            out,
+            "switch senders={} rate={} buffer={} kmin={} kmax={} pmax={} dcqcn={} \
+             max_queue={} marked={} dropped={}",
+            run.senders.len(),
+            switch.rate,
+            switch.buffer,
+            switch.kmin,
+            switch.kmax,
+            percent(switch.pmax),
+            if args.dcqcn == OnOff::On { "on" } else { "off" },
+            port.max_queue,
+            port.marked,
+            port.dropped,
+        )?;
+    }
+    let net = sim.stats;
     writeln!(
         out,
         "frames sent={} delivered={} lost={} corrupted={} corrupt_rejected={} \
@@ -718,33 +942,93 @@ fn report(
         net.corrupt_rejected,
         net.corrupt_accepted
     )?;
-    for lane in &run.lanes {
+    let mut congestion = roce_transport::Counters::default();
+    for node in &sim.nodes {
+        let counters = node.endpoint.counters();
+        congestion.np_cnp_sent += counters.np_cnp_sent;
+        congestion.np_ecn_marked_roce_packets += counters.np_ecn_marked_roce_packets;
+        congestion.rp_cnp_handled += counters.rp_cnp_handled;
+        congestion.rp_cnp_ignored += counters.rp_cnp_ignored;
+        congestion.rp_rate_cuts += counters.rp_rate_cuts;
+    }
+    writeln!(
+        out,
+        "congestion np_ecn_marked_roce_packets={} np_cnp_sent={} rp_cnp_handled={} \
+         rp_cnp_ignored={} rp_rate_cuts={}",
+        congestion.np_ecn_marked_roce_packets,
+        congestion.np_cnp_sent,
+        congestion.rp_cnp_handled,
+        congestion.rp_cnp_ignored,
+        congestion.rp_rate_cuts,
+    )?;
+    let rates = lane_rates(run);
+    let now = sim.now;
+    for (lane, rate) in run.lanes.iter().zip(&rates) {
         let stats =
             |(node, qpn): (usize, u32)| sim.nodes[node].endpoint.qp_stats(qpn).unwrap_or_default();
         let (a, b) = (stats(lane.pair.a), stats(lane.pair.b));
+        let (node, qpn) = lane.pair.a;
+        let qp_rate = sim.nodes[node]
+            .endpoint
+            .qp_rate(now, qpn)
+            .unwrap_or_default();
+        let paced = qp_rate
+            .current
+            .map_or_else(|| "line".to_string(), |rate| rate.to_string());
         writeln!(
             out,
-            "qp {:#x}->{:#x} retransmits={} timeouts={} naks_sent={} naks_received={} \
-             dropped={}",
+            "qp {:#x}->{:#x} retransmits={} responses_resent={} timeouts={} naks_sent={} \
+             naks_received={} dropped={} goodput_mbps={:.0} rate={paced} rate_cuts={} \
+             selective_repeat={}",
             lane.pair.a.1,
             lane.pair.b.1,
             a.retransmits + b.retransmits,
+            a.responses_resent + b.responses_resent,
             a.timeouts + b.timeouts,
             a.naks_sent + b.naks_sent,
             a.naks_received + b.naks_received,
             a.dropped + b.dropped,
+            rate * 8.0 / 1e6,
+            qp_rate.cuts,
+            if qp_rate.selective_repeat {
+                "on"
+            } else {
+                "off"
+            },
         )?;
     }
+    let total = total_stats(sim, run);
+    writeln!(
+        out,
+        "recovery retransmits={} responses_resent={} lost={} per_loss={:.2}",
+        total.retransmits,
+        total.responses_resent,
+        net.lost,
+        total.retransmits as f64 / net.lost.max(1) as f64,
+    )?;
     let mib_per_s = run.verified as f64 / (1 << 20) as f64 / wall.as_secs_f64().max(1e-9);
     writeln!(
         out,
         "simulated={simulated:.3?} wall={wall:.3?} ({mib_per_s:.1} MiB/s verified)"
     )?;
-    let total = total_stats(sim, run);
+    let utilisation = match sim.switch() {
+        Some(switch) => format!(
+            "{:.3}",
+            sim.port_stats(run.receiver).utilisation(switch.rate)
+        ),
+        None => "-".into(),
+    };
     write!(
         out,
-        "verified={} ops={} retransmits={} naks={} ",
-        run.verified, run.done, total.retransmits, total.naks_received
+        "verified={} ops={} retransmits={} naks={} drops={} utilisation={utilisation} \
+         fairness={:.3} lost={} ",
+        run.verified,
+        run.done,
+        total.retransmits,
+        total.naks_received,
+        net.dropped,
+        jain(&rates),
+        net.lost,
     )?;
     match outcome {
         Ok(()) => writeln!(out, "status=ok"),
@@ -754,10 +1038,13 @@ fn report(
 
 /// Runs `roce sim`.
 pub fn run(args: &Args) -> ExitCode {
-    if let Err(error) = check_args(args) {
-        eprintln!("roce sim: {error}");
-        return ExitCode::from(2);
-    }
+    let congestion = match check_args(args).and_then(|()| args.congestion()) {
+        Ok(congestion) => congestion,
+        Err(error) => {
+            eprintln!("roce sim: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let link = LinkConfig {
         loss: args.loss,
         reorder: args.reorder,
@@ -767,19 +1054,25 @@ pub fn run(args: &Args) -> ExitCode {
     };
     let started = Instant::now();
     let mut sim = Sim::new(link, args.seed);
-    sim.add_node();
-    sim.add_node();
+    sim.set_switch(args.switch());
+    let senders = usize::from(args.incast.unwrap_or(1));
+    for _ in 0..=senders {
+        let node = sim.add_node();
+        let now = sim.now;
+        sim.nodes[node].endpoint.set_congestion(now, congestion);
+    }
     let sim_start = sim.now;
-    let mut run = Run::new(args, &mut sim);
+    let mut run = Run::new(args, &mut sim, (0..senders).collect(), senders);
     let mut progress = Tenths::new("roce sim:", QUIET_FOR);
-    let outcome = drive(&mut sim, &mut run, &mut progress);
+    let trace_every = args.trace.map(|us| Duration::from_micros(u64::from(us)));
+    let outcome = drive(&mut sim, &mut run, &mut progress, trace_every);
     let simulated = sim.now - sim_start;
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let written = report(
         &mut out,
         args,
-        &sim,
+        &mut sim,
         &run,
         simulated,
         started.elapsed(),

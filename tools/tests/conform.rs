@@ -439,7 +439,14 @@ fn fuzz_rxe(roce: &dyn Fn(&[&str]) -> std::process::Output, packets: u32, extra:
             true
         }
         Some("status=FOUND") => {
-            assert!(last.contains(" findings=1 ") && saved == 1, "{out}");
+            // A batch that broke the target is saved; a server that does not come back
+            // after a batch that passed its liveness check has no batch to blame (nothing
+            // saved): in a loaded VM, that is also a perftest server slow to restart.
+            let unreachable = out.contains("roce fuzz: cannot connect to the");
+            assert!(
+                last.contains(" findings=1 ") && (saved == 1 || (saved == 0 && unreachable)),
+                "{out}"
+            );
             eprintln!("rxe did not survive roce fuzz {extra:?}:\n{out}");
             false
         }

@@ -33,7 +33,7 @@ fn last_line(output: &Output) -> String {
 fn summary(output: &Output) -> BTreeMap<String, String> {
     let line = last_line(output);
     let fields: BTreeMap<String, String> = line
-        .splitn(5, ' ')
+        .splitn(9, ' ')
         .map(|field| {
             let (key, value) = field.split_once('=').expect("key=value");
             (key.to_string(), value.to_string())
@@ -42,10 +42,24 @@ fn summary(output: &Output) -> BTreeMap<String, String> {
     let keys: Vec<&str> = fields.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
-        ["naks", "ops", "retransmits", "status", "verified"],
+        [
+            "drops",
+            "fairness",
+            "lost",
+            "naks",
+            "ops",
+            "retransmits",
+            "status",
+            "utilisation",
+            "verified"
+        ],
         "{line}"
     );
     fields
+}
+
+fn ratio(fields: &BTreeMap<String, String>, key: &str) -> f64 {
+    fields[key].parse().unwrap()
 }
 
 fn number(fields: &BTreeMap<String, String>, key: &str) -> u64 {
@@ -72,6 +86,9 @@ fn clean_link_moves_every_byte_without_retransmitting() {
     let fields = assert_ok(&["--bytes", "1M"], 1 << 20);
     assert_eq!(number(&fields, "retransmits"), 0);
     assert_eq!(number(&fields, "naks"), 0);
+    assert_eq!(number(&fields, "drops"), 0);
+    assert_eq!(number(&fields, "lost"), 0);
+    assert_eq!(fields["utilisation"], "-", "no switch, no link speed");
     // 16 data messages of 64 KiB minus room for the interleaved atomics, plus the atomics.
     assert!(number(&fields, "ops") > 16);
 }
@@ -149,10 +166,11 @@ fn a_dead_link_fails_the_run() {
     assert!(line.starts_with("verified=0 ops=0 retransmits="), "{line}");
     assert!(
         line.ends_with(
-            " naks=0 status=FAIL reason=\"QP 0x11 message 0 (SEND) completed with RetryExceeded\""
+            " status=FAIL reason=\"QP 0x11 message 0 (SEND) completed with RetryExceeded\""
         ),
         "{line}"
     );
+    assert!(line.contains(" naks=0 drops=0 utilisation=- "), "{line}");
     let retransmits = line.split(' ').nth(2).unwrap();
     assert_ne!(
         retransmits, "retransmits=0",
@@ -173,10 +191,107 @@ fn impossible_arguments_exit_2() {
         &["--qps", "0"],
         // Atomics move 8 bytes each, so 12 bytes of atomics cannot be moved.
         &["--ops", "atomic", "--bytes", "12"],
+        &["--incast", "0"],
+        &["--incast", "65"],
+        &["--incast", "64", "--qps", "8"],
+        &["--dcqcn", "maybe"],
+        &["--dcqcn-param", "rp_ai_rate"],
+        &["--dcqcn-param", "no_such_knob=1"],
+        &["--dcqcn-param", "rp_min_dec_fac=101"],
+        &["--incast", "2", "--kmin", "10K", "--kmax", "5K"],
+        &["--incast", "2", "--pmax", "200"],
     ] {
         let output = roce_sim(args);
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         assert!(output.stdout.is_empty(), "{args:?}");
         assert!(!output.stderr.is_empty(), "{args:?}");
     }
+}
+
+/// The check: eight senders write to one receiver through the switch. With DCQCN
+/// nothing is dropped, the port to the receiver stays busy and the eight share it fairly;
+/// without it the same run overflows the queue and goes back N again and again.
+#[test]
+fn incast_of_eight_with_and_without_dcqcn() {
+    let with = assert_ok(&["--incast", "8", "--bytes", "32M"], 32 << 20);
+    assert_eq!(number(&with, "drops"), 0, "{with:?}");
+    assert_eq!(number(&with, "retransmits"), 0, "{with:?}");
+    assert!(ratio(&with, "utilisation") >= 0.9, "{with:?}");
+    assert!(ratio(&with, "fairness") >= 0.95, "{with:?}");
+    let output = roce_sim(&["--incast", "8", "--bytes", "32M", "--dcqcn", "off"]);
+    let stdout = String::from_utf8(output.stdout.clone()).unwrap();
+    let without = summary(&output);
+    assert!(number(&without, "drops") > 1000, "{stdout}");
+    assert!(
+        number(&without, "retransmits") > number(&without, "drops"),
+        "go-back-N resends more than was dropped: {stdout}"
+    );
+    // The receiver answered the marks with CNPs, which the senders ignored.
+    let counters = stdout
+        .lines()
+        .find(|line| line.starts_with("congestion "))
+        .unwrap();
+    assert!(counters.contains(" rp_cnp_handled=0 "), "{counters}");
+    assert!(!counters.contains(" rp_cnp_ignored=0 "), "{counters}");
+    assert!(!counters.contains(" np_cnp_sent=0 "), "{counters}");
+}
+
+/// What the switch line and the trace say: the queue, marks and per-QP rates.
+#[test]
+fn incast_reports_the_switch_and_traces_dcqcn() {
+    let output = roce_sim(&["--incast", "2", "--bytes", "4M", "--trace", "100"]);
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8(output.stdout.clone()).unwrap();
+    let switch = stdout.lines().find(|l| l.starts_with("switch ")).unwrap();
+    assert!(
+        switch.starts_with(
+            "switch senders=2 rate=10000Mb/s buffer=524288 kmin=5000 kmax=50000 pmax=50% dcqcn=on"
+        ),
+        "{switch}"
+    );
+    let lanes = stdout.lines().filter(|l| l.starts_with("qp ")).count();
+    assert_eq!(lanes, 2, "{stdout}");
+    let stderr = String::from_utf8(output.stderr.clone()).unwrap();
+    let traced: Vec<&str> = stderr.lines().filter(|l| l.starts_with("t=")).collect();
+    assert!(traced.len() > 3, "{stderr}");
+    assert!(
+        traced
+            .iter()
+            .any(|line| line.split(' ').skip(3).any(|qp| qp.contains('/'))),
+        "some QP ran DCQCN: {stderr}"
+    );
+}
+
+/// The other check: at 5 % loss, selective repeat between two of ours sends again
+/// about what was lost (at most 1.3 times as many packets), where go-back-N sends again a
+/// multiple of it.
+#[test]
+fn selective_repeat_sends_again_about_what_was_lost() {
+    let args = ["--loss", "5", "--bytes", "4M"];
+    let selective = assert_ok(&[&args[..], &["--selective-repeat"]].concat(), 4 << 20);
+    let (again, lost) = (
+        number(&selective, "retransmits"),
+        number(&selective, "lost"),
+    );
+    assert!(lost > 100, "{selective:?}");
+    assert!(
+        again * 10 <= lost * 13,
+        "{again} sent again for {lost} lost"
+    );
+    let go_back_n = assert_ok(&args, 4 << 20);
+    let (again, lost) = (
+        number(&go_back_n, "retransmits"),
+        number(&go_back_n, "lost"),
+    );
+    assert!(
+        again > 5 * lost,
+        "go-back-N: {again} sent again for {lost} lost"
+    );
+    // The QP lines say which recovery each pair used.
+    let output = roce_sim(&[&args[..], &["--selective-repeat"]].concat());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let qp = stdout.lines().find(|l| l.starts_with("qp ")).unwrap();
+    assert!(qp.ends_with(" selective_repeat=on"), "{qp}");
+    let recovery = stdout.lines().find(|l| l.starts_with("recovery ")).unwrap();
+    assert!(recovery.contains(" responses_resent="), "{recovery}");
 }

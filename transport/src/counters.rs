@@ -1,6 +1,7 @@
 //! The device's counters, with the names and meanings of Linux rxe's `hw_counters`
 //! (`/sys/class/infiniband/rxe0/ports/1/hw_counters/`), so that one run of ours and one of
-//! rxe's compare line by line. Each is counted where the transport decides what rxe decides
+//! rxe's compare line by line; then congestion control's, which rxe lacks, with mlx5's
+//! names (`np_cnp_sent`, ...) where mlx5 has one. Each is counted where the transport decides what rxe decides
 //! at the same point; the endpoint owns them (no atomics: it is driven by one caller).
 
 macro_rules! counters {
@@ -64,6 +65,17 @@ counters! {
     rdma_sends,
     /// Receive work requests completed successfully (SEND, WRITE with immediate, UD).
     rdma_recvs,
+    /// CNPs sent (mlx5's name): the notification point answering CE marks, at most one per
+    /// QP per `np_min_time_between_cnps`.
+    np_cnp_sent,
+    /// Packets received with the IP ECN field CE (mlx5's name), CNP or not.
+    np_ecn_marked_roce_packets,
+    /// CNPs received that DCQCN's reaction point acted on (mlx5's name).
+    rp_cnp_handled,
+    /// CNPs received and ignored, with the reaction point off (mlx5's name).
+    rp_cnp_ignored,
+    /// Rate cuts of DCQCN's reaction points (no mlx5 counter has this).
+    rp_rate_cuts,
 }
 
 #[cfg(test)]
@@ -71,7 +83,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_table_is_rxes() {
+    fn the_table_is_rxes_then_congestion_controls() {
         let rxe = [
             "sent_pkts",
             "rcvd_pkts",
@@ -89,7 +101,15 @@ mod tests {
             "rdma_sends",
             "rdma_recvs",
         ];
-        assert_eq!(Counters::NAMES, rxe);
+        assert_eq!(&Counters::NAMES[..rxe.len()], rxe);
+        let mlx5 = [
+            "np_cnp_sent",
+            "np_ecn_marked_roce_packets",
+            "rp_cnp_handled",
+            "rp_cnp_ignored",
+        ];
+        assert_eq!(&Counters::NAMES[rxe.len()..rxe.len() + 4], mlx5);
+        assert_eq!(Counters::NAMES[rxe.len() + 4..], ["rp_rate_cuts"]);
         let counters = Counters {
             sent_pkts: 1,
             rdma_recvs: 15,
@@ -97,7 +117,7 @@ mod tests {
         };
         let values: Vec<(&str, u64)> = counters.iter().collect();
         assert_eq!(values.first(), Some(&("sent_pkts", 1)));
-        assert_eq!(values.last(), Some(&("rdma_recvs", 15)));
+        assert_eq!(values[14], ("rdma_recvs", 15));
         assert_eq!(values.iter().map(|(_, v)| v).sum::<u64>(), 16);
     }
 }

@@ -11,6 +11,7 @@
 //! CM's MADs leave from it to the peer's QP 1, and the CM's timers are the endpoint's.
 
 use std::borrow::Borrow;
+use std::sync::Arc;
 use std::time::Instant;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -21,6 +22,7 @@ use roce_wire::opcode::Service;
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 
 use crate::cm::{Cm, CmConfig, MadTransmit};
+use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 
 use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
@@ -29,8 +31,8 @@ use crate::limits::LIMITS;
 use crate::mcast::{McastError, McastTable, Mgid};
 use crate::mr::{MrTable, PdId};
 use crate::qp::{
-    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpCaps, QpInit, QpStats, ResponderBacklog,
-    NO_CQ,
+    Ctx, Failure, OutPacket, PostError, PostGate, Qp, QpCaps, QpInit, QpRetry, QpStats,
+    ResponderBacklog, NO_CQ,
 };
 use crate::qp_state::{AddressVector, ModifyQpError, PathMtu, QpAttr, QpState, QpType};
 use crate::srq::{SrqAttr, SrqError, SrqId, SrqModify, SrqTable, XrcSrq};
@@ -176,6 +178,9 @@ pub enum AsyncEvent {
     PortActive,
     /// The port's link went down (`IBV_EVENT_PORT_ERR`); raised by the device's owner.
     PortError,
+    /// The device is gone for good (its switch died): every QP was moved to ERR, flushing
+    /// its work requests (`IBV_EVENT_DEVICE_FATAL`); see [`Endpoint::device_fatal`].
+    DeviceFatal,
 }
 
 /// A device: its memory regions, CQs and QPs.
@@ -187,6 +192,12 @@ pub struct Endpoint {
     xrcds: XrcdTable,
     qps: QpTable,
     next_qpn: u32,
+    /// The last QP number this endpoint may hand out.
+    last_qpn: u32,
+    /// The block of a shared device's identifiers this endpoint owns, if set.
+    id_block: Option<u8>,
+    /// Whether [`device_fatal`](Self::device_fatal) happened.
+    fatal: bool,
     /// Slot of the QP to look at first in the next `poll_transmit`, so no QP starves the
     /// others.
     transmit_cursor: usize,
@@ -212,22 +223,26 @@ pub struct Endpoint {
     mcast: McastTable,
     /// rxe's hardware counters.
     counters: Counters,
+    /// How QPs take part in congestion control (shared with each QP).
+    congestion: Arc<CongestionConfig>,
 }
 
 /// The QPs: side by side for the walks of `poll_transmit` and `handle_timeout`, found by
 /// number for everything else (a QP's slot changes when another is destroyed).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct QpTable {
     qps: Vec<Qp>,
-    /// Indexed by QP number − `FIRST_QPN`: the QP's slot + 1, or 0 once it is gone. QP
+    /// Indexed by QP number − `base`: the QP's slot + 1, or 0 once it is gone. QP
     /// numbers are handed out in order and never reused, so this is an index rather than a
     /// hash map (a lookup per packet) at 4 bytes per QP ever created.
     slots: Vec<u32>,
+    /// The first QP number handed out (`FIRST_QPN`, or the start of the endpoint's block).
+    base: u32,
 }
 
 impl QpTable {
     fn insert(&mut self, qp: Qp) {
-        let index = (qp.common.qpn - FIRST_QPN) as usize;
+        let index = (qp.common.qpn - self.base) as usize;
         if self.slots.len() <= index {
             self.slots.resize(index + 1, 0);
         }
@@ -236,7 +251,7 @@ impl QpTable {
     }
 
     fn slot(&self, qpn: u32) -> Option<usize> {
-        let index = qpn.checked_sub(FIRST_QPN)? as usize;
+        let index = qpn.checked_sub(self.base)? as usize;
         let slot = *self.slots.get(index)?;
         (slot != 0).then(|| slot as usize - 1)
     }
@@ -245,10 +260,10 @@ impl QpTable {
         let Some(slot) = self.slot(qpn) else {
             return false;
         };
-        self.slots[(qpn - FIRST_QPN) as usize] = 0;
+        self.slots[(qpn - self.base) as usize] = 0;
         self.qps.swap_remove(slot);
         if let Some(moved) = self.qps.get(slot) {
-            self.slots[(moved.common.qpn - FIRST_QPN) as usize] = slot as u32 + 1;
+            self.slots[(moved.common.qpn - self.base) as usize] = slot as u32 + 1;
         }
         true
     }
@@ -264,6 +279,8 @@ impl QpTable {
 
 /// The first QP number handed out; 0 and 1 are the special QPs.
 const FIRST_QPN: u32 = 0x11;
+/// QP numbers in one block of a shared device ([`Endpoint::set_id_block`]): the low 16 bits.
+pub const QPN_BLOCK_BITS: u32 = 16;
 
 /// Hop limit (IPv4 TTL) of the MADs QP 1 sends, as the kernel's RoCE GSI AHs use.
 const GSI_HOP_LIMIT: u8 = 64;
@@ -345,8 +362,15 @@ impl Endpoint {
             cqs: Vec::new(),
             srqs: SrqTable::default(),
             xrcds: XrcdTable::default(),
-            qps: QpTable::default(),
+            qps: QpTable {
+                qps: Vec::new(),
+                slots: Vec::new(),
+                base: FIRST_QPN,
+            },
             next_qpn: FIRST_QPN,
+            last_qpn: FIRST_QPN + (LIMITS.max_qp - 1),
+            id_block: None,
+            fatal: false,
             transmit_cursor: 0,
             events: Vec::new(),
             port_mtu: PathMtu::Mtu1024,
@@ -359,7 +383,44 @@ impl Endpoint {
             unknown_group_drops: 0,
             mcast: McastTable::default(),
             counters: Counters::default(),
+            congestion: Arc::new(CongestionConfig::default()),
         }
+    }
+
+    /// How the device takes part in congestion control (ECN, CNPs, DCQCN, selective
+    /// repeat).
+    pub fn congestion(&self) -> CongestionConfig {
+        *self.congestion
+    }
+
+    /// Changes at `now` how the device takes part in congestion control, for every QP,
+    /// existing or to come.
+    pub fn set_congestion(&mut self, now: Instant, config: CongestionConfig) {
+        self.congestion = Arc::new(config);
+        for qp in &mut self.qps.qps {
+            qp.set_congestion(now, self.congestion.clone());
+        }
+    }
+
+    /// Sets (or, with `None` or a rate of 0, clears) a limit on the rate QP `qpn` sends at,
+    /// from `now` (`ibv_modify_qp_rate_limit`, `IBV_QP_RATE_LIMIT`): its pacer lets the
+    /// least of the limit and DCQCN's rate through. Refused unless the QP is in RTR, RTS or
+    /// SQD.
+    pub fn set_rate_limit(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        limit: Option<RateLimit>,
+    ) -> Result<(), ModifyQpError> {
+        self.qps
+            .get_mut(qpn)
+            .ok_or(ModifyQpError::OutOfRange("qpn"))?
+            .set_rate_limit(now, limit)
+    }
+
+    /// The QP's rates (its pacer's, DCQCN's, its limit) as of `now`.
+    pub fn qp_rate(&mut self, now: Instant, qpn: u32) -> Option<QpRate> {
+        self.qps.get_mut(qpn).map(|qp| qp.rate(now))
     }
 
     /// The device's counters, with rxe's names and meanings.
@@ -396,7 +457,33 @@ impl Endpoint {
 
     /// Gives QP 1 a communication manager (replacing any earlier one and its connections).
     pub fn enable_cm(&mut self, config: CmConfig) {
-        self.cm = Some(Cm::new(config));
+        let mut cm = Cm::new(config);
+        if let Some(block) = self.id_block {
+            cm.set_comm_id_block(block);
+        }
+        self.cm = Some(cm);
+    }
+
+    /// Makes this endpoint one of several (processes) on a device, the one that owns
+    /// block `block` of its identifiers: QP numbers `block << 16` to `block << 16 | 0xFFFF`
+    /// (from 0x11 in block 0), and CM communication IDs whose top byte is `block`. A frame's
+    /// destination QPN, or a CM message's ID of ours, then names its endpoint by its top
+    /// bits, which is how the device's switch steers it. Only before the first QP; `false`
+    /// (and nothing changed) after.
+    pub fn set_id_block(&mut self, block: u8) -> bool {
+        if self.next_qpn != self.qps.base {
+            return false;
+        }
+        let start = u32::from(block) << QPN_BLOCK_BITS;
+        let first = start.max(FIRST_QPN);
+        self.qps.base = first;
+        self.next_qpn = first;
+        self.last_qpn = start | ((1 << QPN_BLOCK_BITS) - 1);
+        self.id_block = Some(block);
+        if let Some(cm) = &mut self.cm {
+            cm.set_comm_id_block(block);
+        }
+        true
     }
 
     /// The communication manager behind QP 1, once [enabled](Self::enable_cm): listen,
@@ -500,12 +587,12 @@ impl Endpoint {
         LIMITS
             .check_qp_caps(&init.caps)
             .map_err(CreateQpError::InvalidCap)?;
-        if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
+        if self.next_qpn > self.last_qpn {
             return Err(CreateQpError::NoQpn);
         }
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0);
+        let mut qp = Qp::new(qpn, init, send_cq.0, recv_cq.0, self.congestion.clone());
         qp.common.config.mtu = self.port_mtu.bytes();
         qp.common.srq = srq;
         self.qps.insert(qp);
@@ -616,7 +703,7 @@ impl Endpoint {
         if !self.xrcds.exists(xrcd) {
             return Err(CreateQpError::UnknownXrcd);
         }
-        if self.next_qpn - FIRST_QPN >= LIMITS.max_qp {
+        if self.next_qpn > self.last_qpn {
             return Err(CreateQpError::NoQpn);
         }
         let qpn = self.next_qpn;
@@ -633,7 +720,7 @@ impl Endpoint {
             },
             sq_sig_all: false,
         };
-        let mut qp = Qp::new(qpn, init, NO_CQ, NO_CQ);
+        let mut qp = Qp::new(qpn, init, NO_CQ, NO_CQ, self.congestion.clone());
         qp.common.config.mtu = self.port_mtu.bytes();
         qp.common.xrcd = Some(xrcd);
         self.qps.insert(qp);
@@ -752,9 +839,37 @@ impl Endpoint {
             .unwrap_or(Err(ModifyQpError::OutOfRange("qpn")))
     }
 
+    /// The device is gone for good, as an HCA's fatal error: every QP moves to ERR,
+    /// completing its outstanding work requests with flush errors, and
+    /// [`AsyncEvent::DeviceFatal`] is raised, once. Nothing will arrive any more.
+    pub fn device_fatal(&mut self, now: Instant) {
+        if std::mem::replace(&mut self.fatal, true) {
+            return;
+        }
+        let qpns: Vec<u32> = self.qps.qps.iter().map(|qp| qp.common.qpn).collect();
+        let error = QpAttr {
+            state: Some(QpState::Err),
+            ..QpAttr::default()
+        };
+        for qpn in qpns {
+            // Every state may move to ERR.
+            let _ = self.modify_qp(now, qpn, &error);
+        }
+        self.events.push(AsyncEvent::DeviceFatal);
+    }
+
     /// The QP's state, or `None` if it does not exist.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.qps.get(qpn).map(|qp| qp.common.state)
+    }
+
+    /// The QP's retry settings, or `None` if it does not exist.
+    pub fn qp_retry(&self, qpn: u32) -> Option<QpRetry> {
+        self.qps.get(qpn).map(|qp| QpRetry {
+            timeout: qp.common.config.timeout,
+            retry_cnt: qp.common.config.retry_cnt,
+            rnr_retry: qp.common.config.rnr_retry,
+        })
     }
 
     /// What decides whether a post to the QP is accepted now.
@@ -1026,6 +1141,7 @@ impl Endpoint {
             becn: false,
             dest_qpn: mad::GSI_QPN,
             ack_req: false,
+            resv7: 0,
             psn,
         };
         packet.ext = ExtRepr {

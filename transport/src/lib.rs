@@ -48,6 +48,12 @@
 //! because at 10 Mpps moving a 150-byte WQE or allocating per packet is what costs.
 //! Measurements and what was tried are in `docs/performance.md`.
 //!
+//! Congestion control ([`congestion`]) is mlx5's DCQCN: packets of connected QPs carry
+//! ECT(0); a QP that receives CE marks owes its peer a CNP (at most one per
+//! `np_min_time_between_cnps`); a QP that receives CNPs runs DCQCN's reaction point, whose
+//! rate a per-QP pacer applies, together with any rate limit the user set. An unlimited QP
+//! never looks at a pacer.
+//!
 //! [`sim`] is a deterministic network for tests and `roce sim`: frames cross it as real bytes
 //! (Ethernet, IPv4, UDP, ICRC) with seeded loss, reordering, duplication and corruption.
 //!
@@ -71,6 +77,7 @@ mod access;
 #[allow(unsafe_code)]
 mod caller_memory;
 pub mod cm;
+pub mod congestion;
 pub mod counters;
 pub mod cq;
 pub mod endpoint;

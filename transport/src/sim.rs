@@ -7,6 +7,11 @@
 //! same ICRC check a real receiver runs. A frame to a multicast group goes to every other
 //! node, as a switch floods it, and back to its sender when the sender's host is a member
 //! ([`Endpoint::mcast_loopback`]), each copy faulted on its own.
+//!
+//! By default the link has no speed: a frame arrives one latency after it is sent. With a
+//! [`SwitchConfig`] ([`Sim::set_switch`]) the nodes hang off a switch instead: each NIC
+//! sends one frame at a time at the link's speed, and frames queue at the switch's egress
+//! port to their destination, where they may be marked CE or dropped (`switch.rs`).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -27,6 +32,11 @@ use crate::qp_state::{connect_attrs, ud_attrs, AddressVector, PathMtu, Peer, QpT
 use crate::wr::{RecvWr, SendWr};
 use crate::AccessFlags;
 use roce_wire::Psn;
+
+mod switch;
+
+use switch::{Forward, Switch};
+pub use switch::{PortStats, SwitchConfig, WIRE_OVERHEAD};
 
 /// Faults and timing of the simulated link, applied to every frame independently.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,6 +85,10 @@ pub struct NetStats {
     pub corrupt_accepted: u64,
     /// Frames the [`Sim::drop_filter`] dropped (not counted in `lost`).
     pub filtered: u64,
+    /// Frames the switch dropped for want of buffer (not counted in `lost`).
+    pub dropped: u64,
+    /// Frames the switch marked CE.
+    pub marked: u64,
 }
 
 /// A test's hook to lose chosen frames: called as `filter(from, to, frame)` for every frame
@@ -101,7 +115,21 @@ pub struct Node {
 struct InFlight {
     to: usize,
     corrupted: bool,
+    /// Where the frame is when its event comes.
+    hop: Hop,
     bytes: Vec<u8>,
+}
+
+/// Where a frame in flight goes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hop {
+    /// It reaches the switch.
+    Switch,
+    /// It starts to leave the switch's egress port, and reaches its node at the instant
+    /// given.
+    Dequeue(Instant),
+    /// It reaches its node.
+    Node,
 }
 
 /// The simulated network and clock.
@@ -120,6 +148,11 @@ pub struct Sim {
     queue: BinaryHeap<Reverse<(Instant, u64)>>,
     frames: std::collections::HashMap<u64, InFlight>,
     next_frame: u64,
+    /// The switch, when the network has one.
+    switch: Option<Switch>,
+    /// Nodes whose NIC was busy when they may have had more to send: when it frees up,
+    /// the simulation must wake to ask them.
+    nic_waiting: Vec<Option<Instant>>,
 }
 
 /// A connected pair of QPs.
@@ -147,7 +180,26 @@ impl Sim {
             queue: BinaryHeap::new(),
             frames: std::collections::HashMap::new(),
             next_frame: 0,
+            switch: None,
+            nic_waiting: Vec::new(),
         }
+    }
+
+    /// Puts a switch between the nodes (see the module's docs), or takes it away.
+    pub fn set_switch(&mut self, config: Option<SwitchConfig>) {
+        self.switch = config.map(Switch::new);
+    }
+
+    /// The switch's settings, if there is one.
+    pub fn switch(&self) -> Option<SwitchConfig> {
+        self.switch.as_ref().map(|switch| switch.config)
+    }
+
+    /// What the switch's egress port to `node` did (all zero without a switch).
+    pub fn port_stats(&self, node: usize) -> PortStats {
+        self.switch
+            .as_ref()
+            .map_or_else(PortStats::default, |switch| switch.port_stats(node))
     }
 
     /// Adds an endpoint at 10.0.0.(n+1) with one PD and a send and a receive CQ.
@@ -403,23 +455,72 @@ impl Sim {
         } else {
             1
         };
+        // Through a switch, the frame first leaves the NIC (which the caller found free).
+        let (sent_at, hop) = match &mut self.switch {
+            Some(switch) => (switch.transmit(from, self.now, bytes.len()), Hop::Switch),
+            None => (self.now, Hop::Node),
+        };
+        let latency = self
+            .switch
+            .as_ref()
+            .map_or(self.link.latency, |s| s.config.latency);
         for _ in 0..copies {
-            let mut delay = self.link.latency;
+            let mut delay = latency;
             if self.chance(self.link.reorder) {
-                delay += self.link.latency * (1 + self.rng.next_u32() % 3);
+                delay += latency * (1 + self.rng.next_u32() % 3);
             }
-            let id = self.next_frame;
-            self.next_frame += 1;
-            self.queue.push(Reverse((self.now + delay, id)));
-            self.frames.insert(
-                id,
+            self.schedule(
+                sent_at + delay,
                 InFlight {
                     to,
                     corrupted,
+                    hop,
                     bytes: bytes.clone(),
                 },
             );
         }
+    }
+
+    fn schedule(&mut self, at: Instant, frame: InFlight) {
+        let id = self.next_frame;
+        self.next_frame += 1;
+        self.queue.push(Reverse((at, id)));
+        self.frames.insert(id, frame);
+    }
+
+    /// A frame reached the switch: it is queued at its egress port, or dropped.
+    fn switch_frame(&mut self, mut frame: InFlight) {
+        let Some(switch) = &mut self.switch else {
+            return;
+        };
+        match switch.arrive(frame.to, self.now, frame.bytes.len()) {
+            Forward::Drop => self.stats.dropped += 1,
+            Forward::Queued { start, at } => {
+                frame.hop = Hop::Dequeue(at);
+                self.schedule(start, frame);
+            }
+        }
+    }
+
+    /// A frame starts to leave the switch: it may be marked CE on its way to its node.
+    fn dequeue_frame(&mut self, mut frame: InFlight, at: Instant) {
+        let Some(switch) = &mut self.switch else {
+            return;
+        };
+        let ect = Frame::new_checked(&frame.bytes[..]).is_ok_and(|checked| {
+            matches!(
+                checked.ecn(),
+                roce_wire::frame::ECN_ECT0 | roce_wire::frame::ECN_ECT1
+            )
+        });
+        if switch.depart(frame.to, self.now, ect, &mut self.rng) {
+            if let Ok(mut checked) = Frame::new_checked(&mut frame.bytes[..]) {
+                checked.mark_congestion_experienced();
+            }
+            self.stats.marked += 1;
+        }
+        frame.hop = Hop::Node;
+        self.schedule(at, frame);
     }
 
     fn deliver(&mut self, frame: InFlight) {
@@ -438,14 +539,26 @@ impl Sim {
         }
     }
 
-    /// Sends everything every endpoint has to send now.
+    /// Sends everything every endpoint has to send now (through a switch, as much as each
+    /// NIC can start now).
     fn flush(&mut self) {
         let mut transmit = Transmit::default();
+        self.nic_waiting.resize(self.nodes.len(), None);
         for index in 0..self.nodes.len() {
-            while self.nodes[index]
-                .endpoint
-                .poll_transmit_into(self.now, &mut transmit)
-            {
+            loop {
+                if let Some(switch) = &self.switch {
+                    if let Err(free) = switch.nic_ready(index, self.now) {
+                        self.nic_waiting[index] = Some(free);
+                        break;
+                    }
+                }
+                if !self.nodes[index]
+                    .endpoint
+                    .poll_transmit_into(self.now, &mut transmit)
+                {
+                    self.nic_waiting[index] = None;
+                    break;
+                }
                 self.send(index, &transmit);
             }
         }
@@ -461,24 +574,41 @@ impl Sim {
             .iter()
             .filter_map(|n| n.endpoint.poll_timeout())
             .min();
-        let Some(next) = [next_delivery, next_timer].into_iter().flatten().min() else {
+        let next_nic = self.nic_waiting.iter().flatten().min().copied();
+        let Some(next) = [next_delivery, next_timer, next_nic]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             return false;
         };
-        self.now = self.now.max(next);
+        self.round_at(next);
+        true
+    }
+
+    /// One round of every endpoint at `at` (or now, if later), in the order a provider's
+    /// engine runs it: the frames that have arrived by then, the timers due, then what is
+    /// to be sent. Stepping calls it at each next event; a test calls it to wake late.
+    pub fn round_at(&mut self, at: Instant) {
+        self.now = self.now.max(at);
         while let Some(Reverse((at, id))) = self.queue.peek().copied() {
             if at > self.now {
                 break;
             }
             self.queue.pop();
-            if let Some(frame) = self.frames.remove(&id) {
-                self.deliver(frame);
+            let Some(frame) = self.frames.remove(&id) else {
+                continue;
+            };
+            match frame.hop {
+                Hop::Switch => self.switch_frame(frame),
+                Hop::Dequeue(at) => self.dequeue_frame(frame, at),
+                Hop::Node => self.deliver(frame),
             }
         }
         for node in &mut self.nodes {
             node.endpoint.handle_timeout(self.now);
         }
         self.flush();
-        true
     }
 
     /// Steps until `done` holds or nothing is left to happen, at most `max_steps` times.

@@ -9,16 +9,19 @@ pub enum Timer {
     Retransmit = 0,
     /// The wait an RNR NAK imposed before the requester may resend.
     RnrWait = 1,
+    /// Congestion control: DCQCN's timer or pending cut, or the pacer letting the next
+    /// packet go.
+    Congestion = 2,
 }
 
 impl Timer {
-    const ALL: [Timer; 2] = [Timer::Retransmit, Timer::RnrWait];
+    const ALL: [Timer; 3] = [Timer::Retransmit, Timer::RnrWait, Timer::Congestion];
 }
 
 /// Deadlines of every [`Timer`].
 #[derive(Debug, Clone, Default)]
 pub struct TimerTable {
-    deadlines: [Option<Instant>; 2],
+    deadlines: [Option<Instant>; 3],
 }
 
 impl TimerTable {
@@ -44,7 +47,7 @@ impl TimerTable {
 
     /// Disarms and returns the timers whose deadline is at or before `now`.
     pub fn expire(&mut self, now: Instant) -> impl Iterator<Item = Timer> {
-        let mut expired = [None; 2];
+        let mut expired = [None; 3];
         for timer in Timer::ALL {
             if self.deadlines[timer as usize].is_some_and(|deadline| deadline <= now) {
                 self.deadlines[timer as usize] = None;

@@ -337,3 +337,51 @@ fn a_cm_mad_leaves_qp1_for_qp1_and_qp1_takes_only_cm_mads() {
         other => panic!("expected the connect request, got {other:?}"),
     }
 }
+
+/// Two endpoints each owning a block of a shared device's identifiers (A block 5, set
+/// before its CM; B block 0, after): every QP number and every communication ID they
+/// hand out carries the block in its top bits, the first QPN of block 0 is still 0x11,
+/// a block cannot be changed once a QP exists, and the two connect and carry data.
+#[test]
+fn endpoints_with_id_blocks_hand_out_their_blocks_only() {
+    let mut sim = Sim::new(LinkConfig::default(), 7);
+    for _ in [A, B] {
+        sim.add_node();
+    }
+    assert!(sim.nodes[A].endpoint.set_id_block(5));
+    sim.nodes[A].endpoint.enable_cm(config(A));
+    sim.nodes[B].endpoint.enable_cm(config(B));
+    assert!(sim.nodes[B].endpoint.set_id_block(0));
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..QpCaps::default()
+    };
+    let qpns = [A, B].map(|node| sim.create_qp(node, QpType::Rc, caps));
+    assert_eq!(qpns, [0x05_0000, 0x11]);
+    assert_eq!(sim.create_qp(A, QpType::Ud, caps), 0x05_0001);
+    assert!(!sim.nodes[A].endpoint.set_id_block(6), "QPs exist");
+    // Every CM message's sender's ID (REQ, REP, RTU: the first word of the message).
+    let ids: std::rc::Rc<std::cell::RefCell<Vec<(usize, u32)>>> = Default::default();
+    let writer = ids.clone();
+    sim.drop_filter = Some(Box::new(
+        move |from, _to, frame: &roce_wire::FrameRepr<'_>| {
+            if frame.bth.dest_qpn == mad::GSI_QPN {
+                let mad = mad::Packet::new_checked(frame.payload).expect("a MAD");
+                let data = mad.data();
+                let id = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+                writer.borrow_mut().push((from, id));
+            }
+            false
+        },
+    ));
+    connect(&mut sim, qpns);
+    send_data(&mut sim, qpns, A, 1);
+    let ids = ids.borrow();
+    assert!(ids.len() >= 3, "REQ, REP, RTU: {ids:x?}");
+    for &(from, id) in ids.iter() {
+        let block = if from == A { 5 } else { 0 };
+        assert_eq!(id >> 24, block, "{ids:x?}");
+        assert_ne!(id, 0);
+    }
+}

@@ -169,3 +169,27 @@ fn modify_qp_to_err_raises_nothing() {
     assert_eq!(state(&sim, A, qa), QpState::Err);
     assert_eq!(events(&mut sim, A), []);
 }
+
+/// A device lost for good (its switch died): every QP goes to ERR, its outstanding work
+/// completes flushed, and one `DeviceFatal` is raised however often it is said.
+#[test]
+fn a_lost_device_flushes_every_qp_and_says_so_once() {
+    let (mut sim, qa, _) = rc_pair(7, 7);
+    let key = sim.reg(A, SRC, &pattern(100, 1));
+    sim.post_send(A, qa, &signaled(1, SendOp::Send, sge(SRC, 100, key)))
+        .unwrap();
+    let posted_recv = sim.post_recv(A, qa, &recv_wr(2, sge(SRC, 100, key)));
+    assert!(posted_recv.is_ok());
+    let now = sim.now;
+    sim.nodes[A].endpoint.device_fatal(now);
+    sim.nodes[A].endpoint.device_fatal(now);
+    assert_eq!(state(&sim, A, qa), QpState::Err);
+    assert_eq!(events(&mut sim, A), [AsyncEvent::DeviceFatal]);
+    let sent = wait_send(&mut sim, A, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (1, WcStatus::WrFlush));
+    let received = wait_recv(&mut sim, A, 1);
+    assert_eq!(
+        (received[0].wr_id, received[0].status),
+        (2, WcStatus::WrFlush)
+    );
+}

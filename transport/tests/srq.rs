@@ -438,3 +438,39 @@ fn ud_and_uc_qps_take_from_the_srq() {
         }
     }
 }
+
+/// A QP on an SRQ has no receive queue of its own: the SRQ's WQE a message is arriving into
+/// is not one of the QP's posted receives, so the post gate (what the verbs layer counts the
+/// QP's retired receives from) shows none outstanding at any step of two-packet SENDs, also
+/// while a lost second packet holds a message half-received.
+#[test]
+fn a_qp_on_an_srq_shows_no_receive_of_its_own_while_a_message_arrives() {
+    let link = LinkConfig {
+        loss: 0.3,
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(link, 13);
+    assert_eq!((sim.add_node(), sim.add_node()), (A, B));
+    let srq = sim.nodes[B].endpoint.create_srq(srq_attr(32)).unwrap();
+    let (qa, qb) = connect_on_srq(&mut sim, QpType::Rc, srq, RetryConfig::default());
+    const MESSAGES: u64 = 16;
+    let key = receive_region(&mut sim, MESSAGES as usize);
+    post_slots(&mut sim, srq, key, 0, MESSAGES);
+    let src = sim.reg(A, SRC, &[0x5A; 1500]);
+    for wr_id in 0..MESSAGES {
+        send(&mut sim, qa, wr_id, src, 0, 1500);
+    }
+    let mut received = Vec::new();
+    for step in 0..100_000 {
+        if !sim.step() {
+            break;
+        }
+        let gate = sim.nodes[B].endpoint.post_gate(qb).unwrap();
+        assert_eq!(gate.rq_len, 0, "step {step}");
+        received.extend(sim.poll_recv(B));
+    }
+    assert_eq!(received.len(), MESSAGES as usize, "{received:?}");
+    assert!(received
+        .iter()
+        .all(|wc| wc.status == WcStatus::Success && wc.byte_len == 1500));
+}

@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -35,7 +35,8 @@ use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::req::{self, ServiceType};
 use roce_wire::cm::{rej, PortSpace};
 
-use crate::cm_routes::{apply_qp_attrs, to_error, ContextKey, Notice, Route, What};
+pub use crate::cm_routes::ConnReply;
+use crate::cm_routes::{apply_qp_attrs, is_any, to_error, ContextKey, Notice, Route, What};
 use crate::context::Context;
 use crate::error::Error;
 use crate::mr::Pd;
@@ -56,7 +57,7 @@ pub use ud::{UdParam, RDMA_UDP_QKEY};
 /// over IP: 92 − 36).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = req::PRIVATE_DATA_LEN - cma::HEADER_LEN;
 
-/// First port handed out to an id that connects without binding one.
+/// First port handed out to an id bound to port 0 or connecting without binding one.
 const EPHEMERAL_PORTS: u16 = 0xC000;
 
 /// An event's status for a call made in the wrong order (as the kernel's `-EINVAL`).
@@ -207,6 +208,8 @@ pub struct CmEvent {
     pub id: u64,
     /// What happened.
     pub kind: CmEventKind,
+    /// On the active side's `CONNECT_RESPONSE` and `ESTABLISHED`: the REP.
+    pub reply: Option<ConnReply>,
 }
 
 impl Context {
@@ -344,19 +347,27 @@ impl EventChannel {
     /// The event a notice tells; none for a request whose device is closed or that the
     /// listener does not take.
     fn event(&self, notice: Notice) -> Option<CmEvent> {
+        let mut reply = None;
         let kind = match notice.what {
             What::AddrResolved => CmEventKind::AddrResolved,
             What::AddrError(errno) => CmEventKind::AddrError(errno),
             What::RouteResolved => CmEventKind::RouteResolved,
             What::RouteError(errno) => CmEventKind::RouteError(errno),
             What::ConnectError => CmEventKind::ConnectError,
+            What::ConnectResponse(rep) => {
+                reply = Some(*rep);
+                CmEventKind::ConnectResponse
+            }
+            What::Established(rep) => {
+                reply = rep.map(|rep| *rep);
+                CmEventKind::Established
+            }
             What::MulticastJoin { join, live } => {
                 if !mcast::still_joined(&live) {
                     return None;
                 }
                 CmEventKind::MulticastJoin(*join)
             }
-            What::ConnectResponse => CmEventKind::ConnectResponse,
             What::Request {
                 new_id,
                 conn,
@@ -416,6 +427,7 @@ impl EventChannel {
         Some(CmEvent {
             id: notice.id,
             kind,
+            reply,
         })
     }
 
@@ -522,6 +534,11 @@ struct IdState {
     ud: bool,
     /// The multicast groups it joined.
     joins: Vec<mcast::Joined>,
+    /// The local ACK timeout its QP gets at RTS (`RDMA_OPTION_ID_ACK_TIMEOUT`), if set.
+    ack_timeout: Option<u8>,
+    /// The traffic class (TOS) of its connection (`rdma_set_option`'s
+    /// `RDMA_OPTION_ID_TOS`): in the REQ's path, so both QPs send with it.
+    tos: u8,
 }
 
 /// A CM id (`struct rdma_cm_id`): an endpoint of one connection, or a listener.
@@ -550,6 +567,14 @@ impl CmId {
         }
     }
 
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`: the IP header's DSCP and ECN bits (IPv6
+    /// traffic class) of the connection it will make; the ECN bits are ECT(0) while the
+    /// device marks its packets ECN-capable (see `roce_transport::congestion`).
+    pub fn set_tos(&self, tos: u8) -> Result<(), Error> {
+        self.state()?.tos = tos;
+        Ok(())
+    }
+
     /// What events for this id carry as [`CmEvent::id`].
     pub fn handle(&self) -> u64 {
         self.number
@@ -558,6 +583,13 @@ impl CmId {
     /// Our address and port, once bound or resolved.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.state().ok()?.src
+    }
+
+    /// Whether the id is bound to one of the device's own addresses: not unbound, nor bound
+    /// to the wildcard or a loopback address, which the kernel takes alike (`cma_any_addr`)
+    /// and which leave `rdma_cm_id.verbs` NULL until a peer is resolved.
+    pub fn bound_to_device(&self) -> bool {
+        self.local_addr().is_some_and(|addr| !is_any(addr.ip()))
     }
 
     /// The peer's address and port.
@@ -617,7 +649,20 @@ impl CmId {
             qpn,
             program_qp: false,
             bound: None,
+            reply: None,
+            ack_timeout: None,
         })
+    }
+
+    /// Sets the local ACK timeout (4.096 µs × 2^`timeout`) its QP gets when the connection
+    /// moves it to RTS, in place of the one derived from the packet lifetime
+    /// (`rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`); `rdma_init_qp_attr` reports it too.
+    pub fn set_ack_timeout(&self, timeout: u8) -> Result<(), Error> {
+        if timeout > 31 {
+            return Err(Error::InvalidArgument("an ACK timeout above 31"));
+        }
+        self.state()?.ack_timeout = Some(timeout);
+        Ok(())
     }
 
     /// The index of our GID for a peer at `dst`, as the kernel picks the source address:
@@ -676,14 +721,22 @@ impl CmId {
     }
 
     /// Binds the id to one of the device's addresses and a port (`rdma_bind_addr`); port 0
-    /// takes one when connecting. The wildcard of a family takes our address for it once a
-    /// peer is resolved; a listener bound to the IPv6 wildcard takes IPv4 requests too.
+    /// takes a free one. The wildcard of a family (or its loopback address) takes
+    /// our address for it once a peer is resolved; a listener bound to the IPv6 wildcard
+    /// takes IPv4 requests too.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), Error> {
         self.check_scope(addr, true)?;
         let index = match addr.ip() {
-            ip if ip.is_unspecified() => self
-                .source_gid(ip)
-                .ok_or(Error::InvalidArgument("no GID of this address family"))?,
+            // The wildcard, or a loopback address, which binds no device as the wildcard
+            // does (the kernel's `cma_any_addr`); the address is kept as given.
+            ip if is_any(ip) => {
+                let wildcard = match ip {
+                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                };
+                self.source_gid(wildcard)
+                    .ok_or(Error::InvalidArgument("no GID of this address family"))?
+            }
             // IPv4 leaves from the first address only (see `check_path`).
             IpAddr::V4(ip) if Some(ip) != self.shared.device.ipv4() => {
                 return Err(Error::InvalidArgument("not an address of this device"))
@@ -692,17 +745,28 @@ impl CmId {
                 .gid_of(ip)
                 .ok_or(Error::InvalidArgument("not an address of this device"))?,
         };
+        let mut addr = addr;
+        if addr.port() == 0 {
+            // As the kernel's `cma_alloc_any_port`: the port is the id's from the bind on,
+            // so a listener on port 0 can tell its peers where it listens.
+            addr.set_port(self.ephemeral_port());
+        }
         let mut state = self.state()?;
         state.src = Some(addr);
         state.sgid_index = Some(index);
         Ok(())
     }
 
+    /// The port an id takes when it has none: one of 16384 from 0xC000, by the id's number.
+    fn ephemeral_port(&self) -> u16 {
+        EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF)
+    }
+
     /// Resolves `dst` (`rdma_resolve_addr`): picks our address and learns the peer's MAC,
     /// then reports [`CmEventKind::AddrResolved`] or [`CmEventKind::AddrError`].
     pub fn resolve_addr(&self, dst: SocketAddr) -> Result<(), Error> {
         let bound = self.state()?.src;
-        let index = match bound.filter(|src| !src.ip().is_unspecified()) {
+        let index = match bound.filter(|src| !is_any(src.ip())) {
             Some(src) => self.gid_of(src.ip()),
             None => self.source_gid(dst.ip()),
         };
@@ -722,7 +786,7 @@ impl CmId {
             Ok(()) => {
                 let mut state = self.state()?;
                 // Unbound or bound to the wildcard: our address is now the GID's.
-                if state.src.is_none_or(|src| src.ip().is_unspecified()) {
+                if state.src.is_none_or(|src| is_any(src.ip())) {
                     let gid = Ipv6Addr::from(self.shared.device.gids[index]);
                     let ip = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
                     let port = state.src.map_or(0, |src| src.port());
@@ -769,11 +833,31 @@ impl CmId {
             PortSpace::Tcp
         };
         let service_id = ServiceId::rdma_ip(space, port);
+        // On a shared device the switch must send this service's requests to us, and
+        // nobody else may listen on it.
+        crate::backend::claim(&self.shared)?;
+        if let Some(link) = self.shared.kind.switch() {
+            link.listen(service_id.0)
+                .map_err(|error| match error.raw_os_error() {
+                    Some(code) if code == rustix::io::Errno::ADDRINUSE.raw_os_error() => {
+                        Error::Cm(roce_transport::cm::CmError::AddressInUse)
+                    }
+                    _ => Error::Io(error),
+                })?;
+        }
         let mut core = self.shared.lock()?;
-        core.endpoint()
+        let listened = core
+            .endpoint()
             .cm()
-            .ok_or(Error::Gone)?
-            .listen(service_id, backlog)?;
+            .ok_or(Error::Gone)
+            .and_then(|cm| Ok(cm.listen(service_id, backlog)?));
+        if let Err(error) = listened {
+            drop(core);
+            if let Some(link) = self.shared.kind.switch() {
+                let _ = link.unlisten(service_id.0);
+            }
+            return Err(error);
+        }
         let route = Route {
             bound: state.src,
             ..self.route(None)?
@@ -849,7 +933,7 @@ impl CmId {
             rnr_retry_count: param.rnr_retry_count,
             srq: false,
             flow_control: true,
-            traffic_class: 0,
+            traffic_class: state.tos,
             hop_limit: HOP_LIMIT,
             flow_label: 0,
         };
@@ -861,6 +945,7 @@ impl CmId {
                 .connect(Instant::now(), &params, &private)?;
         let route = Route {
             program_qp,
+            ack_timeout: state.ack_timeout,
             ..self.route((!program_qp).then_some(qpn))?
         };
         core.cm.conns.insert(conn, route);
@@ -914,7 +999,10 @@ impl CmId {
         core.submit(now);
         let endpoint = core.endpoint();
         let cm = endpoint.cm().ok_or(Error::Gone)?;
-        let attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        let mut attrs = cm.accept(now, conn, &params, &param.private_data)?;
+        if state.ack_timeout.is_some() {
+            attrs.rts.timeout = state.ack_timeout;
+        }
         if program_qp {
             drop(state);
             return self.shared.kick(&mut core);
@@ -994,7 +1082,7 @@ impl CmId {
             .src
             .ok_or(Error::InvalidArgument("no source address"))?;
         if src.port() == 0 {
-            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
+            src.set_port(self.ephemeral_port());
             state.src = Some(src);
         }
         let addresses = match (src.ip(), dst.ip()) {
@@ -1071,5 +1159,9 @@ impl Drop for CmId {
         // that exits right after rdma_destroy_id (perftest's server) would otherwise leave
         // its peer resending DREQs to nobody until its retries run out.
         let _ = self.shared.drive(&mut core);
+        drop(core);
+        if let (Some(service_id), Some(link)) = (state.listening, self.shared.kind.switch()) {
+            let _ = link.unlisten(service_id.0);
+        }
     }
 }

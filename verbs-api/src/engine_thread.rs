@@ -1,5 +1,18 @@
 //! The background thread that drives a context's engine: busy-polling, or sleeping in
 //! poll(2) until a frame, a timer or a wake-up.
+//!
+//! A sleeping thread listens on the socket only while it is the one taking the frames. A
+//! program that polls its CQ in a loop (`ib_send_lat`, `ibv_rc_pingpong`) would take each
+//! frame itself, as its empty polls run the engine's round; but the frame's arrival wakes
+//! the thread inside the peer's `sendto` (veth runs the receive there), the woken thread
+//! preempts at once and takes the frame first: a few context switches per message on two
+//! cores (`docs/performance.md`). So when a frame wakes the thread while the program has
+//! been running rounds, the thread sleeps off the socket, in slices of [`DEFER_SLICE`],
+//! and listens again as soon as the program runs no round over a slice, leaves frames for
+//! the thread, or blocks for an event ([`Shared::listen`]). A time off that ends within
+//! [`SHORT_DEFERRAL`] keeps the thread listening for [`LISTEN_AFTER_SHORT`]: a program
+//! that spins on memory (`ib_write_lat`: only the engine can take the peer's WRITE) polls
+//! between messages, and must not have its WRITEs wait for a slice each.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -19,6 +32,22 @@ use crate::shared::Shared;
 const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// A thread off the socket listens again when its own rounds took at least one frame in
+/// this many of those the program's took over a slice.
+const LEFT_SHARE: u64 = 4;
+/// A time off the socket that ends sooner than this (the program left frames, or stopped
+/// polling) says the program does not take its frames reliably: the thread then listens
+/// for [`LISTEN_AFTER_SHORT`] whatever the program does. A program that polls all along
+/// (`ib_send_lat`) keeps the thread off for its whole run.
+const SHORT_DEFERRAL: Duration = Duration::from_millis(2);
+/// How long the thread listens after a short time off the socket: each time off may hold
+/// one frame back for up to a slice (`ib_write_lat`, which spins on memory and polls only
+/// for its own ACKs, loses at most one slice in this).
+const LISTEN_AFTER_SHORT: Duration = Duration::from_millis(100);
+/// How long a thread off the socket sleeps before it looks whether the program still polls:
+/// a program that stops polling without blocking for an event has its frames taken this
+/// late at worst, once.
+const DEFER_SLICE: Duration = Duration::from_micros(500);
 /// How often the thread asks whether the interface is up (the port's state). One ioctl
 /// per interval, on no frame's path, and no later than the longest sleep wakes it anyway;
 /// an rtnetlink subscription would notice sooner but adds a socket to drain and parse in
@@ -83,14 +112,22 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
     };
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
+    let mut policy = SocketPolicy::default();
+    let mut woken_by_socket = false;
     while !shared.stop_requested() {
-        let (worked, next_timer, seen) = {
+        let (worked, received, next_timer, seen) = {
             let Some(mut core) = shared.engine_lock() else {
                 shared.fail(io::Error::other("a thread panicked inside a verbs call"));
                 return;
             };
+            let rx_before = core.engine.stats.rx_frames;
             match core.round(&shared.doorbells) {
-                Ok(worked) => (worked, core.engine.poll_timeout(), core.doorbells_seen()),
+                Ok(worked) => (
+                    worked,
+                    core.engine.stats.rx_frames.wrapping_sub(rx_before),
+                    core.engine.poll_timeout(),
+                    core.doorbells_seen(),
+                ),
                 Err(error) => {
                     drop(core);
                     shared.fail(error);
@@ -108,6 +145,9 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             std::thread::yield_now();
             continue;
         }
+        let listen = policy.after_round(shared, now, received, woken_by_socket);
+        woken_by_socket = false;
+        policy.before_sleep(shared);
         // Spin a while after work: the next frame or post (a reply, the program's next
         // request) usually comes within microseconds, sooner than a wake-up would.
         if worked {
@@ -117,15 +157,152 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             std::thread::yield_now();
             continue;
         }
+        let socket = if listen { readiness.as_ref() } else { None };
         shared.sleep_unless_posted(seen, || {
-            sleep(shared, readiness.as_ref(), next_timer);
+            woken_by_socket = sleep(shared, socket, listen, next_timer);
         });
     }
 }
 
-/// Sleeps until a frame may be waiting, the next timer, a wake-up, or a bound.
-fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instant>) {
-    let bound = if readiness.is_some() {
+/// Whether the sleeping thread listens on the socket ([the module's docs](self)); the
+/// context's `deferring` flag holds the decision, which a blocking program clears.
+#[derive(Default)]
+struct SocketPolicy {
+    /// The program's rounds when the thread last went to sleep.
+    rounds_at_sleep: u64,
+    /// While off the socket: when the current slice began, and the program's rounds and
+    /// received frames then, and the frames the thread's own rounds took since.
+    slice: Option<Slice>,
+    /// Until when the thread listens whatever the program does (after a short time off).
+    listen_until: Option<Instant>,
+}
+
+struct Slice {
+    /// When the thread left the socket.
+    off_since: Instant,
+    began: Instant,
+    program: Program,
+    engine_frames: u64,
+}
+
+/// What the program's threads did, as counted by [`Shared::round`].
+#[derive(Clone, Copy)]
+struct Program {
+    rounds: u64,
+    frames: u64,
+}
+
+impl Program {
+    fn of(shared: &Shared) -> Program {
+        Program {
+            rounds: shared.caller_rounds(),
+            frames: shared.caller_frames(),
+        }
+    }
+}
+
+impl SocketPolicy {
+    /// After the thread's round (`received`: the frames it took; `woken_by_socket`: the
+    /// socket woke it for that round): whether its next sleep listens on the socket,
+    /// recorded in `shared`.
+    fn after_round(
+        &mut self,
+        shared: &Shared,
+        now: Instant,
+        received: u64,
+        woken_by_socket: bool,
+    ) -> bool {
+        let deferring = shared.deferring();
+        let defer = self.decide(
+            deferring,
+            Program::of(shared),
+            now,
+            received,
+            woken_by_socket,
+        );
+        if defer != deferring {
+            shared.set_deferring(defer);
+        }
+        !defer
+    }
+
+    /// Whether the thread stays or goes off the socket (`deferring`: it is off).
+    fn decide(
+        &mut self,
+        deferring: bool,
+        program: Program,
+        now: Instant,
+        received: u64,
+        woken_by_socket: bool,
+    ) -> bool {
+        if !deferring {
+            self.slice = None;
+            // A frame woke the thread while the program was polling: the program's next
+            // poll would have taken it. Leave the socket to it, unless the last time off
+            // was short.
+            let polling = program.rounds != self.rounds_at_sleep;
+            let listening = self.listen_until.is_some_and(|until| now < until);
+            if !(woken_by_socket && polling) || listening {
+                return false;
+            }
+            self.slice = Some(Slice::new(program, now));
+            return true;
+        }
+        let Some(slice) = self.slice.as_mut() else {
+            self.slice = Some(Slice::new(program, now));
+            return true;
+        };
+        slice.engine_frames += received;
+        if now.saturating_duration_since(slice.began) < DEFER_SLICE {
+            return true;
+        }
+        let program_frames = program.frames.wrapping_sub(slice.program.frames);
+        // The program left frames the thread had to take (it waits for them some other way
+        // than polling, as `ib_write_lat` spins on memory and polls only for its ACKs, or
+        // it lost its CPU for the slice), or it ran no round over the slice (it stopped
+        // polling): listen again.
+        let left = slice.engine_frames > 0 && slice.engine_frames * LEFT_SHARE >= program_frames;
+        if left || program.rounds == slice.program.rounds {
+            if now.saturating_duration_since(slice.off_since) < SHORT_DEFERRAL {
+                self.listen_until = Some(now + LISTEN_AFTER_SHORT);
+            }
+            self.slice = None;
+            return false;
+        }
+        let off_since = slice.off_since;
+        *slice = Slice::new(program, now);
+        slice.off_since = off_since;
+        true
+    }
+
+    /// Before the thread sleeps.
+    fn before_sleep(&mut self, shared: &Shared) {
+        self.rounds_at_sleep = shared.caller_rounds();
+    }
+}
+
+impl Slice {
+    fn new(program: Program, now: Instant) -> Slice {
+        Slice {
+            off_since: now,
+            began: now,
+            program,
+            engine_frames: 0,
+        }
+    }
+}
+
+/// Sleeps until a frame may be waiting on `readiness` (when listening), the next timer, a
+/// wake-up, or a bound; whether the socket woke it.
+fn sleep(
+    shared: &Shared,
+    readiness: Option<&OwnedFd>,
+    listen: bool,
+    next_timer: Option<Instant>,
+) -> bool {
+    let bound = if !listen {
+        DEFER_SLICE
+    } else if readiness.is_some() {
         MAX_SLEEP
     } else {
         POLL_WITHOUT_FD
@@ -133,7 +310,7 @@ fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instan
     let until_timer = next_timer.map(|at| at.saturating_duration_since(Instant::now()));
     let timeout = until_timer.map_or(bound, |until| until.min(bound));
     let Ok(timeout) = Timespec::try_from(timeout) else {
-        return;
+        return false;
     };
     let wake = shared.wake_fd();
     let mut fds = [
@@ -148,5 +325,81 @@ fn sleep(shared: &Shared, readiness: Option<&OwnedFd>, next_timer: Option<Instan
     if fds[0].revents().contains(PollFlags::IN) {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(wake, &mut counter);
+    }
+    watched == 2 && fds[1].revents().contains(PollFlags::IN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(rounds: u64, frames: u64) -> Program {
+        Program { rounds, frames }
+    }
+
+    /// A thread listening, asleep since the program's `rounds`-th round.
+    fn asleep_at(rounds: u64) -> SocketPolicy {
+        SocketPolicy {
+            rounds_at_sleep: rounds,
+            ..SocketPolicy::default()
+        }
+    }
+
+    #[test]
+    fn a_frame_that_wakes_the_thread_while_the_program_polls_sends_it_off_the_socket() {
+        let now = Instant::now();
+        // The program ran rounds while the thread slept: off the socket.
+        assert!(asleep_at(10).decide(false, program(12, 0), now, 1, true));
+        // It ran none: the thread is the one taking frames.
+        assert!(!asleep_at(10).decide(false, program(10, 0), now, 1, true));
+        // A post or a timer woke the thread, not a frame: it stays.
+        assert!(!asleep_at(10).decide(false, program(12, 0), now, 0, false));
+    }
+
+    #[test]
+    fn off_the_socket_the_thread_stays_off_while_the_program_polls_and_takes_its_frames() {
+        let start = Instant::now();
+        let mut policy = asleep_at(10);
+        assert!(policy.decide(false, program(12, 0), start, 1, true));
+        // Within the slice, nothing is decided.
+        assert!(policy.decide(true, program(12, 0), start + DEFER_SLICE / 2, 0, false));
+        // Slices in which the program polled and took its frames (one left over).
+        let mut now = start;
+        let mut rounds = 12;
+        while now < start + SHORT_DEFERRAL {
+            now += DEFER_SLICE;
+            rounds += 500;
+            assert!(policy.decide(true, program(rounds, rounds / 25), now, 1, false));
+        }
+        // A slice without the program's rounds: it stopped polling, the thread listens...
+        now += DEFER_SLICE;
+        assert!(!policy.decide(true, program(rounds, rounds / 25), now, 0, false));
+        // ...and leaves again at the next frame that finds it polling (the time off was long).
+        policy.rounds_at_sleep = rounds;
+        assert!(policy.decide(false, program(rounds + 2, 0), now, 1, true));
+    }
+
+    #[test]
+    fn a_short_time_off_keeps_the_thread_listening_for_a_while() {
+        for left_frames in [true, false] {
+            let start = Instant::now();
+            let mut policy = asleep_at(10);
+            assert!(policy.decide(false, program(12, 0), start, 1, true));
+            // After one slice: the program polled for its ACKs (one frame) but left the
+            // thread one in two; or it stopped polling (it spins on memory).
+            let later = start + DEFER_SLICE;
+            let (program_now, taken) = if left_frames {
+                (program(40, 1), 1)
+            } else {
+                (program(12, 0), 0)
+            };
+            assert!(!policy.decide(true, program_now, later, taken, false));
+            // Frames that wake it while the program polls no longer send it off...
+            policy.rounds_at_sleep = 40;
+            assert!(!policy.decide(false, program(45, 5), later, 1, true));
+            // ...until the while is over.
+            let after = later + LISTEN_AFTER_SHORT;
+            assert!(policy.decide(false, program(50, 6), after, 1, true));
+        }
     }
 }

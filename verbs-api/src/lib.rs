@@ -106,11 +106,11 @@ mod wait;
 mod xrc;
 
 pub use ah::AddressHandle;
-pub use backend::BackendKind;
+pub use backend::{BackendKind, SwitchLink};
 pub use channel::CompChannel;
 pub use cm::{
-    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, McastJoin, PathRecord,
-    UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
+    CmEvent, CmEventKind, CmId, ConnParam, ConnReply, ConnectRequest, EventChannel, McastJoin,
+    PathRecord, UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
 };
 pub use context::Context;
 pub use cq::Cq;
@@ -121,6 +121,7 @@ pub use mr::{Mr, Pd, Rereg};
 pub use mw::{inc_rkey, Mw, MwBindInfo};
 pub use options::{BackendChoice, CmTiming, FrameLoss, OpenOptions, Progress};
 pub use qp::{Qp, QpInitAttr};
+pub use roce_transport::congestion::{CongestionConfig, QpRate, Rate, RateLimit};
 pub use roce_transport::Counters;
 pub use srq::Srq;
 pub use xrc::Xrcd;

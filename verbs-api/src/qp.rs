@@ -3,7 +3,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use roce_transport::qp::{QpCaps, QpInit, QpStats};
+use roce_transport::congestion::{QpRate, RateLimit};
+use roce_transport::qp::{QpCaps, QpInit, QpRetry, QpStats};
 use roce_transport::qp_state::{
     connect_attrs, ud_attrs, AddressVector, Peer, QpAttr, QpState, QpType,
 };
@@ -64,6 +65,8 @@ impl Pd {
             sq_sig_all: attr.sq_sig_all,
         };
         let (send_cq, recv_cq) = (&attr.send_cq.inner, &attr.recv_cq.inner);
+        // A shared device's QP numbers come from this process's block.
+        crate::backend::claim(shared)?;
         let mut core = shared.lock()?;
         limits::check_qp_count(core.qps.len())?;
         let qpn = match srq {
@@ -183,6 +186,34 @@ impl Qp {
             .endpoint()
             .qp_stats(self.qpn)
             .ok_or(Error::Gone)
+    }
+
+    /// The requester's retry settings as they are (the CM's, once it moved the QP to RTS).
+    pub fn retry(&self) -> Result<QpRetry, Error> {
+        self.shared()
+            .lock()?
+            .endpoint()
+            .qp_retry(self.qpn)
+            .ok_or(Error::Gone)
+    }
+
+    /// `ibv_modify_qp_rate_limit` (and `IBV_QP_RATE_LIMIT`): what this QP sends is paced
+    /// to `limit` (a token bucket, the pacer DCQCN's rate goes through too); `None` or a
+    /// rate of 0 removes it. Only in RTR, RTS or SQD, where rdma-core sets it.
+    pub fn set_rate_limit(&self, limit: Option<RateLimit>) -> Result<(), Error> {
+        let mut core = self.shared().lock()?;
+        let now = Instant::now();
+        core.endpoint().set_rate_limit(now, self.qpn, limit)?;
+        // The pacer may hold back what is queued: the engine must hear of its timer.
+        self.shared().kick(&mut core)
+    }
+
+    /// The QP's rates now: its pacer's, DCQCN's, its limit, and whether it agreed on
+    /// selective repeat.
+    pub fn rate(&self) -> Result<QpRate, Error> {
+        let mut core = self.shared().lock()?;
+        let now = Instant::now();
+        core.endpoint().qp_rate(now, self.qpn).ok_or(Error::Gone)
     }
 
     /// What the peer needs to connect to this QP, with our GID at `gid_index`.

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,14 @@ pub(crate) struct Shared {
     sleeping: AtomicBool,
     /// Written to wake a sleeping background thread (a post, or stopping).
     wake: OwnedFd,
+    /// Rounds run by the program's threads (its polls, its posts): while they go on, the
+    /// program takes its frames itself.
+    caller_rounds: AtomicU64,
+    /// The frames those rounds received.
+    caller_frames: AtomicU64,
+    /// Set while the background thread sleeps off the socket, leaving received frames to
+    /// the program's polls (`engine_thread`'s `SocketPolicy`).
+    deferring: AtomicBool,
     /// Whether the interface was up and running when last looked at (the port's state).
     port_up: AtomicBool,
     /// The error that stopped the engine, if one did.
@@ -68,6 +76,9 @@ impl Shared {
             doorbells: Doorbells::default(),
             sleeping: AtomicBool::new(false),
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
+            caller_rounds: AtomicU64::new(0),
+            caller_frames: AtomicU64::new(0),
+            deferring: AtomicBool::new(false),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
         })
@@ -143,10 +154,17 @@ impl Shared {
         self.round(core).map(drop)
     }
 
-    /// [`drive`](Self::drive), saying whether the round moved work.
+    /// [`drive`](Self::drive), saying whether the round moved work. (The program's
+    /// rounds; the engine thread runs [`Core::round`] itself.)
     pub(crate) fn round(&self, core: &mut Core) -> Result<bool, Error> {
-        core.round(&self.doorbells)
-            .map_err(|error| self.fail(error))
+        self.caller_rounds.fetch_add(1, Ordering::Relaxed);
+        let rx_before = core.engine.stats.rx_frames;
+        let worked = core.round(&self.doorbells);
+        let received = core.engine.stats.rx_frames.wrapping_sub(rx_before);
+        if received > 0 {
+            self.caller_frames.fetch_add(received, Ordering::Relaxed);
+        }
+        worked.map_err(|error| self.fail(error))
     }
 
     /// How a caller-driven wait passes its time: a round, then, if it moved nothing, a
@@ -230,6 +248,34 @@ impl Shared {
             sleep();
         }
         self.sleeping.store(false, Ordering::Release);
+    }
+
+    /// How many rounds the program's threads have run.
+    pub(crate) fn caller_rounds(&self) -> u64 {
+        self.caller_rounds.load(Ordering::Relaxed)
+    }
+
+    /// How many frames the program's rounds have received.
+    pub(crate) fn caller_frames(&self) -> u64 {
+        self.caller_frames.load(Ordering::Relaxed)
+    }
+
+    /// Whether the background thread leaves received frames to the program's polls.
+    pub(crate) fn deferring(&self) -> bool {
+        self.deferring.load(Ordering::Acquire)
+    }
+
+    /// Records whether the background thread leaves received frames to the program.
+    pub(crate) fn set_deferring(&self, deferring: bool) {
+        self.deferring.store(deferring, Ordering::Release);
+    }
+
+    /// Before the program blocks (a wait for an event) and so stops polling: the
+    /// background thread listens on the socket again, woken if it sleeps off it.
+    pub(crate) fn listen(&self) {
+        if self.deferring.swap(false, Ordering::AcqRel) {
+            self.wake_thread();
+        }
     }
 
     /// Whether the port is active, as last seen by [`set_port_up`](Self::set_port_up).

@@ -39,6 +39,8 @@ pub(crate) fn next_event<T>(
             let mut core = shared.lock()?;
             shared.drive_waiting(&mut core, slice)?;
         } else {
+            // The frames that bring the event must be taken by the engine thread now.
+            shared.listen();
             // In slices, so a failed engine or a dropped context is noticed.
             let slice = left.map_or(THREAD_WAIT_SLICE, |left| left.min(THREAD_WAIT_SLICE));
             let timeout = Timespec::try_from(slice).map_err(|_| Error::TimedOut)?;

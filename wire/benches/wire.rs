@@ -82,6 +82,7 @@ fn frame_template(payload: &[u8]) -> FrameRepr<'_> {
             ([0x02, 0x00, 0x00, 0x00, 0x00, 0x0c], dst),
             bth::Repr {
                 ack_req: true,
+                resv7: 0,
                 ..bth::Repr::new(Opcode::RcSendOnly, 0x11, Psn::new(0x18_d6bb))
             },
             ExtRepr::default(),
@@ -96,6 +97,7 @@ fn frames(payloads: &[Vec<u8>; 2]) -> [FrameRepr<'_>; 3] {
         bth: bth::Repr {
             opcode: Opcode::RcAcknowledge,
             ack_req: false,
+            resv7: 0,
             ..frame_template(&[]).bth
         },
         ext: ExtRepr {

@@ -88,6 +88,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer.as_ref()[field::ACK_REQ] & ACK_REQ != 0
     }
 
+    /// The seven reserved bits after AckReq (sent as zero by IBTA senders; roce-xdp uses
+    /// one of them to offer selective repeat to its own kind, see `docs/interop.md`).
+    pub fn resv7(&self) -> u8 {
+        self.buffer.as_ref()[field::ACK_REQ] & !ACK_REQ
+    }
+
     /// Packet sequence number.
     pub fn psn(&self) -> Psn {
         Psn::new(read_u24(&self.buffer.as_ref()[field::PSN]))
@@ -130,7 +136,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the AckReq bit, clearing the reserved bits.
     pub fn set_ack_req(&mut self, ack_req: bool) {
-        self.buffer.as_mut()[field::ACK_REQ] = if ack_req { ACK_REQ } else { 0 };
+        self.set_ack_req_resv7(ack_req, 0);
+    }
+
+    /// Sets the AckReq bit and the seven reserved bits after it.
+    pub fn set_ack_req_resv7(&mut self, ack_req: bool, resv7: u8) {
+        self.buffer.as_mut()[field::ACK_REQ] =
+            if ack_req { ACK_REQ } else { 0 } | (resv7 & !ACK_REQ);
     }
 
     /// Sets the PSN.
@@ -160,6 +172,8 @@ pub struct Repr {
     pub dest_qpn: u32,
     /// Acknowledgement requested.
     pub ack_req: bool,
+    /// The seven reserved bits after AckReq, kept as received (0 from IBTA senders).
+    pub resv7: u8,
     /// Packet sequence number.
     pub psn: Psn,
 }
@@ -184,6 +198,7 @@ impl Repr {
             becn: false,
             dest_qpn,
             ack_req: false,
+            resv7: 0,
             psn,
         }
     }
@@ -204,18 +219,19 @@ impl Repr {
             becn: packet.becn(),
             dest_qpn: packet.dest_qpn(),
             ack_req: packet.ack_req(),
+            resv7: packet.resv7(),
             psn: packet.psn(),
         })
     }
 
-    /// Writes the header; reserved bits are written as zero.
+    /// Writes the header; reserved bits other than `resv7` are written as zero.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         packet.set_opcode(self.opcode);
         packet.set_flags(self.solicited, self.mig_req, self.pad_count);
         packet.set_pkey(self.pkey);
         packet.set_congestion(self.fecn, self.becn);
         packet.set_dest_qpn(self.dest_qpn);
-        packet.set_ack_req(self.ack_req);
+        packet.set_ack_req_resv7(self.ack_req, self.resv7);
         packet.set_psn(self.psn);
     }
 }
@@ -245,6 +261,9 @@ impl fmt::Display for Repr {
         if self.becn {
             f.write_str(" becn=1")?;
         }
+        if self.resv7 != 0 {
+            write!(f, " resv7={:#04x}", self.resv7)?;
+        }
         Ok(())
     }
 }
@@ -268,6 +287,7 @@ mod tests {
         becn: false,
         dest_qpn: 0x11,
         ack_req: true,
+        resv7: 0,
         psn: Psn::new(0x18_d6bb),
     };
 
@@ -335,5 +355,24 @@ mod tests {
             Err(Error)
         );
         assert!(Packet::new_checked(&HEADER_BYTES[..11]).is_err());
+    }
+
+    /// The reserved bits after AckReq survive parse and emit, and show in the text.
+    #[test]
+    fn resv7_round_trip() {
+        let mut bytes = HEADER_BYTES;
+        bytes[8] = 0x80 | 0x40;
+        let repr = Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()).unwrap();
+        assert!(repr.ack_req);
+        assert_eq!(repr.resv7, 0x40);
+        let mut out = [0u8; 12];
+        repr.emit(&mut Packet::new_unchecked(&mut out[..]));
+        assert_eq!(out, bytes);
+        extern crate std;
+        use std::string::ToString;
+        assert!(repr.to_string().ends_with(" resv7=0x40"), "{repr}");
+        let plain = Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()).unwrap();
+        assert_eq!(plain.resv7, 0);
+        assert!(!plain.to_string().contains("resv7"));
     }
 }

@@ -145,6 +145,60 @@ impl<T: AsRef<[u8]>> Frame<T> {
     pub fn into_inner(self) -> T {
         self.buffer
     }
+
+    /// The IP header's ECN field (RFC 3168): [`ECN_NOT_ECT`], [`ECN_ECT1`], [`ECN_ECT0`] or
+    /// [`ECN_CE`].
+    pub fn ecn(&self) -> u8 {
+        let ip = &self.buffer.as_ref()[self.layout.ip..];
+        if ip[0] >> 4 == 4 {
+            ip[1] & 0x3
+        } else {
+            (ip[1] >> 4) & 0x3
+        }
+    }
+}
+
+/// ECN field: not ECN-capable.
+pub const ECN_NOT_ECT: u8 = 0b00;
+/// ECN field: ECN-capable, ECT(1).
+pub const ECN_ECT1: u8 = 0b01;
+/// ECN field: ECN-capable, ECT(0) (what RoCEv2 senders with DCQCN send).
+pub const ECN_ECT0: u8 = 0b10;
+/// ECN field: congestion experienced (written by a switch over ECT).
+pub const ECN_CE: u8 = 0b11;
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
+    /// Marks the frame "congestion experienced", as an ECN switch does: an ECN-capable
+    /// frame's ECN field becomes CE (with the IPv4 header checksum updated); `false` when
+    /// the frame is not ECN-capable or already CE. The ICRC does not cover the field.
+    pub fn mark_congestion_experienced(&mut self) -> bool {
+        if !matches!(self.ecn(), ECN_ECT0 | ECN_ECT1) {
+            return false;
+        }
+        let ip = self.layout.ip;
+        let bytes_ip = &mut self.buffer.as_mut()[ip..];
+        if bytes_ip[0] >> 4 == 4 {
+            bytes_ip[1] |= ECN_CE;
+            bytes_ip[10..12].fill(0);
+            let checksum = ipv4_header_checksum(&bytes_ip[..IPV4_HEADER_LEN]);
+            bytes_ip[10..12].copy_from_slice(&checksum.to_be_bytes());
+        } else {
+            bytes_ip[1] |= ECN_CE << 4;
+        }
+        true
+    }
+}
+
+/// The IPv4 header checksum of `header` (whose checksum field is zero).
+fn ipv4_header_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header
+        .chunks_exact(2)
+        .map(|pair| u32::from(u16::from_be_bytes([pair[0], pair[1]])))
+        .sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 fn locate(bytes: &[u8]) -> Result<Layout, FrameError> {
@@ -395,6 +449,15 @@ impl IpRepr {
         match self {
             IpRepr::V4(_) => IPV4_HEADER_LEN,
             IpRepr::V6(_) => IPV6_HEADER_LEN,
+        }
+    }
+
+    /// The ECN field (RFC 3168): [`ECN_NOT_ECT`], [`ECN_ECT1`], [`ECN_ECT0`] or [`ECN_CE`].
+    #[inline]
+    pub const fn ecn(&self) -> u8 {
+        match self {
+            IpRepr::V4(v4) => v4.ecn,
+            IpRepr::V6(v6) => v6.traffic_class & 0x3,
         }
     }
 }
@@ -698,9 +761,24 @@ fn parse_ip(header: &[u8]) -> IpRepr {
 
 impl fmt::Display for FrameRepr<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.ip {
-            IpRepr::V4(v4) => write!(f, "{} -> {}", v4.src, v4.dst)?,
-            IpRepr::V6(v6) => write!(f, "{} -> {}", v6.src, v6.dst)?,
+        let dscp = match self.ip {
+            IpRepr::V4(v4) => {
+                write!(f, "{} -> {}", v4.src, v4.dst)?;
+                v4.dscp
+            }
+            IpRepr::V6(v6) => {
+                write!(f, "{} -> {}", v6.src, v6.dst)?;
+                v6.traffic_class >> 2
+            }
+        };
+        if dscp != 0 {
+            write!(f, " dscp={dscp}")?;
+        }
+        match self.ip.ecn() {
+            ECN_ECT0 => f.write_str(" ecn=ect0")?,
+            ECN_ECT1 => f.write_str(" ecn=ect1")?,
+            ECN_CE => f.write_str(" ecn=ce")?,
+            _ => {}
         }
         write!(f, " sport={} {}", self.udp_src_port, self.bth)?;
         if self.ext != ExtRepr::default() {
@@ -752,6 +830,7 @@ mod tests {
                 becn: false,
                 dest_qpn: 0x11,
                 ack_req: false,
+                resv7: 0,
                 psn: crate::Psn::new(0x18d6bb),
             },
             ext: ExtRepr {
@@ -1042,5 +1121,77 @@ mod tests {
         missing_aeth.ext = ExtRepr::default();
         assert_eq!(missing_aeth.emit(&mut bytes), Err(Error));
         assert_eq!(ack_repr().emit(&mut bytes[..61]), Err(Error));
+    }
+
+    /// A switch's CE mark: the ECN field changes, the IPv4 checksum follows, the ICRC
+    /// (which does not cover the field) still holds; frames that are not ECN-capable stay
+    /// as they are.
+    #[test]
+    fn marking_congestion_experienced() {
+        extern crate std;
+        use std::string::ToString;
+        let v6 = IpRepr::V6(Ipv6Repr {
+            src: Ipv6Addr::LOCALHOST,
+            dst: Ipv6Addr::UNSPECIFIED,
+            traffic_class: (26 << 2) | ECN_ECT0,
+            flow_label: 0x12345,
+            hop_limit: 64,
+        });
+        let mut v4 = ack_repr();
+        if let IpRepr::V4(ip) = &mut v4.ip {
+            ip.dscp = 26;
+            ip.ecn = ECN_ECT0;
+        }
+        for repr in [
+            v4,
+            FrameRepr {
+                ip: v6,
+                ..ack_repr()
+            },
+        ] {
+            let mut bytes = [0u8; 100];
+            let len = repr.emit(&mut bytes).unwrap();
+            let mut frame = Frame::new_checked(&mut bytes[..len]).unwrap();
+            assert_eq!(frame.ecn(), ECN_ECT0);
+            assert!(frame.mark_congestion_experienced());
+            assert!(!frame.mark_congestion_experienced(), "already CE");
+            let marked = parse(&bytes[..len]).expect("checksum and ICRC still hold");
+            assert_eq!(marked.ip.ecn(), ECN_CE);
+            let dscp = match marked.ip {
+                IpRepr::V4(v4) => v4.dscp,
+                IpRepr::V6(v6) => v6.traffic_class >> 2,
+            };
+            assert_eq!(dscp, 26, "the DSCP is left alone");
+            assert_eq!(marked.bth, repr.bth);
+            assert!(marked.to_string().contains(" dscp=26 ecn=ce "), "{marked}");
+        }
+        let mut bytes = [0u8; 100];
+        let len = ack_repr().emit(&mut bytes).unwrap();
+        let before = bytes;
+        let mut frame = Frame::new_checked(&mut bytes[..len]).unwrap();
+        assert_eq!(frame.ecn(), ECN_NOT_ECT);
+        assert!(!frame.mark_congestion_experienced());
+        assert_eq!(bytes, before);
+        assert!(!parse(&bytes[..len]).unwrap().to_string().contains("ecn="));
+    }
+
+    /// A CNP as the RoCEv2 annex defines it: opcode 0x81, BECN, 16 zero bytes, the ICRC.
+    #[test]
+    fn cnp_round_trip() {
+        let mut repr = ack_repr();
+        repr.bth = bth::Repr::new(Opcode::Cnp, 0x12, crate::Psn::new(0));
+        repr.bth.becn = true;
+        repr.ext = ExtRepr {
+            cnp: Some(crate::cnp::Repr),
+            ..ExtRepr::default()
+        };
+        let mut bytes = [0xAAu8; 100];
+        let len = repr.emit(&mut bytes).unwrap();
+        assert_eq!(len, 14 + 20 + 8 + 12 + 16 + 4);
+        let bth_at = 14 + 20 + 8;
+        assert_eq!(bytes[bth_at], 0x81);
+        assert_eq!(bytes[bth_at + 4], 0x40, "BECN, nothing else");
+        assert_eq!(&bytes[bth_at + 12..bth_at + 28], &[0; 16]);
+        assert_eq!(parse(&bytes[..len]), Ok(repr));
     }
 }

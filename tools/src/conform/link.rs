@@ -112,6 +112,7 @@ impl Packet {
                 becn: false,
                 dest_qpn,
                 ack_req: opcode.info().position.ends_message() && opcode.info().is_request,
+                resv7: 0,
                 psn,
             },
             ext: ExtRepr::default(),

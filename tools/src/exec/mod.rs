@@ -118,6 +118,13 @@ fn exec(args: &Args) -> Result<std::convert::Infallible, String> {
     if args.log {
         command.env("ROCE_LOG", "1");
     }
+    // The program's libibverbs starts a device's switch with this executable when a second
+    // process may need the device (`roce_provider::switch`).
+    if std::env::var_os("ROCE_SWITCH_BIN").is_none() {
+        if let Ok(me) = std::env::current_exe() {
+            command.env("ROCE_SWITCH_BIN", me);
+        }
+    }
     if let Some(backend) = &args.backend {
         command.env("ROCE_BACKEND", backend);
     }

@@ -170,7 +170,11 @@ int main(int argc, char **argv)
 
 	/* An id resolves its address and route; each event wakes the fd. */
 	CHECK(rdma_create_id(channel, &id, &tos, RDMA_PS_TCP) == 0);
-	CHECK(rdma_set_option(id, 0, 0, &tos, sizeof(tos)) == 0);
+	/* RDMA_OPTION_ID_TOS takes one byte, as the kernel's ucma_set_option_id. */
+	errno = 0;
+	CHECK(rdma_set_option(id, 0, 0, &tos, sizeof(tos)) == -1 && errno == EINVAL);
+	uint8_t tos_byte = 0x68;
+	CHECK(rdma_set_option(id, 0, 0, &tos_byte, sizeof(tos_byte)) == 0);
 	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&peer, 2000) == 0);
 	event = next_event(channel);
 	CHECK(event && event->id == id && event->event == ADDR_RESOLVED && event->status == 0);

@@ -51,6 +51,9 @@ pub(super) struct Common {
     /// XORed into a counter to form communication IDs, as the kernel randomises its IDs.
     id_operand: u32,
     next_id: u32,
+    /// The top byte every ID we hand out carries, when the device is shared
+    /// ([`Cm::set_comm_id_block`](super::Cm::set_comm_id_block)).
+    pub id_block: Option<u8>,
     /// High half of the transaction IDs we start.
     tid_high: u32,
     pub conns: FxHashMap<u32, Connection>,
@@ -71,6 +74,7 @@ impl Common {
             rng,
             config,
             next_id: 0,
+            id_block: None,
             conns: FxHashMap::default(),
             remotes: FxHashMap::default(),
             listeners: FxHashMap::default(),
@@ -95,7 +99,12 @@ impl Common {
         // At most `max_connections` IDs are taken, so this finds a free one quickly.
         loop {
             self.next_id = self.next_id.wrapping_add(1);
-            let id = self.next_id ^ self.id_operand;
+            let id = match self.id_block {
+                Some(block) => {
+                    (u32::from(block) << 24) | ((self.next_id ^ self.id_operand) & 0xFF_FFFF)
+                }
+                None => self.next_id ^ self.id_operand,
+            };
             if id != 0 && !self.conns.contains_key(&id) {
                 return Ok(id);
             }

@@ -93,6 +93,14 @@ impl Cm {
         }
     }
 
+    /// Hands out only communication IDs (and SIDR request IDs) whose top byte is `block`,
+    /// from now on: on a device several processes share, the messages that answer ours
+    /// carry our ID as theirs, and its top byte names our process to the switch that
+    /// steers them (as QP numbers do, see `Endpoint::set_id_block`).
+    pub fn set_comm_id_block(&mut self, block: u8) {
+        self.common.id_block = Some(block);
+    }
+
     /// The counters.
     pub fn stats(&self) -> CmStats {
         self.common.stats

@@ -208,6 +208,21 @@ pub struct QpStats {
     pub naks_received: u64,
     /// Incoming packets dropped (wrong state, duplicate responses, ghosts, bad Q_Key...).
     pub dropped: u64,
+    /// READ response packets and atomic results this QP's responder sent again, for a
+    /// duplicate request (after a response was lost).
+    pub responses_resent: u64,
+}
+
+/// The requester's retry settings as they are, whoever set them (the program's
+/// `ibv_modify_qp` or the CM's moves to RTS): what `ibv_query_qp` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpRetry {
+    /// Local ACK timeout exponent (4.096 µs · 2^timeout; 0 waits forever).
+    pub timeout: u8,
+    /// Retries after a local ACK timeout or a sequence NAK.
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK (7: without end).
+    pub rnr_retry: u8,
 }
 
 /// Why a QP went to ERR on its own (not through `modify_qp`), for its owner to report as an

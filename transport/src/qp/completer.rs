@@ -28,9 +28,27 @@ pub(crate) struct Completer {
     rnr_retries_left: u8,
     /// Where the retry under way resumed; cleared by progress or a timeout.
     recovering: Option<Psn>,
+    /// Selective repeat agreed: sequence NAKs name one missing packet, READ responses are
+    /// taken out of order, and only the missing ones asked for again.
+    pub selective: bool,
+    /// Selective repeat: the PSN the last sequence NAK named. A NAK naming a later one is
+    /// progress (the responder executed up to it), even while the acknowledged PSN waits
+    /// at a READ or atomic whose response was lost.
+    last_named: Option<Psn>,
+    /// Selective repeat: the highest PSN the responder is known to have executed (from its
+    /// ACKs and NAKs, and from responses to later requests), which completes the SENDs and
+    /// WRITEs behind a READ once that READ's last missing response comes.
+    peer_acked: Option<Psn>,
 }
 
 impl Completer {
+    /// Selective repeat: the responder is known to have executed everything through `psn`.
+    fn peer_executed(&mut self, psn: Psn) {
+        if self.selective && self.peer_acked.is_none_or(|acked| psn.distance(acked) > 0) {
+            self.peer_acked = Some(psn);
+        }
+    }
+
     /// A new `retry_cnt` (from `modify_qp`), which is also the budget from now on.
     pub fn set_retry_cnt(&mut self, n: u8) {
         self.retries_left = n;
@@ -39,6 +57,12 @@ impl Completer {
     /// A new `rnr_retry`, which is also the RNR budget from now on.
     pub fn set_rnr_retry(&mut self, n: u8) {
         self.rnr_retries_left = n;
+    }
+
+    /// Selective repeat probed at the ACK timer with one packet: the NAK that answers it
+    /// names a loss to recover, where go-back-N would have resent it already.
+    pub fn forget_recovery(&mut self) {
+        self.recovering = None;
     }
 
     /// Progress was made: the budgets are full again.
@@ -64,6 +88,10 @@ pub(crate) enum Then {
     Nothing,
     /// Go back N: resend from `from` (after `wait`, for an RNR NAK).
     Retry { from: Psn, wait: Option<Duration> },
+    /// Selective repeat: the packet at this PSN is missing (the peer kept what came after);
+    /// send it alone, unless it was sent again since the last progress. No retry is charged
+    /// yet: the QP charges one when it does send.
+    Resend(Psn),
     /// The front WQE fails with this status and the QP enters ERR.
     Fail(WcStatus),
 }
@@ -118,7 +146,10 @@ pub(crate) fn handle_response(
         tracing::debug!(qpn = qp.qpn, %psn, syndrome = ?nak, "NAK received");
     }
     Some(match (frame.bth.opcode.info().operation, syndrome) {
-        (Operation::Acknowledge, Some(Syndrome::Ack(_))) => ack_through(comp, sq, qp, psn, true),
+        (Operation::Acknowledge, Some(Syndrome::Ack(_))) => {
+            comp.peer_executed(psn);
+            ack_through(comp, sq, qp, psn, true)
+        }
         (Operation::Acknowledge, Some(Syndrome::RnrNak(timer))) => {
             qp.stats.naks_received += 1;
             ctx.counters.rcvd_rnr_err += 1;
@@ -216,6 +247,15 @@ fn nak_retry(
         comp.recovering = None;
         // Progress first, then charge this NAK's retry against the fresh budget.
         comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
+    }
+    if comp.selective && matches!(why, Retry::Transport) {
+        // The peer kept what came after `psn`: that one alone is missing.
+        comp.peer_executed(psn - 1);
+        if comp.last_named.is_none_or(|last| psn.distance(last) > 0) {
+            comp.refill(qp.config.retry_cnt, qp.config.rnr_retry);
+        }
+        comp.last_named = Some(psn);
+        return done.then(Then::Resend(psn));
     }
     if comp.recovering.is_some() && matches!(why, Retry::Transport) {
         qp.stats.dropped += 1;
@@ -317,11 +357,21 @@ fn read_response(
     frame: &FrameRepr,
 ) -> Outcome {
     let psn = frame.bth.psn;
-    let index = match answered_before(comp, sq, qp, psn) {
-        Ok(index) => index,
-        Err(outcome) => return outcome,
+    let (index, blocked) = if comp.selective {
+        match answered_before_selective(sq, psn) {
+            Some(found) => found,
+            None => {
+                qp.stats.dropped += 1;
+                return Outcome::complete(0);
+            }
+        }
+    } else {
+        match answered_before(comp, sq, qp, psn) {
+            Ok(index) => (index, None),
+            Err(outcome) => return outcome,
+        }
     };
-    let done = Outcome::complete(index);
+    let done = Outcome::complete(if blocked.is_some() { 0 } else { index });
     let mtu = qp.config.mtu;
     let Some(wqe) = sq.get(index) else {
         return done;
@@ -333,25 +383,41 @@ fn read_response(
     let SendOp::RdmaRead { .. } = wqe.wr.op else {
         return done.then(Then::Fail(WcStatus::BadResponse));
     };
-    match psn.distance(expected) {
-        0 => {}
+    let ahead = match psn.distance(expected) {
+        0 => 0,
         behind if behind < 0 => {
             qp.stats.dropped += 1;
             return done;
         }
+        ahead if comp.selective => ahead as u32,
         _ => return done.then(retry_lost(comp, qp, expected)),
-    }
+    };
     // A retried READ is answered as a new message (FIRST again), and reordering can mix the
     // two answers; what must hold is that only the final packet ends the message and every
-    // packet carries exactly the bytes that belong at its offset.
-    let k = wqe.responses;
+    // packet carries exactly the bytes that belong at its offset. With selective repeat a
+    // retry asks for the missing packets alone, so only the bytes are checked.
+    let k = wqe.responses + ahead;
+    if k >= wqe.npsn {
+        return done.then(Then::Fail(WcStatus::BadResponse));
+    }
     let last = k + 1 == wqe.npsn;
     let offset = k as usize * mtu;
     let want_len = (wqe.len as usize - offset).min(mtu);
     let ends = frame.bth.opcode.info().position.ends_message();
-    if ends != last || frame.payload.len() != want_len {
+    if (ends != last && !comp.selective) || frame.payload.len() != want_len {
         return done.then(Then::Fail(WcStatus::BadResponse));
     }
+    if let Some(wqe) = sq.get(index) {
+        comp.peer_executed(wqe.first_psn - 1);
+    }
+    if ahead > 0 && !sq.record_early(index, ahead) {
+        // Had it already, or too far ahead to track: it will be asked for again.
+        qp.stats.dropped += 1;
+        return done.then(gap_after(comp, qp, sq, index, blocked, expected));
+    }
+    let Some(wqe) = sq.get(index) else {
+        return done;
+    };
     if ctx
         .mrs
         .scatter(qp.pd, &wqe.wr.sg_list, offset as u64, frame.payload)
@@ -359,9 +425,112 @@ fn read_response(
     {
         return done.then(Then::Fail(WcStatus::LocalProtection));
     }
+    if ahead > 0 {
+        return done.then(gap_after(comp, qp, sq, index, blocked, expected));
+    }
     let all_in = sq.record_response(index);
-    sq.acknowledge(psn);
-    Outcome::complete(index + usize::from(all_in))
+    let Some(wqe) = sq.get(index) else {
+        return done;
+    };
+    let (through, gap) = (wqe.answered_through(), wqe.early != 0);
+    if !comp.selective {
+        sq.acknowledge(through - 1);
+        return Outcome::complete(index + usize::from(all_in));
+    }
+    if blocked.is_none() {
+        sq.acknowledge(through - 1);
+    }
+    let outcome = Outcome::complete(completable(comp, sq));
+    match blocked {
+        // An earlier READ or atomic still misses a response: that comes first.
+        Some(missing) => outcome.then(ask_again(comp, qp, missing)),
+        // What landed early ends at the next gap: that one is missing too (once the
+        // READ's responses have all come: until then they may be on their way).
+        None if gap && !all_in => outcome.then(gap_after(comp, qp, sq, index, None, through)),
+        None => outcome,
+    }
+}
+
+/// Selective repeat: a READ response came ahead of `expected` (the first missing one of the
+/// WQE at `index`). An earlier READ or atomic missing a response is asked for first; this
+/// READ's gap only once its last response came (the responder sends a READ's responses in
+/// order, so a gap before the last is lost, not late).
+fn gap_after(
+    comp: &mut Completer,
+    qp: &mut Common,
+    sq: &SendQueue,
+    index: usize,
+    blocked: Option<Psn>,
+    expected: Psn,
+) -> Then {
+    if let Some(missing) = blocked {
+        return ask_again(comp, qp, missing);
+    }
+    match sq.get(index) {
+        Some(wqe) if wqe.tail_seen => ask_again(comp, qp, expected),
+        _ => Then::Nothing,
+    }
+}
+
+/// Selective repeat: the WQE that `psn` answers, and, if an earlier READ or atomic still
+/// misses a response, the PSN of that response. SENDs and WRITEs before `psn` are
+/// acknowledged up to the first such READ or atomic (never past it).
+fn answered_before_selective(sq: &mut SendQueue, psn: Psn) -> Option<(usize, Option<Psn>)> {
+    let mut blocked = None;
+    let mut index = 0;
+    while let Some(wqe) = sq.get(index) {
+        if wqe.contains(psn) {
+            return Some((index, blocked));
+        }
+        if wqe.wr.op.is_read_or_atomic() {
+            if wqe.responses < wqe.npsn && blocked.is_none() {
+                blocked = Some(wqe.answered_through());
+            }
+        } else if blocked.is_none() {
+            let last_psn = wqe.last_psn();
+            sq.acknowledge(last_psn);
+        }
+        index += 1;
+    }
+    None
+}
+
+/// Selective repeat: how many WQEs at the front are done: READs and atomics with every
+/// response in, SENDs and WRITEs the responder executed. What they cover is acknowledged.
+fn completable(comp: &Completer, sq: &mut SendQueue) -> usize {
+    let mut index = 0;
+    while let Some(wqe) = sq.get(index) {
+        if !sq.started(index) {
+            break;
+        }
+        let done = if wqe.wr.op.is_read_or_atomic() {
+            wqe.responses >= wqe.npsn
+        } else {
+            sq.fully_sent(index)
+                && comp
+                    .peer_acked
+                    .is_some_and(|acked| wqe.last_psn().distance(acked) <= 0)
+        };
+        if !done {
+            // A READ under way at the front: what came of it in order is acknowledged.
+            let answered = wqe.answered_through() - 1;
+            if wqe.wr.op.is_read_or_atomic() && answered.distance(sq.acked_psn()) > 0 {
+                sq.acknowledge(answered);
+            }
+            break;
+        }
+        let last_psn = wqe.last_psn();
+        if last_psn.distance(sq.acked_psn()) > 0 {
+            sq.acknowledge(last_psn);
+        }
+        index += 1;
+    }
+    index
+}
+
+/// Selective repeat: the READ response at `psn` is missing while later ones came.
+fn ask_again(_comp: &mut Completer, _qp: &mut Common, psn: Psn) -> Then {
+    Then::Resend(psn)
 }
 
 /// The answer to the ATOMIC WRITE at `index` (expected at `expected`): a READ response
@@ -393,14 +562,28 @@ fn atomic_ack(
     ctx: &mut Ctx,
     frame: &FrameRepr,
 ) -> Outcome {
-    let index = match answered_before(comp, sq, qp, frame.bth.psn) {
-        Ok(index) => index,
-        Err(outcome) => return outcome,
+    let (index, blocked) = if comp.selective {
+        match answered_before_selective(sq, frame.bth.psn) {
+            Some(found) => found,
+            None => {
+                qp.stats.dropped += 1;
+                return Outcome::complete(0);
+            }
+        }
+    } else {
+        match answered_before(comp, sq, qp, frame.bth.psn) {
+            Ok(index) => (index, None),
+            Err(outcome) => return outcome,
+        }
     };
-    let done = Outcome::complete(index);
+    let done = Outcome::complete(if blocked.is_some() { 0 } else { index });
     let (Some(wqe), Some(original)) = (sq.get(index), frame.ext.atomic_ack_eth) else {
         return done;
     };
+    if comp.selective && wqe.responses >= wqe.npsn {
+        qp.stats.dropped += 1; // its result came already
+        return done;
+    }
     if !wqe.wr.op.is_atomic() {
         return done.then(Then::Fail(WcStatus::BadResponse));
     }
@@ -410,6 +593,18 @@ fn atomic_ack(
         return done.then(Then::Fail(WcStatus::LocalProtection));
     }
     let last_psn = wqe.last_psn();
+    if comp.selective {
+        comp.peer_executed(last_psn);
+        sq.record_response(index);
+        if blocked.is_none() {
+            sq.acknowledge(last_psn);
+        }
+        let outcome = Outcome::complete(completable(comp, sq));
+        return match blocked {
+            Some(missing) => outcome.then(ask_again(comp, qp, missing)),
+            None => outcome,
+        };
+    }
     sq.acknowledge(last_psn);
     Outcome::complete(index + 1)
 }
@@ -417,6 +612,9 @@ fn atomic_ack(
 /// A response is missing before `psn` (responses after it arrived, or an ACK implied it):
 /// go back for it, unless a retry is already under way (see [`nak_retry`]).
 fn retry_lost(comp: &mut Completer, qp: &mut Common, psn: Psn) -> Then {
+    if comp.selective {
+        return Then::Resend(psn);
+    }
     if comp.recovering.is_some() {
         qp.stats.dropped += 1;
         return Then::Nothing;

@@ -6,16 +6,22 @@
 
 mod common;
 mod completer;
+mod congestion;
+mod dcqcn;
+mod pacer;
 mod requester;
 mod resources;
 mod responder;
+mod selective;
 mod send_queue;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use roce_wire::frame::IpRepr;
-use roce_wire::{FrameRepr, Opcode};
+use roce_wire::{FrameRepr, Opcode, Psn};
 
+use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 use crate::counters::Counters;
 use crate::cq::{WcStatus, WorkCompletion};
 use crate::mr::{MrTable, PdId};
@@ -27,10 +33,12 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 pub use crate::limits::QpCaps;
 use common::{Common, FullCqs, QpConfig};
 pub(crate) use common::{Ctx, Failure, Lent, NO_CQ};
-pub use common::{OutPacket, PostError, QpStats};
+pub use common::{OutPacket, PostError, QpRetry, QpStats};
 use completer::{Completer, Outcome, Then};
+use congestion::Congestion;
 use requester::Next;
 use responder::{RendezvousRead, Responder};
+use selective::Selective;
 use send_queue::{Origin, SendQueue};
 
 /// Everything that decides whether a post is accepted, as of one moment: what the
@@ -48,7 +56,8 @@ pub struct PostGate {
     pub mtu: usize,
     /// Send work requests queued in the QP.
     pub sq_len: usize,
-    /// Receive work requests queued in the QP.
+    /// Receive work requests posted to the QP itself and not yet completed (none on an
+    /// SRQ: the verbs layer counts the QP's retired receives from this).
     pub rq_len: usize,
     /// The QP takes its receives from a shared receive queue.
     pub has_srq: bool,
@@ -141,6 +150,8 @@ pub(crate) struct Qp {
     comp: Completer,
     resp: Responder,
     timers: TimerTable,
+    congestion: Congestion,
+    selective: Selective,
 }
 
 /// What a QP is created with, besides its CQs (which
@@ -163,8 +174,15 @@ impl Qp {
         self.common.send_cq == cq || self.common.recv_cq == cq
     }
 
-    /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`.
-    pub fn new(qpn: u32, init: QpInit, send_cq: usize, recv_cq: usize) -> Self {
+    /// A QP in RESET whose completions go to the CQs in slots `send_cq` and `recv_cq`, on a
+    /// device configured for congestion control as `congestion` says.
+    pub fn new(
+        qpn: u32,
+        init: QpInit,
+        send_cq: usize,
+        recv_cq: usize,
+        congestion: Arc<CongestionConfig>,
+    ) -> Self {
         Qp {
             common: Common {
                 qpn,
@@ -185,6 +203,8 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder::default(),
             timers: TimerTable::default(),
+            selective: Selective::new(selective_repeat(&init, &congestion)),
+            congestion: Congestion::new(congestion),
             cq_overflowed: FullCqs::default(),
             failure: None,
             last_wqe_reached: false,
@@ -201,7 +221,7 @@ impl Qp {
             config.qkey = qkey;
         }
         if let Some(av) = attr.av {
-            config.av = Some(av);
+            config.av = Some(self.congestion.traffic_class(av));
         }
         if let Some(mtu) = attr.path_mtu {
             config.mtu = mtu.bytes();
@@ -246,6 +266,8 @@ impl Qp {
                 self.comp = Completer::default();
                 self.resp = Responder::default();
                 self.timers = TimerTable::default();
+                self.congestion.reset();
+                self.selective = Selective::new(self.selective.enabled());
                 self.common.state = QpState::Reset;
             }
             _ => self.common.state = to,
@@ -291,7 +313,14 @@ impl Qp {
             self.common.stats.dropped += 1;
             return;
         }
-        if frame.bth.opcode.info().is_request {
+        let is_request = frame.bth.opcode.info().is_request;
+        if self.selective.enabled() {
+            self.selective_seen(frame, is_request);
+        }
+        if connected && frame.ip.ecn() == crate::congestion::CE {
+            self.congestion_experienced(ctx, is_request);
+        }
+        if is_request {
             let failure = responder::handle_request(&mut self.resp, &mut self.common, ctx, frame);
             if let Some(read) = self.resp.take_rendezvous() {
                 self.start_rendezvous(ctx, read);
@@ -302,6 +331,80 @@ impl Qp {
             }
         } else if frame.bth.opcode != Opcode::Cnp {
             self.handle_response(ctx, frame);
+        } else if connected {
+            self.congestion_notified(ctx);
+        }
+    }
+
+    /// A packet from the peer, on a device that takes part in selective repeat: an offer
+    /// (in a request) or the answer to ours (in a response).
+    #[inline(never)]
+    fn selective_seen(&mut self, frame: &FrameRepr, is_request: bool) {
+        if self.selective.on_packet(&frame.bth, is_request) {
+            tracing::debug!(
+                qpn = self.common.qpn,
+                "selective repeat: the peer offered it"
+            );
+            self.resp.keep_out_of_order();
+        }
+        self.comp.selective = self.selective.accepted;
+    }
+
+    /// A packet for this QP came marked CE (out of line: the usual packet pays one test).
+    #[cold]
+    #[inline(never)]
+    fn congestion_experienced(&mut self, ctx: &mut Ctx, request: bool) {
+        self.congestion.on_ce(ctx.now, request, ctx.counters);
+    }
+
+    /// A CNP for this QP came from its peer.
+    #[cold]
+    #[inline(never)]
+    fn congestion_notified(&mut self, ctx: &mut Ctx) {
+        self.congestion.on_cnp(ctx.now, ctx.counters);
+        self.arm_congestion_timer();
+    }
+
+    /// Sets the congestion timer to what congestion control waits for next.
+    fn arm_congestion_timer(&mut self) {
+        match self.congestion.next_deadline() {
+            Some(at) => self.timers.set(Timer::Congestion, at),
+            None => self.timers.stop(Timer::Congestion),
+        }
+    }
+
+    /// The device's congestion settings changed at `now`.
+    pub fn set_congestion(&mut self, now: Instant, config: Arc<CongestionConfig>) {
+        self.congestion.set_config(now, config);
+        self.arm_congestion_timer();
+    }
+
+    /// Sets or clears the QP's rate limit at `now`; only a QP that sends or is about to
+    /// (RTR, RTS, SQD) takes one, as `IBV_QP_RATE_LIMIT` is only taken on the way to RTS
+    /// and in it.
+    pub fn set_rate_limit(
+        &mut self,
+        now: Instant,
+        limit: Option<RateLimit>,
+    ) -> Result<(), ModifyQpError> {
+        if !matches!(
+            self.common.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd
+        ) {
+            return Err(ModifyQpError::OutOfRange(
+                "rate_limit (not in RTR, RTS or SQD)",
+            ));
+        }
+        self.congestion.set_limit(now, limit);
+        self.arm_congestion_timer();
+        Ok(())
+    }
+
+    /// The QP's rates as of `now`, and whether it agreed selective repeat.
+    pub fn rate(&mut self, now: Instant) -> QpRate {
+        QpRate {
+            selective_repeat: self.selective.accepted,
+            ..self.congestion.snapshot(now)
         }
     }
 
@@ -313,6 +416,9 @@ impl Qp {
             return;
         };
         self.apply(ctx, outcome);
+        if self.sq.acked_psn() != acked_before {
+            self.selective.progress(self.sq.acked_psn());
+        }
         if self.common.state != QpState::Err {
             completer::settle(
                 &mut self.comp,
@@ -344,8 +450,23 @@ impl Qp {
                     self.timers.set(Timer::RnrWait, ctx.now + wait);
                 } else {
                     ctx.counters.completer_retry_err += 1;
+                    if self.selective.accepted {
+                        // The ACK timer, with a peer that keeps what comes after a gap:
+                        // see `handle_timeout`.
+                        self.selective.probe(from);
+                        return;
+                    }
                 }
                 self.sq.rewind(from);
+            }
+            Then::Resend(psn) => {
+                // Only the ACK timer spends retries, as with go-back-N: a packet that goes
+                // missing again and again ends in RETRY_EXC_ERR after `retry_cnt` timers
+                // without progress.
+                if self.selective.wants(psn) {
+                    ctx.counters.completer_retry_err += 1;
+                    self.selective.queue(psn);
+                }
             }
             Then::Fail(status) => {
                 tracing::debug!(qpn = self.common.qpn, ?status, "send work request failed");
@@ -372,13 +493,53 @@ impl Qp {
         let expired: Vec<Timer> = self.timers.expire(ctx.now).collect();
         for timer in expired {
             match timer {
+                Timer::Retransmit if self.congestion.holding() => {
+                    // The pacer held back the next packet until after the timer was due (a
+                    // late wake-up): the ACK timer runs from when it goes, as it would
+                    // have had the engine woken at the pacer's time.
+                    if let Some(timeout) = self.common.config.ack_timeout() {
+                        self.timers.set(Timer::Retransmit, ctx.now + timeout);
+                    }
+                }
                 Timer::Retransmit => {
                     let outcome =
                         completer::ack_timeout(&mut self.comp, &mut self.sq, &mut self.common);
                     self.apply(ctx, outcome);
+                    if self.selective.accepted && self.selective.next_resend().is_some() {
+                        // Selective repeat probes with the last packet sent: in order, it
+                        // fills a lost tail; beyond a gap, it draws the NAK that names it;
+                        // a duplicate, it draws the ACK that was lost. The last PSN of a
+                        // READ or atomic is a response's: then the oldest unanswered
+                        // request goes (asking for what is missing of it).
+                        let last = self.sq.max_sent_psn();
+                        let request = self
+                            .sq
+                            .holding(last)
+                            .is_some_and(|wqe| !wqe.wr.op.is_read_or_atomic());
+                        if request {
+                            self.selective.probe(last);
+                        }
+                        // The NAK it draws is news, not an echo of the loss just retried.
+                        self.comp.forget_recovery();
+                    }
                 }
                 Timer::RnrWait => {}
+                Timer::Congestion => {
+                    self.congestion.on_timeout(ctx.now, ctx.counters);
+                    self.arm_congestion_timer();
+                }
             }
+        }
+    }
+
+    /// The receives posted to this QP and not yet completed: none on an SRQ or an XRC
+    /// target, whose responder holds a WQE of the SRQ's while a message arrives into it.
+    fn own_receives(&self) -> usize {
+        let shared = self.common.srq.is_some() || self.common.qp_type == QpType::XrcRecv;
+        if shared {
+            0
+        } else {
+            self.resp.rq_len()
         }
     }
 
@@ -390,7 +551,7 @@ impl Qp {
             state: self.common.state,
             mtu: self.common.config.mtu,
             sq_len: self.sq.program_len(),
-            rq_len: self.resp.rq_len(),
+            rq_len: self.own_receives(),
             has_srq: self.common.srq.is_some(),
         }
     }
@@ -400,8 +561,105 @@ impl Qp {
     /// (`out` is then unspecified).
     #[inline]
     pub fn poll_packet(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+        if self.congestion.active() || self.selective.active() {
+            return self.poll_slow(ctx, out);
+        }
         responder::next_packet(&mut self.resp, &mut self.common, ctx, out)
             || self.poll_request(ctx, out)
+    }
+
+    /// [`Self::poll_packet`] for a QP that owes a CNP, has a pacer, or takes part in
+    /// selective repeat: the CNP first, then the responder's packets (never paced), then,
+    /// if the pacer lets one go, a packet selective repeat sends again or the next request.
+    #[cold]
+    #[inline(never)]
+    fn poll_slow(&mut self, ctx: &mut Ctx, out: &mut OutPacket) -> bool {
+        let peer = self.common.config.dest_qpn;
+        let av = self.common.connected_av();
+        if let Some((bth, ext, av)) = self.congestion.take_cnp(peer, av, ctx.counters) {
+            out.replace_with(OutPacket {
+                bth,
+                ext,
+                payload: Vec::new(),
+                av,
+                lent: None,
+            });
+            return true;
+        }
+        if responder::next_packet(&mut self.resp, &mut self.common, ctx, out) {
+            self.selective.mark(&mut out.bth, false);
+            return true;
+        }
+        let waiting = self.sq.cursor().is_some() || self.selective.next_resend().is_some();
+        if self.congestion.pace(ctx.now, waiting).is_err() {
+            self.arm_congestion_timer();
+            return false;
+        }
+        let again = self
+            .selective
+            .next_resend()
+            .is_some_and(|psn| self.send_again(ctx, out, psn));
+        if !again {
+            if !self.poll_request(ctx, out) {
+                return false;
+            }
+            self.selective.mark(&mut out.bth, true);
+        }
+        if !self.congestion.paced() {
+            return true;
+        }
+        let bytes = congestion::FRAME_OVERHEAD
+            + out.payload_len() as u64
+            + u64::from(out.bth.pad_count)
+            + roce_wire::ExtRepr::buffer_len(out.bth.opcode) as u64;
+        self.congestion.sent(ctx.now, bytes);
+        self.arm_congestion_timer();
+        // The pacer, not the peer, is what delays the ACK of what went before: the ACK timer
+        // runs from the latest request, as rxe restarts it with every packet it sends.
+        if let (QpType::Rc, Some(timeout)) = (self.common.qp_type, self.common.config.ack_timeout())
+        {
+            self.timers.set(Timer::Retransmit, ctx.now + timeout);
+        }
+        true
+    }
+
+    /// Selective repeat: writes the packet at `psn` (sent before) into `out`, without moving
+    /// where transmission stands; `false` if it cannot go now (or was acknowledged since).
+    fn send_again(&mut self, ctx: &mut Ctx, out: &mut OutPacket, psn: Psn) -> bool {
+        // Within a READ, from its first response still missing: what came stays.
+        let psn = match self.sq.holding(psn) {
+            Some(wqe)
+                if wqe.wr.op.is_read_or_atomic() && psn.distance(wqe.answered_through()) < 0 =>
+            {
+                wqe.answered_through()
+            }
+            _ => psn,
+        };
+        let unacked = psn.distance(self.sq.acked_psn()) > 0;
+        if !unacked || psn.distance(self.sq.next_psn()) >= 0 {
+            self.selective.resent(false);
+            return false;
+        }
+        let cursor = self.sq.save_cursor();
+        self.sq.rewind(psn);
+        // A READ asks only for the responses missing from `psn` to the next one received.
+        let read_part = self.sq.cursor().and_then(|(index, k)| {
+            let wqe = self.sq.get(index)?;
+            let mtu = self.common.config.mtu as u32;
+            matches!(wqe.wr.op, SendOp::RdmaRead { .. })
+                .then(|| (wqe.missing_from(k) * mtu).min(wqe.len - k * mtu))
+        });
+        let sent = self.poll_request(ctx, out);
+        self.sq.restore_cursor(cursor);
+        if sent {
+            tracing::debug!(qpn = self.common.qpn, %psn, "selective repeat: sent again");
+            self.selective.resent(true);
+            out.bth.ack_req = true;
+            if let (Some(len), Some(reth)) = (read_part, &mut out.ext.reth) {
+                reth.dma_length = len;
+            }
+        }
+        sent
     }
 
     /// The requester's next packet, finishing what it reports.
@@ -605,6 +863,12 @@ impl Qp {
             self.complete(ctx, self.common.recv_cq, completion);
         }
     }
+}
+
+/// Whether a QP created with `init` on a device configured with `config` takes part in
+/// selective repeat (only RC has something to repeat).
+fn selective_repeat(init: &QpInit, config: &CongestionConfig) -> bool {
+    config.selective_repeat && init.qp_type == QpType::Rc
 }
 
 impl Qp {

@@ -48,12 +48,25 @@ pub(crate) enum ResourceKind {
     AtomicWrite,
 }
 
-/// Where sending a resource's responses stands: packets `next..npsn` are owed, as one
-/// message that began at packet `start` (a retried READ is answered as a new message).
+/// Where sending a resource's responses stands: packets `next..end` are owed, as one
+/// message that began at packet `start` (a retried READ is answered as a new message, of
+/// the packets asked for again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Owed {
     pub start: u32,
     pub next: u32,
+    pub end: u32,
+}
+
+impl Owed {
+    /// Every one of `npsn` response packets.
+    pub fn all(npsn: u32) -> Owed {
+        Owed {
+            start: 0,
+            next: 0,
+            end: npsn,
+        }
+    }
 }
 
 impl Resource {
@@ -63,9 +76,18 @@ impl Resource {
         (offset >= 0 && (offset as u32) < self.npsn).then_some(offset as u32)
     }
 
-    /// Whether a duplicate READ request at `psn` for `len` bytes at `address` asks for the
-    /// part of this READ that begins at its packet `psn`.
-    pub fn covers_read(&self, psn: Psn, mtu: usize, rkey: u32, address: u64, len: u32) -> bool {
+    /// How many response packets a duplicate READ request at `psn` for `len` bytes at
+    /// `address` asks for again, if it asks for a part of this READ that begins at its
+    /// packet `psn`: the rest of it (as rxe and go-back-N ask), or, from a selective-repeat
+    /// requester, only the packets it lost.
+    pub fn read_part(
+        &self,
+        psn: Psn,
+        mtu: usize,
+        rkey: u32,
+        address: u64,
+        len: u32,
+    ) -> Option<u32> {
         let ResourceKind::Read {
             address: start,
             rkey: key,
@@ -73,12 +95,15 @@ impl Resource {
             ..
         } = self.kind
         else {
-            return false;
+            return None;
         };
-        let offset = psn.distance(self.first_psn) as u64 * mtu as u64;
-        key == rkey
-            && address == start + offset
-            && u64::from(len) == u64::from(total) - offset.min(u64::from(total))
+        let k = self.packet_of(psn)?;
+        let offset = u64::from(k) * mtu as u64;
+        let rest = u64::from(total) - offset.min(u64::from(total));
+        let fits = key == rkey && address == start + offset && u64::from(len) <= rest;
+        let whole_packets = u64::from(len) == rest || u64::from(len).is_multiple_of(mtu as u64);
+        (fits && (len > 0 || rest == 0) && whole_packets)
+            .then(|| (u64::from(len).div_ceil(mtu as u64).max(1)) as u32)
     }
 }
 
@@ -145,9 +170,9 @@ impl Resources {
         self.kept.iter_mut().find(|r| r.first_psn == first_psn)
     }
 
-    /// A duplicate asks again from `psn`: the newest resource holding it answers (again)
-    /// from there, as a new message.
-    pub fn restart(&mut self, psn: Psn) {
+    /// A duplicate asks again for `count` packets from `psn`: the newest resource holding
+    /// it answers (again) those, as a new message.
+    pub fn restart(&mut self, psn: Psn, count: u32) {
         let Some(resource) = self
             .kept
             .iter_mut()
@@ -158,7 +183,16 @@ impl Resources {
         };
         let k = resource.packet_of(psn).unwrap_or(0);
         let queued = resource.owed.is_some();
-        resource.owed = Some(Owed { start: k, next: k });
+        // What was still owed stays owed: a part asked for again only adds to it.
+        let end = k
+            .saturating_add(count.max(1))
+            .max(resource.owed.map_or(0, |owed| owed.end))
+            .min(resource.npsn);
+        resource.owed = Some(Owed {
+            start: k,
+            next: k,
+            end,
+        });
         if !queued {
             let first_psn = resource.first_psn;
             self.queue_responses(first_psn);
@@ -228,7 +262,7 @@ mod tests {
                 len: npsn * 256,
                 pd: PdId::NONE,
             },
-            owed: Some(Owed { start: 0, next: 0 }),
+            owed: Some(Owed::all(npsn)),
         }
     }
 
@@ -237,7 +271,7 @@ mod tests {
         let mut resources = Resources::default();
         resources.add(read(10, 100), 1);
         for _ in 0..1000 {
-            resources.restart(Psn::new(40));
+            resources.restart(Psn::new(40), 100);
         }
         assert_eq!(resources.backlog(), 1);
         let owed = resources.get_mut(Psn::new(10)).and_then(|r| r.owed);
@@ -245,9 +279,51 @@ mod tests {
             owed,
             Some(Owed {
                 start: 30,
-                next: 30
+                next: 30,
+                end: 100
             })
         );
+    }
+
+    /// Found by `roce sim --selective-repeat`: a part asked for again while the rest was
+    /// still owed cut the rest off, and the requester waited for it until it gave up.
+    #[test]
+    fn a_part_asked_again_keeps_what_was_owed() {
+        let mut resources = Resources::default();
+        resources.add(read(10, 100), 1);
+        // Packets 0..60 went; one of them (20) is asked for again.
+        if let Some(resource) = resources.get_mut(Psn::new(10)) {
+            resource.owed = Some(Owed {
+                start: 0,
+                next: 60,
+                end: 100,
+            });
+        }
+        resources.restart(Psn::new(30), 1);
+        let owed = resources.get_mut(Psn::new(10)).and_then(|r| r.owed);
+        assert_eq!(
+            owed,
+            Some(Owed {
+                start: 20,
+                next: 20,
+                end: 100
+            })
+        );
+        // Once all was sent, a part asked again is just that part.
+        if let Some(resource) = resources.get_mut(Psn::new(10)) {
+            resource.owed = None;
+        }
+        resources.restart(Psn::new(40), 2);
+        let owed = resources.get_mut(Psn::new(10)).and_then(|r| r.owed);
+        assert_eq!(
+            owed,
+            Some(Owed {
+                start: 30,
+                next: 30,
+                end: 32
+            })
+        );
+        assert_eq!(resources.backlog(), 2);
     }
 
     #[test]
@@ -294,7 +370,7 @@ mod tests {
         for i in 0..1000u32 {
             match i % 3 {
                 0 => resources.add(read(i * 100, 50), limit),
-                1 => resources.restart(Psn::new((i - 1) * 100 + 7)),
+                1 => resources.restart(Psn::new((i - 1) * 100 + 7), 50),
                 _ => resources.queue_ack(Psn::new(i), Syndrome::Ack(CreditCount::UNLIMITED), 0),
             }
             assert!(resources.backlog() <= Resources::backlog_bound(limit));

@@ -11,7 +11,8 @@ use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Psn};
 
 use super::common::{response_opcode, Common, Ctx, Failure, Lent, OutPacket, NO_CQ};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
-use crate::cq::{TmInfo, WcOpcode, WcStatus, WorkCompletion};
+use super::selective::Reorder;
+use crate::cq::{NetworkHeader, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError, PdId};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
@@ -57,6 +58,10 @@ pub(crate) struct Responder {
     pending_ack: Option<Psn>,
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
     uc_resync: bool,
+    /// Selective repeat, once the peer offered it: requests kept ahead of a gap.
+    reorder: Option<Reorder>,
+    /// The highest PSN of a READ response or atomic result sent so far.
+    responses_through: Psn,
     /// Tag matching: where the SEND under way goes.
     tagged: Option<tagged::Delivery>,
     /// Tag matching: a rendezvous READ for the QP to send, from the request just matched.
@@ -66,10 +71,16 @@ pub(crate) struct Responder {
 }
 
 impl Responder {
+    /// The peer offered selective repeat: keep out-of-order requests from now on.
+    pub fn keep_out_of_order(&mut self) {
+        self.reorder.get_or_insert_with(Reorder::default);
+    }
+
     /// Expects the next request at `psn` (`rq_psn` of `modify_qp`).
     pub fn set_psn(&mut self, psn: Psn) {
         self.epsn = psn;
         self.ack_psn = psn;
+        self.responses_through = psn - 1;
     }
 
     /// Entries queued to send (see [`Resources::backlog`]).
@@ -135,6 +146,7 @@ pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCo
         qp_num: qpn,
         src_qp: 0,
         solicited: false,
+        network_header: None,
         tm: TmInfo::NONE,
     }
 }
@@ -214,7 +226,7 @@ fn next_response(
         return false;
     };
     let k = owed.next;
-    let done = k + 1 >= resource.npsn;
+    let done = k + 1 >= owed.end.min(resource.npsn);
     resource.owed = (!done).then_some(Owed {
         next: k + 1,
         ..owed
@@ -223,6 +235,7 @@ fn next_response(
     if done {
         resp.resources.pop_front();
     }
+    count_response(resp, qp, first_psn + k);
     match resource.kind {
         ResourceKind::Atomic { original } => {
             out.replace_with(atomic_ack_packet(qp, first_psn, original, resource.msn));
@@ -248,7 +261,7 @@ fn next_response(
         } => {
             let offset = u64::from(k) * mtu as u64;
             let chunk = (u64::from(len) - offset.min(u64::from(len))).min(mtu as u64) as u32;
-            let position = Position::of(k - owed.start, resource.npsn - owed.start);
+            let position = Position::of(k - owed.start, owed.end.min(resource.npsn) - owed.start);
             let psn = first_psn + k;
             let read = AccessFlags::REMOTE_READ;
             // The region may have gone since the request was accepted. The bytes are lent:
@@ -289,6 +302,15 @@ fn next_response(
         }
     }
     true
+}
+
+/// Counts a response packet sent again (a duplicate READ or atomic asked for it).
+fn count_response(resp: &mut Responder, qp: &mut Common, psn: Psn) {
+    if psn.distance(resp.responses_through) <= 0 {
+        qp.stats.responses_resent += 1;
+    } else {
+        resp.responses_through = psn;
+    }
 }
 
 /// Handles a request addressed to this QP; a request that breaks the connection returns why,
@@ -380,6 +402,14 @@ fn rc_request(
     let psn = frame.bth.psn;
     let ahead = psn.distance(resp.epsn);
     if ahead > 0 {
+        // Selective repeat: keep it, and name the gap every time.
+        if let Some(reorder) = &mut resp.reorder {
+            if reorder.keep(frame, ahead) {
+                ctx.counters.out_of_seq_request += 1;
+                name_gap(resp, qp);
+                return None;
+            }
+        }
         if !resp.nak_sent {
             resp.nak_sent = true;
             ctx.counters.out_of_seq_request += 1;
@@ -392,8 +422,26 @@ fn rc_request(
     if ahead < 0 {
         ctx.counters.duplicate_request += 1;
         duplicate(resp, qp, ctx, frame);
+        if resp.reorder.as_ref().is_some_and(Reorder::holding) {
+            name_gap(resp, qp);
+        }
         return None;
     }
+    let failure = rc_in_order(resp, qp, ctx, frame);
+    if failure.is_none() && resp.reorder.as_ref().is_some_and(Reorder::holding) {
+        return drain(resp, qp, ctx);
+    }
+    failure
+}
+
+/// Executes the request at the expected PSN.
+fn rc_in_order(
+    resp: &mut Responder,
+    qp: &mut Common,
+    ctx: &mut Ctx,
+    frame: &FrameRepr,
+) -> Option<Failure> {
+    let psn = frame.bth.psn;
     resp.nak_sent = false;
     match execute(resp, qp, ctx, frame) {
         Ok(()) => {}
@@ -418,19 +466,58 @@ fn rc_request(
     None
 }
 
+/// Selective repeat: executes the requests kept that are now in order; then names the
+/// next gap, or acknowledges all of them. A refusal (RNR) forgets what was kept, which
+/// the requester sends again when it goes back to the refused PSN.
+fn drain(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx) -> Option<Failure> {
+    let mut executed = false;
+    loop {
+        let epsn = resp.epsn;
+        let Some(taken) = resp.reorder.as_mut().and_then(|reorder| reorder.take(epsn)) else {
+            break;
+        };
+        let failure = rc_in_order(resp, qp, ctx, &taken.frame());
+        if failure.is_some() || resp.epsn == epsn {
+            if let Some(reorder) = &mut resp.reorder {
+                reorder.clear();
+            }
+            return failure;
+        }
+        executed = true;
+    }
+    if resp.reorder.as_ref().is_some_and(Reorder::holding) {
+        name_gap(resp, qp);
+    } else if executed && resp.pending_ack.is_none() {
+        resp.pending_ack = Some(resp.ack_psn - 1);
+    }
+    None
+}
+
+/// Selective repeat: a NAK for the expected PSN while requests are kept beyond it. It
+/// acknowledges everything before, so it replaces any ACK owed: an ACK alone would tell
+/// the requester that nothing was kept.
+fn name_gap(resp: &mut Responder, qp: &mut Common) {
+    resp.pending_ack = None;
+    let epsn = resp.epsn;
+    nak(resp, qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+}
+
 /// A request with a PSN already executed: re-ACK SEND/WRITE, re-execute READ, replay the
 /// atomic's saved result or the ATOMIC WRITE's answer (never the write itself).
 fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &FrameRepr) {
     let psn = frame.bth.psn;
     let resource = resp.resources.find(psn).copied();
+    // Response packets asked for again: one for an atomic.
+    let mut asked = 1;
     let asked_again = match frame.bth.opcode.info().operation {
         Operation::ReadRequest => {
             let mtu = qp.config.mtu;
             frame.ext.reth.is_some_and(|reth| {
                 let (address, rkey, len) = (reth.virtual_address, reth.rkey, reth.dma_length);
                 let read = AccessFlags::REMOTE_READ;
-                resource.is_some_and(|r| r.covers_read(psn, mtu, rkey, address, len))
-                    && remote_access(qp, qp.pd, ctx, rkey, address, len, read).is_ok()
+                let part = resource.and_then(|r| r.read_part(psn, mtu, rkey, address, len));
+                asked = part.unwrap_or(1);
+                part.is_some() && remote_access(qp, qp.pd, ctx, rkey, address, len, read).is_ok()
             })
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -446,7 +533,7 @@ fn duplicate(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Frame
     };
     if asked_again {
         flush_pending_ack(resp);
-        resp.resources.restart(psn);
+        resp.resources.restart(psn, asked);
     } else {
         qp.stats.dropped += 1;
     }
@@ -548,7 +635,7 @@ fn read_request(
             len,
             pd: qp.pd,
         },
-        owed: Some(Owed { start: 0, next: 0 }),
+        owed: Some(Owed::all(npsn)),
     };
     remember(resp, qp, resource);
     resp.epsn = resp.epsn + npsn;
@@ -792,7 +879,7 @@ fn atomic(
         npsn: 1,
         msn: resp.msn,
         kind: ResourceKind::Atomic { original },
-        owed: Some(Owed { start: 0, next: 0 }),
+        owed: Some(Owed::all(1)),
     };
     remember(resp, qp, resource);
     Ok(())
@@ -829,7 +916,7 @@ fn atomic_write(
         npsn: 1,
         msn: resp.msn,
         kind: ResourceKind::AtomicWrite,
-        owed: Some(Owed { start: 0, next: 0 }),
+        owed: Some(Owed::all(1)),
     };
     remember(resp, qp, resource);
     Ok(())
@@ -906,9 +993,9 @@ fn ud_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Fram
         + frame.payload.len()
         + usize::from(frame.bth.pad_count)
         + roce_wire::icrc::ICRC_LEN;
-    let written = match frame.ip {
-        IpRepr::V4(_) => frame.ip.emit(udp_len, &mut grh[20..]),
-        IpRepr::V6(_) => frame.ip.emit(udp_len, &mut grh[..]),
+    let (written, network_header) = match frame.ip {
+        IpRepr::V4(_) => (frame.ip.emit(udp_len, &mut grh[20..]), NetworkHeader::Ipv4),
+        IpRepr::V6(_) => (frame.ip.emit(udp_len, &mut grh[..]), NetworkHeader::Ipv6),
     };
     let Some(wqe) = resp.rq.front() else {
         return;
@@ -928,6 +1015,7 @@ fn ud_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Fram
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
+        network_header: Some(network_header),
         ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
     resp.rq.pop_front();

@@ -39,6 +39,12 @@ pub(crate) struct SendWqe {
     pub npsn: u32,
     /// READ response packets received, in order.
     pub responses: u32,
+    /// Selective repeat: READ responses received ahead of `responses`, bit `i` for packet
+    /// `responses + 1 + i`.
+    pub early: u128,
+    /// Selective repeat: the READ's last response came (early or not): its stream of
+    /// responses has ended, so a gap in it is a loss, not responses still on their way.
+    pub tail_seen: bool,
     /// A local operation (bind, local invalidate) that has run: going back N passes it by.
     pub done: bool,
 }
@@ -68,6 +74,16 @@ impl SendWqe {
     pub fn answered_through(&self) -> Psn {
         self.first_psn + self.responses
     }
+
+    /// Selective repeat: READ response packets missing from packet `k` on, up to the next
+    /// one received (or the end).
+    pub fn missing_from(&self, k: u32) -> u32 {
+        let rest = self.npsn.saturating_sub(k);
+        if k != self.responses || self.early == 0 {
+            return rest;
+        }
+        (1 + self.early.trailing_zeros()).min(rest)
+    }
 }
 
 /// Posted sends not yet completed and where transmission stands.
@@ -92,6 +108,16 @@ pub(crate) struct SendQueue {
     /// A local operation (bind, local invalidation) was posted since the queue was last
     /// empty: until it empties again, the requester and completer look for them.
     locals: bool,
+}
+
+/// Where transmission stands, to return to after sending one packet from elsewhere
+/// (selective repeat sends a packet again without going back).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cursor {
+    next: usize,
+    pkt_in_wqe: u32,
+    next_psn: Psn,
+    noack_pkts: u32,
 }
 
 /// What transmitting one packet did to the queue.
@@ -178,6 +204,8 @@ impl SendQueue {
         wqe.first_psn = Psn::new(0);
         wqe.npsn = npsn;
         wqe.responses = 0;
+        wqe.early = 0;
+        wqe.tail_seen = false;
         wqe.done = false;
         self.locals |= wr.op.is_local();
     }
@@ -267,13 +295,44 @@ impl SendQueue {
             return;
         };
         let k = psn.distance(wqe.first_psn) as u32;
-        if matches!(wqe.wr.op, SendOp::RdmaRead { .. }) {
+        if matches!(wqe.wr.op, SendOp::RdmaRead { .. }) && wqe.responses != k {
             wqe.responses = k;
+            wqe.early = 0;
+            wqe.tail_seen = false;
         }
         self.next = index;
         self.pkt_in_wqe = k;
         self.next_psn = psn;
         self.noack_pkts = 0;
+    }
+
+    /// The WQE (sent, not yet completed) that `psn` belongs to.
+    pub fn holding(&self, psn: Psn) -> Option<&SendWqe> {
+        self.wqes
+            .iter()
+            .take(self.next + 1)
+            .find(|wqe| wqe.contains(psn))
+    }
+
+    /// Where transmission stands now.
+    #[inline]
+    pub fn save_cursor(&self) -> Cursor {
+        Cursor {
+            next: self.next,
+            pkt_in_wqe: self.pkt_in_wqe,
+            next_psn: self.next_psn,
+            noack_pkts: self.noack_pkts,
+        }
+    }
+
+    /// Returns to `cursor` after one RC packet was sent from elsewhere ([`rewind`]
+    /// (Self::rewind) then one advance, which completes no WQE).
+    #[inline]
+    pub fn restore_cursor(&mut self, cursor: Cursor) {
+        self.next = cursor.next;
+        self.pkt_in_wqe = cursor.pkt_in_wqe;
+        self.next_psn = cursor.next_psn;
+        self.noack_pkts = cursor.noack_pkts;
     }
 
     /// Records everything through `psn` as acknowledged.
@@ -282,13 +341,37 @@ impl SendQueue {
         self.acked_psn = psn;
     }
 
-    /// Counts one more READ response landed for the WQE at `index`; whether it was the last.
+    /// Counts one more READ response landed for the WQE at `index`, and those that had
+    /// landed ahead of it; whether it was the last.
     #[inline]
     pub fn record_response(&mut self, index: usize) -> bool {
         self.wqes.get_mut(index).is_some_and(|wqe| {
+            wqe.tail_seen |= wqe.responses + 1 == wqe.npsn;
             wqe.responses += 1;
-            wqe.responses == wqe.npsn
+            if wqe.early != 0 {
+                // Bit i is now packet responses + i: take the run that landed early.
+                let run = wqe.early.trailing_ones();
+                wqe.responses += run;
+                wqe.early = wqe.early.checked_shr(run + 1).unwrap_or(0);
+            }
+            wqe.responses >= wqe.npsn
         })
+    }
+
+    /// Selective repeat: READ response packet `responses + ahead` of the WQE at `index`
+    /// landed early; `false` if it had already (or is beyond what is tracked).
+    #[inline]
+    pub fn record_early(&mut self, index: usize, ahead: u32) -> bool {
+        let Some(wqe) = self.wqes.get_mut(index) else {
+            return false;
+        };
+        wqe.tail_seen |= wqe.responses + ahead + 1 == wqe.npsn;
+        let Some(bit) = ahead.checked_sub(1).filter(|&bit| bit < u128::BITS) else {
+            return false;
+        };
+        let new = wqe.early & (1 << bit) == 0;
+        wqe.early |= 1 << bit;
+        new
     }
 
     /// Removes the front WQE (whose completion has been built from it).
@@ -338,6 +421,7 @@ pub(crate) fn completion(qpn: u32, wr: &SendWr, status: WcStatus, byte_len: u32)
         qp_num: qpn,
         src_qp: 0,
         solicited: false,
+        network_header: None,
         tm: TmInfo::NONE,
     }
 }

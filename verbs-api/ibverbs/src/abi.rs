@@ -84,7 +84,8 @@ pub struct ibv_context {
 pub struct verbs_context {
     pub query_port: Option<QueryPort>,
     pub advise_mr: Option<AdviseMr>,
-    pub _ops_16_to_112: [usize; 12],
+    pub _ops_16_to_104: [usize; 11],
+    pub modify_qp_rate_limit: Option<ModifyQpRateLimit>,
     pub alloc_parent_domain: Option<AllocParentDomain>,
     pub dealloc_td: Option<DeallocTd>,
     pub alloc_td: Option<AllocTd>,
@@ -525,6 +526,7 @@ pub mod qp_mask {
     pub const SQ_PSN: i32 = 1 << 16;
     pub const MAX_DEST_RD_ATOMIC: i32 = 1 << 17;
     pub const DEST_QPN: i32 = 1 << 20;
+    pub const RATE_LIMIT: i32 = 1 << 25;
 }
 
 #[repr(C)]
@@ -878,6 +880,21 @@ pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 1 << 1;
 pub type AllocParentDomain =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd;
 
+/// `struct ibv_qp_rate_limit_attr` (`ibv_modify_qp_rate_limit`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_qp_rate_limit_attr {
+    /// kbit/s; 0 removes the limit.
+    pub rate_limit: u32,
+    /// Bytes; 0 is the device's default.
+    pub max_burst_sz: u32,
+    pub typical_pkt_sz: u16,
+    pub comp_mask: u32,
+}
+
+pub type ModifyQpRateLimit =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_rate_limit_attr) -> c_int;
+
 pub type AdviseMr = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 
 /// `enum ib_uverbs_advise_mr_advice` and its one flag.
@@ -918,8 +935,9 @@ mod layout_tests {
             verbs_context {
                 query_port, advise_mr, alloc_parent_domain, dealloc_td, alloc_td, query_rt_values,
                 create_cq_ex, query_device_ex, create_qp_ex, sz, get_srq_num, create_srq_ex, context,
-                open_qp, open_xrcd, close_xrcd, post_srq_ops
+                open_qp, open_xrcd, close_xrcd, modify_qp_rate_limit, post_srq_ops
             }
+            ibv_qp_rate_limit_attr { rate_limit, max_burst_sz, typical_pkt_sz, comp_mask }
             ibv_port_attr {
                 state, max_mtu, active_mtu, gid_tbl_len, port_cap_flags, max_msg_sz, pkey_tbl_len,
                 lid, sm_lid, lmc, max_vl_num, active_width, active_speed, phys_state, link_layer,

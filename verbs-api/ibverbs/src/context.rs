@@ -3,10 +3,8 @@
 
 use core::ffi::c_int;
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use roce_cabi::set_errno;
@@ -14,14 +12,13 @@ use roce_verbs::{
     AsyncEvent, BackendChoice, CmTiming, FrameLoss, OpenOptions, PortState, Progress, XdpMode,
 };
 use rustix::event::{eventfd, EventfdFlags};
-use rustix::fs::{fcntl_getfl, FlockOperation, OFlags};
+use rustix::fs::{fcntl_getfl, OFlags};
 
 use crate::abi::*;
 use crate::device::DeviceSlot;
 
 const EINVAL: c_int = 22;
 const EAGAIN: c_int = 11;
-const EBUSY: c_int = 16;
 const ENODATA: c_int = 61;
 
 /// Our `verbs_context` (whose last field is the `ibv_context` callers hold) and what
@@ -46,7 +43,6 @@ pub(crate) struct Context {
     /// `ibv_context.cmd_fd`: what `ibv_import_device` takes (see `handles`); closed with
     /// the context.
     _cmd_fd: OwnedFd,
-    _holder: Arc<DeviceLock>,
 }
 
 impl Context {
@@ -266,11 +262,6 @@ fn open(
     let info = slot
         .refresh()
         .map_err(|error| (error.raw_os_error().unwrap_or(19), error.to_string()))?;
-    let holder = DeviceLock::acquire(&info.name).map_err(|why| {
-        // Always said: the caller would otherwise see only EBUSY.
-        eprintln!("libibverbs (roce-xdp): {why}");
-        (EBUSY, why)
-    })?;
     // Bad settings fail here, not at the first object.
     open_options().map_err(|why| (EINVAL, why))?;
     let async_fd = eventfd(0, EventfdFlags::CLOEXEC)
@@ -287,7 +278,6 @@ fn open(
         srqs: Mutex::new(HashMap::new()),
         async_fd,
         _cmd_fd: cmd_fd,
-        _holder: holder,
     });
     let context = Box::leak(context);
     Ok(core::ptr::from_mut(&mut context.raw.context))
@@ -306,61 +296,6 @@ pub(crate) unsafe fn close_device(context: *mut ibv_context) -> c_int {
     // SAFETY: it was leaked from a Box in `open`, and the caller gives it up.
     drop(unsafe { Box::from_raw(ours) });
     0
-}
-
-/// One process per device: AF_XDP takes the interface's queues, so a second process
-/// could only fight over them. The lock is an `flock` on a file named after the network
-/// namespace and interface, holding the holder's pid; it goes with the process.
-pub(crate) struct DeviceLock {
-    _file: File,
-    key: String,
-}
-
-static HELD: Mutex<Vec<std::sync::Weak<DeviceLock>>> = Mutex::new(Vec::new());
-
-impl DeviceLock {
-    fn acquire(interface: &str) -> Result<Arc<DeviceLock>, String> {
-        let netns = rustix::fs::stat("/proc/thread-self/ns/net")
-            .map(|stat| stat.st_ino)
-            .unwrap_or(0);
-        let key = format!("roce-xdp-{netns}-{interface}.lock");
-        let mut held = HELD.lock().map_err(|_| "poisoned".to_owned())?;
-        held.retain(|lock| lock.strong_count() > 0);
-        // This process holds it already: another context of the same process.
-        if let Some(lock) = held
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .find(|lock| lock.key == key)
-        {
-            return Ok(lock);
-        }
-        let path = std::env::temp_dir().join(&key);
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|error| format!("{}: {error}", path.display()))?;
-        if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            let pid = pid.trim();
-            let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            return Err(format!(
-                "device {interface} is in use by process {pid} ({}); one process per device",
-                name.trim()
-            ));
-        }
-        let written = file
-            .set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| write!(file, "{}", std::process::id()));
-        written.map_err(|error| format!("{}: {error}", path.display()))?;
-        let lock = Arc::new(DeviceLock { _file: file, key });
-        held.push(Arc::downgrade(&lock));
-        Ok(lock)
-    }
 }
 
 /// The device attributes rdma-core reports, true for this transport and shaped as rxe's
@@ -803,6 +738,7 @@ const IBV_EVENT_PORT_ACTIVE: u32 = 9;
 const IBV_EVENT_PORT_ERR: u32 = 10;
 /// The one port's number, as a port event's `element` (its `port_num`, little-endian).
 const PORT: usize = 1;
+const IBV_EVENT_DEVICE_FATAL: u32 = 8;
 const IBV_EVENT_SRQ_LIMIT_REACHED: u32 = 15;
 const IBV_EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
@@ -834,6 +770,8 @@ impl Context {
             }
             AsyncEvent::PortActive => return Some((IBV_EVENT_PORT_ACTIVE, PORT)),
             AsyncEvent::PortError => return Some((IBV_EVENT_PORT_ERR, PORT)),
+            // The device is gone (its switch died); no element.
+            AsyncEvent::DeviceFatal => return Some((IBV_EVENT_DEVICE_FATAL, 0)),
             _ => {}
         }
         // Every context of the device hears every event: this one keeps its own objects'.

@@ -64,7 +64,8 @@ fn table(device: *mut ibv_device, async_fd: c_int) -> verbs_context {
     verbs_context {
         query_port: Some(query_port_ex),
         advise_mr: Some(pd::advise_mr),
-        _ops_16_to_112: [0; 12],
+        _ops_16_to_104: [0; 11],
+        modify_qp_rate_limit: Some(qp::modify_qp_rate_limit),
         alloc_parent_domain: Some(pd::alloc_parent_domain),
         dealloc_td: Some(pd::dealloc_td),
         alloc_td: Some(pd::alloc_td),

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 
 use roce_cabi::EOPNOTSUPP;
 use roce_verbs::{
-    AccessFlags, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType, RnrTimer, SendFlags, SendOp, SendWr,
+    AccessFlags, PathMtu, Psn, QpAttr, QpCaps, QpState, QpType, Rate, RateLimit, RnrTimer,
+    SendFlags, SendOp, SendWr,
 };
 
 use crate::abi::*;
@@ -463,7 +464,8 @@ fn state_value(state: QpState) -> u32 {
 }
 
 /// rdma-core's attribute mask as [`QpAttr`]'s `Some` fields; the attributes this transport
-/// has no use for (alternate path, SQD notification, caps, rate limit) are `EINVAL`.
+/// has no use for (alternate path, SQD notification, caps) are `EINVAL`; the rate limit
+/// is [`modify_qp`]'s.
 fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
     use crate::abi::qp_mask::*;
     let known = STATE
@@ -482,7 +484,8 @@ fn qp_attr(attr: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, &'static str> {
         | MIN_RNR_TIMER
         | SQ_PSN
         | MAX_DEST_RD_ATOMIC
-        | DEST_QPN;
+        | DEST_QPN
+        | RATE_LIMIT;
     if mask & !known != 0 {
         return Err("attributes this device does not take");
     }
@@ -601,9 +604,26 @@ pub(crate) unsafe extern "C" fn modify_qp(
             return EINVAL;
         }
     };
+    // IBV_QP_RATE_LIMIT is an attribute of RTR → RTS and RTS → RTS (the kernel's table):
+    // refused before anything changes when the QP does not end in RTS.
+    let rate_limit = (mask & qp_mask::RATE_LIMIT != 0).then_some(attr.rate_limit);
+    if rate_limit.is_some() && wanted.state.map_or(ours.qp.state().ok(), Some) != Some(QpState::Rts)
+    {
+        crate::log_failure(
+            "ibv_modify_qp",
+            &"rate_limit outside RTR → RTS and RTS → RTS",
+        );
+        return EINVAL;
+    }
     if let Err(error) = ours.qp.modify(&wanted) {
         crate::log_failure("ibv_modify_qp", &error);
         return crate::errno_of(&error);
+    }
+    if let Some(kbps) = rate_limit {
+        if let Err(error) = ours.qp.set_rate_limit(rate_limit_of(kbps, 0)) {
+            crate::log_failure("ibv_modify_qp", &error);
+            return crate::errno_of(&error);
+        }
     }
     if let Ok(mut known) = ours.attr.lock() {
         remember(&mut known, attr, mask);
@@ -614,6 +634,42 @@ pub(crate) unsafe extern "C" fn modify_qp(
         unsafe { (*qp).state = state_value(state) };
     }
     0
+}
+
+/// A rate limit of `kbps` kbit/s (0: none) with bursts of `max_burst` bytes.
+fn rate_limit_of(kbps: u32, max_burst: u32) -> Option<RateLimit> {
+    (kbps > 0).then_some(RateLimit {
+        rate: Rate(u64::from(kbps)),
+        max_burst,
+    })
+}
+
+/// `ibv_modify_qp_rate_limit`: paces what the QP sends to `rate_limit` kbit/s (0 removes
+/// the limit), in bursts of up to `max_burst_sz` bytes (0: one packet); `typical_pkt_sz` is
+/// a hint the token bucket has no use for. Only in RTR, RTS or SQD (`EINVAL` otherwise, or
+/// for an unknown `comp_mask`).
+pub(crate) unsafe extern "C" fn modify_qp_rate_limit(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_rate_limit_attr,
+) -> c_int {
+    // SAFETY: the caller passes a QP of ours and its attributes.
+    let (Some(ours), Some(attr)) = (unsafe { Qp::from_raw(qp) }, unsafe { attr.as_ref() }) else {
+        return EINVAL;
+    };
+    if attr.comp_mask != 0 {
+        crate::log_failure("ibv_modify_qp_rate_limit", &"comp_mask");
+        return EINVAL;
+    }
+    match ours
+        .qp
+        .set_rate_limit(rate_limit_of(attr.rate_limit, attr.max_burst_sz))
+    {
+        Ok(()) => 0,
+        Err(error) => {
+            crate::log_failure("ibv_modify_qp_rate_limit", &error);
+            crate::errno_of(&error)
+        }
+    }
 }
 
 /// `ibv_query_qp`: the attributes given so far, the current state, and the creation
@@ -636,13 +692,23 @@ pub(crate) unsafe extern "C" fn query_qp(
         Ok(state) => state_value(state),
         Err(error) => return crate::errno_of(&error),
     };
+    let retry = match ours.qp.retry() {
+        Ok(retry) => retry,
+        Err(error) => return crate::errno_of(&error),
+    };
     let Ok(known) = ours.attr.lock() else {
         return EINVAL;
     };
+    // What the program set, but the retry settings as they are: rdma_cm moves a QP to RTS
+    // without ibv_modify_qp (rdma_accept, the REP's RTS), with the ACK timeout
+    // rdma_set_option gave.
     *attr = ibv_qp_attr {
         qp_state: state,
         cur_qp_state: state,
         cap: ours.cap,
+        timeout: retry.timeout,
+        retry_cnt: retry.retry_cnt,
+        rnr_retry: retry.rnr_retry,
         ..*known
     };
     *init = ibv_qp_init_attr {

@@ -7,7 +7,9 @@
 //!   process: each process adds its counts to what the files said when it opened the
 //!   device. Only a tmpfs is written, so real sysfs is never touched;
 //! - with `ROCE_STATS=1`, on stderr when the program closes the device or exits with it
-//!   open: a line naming the device, then one `name value` line per counter.
+//!   open: a line naming the device, then one `name value` line per counter; on a device
+//!   whose switch this process attached to, a line `roce-xdp switch DEV` and the switch's
+//!   counters (steered, dropped per reason, ring full) and this process's there.
 //!
 //! Only devices whose engine started have counters (the files read 0 until then).
 
@@ -125,6 +127,13 @@ fn report(context: &Context) {
     let mut text = format!("roce-xdp hw_counters {}\n", context.device().name);
     for (name, value) in counters.iter() {
         text.push_str(&format!("{name} {value}\n"));
+    }
+    // On a device its switch shares: the switch's counters, and this process's there.
+    if let Some(stats) = verbs.backend_kind().switch().and_then(|link| link.stats()) {
+        text.push_str(&format!("roce-xdp switch {}\n", context.device().name));
+        for (name, value) in stats.iter() {
+            text.push_str(&format!("{name} {value}\n"));
+        }
     }
     eprint!("{text}");
 }

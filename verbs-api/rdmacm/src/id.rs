@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     /// A synchronous id's own channel (`rdma_create_id` with none): its calls wait for
     /// their event.
     pub(crate) own_channel: Option<Box<Channel>>,
+    /// `RDMA_OPTION_ID_TOS`, kept until the `CmId` exists.
+    pub(crate) tos: Option<u8>,
     /// What `rdma_create_ep` gave a passive endpoint for the QPs of its requests.
     pub(crate) ep_qp: Option<(*mut c_void, ibv_qp_init_attr)>,
     /// What `id->route.path_rec` points to once the route is known.
@@ -152,6 +154,7 @@ impl Id {
             inner.device = device;
             if let Some(device) = device {
                 id.raw(&mut inner).verbs = device.ibv;
+                id.raw(&mut inner).pd = device.pd;
                 id.raw(&mut inner).port_num = 1;
             }
             id.describe(&mut inner, &cm);
@@ -207,13 +210,26 @@ impl Id {
             };
             let cm = cm.map_err(|error| crate::errors::fail("rdma_create_id", &error))?;
             channel.register(cm.handle(), self.key());
-            let raw = self.raw(inner);
-            raw.verbs = device.ibv;
-            raw.port_num = 1;
+            if let Some(tos) = inner.tos {
+                cm.set_tos(tos)
+                    .map_err(|error| crate::errors::fail("rdma_set_option", &error))?;
+            }
             inner.device = Some(device);
             inner.cm = Some(cm);
         }
         inner.cm.as_ref().ok_or(EINVAL)
+    }
+
+    /// Shows the program the device the id is on (`id->verbs`, `id->port_num`): once it is
+    /// bound to one of the device's addresses or has resolved a peer. An id bound to the
+    /// wildcard or a loopback address shows none, as the kernel's (`cma_any_addr`).
+    pub(crate) fn show_device(&self, inner: &mut MutexGuard<'_, Inner>) {
+        if let Some(device) = inner.device {
+            let raw = self.raw(inner);
+            raw.verbs = device.ibv;
+            raw.pd = device.pd;
+            raw.port_num = 1;
+        }
     }
 
     pub(crate) fn cm<'a>(inner: &'a MutexGuard<'_, Inner>) -> Result<&'a CmId, c_int> {

@@ -151,6 +151,9 @@ fn load() -> Result<Verbs, String> {
 pub(crate) struct Opened {
     pub(crate) ibv: *mut c_void,
     pub(crate) verbs: &'static roce_verbs::Context,
+    /// The device's PD that every id on it shows as `id->pd` (librdmacm's `cma_dev->pd`),
+    /// which `rdma_create_qp` takes when the caller gives none.
+    pub(crate) pd: *mut c_void,
 }
 
 // SAFETY: the `ibv_context` is only passed back to libibverbs, whose calls are thread-safe;
@@ -199,9 +202,15 @@ pub(crate) fn open(name: &str) -> Result<Opened, c_int> {
     let Some(engine) = (unsafe { engine.as_ref() }) else {
         return Err(crate::errors::errno());
     };
+    // SAFETY: an open context of our libibverbs; the PD lives as long as the device.
+    let pd = unsafe { (verbs.alloc_pd)(context) };
+    if pd.is_null() {
+        return Err(crate::errors::errno());
+    }
     let device = Opened {
         ibv: context,
         verbs: engine,
+        pd,
     };
     opened.push((name.to_owned(), device));
     Ok(device)

@@ -62,7 +62,11 @@ impl CmId {
         let sgid_index = ids.sgid_index.and_then(|index| u8::try_from(index).ok());
         let mut core = self.shared.lock()?;
         let cm = core.endpoint().cm().ok_or(Error::Gone)?;
-        Ok(cm.qp_attr(conn, state, sgid_index.unwrap_or(0))?)
+        let mut attr = cm.qp_attr(conn, state, sgid_index.unwrap_or(0))?;
+        if state == QpState::Rts && ids.ack_timeout.is_some() {
+            attr.timeout = ids.ack_timeout;
+        }
+        Ok(attr)
     }
 
     /// Sends the RTU after a [`CmEventKind::ConnectResponse`](super::CmEventKind) once the
