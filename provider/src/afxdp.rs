@@ -18,7 +18,7 @@ use std::num::NonZeroU32;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, UmemConfig};
@@ -94,6 +94,15 @@ pub struct AfXdpStats {
 // only through `&mut self`; nothing is tied to the thread that created it.
 #[allow(unsafe_code)]
 unsafe impl Send for Queue {}
+
+/// How long opening waits for a queue whose socket is being closed: the kernel lets go of a
+/// closed socket's queue in deferred work, which a loaded machine runs late, and until then
+/// binding it fails with EBUSY (a program restarted on an interface, such as a `roce perf`
+/// server in a loop, met that and fell back to kernel UDP sockets). A queue another live
+/// socket holds stays busy: opening fails after this wait.
+const BUSY_QUEUE_WAIT: Duration = Duration::from_secs(2);
+/// How often opening tries a busy queue again within that wait.
+const BUSY_QUEUE_RETRY: Duration = Duration::from_millis(20);
 
 /// Most receive queues we bind (each has its own UMEM of 3,072 pages, 12 MiB); an interface
 /// with more must be given fewer (`ethtool -L IFACE combined 16`), or the frames RSS spreads
@@ -307,6 +316,21 @@ impl AfXdpBackend {
     }
 
     fn open_on(interface: &str, mode: XdpMode, only: Option<u32>) -> io::Result<Self> {
+        let started = Instant::now();
+        loop {
+            match Self::try_open(interface, mode, only) {
+                Err(error)
+                    if error.raw_os_error() == Some(libc::EBUSY)
+                        && started.elapsed() < BUSY_QUEUE_WAIT =>
+                {
+                    std::thread::sleep(BUSY_QUEUE_RETRY);
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    fn try_open(interface: &str, mode: XdpMode, only: Option<u32>) -> io::Result<Self> {
         let name = CString::new(interface).map_err(io::Error::other)?;
         let mut info = IfInfo::invalid();
         info.from_name(&name)

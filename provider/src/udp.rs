@@ -12,10 +12,15 @@
 //! the kernel will write. On receive the two are recovered from the ICRC itself
 //! ([`icrc::solve_ipv4_identification`]), which also checks 15 of its 32 bits; a frame with
 //! no solution is passed on with identification 0 and fails the engine's ICRC check.
+//!
+//! Datagrams leave with no UDP checksum (0), as rxe's and HCAs' do (`SO_NO_CHECK`). With
+//! one, the kernel leaves the sum to the device, and a veth never computes it: the frame
+//! reaches the peer's XDP program, and an AF_XDP receiver, with only the pseudo-header's sum
+//! in the field, a checksum that is wrong on the wire (our parser rejects such a frame).
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 use roce_wire::frame::{IpRepr, Ipv4Repr, ROCEV2_UDP_PORT};
@@ -53,6 +58,7 @@ impl UdpBackend {
         let socket = UdpSocket::bind(SocketAddrV4::new(address, ROCEV2_UDP_PORT))?;
         socket.set_nonblocking(true)?;
         set_ip_mtu_discover(&socket, Ipv4PathMtuDiscovery::DO)?;
+        send_without_checksum(&socket)?;
         Ok(UdpBackend {
             socket,
             address,
@@ -66,6 +72,27 @@ impl UdpBackend {
     pub fn address(&self) -> Ipv4Addr {
         self.address
     }
+}
+
+/// Makes the kernel send `socket`'s IPv4 datagrams with UDP checksum 0 (`SO_NO_CHECK`).
+fn send_without_checksum(socket: &UdpSocket) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: `socket` is an open UDP socket for the call; the option value is a c_int that
+    // lives across it, of the length given.
+    #[allow(unsafe_code)]
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn invalid(why: &'static str) -> io::Error {

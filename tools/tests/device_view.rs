@@ -373,8 +373,14 @@ fn left_out(path: &str, rxe: &Node) -> Option<&'static str> {
 
 /// Why an entry of ours is not in rxe's (`None`: it must not be there).
 fn added(path: &str) -> Option<&'static str> {
-    (path.ends_with("/infiniband/DEV/device") || path.starts_with("/sys/devices/virtual/roce-xdp"))
-        .then_some("the link to the netdev, device/net/IFACE, where rdma-core's tests look")
+    if path.ends_with("/infiniband/DEV/device") || path.starts_with("/sys/devices/virtual/roce-xdp")
+    {
+        return Some("the link to the netdev, device/net/IFACE, where rdma-core's tests look");
+    }
+    let counter = path.split_once("/hw_counters/").map(|(_, name)| name);
+    counter
+        .is_some_and(|name| roce_transport::counters::Counters::NAMES.contains(&name))
+        .then_some("congestion control's counters, under mlx5's names: rxe has none")
 }
 
 /// Whether `data` is a line of `groups` groups of four hex digits (a GUID or a GID).

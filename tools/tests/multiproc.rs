@@ -454,7 +454,7 @@ fn two_of_our_processes_talk_to_two_of_rxes_at_once_in_both_roles() {
     // We serve ib_write_bw on 18515 (rxe's client connects) while rxe serves ib_send_bw
     // on 18516 (our client connects).
     let our_server = ours(&["ib_write_bw", "-d", "host0", "-x", "1", "-F", "-n", "50"]);
-    let their_server = vm.spawn(60, "ib_send_bw -d rxe0 -x $(rxe-gid) -F -n 50 -p 18516");
+    let their_server = vm.spawn(60, "ib_send_bw -d rxe0 -x $(rxe-gid) -F -n 1000 -p 18516");
     let listens = "for i in $(seq 150); do ss -ltn | grep -q ':18516 ' && exit 0; sleep 0.1; done";
     vm.exec(30, listens);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -468,7 +468,10 @@ fn two_of_our_processes_talk_to_two_of_rxes_at_once_in_both_roles() {
         }
         thread::sleep(Duration::from_millis(20));
     }
-    let their_client = vm.spawn(60, "ib_write_bw -d rxe0 -x $(rxe-gid) -F -n 50 10.88.0.1");
+    // Our client first, and long (1000 messages, seconds in the VM): our server makes its
+    // QP only once rxe's client has connected, then waits up to 2 s for the client to hand
+    // the device back before it goes through the switch, so the client must still be
+    // running by then.
     let our_client = ours(&[
         "ib_send_bw",
         "-d",
@@ -477,24 +480,36 @@ fn two_of_our_processes_talk_to_two_of_rxes_at_once_in_both_roles() {
         "1",
         "-F",
         "-n",
-        "50",
+        "1000",
         "-p",
         "18516",
         "10.88.0.11",
     ]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let connected = Command::new("ip")
+            .args(["netns", "exec", "rxe-host", "ss", "-Htn", "dport = :18516"])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&connected.stdout).contains("ESTAB") {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let their_client = vm.spawn(60, "ib_write_bw -d rxe0 -x $(rxe-gid) -F -n 50 10.88.0.1");
     let our_client = our_client.wait_with_output().unwrap();
     let our_server = our_server.wait_with_output().unwrap();
     let their_client = vm.wait(&their_client, 60);
     let their_server = vm.wait(&their_server, 60);
-    for (who, output, size) in [
-        ("our ib_write_bw server", &our_server, "65536"),
-        ("rxe's ib_write_bw client", &their_client, "65536"),
-        ("our ib_send_bw client", &our_client, "65536"),
-        ("rxe's ib_send_bw server", &their_server, "65536"),
+    for (who, output, iterations) in [
+        ("our ib_write_bw server", &our_server, "50"),
+        ("rxe's ib_write_bw client", &their_client, "50"),
+        ("our ib_send_bw client", &our_client, "1000"),
+        ("rxe's ib_send_bw server", &their_server, "1000"),
     ] {
         let said = text(output);
         assert!(output.status.success(), "{who}: {said}");
-        assert!(has_row(&said, size, "50"), "{who}: {said}");
+        assert!(has_row(&said, "65536", iterations), "{who}: {said}");
     }
     // The second of our processes went through the switch, which the first handed the
     // device to.

@@ -137,8 +137,34 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// Whether the SEND asked for a solicited event.
     pub solicited: bool,
+    /// The network header of the packet a UD receive came in (what its GRH area holds).
+    pub network_header: Option<NetworkHeader>,
     /// Tag matching's part ([`TmInfo::NONE`] elsewhere).
     pub tm: TmInfo,
+}
+
+/// The network header of a received RoCEv2 packet, as the kernel's `rdma_network_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NetworkHeader {
+    /// IPv4: its 20-byte header is in the second half of the GRH area.
+    Ipv4,
+    /// IPv6: its 40-byte header fills the GRH area.
+    Ipv6,
+}
+
+impl WorkCompletion {
+    /// The RoCE packet type that mlx5 reports in a receive completion's `sl`: bit 3 for a
+    /// UDP header (RoCEv2), bits 2..0 the network header (1 IPv6, 2 IPv4); 0 when there is
+    /// none. UCX's UD transport reads it to find the destination GID in the GRH area
+    /// (`uct_ud_iface_check_grh`: without it an IPv4 packet's GRH area reads as a wrong
+    /// GID and every datagram is dropped). rxe reports 0.
+    pub fn roce_packet_type(&self) -> u8 {
+        match self.network_header {
+            None => 0,
+            Some(NetworkHeader::Ipv6) => 0x8 | 0x1,
+            Some(NetworkHeader::Ipv4) => 0x8 | 0x2,
+        }
+    }
 }
 
 /// The CQ had no free slot: the completion is lost and the CQ is in error, as an HCA reports
@@ -166,6 +192,7 @@ const BLANK: WorkCompletion = WorkCompletion {
     qp_num: 0,
     src_qp: 0,
     solicited: false,
+    network_header: None,
     tm: TmInfo::NONE,
 };
 
@@ -330,6 +357,7 @@ mod tests {
             qp_num: 1,
             src_qp: 0,
             solicited,
+            network_header: None,
             tm: TmInfo::NONE,
         }
     }

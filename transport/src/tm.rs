@@ -230,6 +230,7 @@ pub(crate) fn message_completion(
         qp_num: qpn,
         src_qp: 0,
         solicited: false,
+        network_header: None,
         tm,
     }
 }

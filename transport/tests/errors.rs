@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 use std::rc::Rc;
 use std::time::Duration;
 
-use roce_transport::cq::{WcOpcode, WcStatus};
+use roce_transport::cq::{NetworkHeader, WcOpcode, WcStatus};
 use roce_transport::endpoint::AsyncEvent;
 use roce_transport::qp::{QpCaps, QpStats};
 use roce_transport::qp_state::{PathMtu, QpAttr, QpState, QpType};
@@ -910,6 +910,9 @@ fn ud_receive_has_grh_and_source_qp() {
         (9, WcStatus::Success, WcOpcode::Recv)
     );
     assert_eq!((c.byte_len, c.src_qp, c.qp_num), (140, qa, qb));
+    // What mlx5 reports in `sl` and UCX reads to find the IPv4 destination in the GRH area.
+    assert_eq!(c.network_header, Some(NetworkHeader::Ipv4));
+    assert_eq!(c.roce_packet_type(), 0x8 | 0x2);
     let buffer = sim.mr_bytes(B, dst);
     assert_eq!(
         buffer[20] >> 4,

@@ -22,7 +22,7 @@
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -35,7 +35,8 @@ use roce_wire::cm::cma::{self, Addresses};
 use roce_wire::cm::req::{self, ServiceType};
 use roce_wire::cm::{rej, PortSpace};
 
-use crate::cm_routes::{apply_qp_attrs, to_error, ContextKey, Notice, Route, What};
+pub use crate::cm_routes::ConnReply;
+use crate::cm_routes::{apply_qp_attrs, is_any, to_error, ContextKey, Notice, Route, What};
 use crate::context::Context;
 use crate::error::Error;
 use crate::mr::Pd;
@@ -56,7 +57,7 @@ pub use ud::{UdParam, RDMA_UDP_QKEY};
 /// over IP: 92 − 36).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = req::PRIVATE_DATA_LEN - cma::HEADER_LEN;
 
-/// First port handed out to an id that connects without binding one.
+/// First port handed out to an id bound to port 0 or connecting without binding one.
 const EPHEMERAL_PORTS: u16 = 0xC000;
 
 /// An event's status for a call made in the wrong order (as the kernel's `-EINVAL`).
@@ -207,6 +208,8 @@ pub struct CmEvent {
     pub id: u64,
     /// What happened.
     pub kind: CmEventKind,
+    /// On the active side's `CONNECT_RESPONSE` and `ESTABLISHED`: the REP.
+    pub reply: Option<ConnReply>,
 }
 
 impl Context {
@@ -344,19 +347,27 @@ impl EventChannel {
     /// The event a notice tells; none for a request whose device is closed or that the
     /// listener does not take.
     fn event(&self, notice: Notice) -> Option<CmEvent> {
+        let mut reply = None;
         let kind = match notice.what {
             What::AddrResolved => CmEventKind::AddrResolved,
             What::AddrError(errno) => CmEventKind::AddrError(errno),
             What::RouteResolved => CmEventKind::RouteResolved,
             What::RouteError(errno) => CmEventKind::RouteError(errno),
             What::ConnectError => CmEventKind::ConnectError,
+            What::ConnectResponse(rep) => {
+                reply = Some(*rep);
+                CmEventKind::ConnectResponse
+            }
+            What::Established(rep) => {
+                reply = rep.map(|rep| *rep);
+                CmEventKind::Established
+            }
             What::MulticastJoin { join, live } => {
                 if !mcast::still_joined(&live) {
                     return None;
                 }
                 CmEventKind::MulticastJoin(*join)
             }
-            What::ConnectResponse => CmEventKind::ConnectResponse,
             What::Request {
                 new_id,
                 conn,
@@ -416,6 +427,7 @@ impl EventChannel {
         Some(CmEvent {
             id: notice.id,
             kind,
+            reply,
         })
     }
 
@@ -573,6 +585,13 @@ impl CmId {
         self.state().ok()?.src
     }
 
+    /// Whether the id is bound to one of the device's own addresses: not unbound, nor bound
+    /// to the wildcard or a loopback address, which the kernel takes alike (`cma_any_addr`)
+    /// and which leave `rdma_cm_id.verbs` NULL until a peer is resolved.
+    pub fn bound_to_device(&self) -> bool {
+        self.local_addr().is_some_and(|addr| !is_any(addr.ip()))
+    }
+
     /// The peer's address and port.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.state().ok()?.dst
@@ -630,6 +649,7 @@ impl CmId {
             qpn,
             program_qp: false,
             bound: None,
+            reply: None,
             ack_timeout: None,
         })
     }
@@ -701,14 +721,22 @@ impl CmId {
     }
 
     /// Binds the id to one of the device's addresses and a port (`rdma_bind_addr`); port 0
-    /// takes one when connecting. The wildcard of a family takes our address for it once a
-    /// peer is resolved; a listener bound to the IPv6 wildcard takes IPv4 requests too.
+    /// takes a free one. The wildcard of a family (or its loopback address) takes
+    /// our address for it once a peer is resolved; a listener bound to the IPv6 wildcard
+    /// takes IPv4 requests too.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<(), Error> {
         self.check_scope(addr, true)?;
         let index = match addr.ip() {
-            ip if ip.is_unspecified() => self
-                .source_gid(ip)
-                .ok_or(Error::InvalidArgument("no GID of this address family"))?,
+            // The wildcard, or a loopback address, which binds no device as the wildcard
+            // does (the kernel's `cma_any_addr`); the address is kept as given.
+            ip if is_any(ip) => {
+                let wildcard = match ip {
+                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                };
+                self.source_gid(wildcard)
+                    .ok_or(Error::InvalidArgument("no GID of this address family"))?
+            }
             // IPv4 leaves from the first address only (see `check_path`).
             IpAddr::V4(ip) if Some(ip) != self.shared.device.ipv4() => {
                 return Err(Error::InvalidArgument("not an address of this device"))
@@ -717,17 +745,28 @@ impl CmId {
                 .gid_of(ip)
                 .ok_or(Error::InvalidArgument("not an address of this device"))?,
         };
+        let mut addr = addr;
+        if addr.port() == 0 {
+            // As the kernel's `cma_alloc_any_port`: the port is the id's from the bind on,
+            // so a listener on port 0 can tell its peers where it listens.
+            addr.set_port(self.ephemeral_port());
+        }
         let mut state = self.state()?;
         state.src = Some(addr);
         state.sgid_index = Some(index);
         Ok(())
     }
 
+    /// The port an id takes when it has none: one of 16384 from 0xC000, by the id's number.
+    fn ephemeral_port(&self) -> u16 {
+        EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF)
+    }
+
     /// Resolves `dst` (`rdma_resolve_addr`): picks our address and learns the peer's MAC,
     /// then reports [`CmEventKind::AddrResolved`] or [`CmEventKind::AddrError`].
     pub fn resolve_addr(&self, dst: SocketAddr) -> Result<(), Error> {
         let bound = self.state()?.src;
-        let index = match bound.filter(|src| !src.ip().is_unspecified()) {
+        let index = match bound.filter(|src| !is_any(src.ip())) {
             Some(src) => self.gid_of(src.ip()),
             None => self.source_gid(dst.ip()),
         };
@@ -747,7 +786,7 @@ impl CmId {
             Ok(()) => {
                 let mut state = self.state()?;
                 // Unbound or bound to the wildcard: our address is now the GID's.
-                if state.src.is_none_or(|src| src.ip().is_unspecified()) {
+                if state.src.is_none_or(|src| is_any(src.ip())) {
                     let gid = Ipv6Addr::from(self.shared.device.gids[index]);
                     let ip = gid.to_ipv4_mapped().map_or(IpAddr::V6(gid), IpAddr::V4);
                     let port = state.src.map_or(0, |src| src.port());
@@ -1043,7 +1082,7 @@ impl CmId {
             .src
             .ok_or(Error::InvalidArgument("no source address"))?;
         if src.port() == 0 {
-            src.set_port(EPHEMERAL_PORTS.wrapping_add(self.number as u16 & 0x3FFF));
+            src.set_port(self.ephemeral_port());
             state.src = Some(src);
         }
         let addresses = match (src.ip(), dst.ip()) {

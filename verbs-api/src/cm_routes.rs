@@ -66,7 +66,10 @@ pub(crate) enum What {
     /// The REP could not be applied to the QP (`RDMA_CM_EVENT_CONNECT_ERROR`).
     ConnectError,
     /// The REP came for a QP the program moves (`RDMA_CM_EVENT_CONNECT_RESPONSE`).
-    ConnectResponse,
+    ConnectResponse(Box<ConnReply>),
+    /// The connection is up (`RDMA_CM_EVENT_ESTABLISHED`); on the active side, with the
+    /// REP it came with.
+    Established(Option<Box<ConnReply>>),
     Cm(Box<CmEvent>),
     /// A group joined (`RDMA_CM_EVENT_MULTICAST_JOIN`), told unless `live` was cleared by
     /// a leave meanwhile.
@@ -74,6 +77,36 @@ pub(crate) enum What {
         join: Box<crate::cm::McastJoin>,
         live: Arc<std::sync::atomic::AtomicBool>,
     },
+}
+
+/// What the active side learns from the REP, as the kernel's rdma_cm reports it with
+/// `RDMA_CM_EVENT_CONNECT_RESPONSE` and `RDMA_CM_EVENT_ESTABLISHED`
+/// (`cma_set_rep_event_data`): the peer's private data and what was settled, from our
+/// side (libfabric's RxM reads its peer's flow control from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnReply {
+    /// The REP's private data, all 196 bytes of it.
+    pub private_data: Vec<u8>,
+    /// READs and atomics our QP accepts at once (the peer's initiator depth).
+    pub responder_resources: u8,
+    /// READs and atomics our QP issues at once (the peer's responder resources).
+    pub initiator_depth: u8,
+    /// The peer's RNR retry count.
+    pub rnr_retry_count: u8,
+    /// The peer's QP number.
+    pub qp_num: u32,
+}
+
+impl ConnReply {
+    fn new(qp: &QpAttrs, private_data: &[u8]) -> ConnReply {
+        ConnReply {
+            private_data: private_data.to_vec(),
+            responder_resources: qp.rtr.max_dest_rd_atomic.unwrap_or(0),
+            initiator_depth: qp.rts.max_rd_atomic.unwrap_or(0),
+            rnr_retry_count: qp.rts.rnr_retry.unwrap_or(0),
+            qp_num: qp.rtr.dest_qp_num.unwrap_or(0),
+        }
+    }
 }
 
 /// The channel of one id, and its QP once it has one.
@@ -88,6 +121,8 @@ pub(crate) struct Route {
     pub(crate) program_qp: bool,
     /// A listener's address: which requests it takes ([`takes`]).
     pub(crate) bound: Option<SocketAddr>,
+    /// The REP of an active side's connection, until `ESTABLISHED` tells it.
+    pub(crate) reply: Option<Box<ConnReply>>,
     /// The local ACK timeout the program set (`RDMA_OPTION_ID_ACK_TIMEOUT`), for the RTS
     /// the REP brings.
     pub(crate) ack_timeout: Option<u8>,
@@ -157,17 +192,23 @@ impl CmRoutes {
                         context: self.context,
                     });
                 }
-                CmEvent::ConnectResponse { conn, qp, .. } => {
-                    let Some(route) = self.conns.get(&conn) else {
+                CmEvent::ConnectResponse {
+                    conn,
+                    qp,
+                    private_data,
+                } => {
+                    let Some(route) = self.conns.get_mut(&conn) else {
                         if let Some(cm) = endpoint.cm() {
                             cm.destroy(conn);
                         }
                         continue;
                     };
+                    let reply = Box::new(ConnReply::new(&qp, &private_data));
                     if route.program_qp {
-                        route.tell(What::ConnectResponse);
+                        route.tell(What::ConnectResponse(reply));
                         continue;
                     }
+                    route.reply = Some(reply);
                     let mut qp = qp;
                     if route.ack_timeout.is_some() {
                         qp.rts.timeout = route.ack_timeout;
@@ -198,10 +239,15 @@ impl CmRoutes {
                         route.tell(What::Cm(Box::new(event)));
                     }
                 }
-                CmEvent::Established { conn }
-                    if self.conns.get(&conn).is_some_and(|route| route.program_qp) => {}
-                CmEvent::Established { conn }
-                | CmEvent::Rejected { conn, .. }
+                CmEvent::Established { conn } => {
+                    if let Some(route) = self.conns.get_mut(&conn) {
+                        if !route.program_qp {
+                            let reply = route.reply.take();
+                            route.tell(What::Established(reply));
+                        }
+                    }
+                }
+                CmEvent::Rejected { conn, .. }
                 | CmEvent::Unreachable { conn }
                 | CmEvent::TimewaitExit { conn } => {
                     if let Some(route) = self.conns.get(&conn) {
@@ -256,6 +302,7 @@ impl CmRoutes {
             qpn: None,
             program_qp: false,
             bound: None,
+            reply: None,
             ..listener.clone()
         };
         self.conns.insert(conn, route);
@@ -272,10 +319,18 @@ pub(crate) fn sidr_refusal() -> SidrReply {
     }
 }
 
+/// Whether an id bound to `ip` is bound to no device: the wildcard or a loopback address,
+/// which the kernel's rdma_cm takes alike (`cma_any_addr`): libfabric binds its listeners
+/// to `localhost` and then offers the device's own addresses.
+pub(crate) fn is_any(ip: IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback()
+}
+
 /// Whether `listener` takes `request`, as the kernel's `cma_match_private_data`: one bound
-/// to the IPv6 wildcard takes both families (`bindv6only` is 0 by default), one bound to
-/// the IPv4 wildcard IPv4 only, one bound to an address only requests to it. A request
-/// without rdma_cm's header (a bare IB CM peer) names no address to check.
+/// to the IPv6 wildcard (or loopback) takes both families (`bindv6only` is 0 by default),
+/// one bound to the IPv4 wildcard (or loopback) IPv4 only, one bound to an address only
+/// requests to it. A request without rdma_cm's header (a bare IB CM peer) names no address
+/// to check.
 fn takes(listener: &Route, request: &ConnectRequest) -> bool {
     let (Some(bound), Ok(header)) = (
         listener.bound,
@@ -285,8 +340,8 @@ fn takes(listener: &Route, request: &ConnectRequest) -> bool {
         return true;
     };
     match (bound.ip(), header.addresses) {
-        (IpAddr::V6(ip), _) if ip.is_unspecified() => true,
-        (IpAddr::V4(ip), Addresses::V4 { dst, .. }) => ip.is_unspecified() || ip == dst,
+        (ip @ IpAddr::V6(_), _) if is_any(ip) => true,
+        (ip @ IpAddr::V4(v4), Addresses::V4 { dst, .. }) => is_any(ip) || v4 == dst,
         (IpAddr::V6(ip), Addresses::V6 { dst, .. }) => ip == dst,
         _ => false,
     }

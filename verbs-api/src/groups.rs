@@ -50,7 +50,7 @@ impl Memberships {
     /// The state of a context on `device` over `kind`, made in the opener's namespace.
     pub(crate) fn new(device: &Device, kind: &BackendKind) -> std::io::Result<Memberships> {
         let filter = match kind {
-            BackendKind::AfXdp(_) => Some(MacFilter::new(device.ifindex)?),
+            BackendKind::AfXdp(_) | BackendKind::Switch(_) => Some(MacFilter::new(device.ifindex)?),
             _ => None,
         };
         Ok(Memberships {

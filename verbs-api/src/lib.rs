@@ -109,8 +109,8 @@ pub use ah::AddressHandle;
 pub use backend::{BackendKind, SwitchLink};
 pub use channel::CompChannel;
 pub use cm::{
-    CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, McastJoin, PathRecord,
-    UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
+    CmEvent, CmEventKind, CmId, ConnParam, ConnReply, ConnectRequest, EventChannel, McastJoin,
+    PathRecord, UdParam, MAX_CONNECT_PRIVATE_DATA, RDMA_UDP_QKEY,
 };
 pub use context::Context;
 pub use cq::Cq;

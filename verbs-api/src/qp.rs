@@ -106,6 +106,8 @@ impl Xrcd {
     /// the domain that requests name. It keeps the domain alive.
     pub fn create_recv_qp(&self) -> Result<Qp, Error> {
         let shared = &self.inner.shared;
+        // A shared device's QP numbers come from this process's block, as any QP's.
+        crate::backend::claim(shared)?;
         let mut core = shared.lock()?;
         limits::check_qp_count(core.qps.len())?;
         let qpn = core.endpoint().create_xrc_recv_qp(self.id())?;

@@ -428,7 +428,9 @@ impl QpSlot {
             return false;
         };
         let sends = self.sends_handed - gate.sq_len as u64;
-        let recvs = self.recvs_handed - gate.rq_len as u64;
+        // A QP on an SRQ (or an XRC target) holds the SRQ's receive a message is arriving
+        // into in its own queue, though none came through its ring.
+        let recvs = self.recvs_handed.saturating_sub(gate.rq_len as u64);
         self.queues.sends_retired.store(sends, Ordering::Release);
         self.queues.recvs_retired.store(recvs, Ordering::Release);
         sends != self.sends_handed || recvs != self.recvs_handed

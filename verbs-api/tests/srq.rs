@@ -146,3 +146,81 @@ fn two_rc_qps_share_an_srq_and_its_limit_event() {
     drop(pairs);
     assert!(srq.destroy().is_ok());
 }
+
+/// Two RC QPs, each on an SRQ of its own, send 64 KiB messages (64 packets at MTU 1024) to
+/// each other at once: while a message arrives, the SRQ's receive it lands in sits in its
+/// QP's receive queue, and the engine publishing what the QP retired (it has sends
+/// outstanding) counts it as none of the QP's own (it underflowed: the engine thread
+/// panicked, as under UCX's rc_verbs).
+#[test]
+fn qps_on_srqs_send_multi_packet_messages_both_ways() {
+    const SIZE: usize = 64 * 1024;
+    const ROUNDS: u64 = 16;
+    let (wire_a, wire_b) = memory_pair();
+    let sides: Vec<_> = [(wire_a, 1, 2), (wire_b, 2, 1)]
+        .into_iter()
+        .map(|(wire, me, peer)| {
+            let ctx = context(wire, me, peer);
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(4 * ROUNDS as usize, None).unwrap();
+            let srq = pd
+                .create_srq(SrqAttr {
+                    max_wr: ROUNDS as u32,
+                    max_sge: 1,
+                    srq_limit: 0,
+                })
+                .unwrap();
+            let init = QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                caps: QpCaps::default(),
+                sq_sig_all: false,
+            };
+            let qp = pd.create_qp_with_srq(&init, &srq).unwrap();
+            let mr = pd.reg_mr(2 * SIZE, AccessFlags::all()).unwrap();
+            (ctx, pd, cq, srq, qp, mr)
+        })
+        .collect();
+    let options = ConnectOptions {
+        mtu: PathMtu::Mtu1024,
+        ..ConnectOptions::default()
+    };
+    let (a, b) = (&sides[0], &sides[1]);
+    a.4.connect(&b.4.endpoint(1).unwrap(), &options).unwrap();
+    b.4.connect(&a.4.endpoint(1).unwrap(), &options).unwrap();
+    for (n, (_, _, _, srq, _, mr)) in sides.iter().enumerate() {
+        let data: Vec<u8> = (0..SIZE).map(|i| (i * 7 + n) as u8).collect();
+        mr.write(0, &data).unwrap();
+        let recv = |wr_id| RecvWr {
+            wr_id,
+            sg_list: [mr.sge(SIZE, SIZE as u32)].into(),
+        };
+        srq.post_recv((0..ROUNDS).map(recv)).unwrap();
+    }
+    for (_, _, _, _, qp, mr) in &sides {
+        let sends = (0..ROUNDS).map(|wr_id| SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg_list: [mr.sge(0, SIZE as u32)].into(),
+            inline_data: Vec::new(),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            xrc_srqn: 0,
+        });
+        qp.post_send(sends).unwrap();
+    }
+    for (n, (_, _, cq, _, _, mr)) in sides.iter().enumerate() {
+        let done = cq.wait_for(2 * ROUNDS as usize, STALL).unwrap();
+        assert!(
+            done.iter().all(
+                |wc| wc.status == WcStatus::Success && matches!(wc.byte_len as usize, 0 | SIZE)
+            ),
+            "{done:?}"
+        );
+        let mut got = vec![0; SIZE];
+        mr.read(SIZE, &mut got).unwrap();
+        let sent: Vec<u8> = (0..SIZE).map(|i| (i * 7 + (1 - n)) as u8).collect();
+        assert!(got == sent, "side {n} received other bytes");
+    }
+}

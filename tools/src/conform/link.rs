@@ -247,20 +247,10 @@ pub enum Answer {
 impl Answer {
     /// Decodes `bytes` if it is RoCEv2 traffic to `qpn` (`None` for anyone else's).
     pub fn decode(bytes: &[u8], qpn: u32) -> Option<Answer> {
-        let frame = match Frame::new_checked(bytes) {
-            Ok(frame) => frame,
-            Err(FrameError::NotRoce) => return None,
+        let repr = match inspect(bytes, Some(qpn))? {
+            Ok(repr) => repr,
+            Err(FrameError::BadIcrc { .. }) => return Some(Answer::BadIcrc),
             Err(_) => return Some(Answer::Malformed),
-        };
-        if frame.bth().dest_qpn() != qpn {
-            return None;
-        }
-        let Ok(repr) = FrameRepr::parse(&frame) else {
-            return Some(if frame.check_icrc().is_err() {
-                Answer::BadIcrc
-            } else {
-                Answer::Malformed
-            });
         };
         let psn = repr.bth.psn;
         let opcode = repr.bth.opcode;
@@ -288,6 +278,48 @@ impl Answer {
             | Answer::Other { psn, .. } => Some(*psn),
             Answer::BadIcrc | Answer::Malformed => None,
         }
+    }
+}
+
+/// What a received frame is to our QP `qpn` (to any QP with `None`): `None` when it is not
+/// RoCEv2 or is another QP's; its fields when it is well formed with a right ICRC; else why
+/// not ([`FrameError::BadIcrc`] when the ICRC is wrong, whatever else is). A frame that breaks
+/// the format counts whoever it is for, since its QP number cannot be trusted.
+pub fn inspect(bytes: &[u8], qpn: Option<u32>) -> Option<Result<FrameRepr<'_>, FrameError>> {
+    let frame = match Frame::new_checked(bytes) {
+        Ok(frame) => frame,
+        Err(FrameError::NotRoce) => return None,
+        Err(error) => return Some(Err(error)),
+    };
+    if qpn.is_some_and(|qpn| frame.bth().dest_qpn() != qpn) {
+        return None;
+    }
+    Some(FrameRepr::parse(&frame).map_err(|error| frame.check_icrc().err().unwrap_or(error)))
+}
+
+/// Most bytes of a rejected frame [`Rejected`] shows.
+const SHOWN_BYTES: usize = 128;
+
+/// A frame we rejected, for the output: why, its length and its first bytes in hex, so a
+/// `MALFORMED` or `BAD_ICRC` seen once (under load, in CI) can be read afterwards.
+pub struct Rejected<'a> {
+    /// Why it was rejected.
+    pub error: &'a FrameError,
+    /// The frame as received.
+    pub bytes: &'a [u8],
+}
+
+impl fmt::Display for Rejected<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let len = self.bytes.len();
+        write!(f, "rejected frame ({}), {len} bytes:", self.error)?;
+        for byte in &self.bytes[..len.min(SHOWN_BYTES)] {
+            write!(f, " {byte:02x}")?;
+        }
+        if len > SHOWN_BYTES {
+            f.write_str(" ...")?;
+        }
+        Ok(())
     }
 }
 
@@ -417,7 +449,17 @@ impl Link {
         let mut seen = Vec::new();
         loop {
             while let Some(len) = self.backend.recv(&mut self.rx)? {
-                if let Some(item) = decode(&self.rx[..len]) {
+                let frame = &self.rx[..len];
+                if let Some(Err(error)) = inspect(frame, None) {
+                    eprintln!(
+                        "{}",
+                        Rejected {
+                            error: &error,
+                            bytes: frame
+                        }
+                    );
+                }
+                if let Some(item) = decode(frame) {
                     seen.push(item);
                     if seen.len() == wanted && wanted > 0 {
                         // Extras (a second NAK, a duplicate response) come right after.
@@ -508,5 +550,53 @@ mod tests {
                 .is_err(),
             "one family per link"
         );
+    }
+
+    #[test]
+    fn a_rejected_frame_says_why_and_shows_its_first_bytes() {
+        let mut packet = Packet::new(Opcode::RcSendOnly, 0x11, Psn::new(5));
+        packet.payload = vec![0xAB; 200];
+        let good = packet
+            .emit(station(1, false), station(2, false), 0xC011)
+            .unwrap();
+        let short = &good[..good.len() - 10];
+        assert_eq!(Answer::decode(short, 0x11), Some(Answer::Malformed));
+        assert_eq!(
+            Answer::decode(short, 0x12),
+            Some(Answer::Malformed),
+            "a broken frame's QP number is not trusted"
+        );
+        let Some(Err(error)) = inspect(short, None) else {
+            panic!("a cut frame is rejected");
+        };
+        let shown = Rejected {
+            error: &error,
+            bytes: short,
+        }
+        .to_string();
+        assert!(
+            shown.starts_with(&format!(
+                "rejected frame (malformed: frame shorter than its IP length), {} bytes: 02 00 00 00 00 02 ",
+                short.len()
+            )),
+            "{shown}"
+        );
+        let hex = shown.split("bytes:").nth(1).unwrap();
+        let shown_bytes = hex
+            .split_whitespace()
+            .filter(|word| word.len() == 2)
+            .count();
+        assert_eq!(shown_bytes, SHOWN_BYTES, "{shown}");
+        assert!(shown.ends_with(" ab ab ..."), "{shown}");
+
+        let mut bad = good.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let Some(Err(error)) = inspect(&bad, Some(0x11)) else {
+            panic!("a bad ICRC is rejected");
+        };
+        assert!(matches!(error, FrameError::BadIcrc { .. }));
+        assert!(inspect(&good, Some(0x11)).is_some_and(|r| r.is_ok()));
+        assert!(inspect(&good, Some(0x12)).is_none(), "someone else's frame");
     }
 }

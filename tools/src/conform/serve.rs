@@ -12,9 +12,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use roce_wire::aeth::{self, CreditCount, NakCode, RnrTimer, Syndrome};
-use roce_wire::{atomic_ack_eth, Frame, FrameError, FrameRepr, Opcode, Psn};
+use roce_wire::{atomic_ack_eth, FrameError, Opcode, Psn};
 
-use super::link::{Damage, Link, Packet};
+use super::link::{inspect, Damage, Link, Packet};
 use super::open::link_between;
 use super::target::{fresh_local, Local, Options, Remote, Service};
 use super::verdict::{failed_check, failed_probe, write_suite, Line, Summary};
@@ -79,20 +79,10 @@ enum Seen {
 
 impl Seen {
     fn decode(bytes: &[u8], qpn: u32, base: Psn) -> Option<Seen> {
-        let frame = match Frame::new_checked(bytes) {
-            Ok(frame) => frame,
-            Err(FrameError::NotRoce) => return None,
+        let repr = match inspect(bytes, Some(qpn))? {
+            Ok(repr) => repr,
+            Err(FrameError::BadIcrc { .. }) => return Some(Seen::BadIcrc),
             Err(_) => return Some(Seen::Malformed),
-        };
-        if frame.bth().dest_qpn() != qpn {
-            return None;
-        }
-        let Ok(repr) = FrameRepr::parse(&frame) else {
-            return Some(if frame.check_icrc().is_err() {
-                Seen::BadIcrc
-            } else {
-                Seen::Malformed
-            });
         };
         let len = match repr.ext.reth {
             Some(reth) if repr.bth.opcode == Opcode::RcRdmaReadRequest => reth.dma_length,

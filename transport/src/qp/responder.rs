@@ -12,7 +12,7 @@ use roce_wire::{atomic_ack_eth, ExtRepr, FrameRepr, Psn};
 use super::common::{response_opcode, Common, Ctx, Failure, Lent, OutPacket, NO_CQ};
 use super::resources::{Output, Owed, Resource, ResourceKind, Resources};
 use super::selective::Reorder;
-use crate::cq::{TmInfo, WcOpcode, WcStatus, WorkCompletion};
+use crate::cq::{NetworkHeader, TmInfo, WcOpcode, WcStatus, WorkCompletion};
 use crate::mr::{AtomicOp, Location, MrError, PdId};
 use crate::qp_state::{QpState, QpType};
 use crate::ring::Ring;
@@ -146,6 +146,7 @@ pub(crate) fn recv_completion(qpn: u32, wr: &RecvWr, status: WcStatus) -> WorkCo
         qp_num: qpn,
         src_qp: 0,
         solicited: false,
+        network_header: None,
         tm: TmInfo::NONE,
     }
 }
@@ -992,9 +993,9 @@ fn ud_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Fram
         + frame.payload.len()
         + usize::from(frame.bth.pad_count)
         + roce_wire::icrc::ICRC_LEN;
-    let written = match frame.ip {
-        IpRepr::V4(_) => frame.ip.emit(udp_len, &mut grh[20..]),
-        IpRepr::V6(_) => frame.ip.emit(udp_len, &mut grh[..]),
+    let (written, network_header) = match frame.ip {
+        IpRepr::V4(_) => (frame.ip.emit(udp_len, &mut grh[20..]), NetworkHeader::Ipv4),
+        IpRepr::V6(_) => (frame.ip.emit(udp_len, &mut grh[..]), NetworkHeader::Ipv6),
     };
     let Some(wqe) = resp.rq.front() else {
         return;
@@ -1014,6 +1015,7 @@ fn ud_request(resp: &mut Responder, qp: &mut Common, ctx: &mut Ctx, frame: &Fram
         imm_data: frame.ext.immdt.map(|imm| imm.immediate),
         src_qp: deth.src_qpn,
         solicited: frame.bth.solicited,
+        network_header: Some(network_header),
         ..recv_completion(qp.qpn, wqe, WcStatus::Success)
     };
     resp.rq.pop_front();

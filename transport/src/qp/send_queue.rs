@@ -421,6 +421,7 @@ pub(crate) fn completion(qpn: u32, wr: &SendWr, status: WcStatus, byte_len: u32)
         qp_num: qpn,
         src_qp: 0,
         solicited: false,
+        network_header: None,
         tm: TmInfo::NONE,
     }
 }

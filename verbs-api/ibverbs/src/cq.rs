@@ -9,7 +9,6 @@ use roce_cabi::{set_errno, EOPNOTSUPP};
 use roce_verbs::{CompChannel, Error, TmInfo, WcOpcode, WorkCompletion};
 use std::time::Duration;
 
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::fs::{fcntl_setfl, OFlags};
 
 use crate::abi::*;
@@ -462,7 +461,7 @@ fn to_wc(completion: &WorkCompletion) -> ibv_wc {
         wc_flags: wc_flags(completion),
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: completion.roce_packet_type(),
         dlid_path_bits: 0,
     }
 }
@@ -747,7 +746,10 @@ pub(crate) unsafe extern "C" fn get_cq_event(
         None
     } else {
         if !is_nonblocking(ours.channel.as_fd()) {
-            wait_readable(&ours.channel);
+            if let Err(errno) = wait_readable(&ours.channel) {
+                set_errno(errno.raw_os_error());
+                return -1;
+            }
         }
         Some(Duration::ZERO)
     };
@@ -786,15 +788,16 @@ pub(crate) unsafe extern "C" fn get_cq_event(
     0
 }
 
-/// Blocks until the channel's fd polls readable (an event waits).
-fn wait_readable(channel: &CompChannel) {
-    let slice = Timespec::try_from(Duration::from_millis(100)).ok();
-    loop {
-        let mut fds = [PollFd::new(channel, PollFlags::IN)];
-        if poll(&mut fds, slice.as_ref()).is_ok() && fds[0].revents().contains(PollFlags::IN) {
-            return;
-        }
-    }
+/// Blocks until the channel has an event, as rdma-core's read(2) of the channel's fd does:
+/// a signal whose handler was installed without `SA_RESTART` ends the wait with `EINTR`
+/// (qperf ends each test so, from an interval timer), one with `SA_RESTART` restarts it,
+/// the kernel deciding. The read takes the eventfd's count, which goes straight back: the
+/// events stay for `get_cq_event` (the only taker, and it holds the channel's one waiter).
+fn wait_readable(channel: &CompChannel) -> Result<(), rustix::io::Errno> {
+    let mut count = [0u8; 8];
+    rustix::io::read(channel, &mut count)?;
+    rustix::io::write(channel, &count)?;
+    Ok(())
 }
 
 /// `ibv_ack_cq_events`.

@@ -3,6 +3,7 @@
 //! device list.
 
 use core::ffi::{c_int, c_void};
+use std::sync::MutexGuard;
 
 use roce_cabi::set_errno;
 use roce_verbs::ConnParam;
@@ -10,12 +11,11 @@ use roce_verbs::ConnParam;
 use crate::abi::*;
 use crate::channel::Channel;
 use crate::event;
-use crate::id::{from_sockaddr, port_of, to_storage, with_id, Id};
+use crate::id::{from_sockaddr, port_of, to_storage, with_id, Id, Inner, Request};
 use crate::qp_attr;
 use crate::verbs;
 
 const EINVAL: c_int = 22;
-const EOPNOTSUPP: c_int = 95;
 
 /// `rdma_bind_addr`.
 pub unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
@@ -26,8 +26,12 @@ pub unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockadd
         let cm = ours.attach(&mut inner, addr.ip())?;
         cm.bind_addr(addr)
             .map_err(|error| crate::errors::fail("rdma_bind_addr", &error))?;
+        let (on_device, bound) = (cm.bound_to_device(), cm.local_addr().unwrap_or(addr));
+        if on_device {
+            ours.show_device(&mut inner);
+        }
         let raw = ours.raw(&mut inner);
-        raw.route.addr.src_addr = to_storage(addr);
+        raw.route.addr.src_addr = to_storage(bound);
         Ok(())
     })
 }
@@ -51,6 +55,7 @@ pub unsafe extern "C" fn resolve_addr(
         }
         cm.resolve_addr(dst)
             .map_err(|error| crate::errors::fail("rdma_resolve_addr", &error))?;
+        ours.show_device(&mut inner);
         ours.describe_now(&mut inner)?;
         drop(inner);
         event::complete(ours, 0)
@@ -119,6 +124,47 @@ fn conn_param(param: &rdma_conn_param) -> ConnParam {
     }
 }
 
+/// `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH`: as many as the device allows.
+const RDMA_MAX_DEPTH: u8 = 0xFF;
+
+/// The READ/atomic depths a connect or accept asks for (responder resources, initiator
+/// depth), as rdma-core's librdmacm settles them: a value above the device's is `EINVAL`
+/// (TCP port space, `ucma_valid_param`) unless it is `RDMA_MAX_*` (0xFF), which asks for
+/// the device's most, or on an accept, for as many as the request offered within it; no
+/// param is the same as 0xFF (libfabric's verbs provider passes 0xFF).
+fn depths(
+    inner: &MutexGuard<'_, Inner>,
+    ps: c_int,
+    param: Option<&rdma_conn_param>,
+    offered: Option<Request>,
+) -> Result<(u8, u8), c_int> {
+    let limits = inner.device.ok_or(EINVAL)?.verbs.device().query().limits;
+    let (max_resp, max_init) = (limits.max_qp_rd_atom, limits.max_qp_init_rd_atom);
+    if let Some(param) = param.filter(|_| ps == RDMA_PS_TCP) {
+        let above = |asked: u8, max: u8| asked != RDMA_MAX_DEPTH && asked > max;
+        if above(param.responder_resources, max_resp) || above(param.initiator_depth, max_init) {
+            crate::errors::log_failure("rdma_connect/rdma_accept", &"depth beyond the device's");
+            return Err(EINVAL);
+        }
+    }
+    let settle = |asked: Option<u8>, offered: Option<u8>, max: u8| match asked {
+        Some(asked) if asked != RDMA_MAX_DEPTH => asked,
+        _ => offered.map_or(max, |offered| offered.min(max)),
+    };
+    Ok((
+        settle(
+            param.map(|param| param.responder_resources),
+            offered.map(|request| request.responder_resources),
+            max_resp,
+        ),
+        settle(
+            param.map(|param| param.initiator_depth),
+            offered.map(|request| request.initiator_depth),
+            max_init,
+        ),
+    ))
+}
+
 /// `rdma_connect`: the REQ leaves; `ESTABLISHED`, `REJECTED` or `UNREACHABLE` follows.
 pub unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     with_id(id, |ours| {
@@ -135,7 +181,13 @@ pub unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_para
         }
         let qpn = qp_num(ours.raw(&mut inner), param)?;
         let program_qp = ours.raw(&mut inner).qp.is_null();
-        let param = param.map(conn_param).unwrap_or_default();
+        let ps = ours.raw(&mut inner).ps;
+        let (responder_resources, initiator_depth) = depths(&inner, ps, param, None)?;
+        let param = ConnParam {
+            responder_resources,
+            initiator_depth,
+            ..param.map(conn_param).unwrap_or_default()
+        };
         let cm = Id::cm(&inner)?;
         let connected = if program_qp {
             cm.connect_program_qp(qpn, &param)
@@ -153,7 +205,7 @@ pub unsafe extern "C" fn connect(id: *mut rdma_cm_id, param: *mut rdma_conn_para
 }
 
 /// `rdma_accept`: the QP goes to RTR and RTS and the REP leaves; `ESTABLISHED` follows the
-/// RTU. With no param, the request's depths are granted.
+/// RTU. With no param (or 0xFF), the request's depths are granted within the device's.
 pub unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     with_id(id, |ours| {
         // SAFETY: the caller passes NULL or a conn param.
@@ -167,14 +219,12 @@ pub unsafe extern "C" fn accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param
                 .accept_ud(qpn, &private)
                 .map_err(|error| crate::errors::fail("rdma_accept", &error));
         }
-        let param = match (param, inner.request) {
-            (Some(param), _) => conn_param(param),
-            (None, Some(request)) => ConnParam {
-                responder_resources: request.responder_resources,
-                initiator_depth: request.initiator_depth,
-                ..ConnParam::default()
-            },
-            (None, None) => ConnParam::default(),
+        let ps = ours.raw(&mut inner).ps;
+        let (responder_resources, initiator_depth) = depths(&inner, ps, param, inner.request)?;
+        let param = ConnParam {
+            responder_resources,
+            initiator_depth,
+            ..param.map(conn_param).unwrap_or_default()
         };
         let program_qp = ours.raw(&mut inner).qp.is_null();
         let cm = Id::cm(&inner)?;
@@ -240,7 +290,9 @@ pub unsafe extern "C" fn notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
     with_id(id, |ours| Id::cm(&ours.lock()?).map(|_| ()))
 }
 
-/// `rdma_migrate_id`: the id's events go to `channel` from now on.
+/// `rdma_migrate_id`: the id's events go to `channel` from now on. A synchronous id
+/// becomes asynchronous (its own channel goes, as rdma-core destroys it); NULL makes an
+/// asynchronous id synchronous (`EINVAL` for one that is already).
 pub unsafe extern "C" fn migrate_id(
     id: *mut rdma_cm_id,
     channel: *mut rdma_event_channel,
@@ -248,11 +300,10 @@ pub unsafe extern "C" fn migrate_id(
     with_id(id, |ours| {
         // SAFETY: the caller passes NULL or a channel of ours.
         let Some(to) = (unsafe { Channel::from_raw(channel) }) else {
-            crate::errors::log_failure(
-                "rdma_migrate_id",
-                &"synchronous ids (no channel) are not offered",
-            );
-            return Err(EOPNOTSUPP);
+            if ours.own_channel()?.is_some() {
+                return Err(EINVAL);
+            }
+            return ours.make_synchronous();
         };
         let mut inner = ours.lock()?;
         let from = ours.channel(&mut inner)?;
@@ -263,6 +314,9 @@ pub unsafe extern "C" fn migrate_id(
             to.register(cm.handle(), ours.key());
         }
         ours.raw(&mut inner).channel = to.as_raw();
+        let own = inner.own_channel.take();
+        drop(inner);
+        drop(own);
         Ok(())
     })
 }

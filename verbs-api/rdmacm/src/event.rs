@@ -166,6 +166,16 @@ fn convert(channel: &Channel, id: &Id, event: CmEvent) -> Box<Event> {
         }
         _ => {}
     }
+    // The active side's CONNECT_RESPONSE and ESTABLISHED carry the REP, as the kernel's
+    // (`cma_set_rep_event_data`).
+    if let Some(reply) = event.reply {
+        out.private_data = reply.private_data;
+        conn.responder_resources = reply.responder_resources;
+        conn.initiator_depth = reply.initiator_depth;
+        conn.flow_control = 1;
+        conn.rnr_retry_count = reply.rnr_retry_count;
+        conn.qp_num = reply.qp_num;
+    }
     if !out.private_data.is_empty() {
         conn.private_data = out.private_data.as_ptr().cast();
         conn.private_data_len = u8::try_from(out.private_data.len()).unwrap_or(u8::MAX);

@@ -214,14 +214,22 @@ impl Id {
                 cm.set_tos(tos)
                     .map_err(|error| crate::errors::fail("rdma_set_option", &error))?;
             }
-            let raw = self.raw(inner);
-            raw.verbs = device.ibv;
-            raw.pd = device.pd;
-            raw.port_num = 1;
             inner.device = Some(device);
             inner.cm = Some(cm);
         }
         inner.cm.as_ref().ok_or(EINVAL)
+    }
+
+    /// Shows the program the device the id is on (`id->verbs`, `id->port_num`): once it is
+    /// bound to one of the device's addresses or has resolved a peer. An id bound to the
+    /// wildcard or a loopback address shows none, as the kernel's (`cma_any_addr`).
+    pub(crate) fn show_device(&self, inner: &mut MutexGuard<'_, Inner>) {
+        if let Some(device) = inner.device {
+            let raw = self.raw(inner);
+            raw.verbs = device.ibv;
+            raw.pd = device.pd;
+            raw.port_num = 1;
+        }
     }
 
     pub(crate) fn cm<'a>(inner: &'a MutexGuard<'_, Inner>) -> Result<&'a CmId, c_int> {
