@@ -27,6 +27,7 @@ SIZE=${SIZE:-65536}
 LINK=${LINK:-1000}           # Mb/s: the senders' DCQCN highest rate (rp_max_rate)
 KNOBS=${KNOBS:-}             # more DCQCN knobs for the senders: rp_ai_rate=1,...
 TX_DEPTH=${TX_DEPTH:-128}    # perftest's -t: messages each sender keeps outstanding
+# PCAP_DIR: record each sender's frames there (sI-DCQCN.pcap)
 N=4
 P=il$$
 BR=$P-br
@@ -83,7 +84,7 @@ run() { # dcqcn (1|0)
 		listening $p
 	done
 	for i in $(seq $N); do
-		ip netns exec "$P-s$i" env ROCE_STATS=1 ROCE_DCQCN="$dcqcn" ROCE_DCQCN_PARAMS=rp_max_rate=$LINK,$KNOBS timeout $((SECONDS_ + 60)) \
+		ip netns exec "$P-s$i" env ROCE_STATS=1 ${PCAP_DIR:+ROCE_PCAP=$PCAP_DIR/s$i-$dcqcn.pcap} ROCE_DCQCN="$dcqcn" ROCE_DCQCN_PARAMS=rp_max_rate=$LINK,$KNOBS timeout $((SECONDS_ + 60)) \
 			"$ROCE" exec -- ib_write_bw -d "s${i}0" -x 1 -F -p $((18600 + i)) -D "$SECONDS_" \
 			-s "$SIZE" -t "$TX_DEPTH" 10.90.0.1 >"$TMP/client$i" 2>&1 &
 		clients+=($!)
