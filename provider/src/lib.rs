@@ -35,8 +35,10 @@
 
 pub mod afxdp;
 pub mod backend;
+mod bpf;
 pub mod capture;
 pub mod ceiling;
+pub mod ecn_marker;
 pub mod engine;
 pub mod fault;
 #[allow(unsafe_code)]

@@ -8,6 +8,7 @@ mod args;
 mod conform;
 mod demo;
 mod dump;
+mod ecn_mark;
 mod exec;
 mod nvmf;
 mod perf;
@@ -51,6 +52,8 @@ enum Command {
     Nvmf(nvmf::Args),
     /// Run the switch that lets several processes use one device, in the foreground (root).
     Switch(switch::Args),
+    /// Mark CE on an interface's egress above a virtual queue's threshold (root; tcx).
+    EcnMark(ecn_mark::Args),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Exec(args) => exec::run(&args),
         Command::Nvmf(args) => nvmf::run(&args),
         Command::Switch(args) => switch::run(&args),
+        Command::EcnMark(args) => ecn_mark::run(&args),
     }
 }
 

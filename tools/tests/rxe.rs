@@ -258,6 +258,77 @@ fn perf_pair(vm: &Vm, test: &str, extra: &[&str], size: &str, rows: (bool, bool)
     }
 }
 
+/// The value of the counter `name` in `--stats` output (`name value` lines).
+fn counter(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok())?
+    })
+}
+
+/// A CNP we send to rxe is harmless: rxe's `ib_write_bw` writes to our `roce perf` with
+/// ECT(0) (`--tclass=2`) through a bridge port that marks every ECN-capable frame CE
+/// (`roce_provider::ecn_marker`, threshold 1 byte), so we answer its writes with CNPs to its
+/// RC QP all through the run. The run completes on both sides and rxe's kernel logs nothing.
+fn cnps_to_rxe_are_harmless(vm: &Vm) {
+    let dmesg_lines =
+        |vm: &Vm| -> usize { text(&vm.exec(30, "dmesg | wc -l")).trim().parse().unwrap() };
+    let before = dmesg_lines(vm);
+    let link = Command::new("ip")
+        .args(["-n", "rxe", "-o", "link", "show", "hostport"])
+        .output()
+        .unwrap();
+    let ifindex: u32 = text(&link)
+        .split(':')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The marker goes on the bridge's port to us, from a thread in the bridge's namespace.
+    let marker = std::thread::spawn(move || {
+        roce_provider::netns::enter("rxe").unwrap();
+        roce_provider::ecn_marker::EcnMarker::attach(ifindex, 1, 1).unwrap()
+    })
+    .join()
+    .unwrap();
+    let args = [
+        "write_bw", "-d", "host0", "-x", "1", "-n", "200", "-s", "4096", "--stats",
+    ];
+    let server = ours_tool("perf", &args);
+    our_server_listens();
+    let program = "ib_write_bw -d rxe0 -x $(rxe-gid) -F -n 200 -s 4096 --tclass=2 10.88.0.1";
+    let theirs = vm.exec(120, program);
+    let ours = server.wait_with_output().expect("our server");
+    let marked = marker.stats().unwrap().marked;
+    drop(marker);
+    let (ours_text, theirs_text) = (text(&ours), text(&theirs));
+    assert!(
+        ours.status.success() && has_row(&ours_text, "4096", "200"),
+        "ours:\n{}\nrxe:\n{}",
+        said(&ours),
+        said(&theirs)
+    );
+    assert!(
+        theirs.status.success() && has_row(&theirs_text, "4096", "200"),
+        "rxe:\n{}\nours:\n{}",
+        said(&theirs),
+        said(&ours)
+    );
+    let cnps = counter(&ours_text, "np_cnp_sent").unwrap_or(0);
+    let ce = counter(&ours_text, "np_ecn_marked_roce_packets").unwrap_or(0);
+    eprintln!("CNPs to rxe: {marked} frames marked CE, {ce} seen CE, {cnps} CNPs sent");
+    assert!(marked >= 200 && ce >= 200 && cnps >= 10, "{ours_text}");
+    let after = text(&vm.exec(30, &format!("dmesg | tail -n +{}", before + 1)));
+    let lowered = after.to_lowercase();
+    assert!(
+        ["warn", "bug", "error", "rxe", "call trace"]
+            .iter()
+            .all(|word| !lowered.contains(word)),
+        "rxe's kernel after our CNPs:\n{after}"
+    );
+}
+
 #[test]
 fn perf_with_perftest_on_rxe_in_both_roles() {
     let Some(vm) = vm("perf_with_perftest_on_rxe_in_both_roles", "1500") else {
@@ -276,6 +347,7 @@ fn perf_with_perftest_on_rxe_in_both_roles() {
     // Several QPs: per-QP barriers, each QP its own window.
     perf_pair(&vm, "write_bw", &["-s", "4096", "-q", "2"], "4096", both);
     perf_pair(&vm, "send_bw", &["-s", "4096", "-q", "2"], "4096", both);
+    cnps_to_rxe_are_harmless(&vm);
     // Path MTU 4096, messages of several packets.
     vm.start("9000");
     perf_pair(&vm, "write_bw", &["-s", "65536"], "65536", both);

@@ -267,6 +267,7 @@ impl DeviceEngine {
         let port_mtu = device.query_port().active_mtu;
         endpoint.set_port_mtu(port_mtu);
         endpoint.enable_cm(cm_config(device, seed, port_mtu, options.cm_timing));
+        endpoint.set_congestion(std::time::Instant::now(), options.congestion);
         let progress = options.progress;
         tracing::debug!(device = %device.name, backend = ?kind, ?progress, "opened");
         let mut engine = Engine::new(endpoint, backend, addressing);

@@ -116,6 +116,9 @@ pub struct OpenOptions {
     /// engines on queue k of both ends talk through queue k; on a NIC, steer each flow to
     /// its queue (`ethtool -N`). `None` (the default): every queue, one engine.
     pub queue: Option<u32>,
+    /// How the device takes part in congestion control (ECN, CNPs, DCQCN); mlx5's
+    /// defaults, DCQCN on.
+    pub congestion: roce_transport::congestion::CongestionConfig,
 }
 
 impl Default for OpenOptions {
@@ -130,6 +133,7 @@ impl Default for OpenOptions {
             async_fd: None,
             cm_timing: CmTiming::default(),
             queue: None,
+            congestion: Default::default(),
         }
     }
 }

@@ -198,9 +198,31 @@ fn open_options() -> Result<OpenOptions, String> {
             })
         }
     };
+    // DCQCN's reaction point (on by default, as mlx5's): `ROCE_DCQCN=0` ignores CNPs, to
+    // compare a congested network with and without it.
+    let mut congestion = defaults.congestion;
+    congestion.rp = match std::env::var("ROCE_DCQCN").as_deref() {
+        Err(_) | Ok("1" | "on") => true,
+        Ok("0" | "off") => false,
+        Ok(other) => return Err(format!("ROCE_DCQCN={other}: expected 0 or 1")),
+    };
+    // DCQCN's knobs by mlx5's names, as `roce sim --dcqcn-param`: `rp_max_rate=1000,...`.
+    if let Ok(knobs) = std::env::var("ROCE_DCQCN_PARAMS") {
+        for knob in knobs.split(',').filter(|knob| !knob.is_empty()) {
+            let (name, value) = knob
+                .split_once('=')
+                .and_then(|(name, value)| Some((name, value.parse().ok()?)))
+                .ok_or(format!("ROCE_DCQCN_PARAMS: {knob:?} is not NAME=NUMBER"))?;
+            congestion
+                .dcqcn
+                .set(name, value)
+                .map_err(|why| format!("ROCE_DCQCN_PARAMS: {why}"))?;
+        }
+    }
     Ok(OpenOptions {
         backend,
         progress,
+        congestion,
         spin,
         pcap: std::env::var_os("ROCE_PCAP").map(Into::into),
         loss,

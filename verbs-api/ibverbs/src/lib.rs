@@ -10,7 +10,8 @@
 //!   through `ibv_context_ops`, where the inline `ibv_post_send`, `ibv_poll_cq`, ... look.
 //! - **Engine**: one per opened context, on a background thread (`ROCE_PROGRESS=events`,
 //!   the default, sleeps on the socket; `busy` spins); `ROCE_BACKEND=auto|afxdp|udp`
-//!   chooses how frames move; `ROCE_PCAP=FILE` records them.
+//!   chooses how frames move; `ROCE_PCAP=FILE` records them; `ROCE_DCQCN=0` ignores CNPs
+//!   (DCQCN's reaction point off), `ROCE_DCQCN_PARAMS=rp_max_rate=1000,...` sets its knobs.
 //! - **Observability**: `ROCE_LOG` turns on the stack's events on stderr (`logging`);
 //!   `ROCE_STATS=1` prints each device's rxe-named counters when it is closed or the program
 //!   exits (`stats`).
