@@ -4,45 +4,19 @@
 //! `SendOp::BindMw` is freed by A's SEND with invalidate; and the calls a program gets wrong
 //! fail with rdma-core's errno.
 
-use std::collections::HashMap;
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use roce_provider::memory::{memory_pair, MemoryBackend};
-use roce_verbs::device::link_local_gid;
+use roce_provider::memory::memory_pair;
 use roce_verbs::{
-    inc_rkey, AccessFlags, Addressing, BackendChoice, ConnectOptions, Context, Device, MwBindInfo,
-    MwType, OpenOptions, PathMtu, Progress, QpCaps, QpInitAttr, QpType, RecvWr, SendFlags, SendOp,
-    SendWr, WcOpcode, WcStatus,
+    inc_rkey, AccessFlags, ConnectOptions, MwBindInfo, MwType, PathMtu, QpCaps, QpInitAttr, QpType,
+    RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
 const EINVAL: i32 = 22;
 
-fn context(wire: MemoryBackend, me: u8, peer: u8) -> Context {
-    let mac = |n| [2, 0, 0, 0, 0, n];
-    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
-    let addressing = Addressing {
-        mac: mac(me),
-        ip: ip(me),
-        neighbours: HashMap::from([(ip(peer), mac(peer))]),
-    };
-    let device = Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac: mac(me),
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac(me)), ip(me).to_ipv6_mapped().octets()],
-    };
-    let options = OpenOptions {
-        backend: BackendChoice::Custom(Box::new(wire), addressing),
-        progress: Progress::Events,
-        seed: Some([me; 32]),
-        ..OpenOptions::default()
-    };
-    Context::open(&device, options).expect("open")
-}
+mod common;
+use common::context;
 
 #[test]
 fn windows_bind_grant_and_invalidate_through_the_verbs_api() {

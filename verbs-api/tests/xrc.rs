@@ -2,46 +2,20 @@
 //! initiator sends into B's XRC domain, each message landing in the XRC SRQ it names and
 //! completing in that SRQ's CQ; the calls a program gets wrong fail with rdma-core's errno.
 
-use std::collections::HashMap;
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use roce_provider::memory::{memory_pair, MemoryBackend};
-use roce_verbs::device::link_local_gid;
+use roce_provider::memory::memory_pair;
 use roce_verbs::{
-    AccessFlags, Addressing, BackendChoice, ConnectOptions, Context, Device, Error, OpenOptions,
-    PathMtu, Progress, QpCaps, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr, SrqAttr,
-    WcStatus,
+    AccessFlags, ConnectOptions, Error, PathMtu, QpCaps, QpInitAttr, QpType, RecvWr, SendFlags,
+    SendOp, SendWr, SrqAttr, WcStatus,
 };
 
 const STALL: Duration = Duration::from_secs(20);
 const EINVAL: i32 = 22;
 const EBUSY: i32 = 16;
 
-fn context(wire: MemoryBackend, me: u8, peer: u8) -> Context {
-    let mac = |n| [2, 0, 0, 0, 0, n];
-    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
-    let addressing = Addressing {
-        mac: mac(me),
-        ip: ip(me),
-        neighbours: HashMap::from([(ip(peer), mac(peer))]),
-    };
-    let device = Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac: mac(me),
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac(me)), ip(me).to_ipv6_mapped().octets()],
-    };
-    let options = OpenOptions {
-        backend: BackendChoice::Custom(Box::new(wire), addressing),
-        progress: Progress::Events,
-        seed: Some([me; 32]),
-        ..OpenOptions::default()
-    };
-    Context::open(&device, options).expect("open")
-}
+mod common;
+use common::context;
 
 #[test]
 fn xrc_sends_land_in_the_srq_they_name() {
