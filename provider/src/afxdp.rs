@@ -15,15 +15,14 @@ use std::collections::VecDeque;
 use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use rustix::event::{epoll, poll, PollFd, PollFlags, Timespec};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, UmemConfig};
 
-use crate::backend::{fill_frame, Backend, Fill, MAX_FRAME};
+use crate::backend::{fill_frame, poll_readable, Backend, Fill, MAX_FRAME};
 use crate::umem::{RxBuffer, TxSlot, Umem, CHUNK_SIZE, RX_STRIDE, TX_SLOT, XDP_PKT_CONTD};
 use crate::xdp::{XdpMode, XdpProgram};
 
@@ -116,8 +115,6 @@ pub struct AfXdpBackend {
     // Sockets close before their claims and the program go.
     queues: Vec<Queue>,
     _claims: Vec<Claim>,
-    /// All sockets' fds, so one fd polls readable when any has a frame.
-    epoll: OwnedFd,
     /// Where the next `recv` looks first, so no queue starves the others.
     next_rx: usize,
 }
@@ -346,21 +343,13 @@ impl AfXdpBackend {
             Some(queue) => vec![Queue::open(&info, queue)?],
             None => Self::every_queue(&info, interface)?,
         };
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        let mut claims = Vec::with_capacity(queues.len());
-        for (index, queue) in queues.iter().enumerate() {
-            claims.push(attached.claim(queue.id, queue.fd())?);
-            epoll::add(
-                &epoll,
-                queue.fd(),
-                epoll::EventData::new_u64(index as u64),
-                epoll::EventFlags::IN,
-            )?;
-        }
+        let claims = queues
+            .iter()
+            .map(|queue| attached.claim(queue.id, queue.fd()))
+            .collect::<io::Result<_>>()?;
         Ok(AfXdpBackend {
             queues,
             _claims: claims,
-            epoll,
             next_rx: 0,
         })
     }
@@ -400,6 +389,11 @@ impl AfXdpBackend {
                     oversized: sum.oversized + queue.oversized,
                 }
             })
+    }
+
+    /// Every socket's fd: polled readable when it has a frame (by a sleeper, in poll(2)).
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.queues.iter().map(Queue::fd).collect()
     }
 
     /// The kernel's counters (`XDP_STATISTICS`) of each socket: frames it dropped for a full
@@ -605,19 +599,12 @@ impl Backend for AfXdpBackend {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let timeout = timeout
-            .map(Timespec::try_from)
-            .transpose()
-            .map_err(io::Error::other)?;
-        let mut fds = [PollFd::new(&self.epoll, PollFlags::IN)];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(error) => Err(error.into()),
-        }
+        poll_readable(&self.fds(), timeout)
     }
 
-    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.epoll.as_fd())
+    fn readiness_fds(&self) -> io::Result<Option<Vec<OwnedFd>>> {
+        let fds = self.fds().into_iter().map(|fd| fd.try_clone_to_owned());
+        Ok(Some(fds.collect::<io::Result<_>>()?))
     }
 
     fn received_per_queue(&self) -> Vec<u64> {

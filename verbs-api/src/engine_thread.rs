@@ -15,7 +15,7 @@
 //! between messages, and must not have its WRITEs wait for a slice each.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -94,22 +94,10 @@ impl Drop for FailOnPanic<'_> {
 /// The background thread.
 fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration) {
     let _guard = FailOnPanic(shared);
-    // A duplicate of the backend's fd, to sleep on without holding the lock.
-    let readiness = match shared.engine_lock() {
-        Some(mut core) => core
-            .engine
-            .backend()
-            .readiness_fd()
-            .map(|fd| fd.try_clone_to_owned()),
-        None => return,
-    };
-    let readiness = match readiness.transpose() {
-        Ok(fd) => fd,
-        Err(error) => {
-            shared.fail(error);
-            return;
-        }
-    };
+    // Duplicates of the backend's fds, to sleep on without holding the lock; taken again
+    // when they change (which also wakes the thread).
+    let mut readiness: Option<Vec<OwnedFd>> = None;
+    let mut readiness_generation = None;
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
     let mut policy = SocketPolicy::default();
@@ -121,7 +109,18 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
                 return;
             };
             let rx_before = core.engine.stats.rx_frames;
-            match core.round(&shared.doorbells) {
+            let round = core.round(&shared.doorbells).and_then(|worked| {
+                let backend = core.engine.backend();
+                let generation = backend.readiness_generation();
+                if readiness_generation != Some(generation) {
+                    // The old ones first: they may hold sockets the backend gave back.
+                    readiness = None;
+                    readiness = backend.readiness_fds()?;
+                    readiness_generation = Some(generation);
+                }
+                Ok(worked)
+            });
+            match round {
                 Ok(worked) => (
                     worked,
                     core.engine.stats.rx_frames.wrapping_sub(rx_before),
@@ -157,7 +156,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             std::thread::yield_now();
             continue;
         }
-        let socket = if listen { readiness.as_ref() } else { None };
+        let socket = if listen { readiness.as_deref() } else { None };
         shared.sleep_unless_posted(seen, || {
             woken_by_socket = sleep(shared, socket, listen, next_timer);
         });
@@ -296,7 +295,7 @@ impl Slice {
 /// wake-up, or a bound; whether the socket woke it.
 fn sleep(
     shared: &Shared,
-    readiness: Option<&OwnedFd>,
+    readiness: Option<&[OwnedFd]>,
     listen: bool,
     next_timer: Option<Instant>,
 ) -> bool {
@@ -313,20 +312,22 @@ fn sleep(
         return false;
     };
     let wake = shared.wake_fd();
-    let mut fds = [
-        PollFd::new(wake, PollFlags::IN),
-        PollFd::new(wake, PollFlags::IN),
-    ];
-    if let Some(fd) = readiness {
-        fds[1] = PollFd::from_borrowed_fd(fd.as_fd(), PollFlags::IN);
-    }
-    let watched = if readiness.is_some() { 2 } else { 1 };
-    let _ = poll(&mut fds[..watched], Some(&timeout));
+    let mut fds = Vec::with_capacity(1 + readiness.map_or(0, <[OwnedFd]>::len));
+    fds.push(PollFd::new(wake, PollFlags::IN));
+    fds.extend(
+        readiness
+            .into_iter()
+            .flatten()
+            .map(|fd| PollFd::new(fd, PollFlags::IN)),
+    );
+    let _ = poll(&mut fds, Some(&timeout));
     if fds[0].revents().contains(PollFlags::IN) {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(wake, &mut counter);
     }
-    watched == 2 && fds[1].revents().contains(PollFlags::IN)
+    fds[1..]
+        .iter()
+        .any(|fd| fd.revents().contains(PollFlags::IN))
 }
 
 #[cfg(test)]

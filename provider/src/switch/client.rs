@@ -22,14 +22,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::event::{epoll, eventfd, EventfdFlags};
+use rustix::event::{eventfd, EventfdFlags};
 use rustix::net::{connect, shutdown, Shutdown};
 
 use super::protocol::{self, Message, Mode, Received, SwitchStats, PROTOCOL_VERSION};
 use super::ring::{ring_len, Consumer, Producer};
 use super::shm::SharedMemory;
 use crate::afxdp::AfXdpBackend;
-use crate::backend::{device_lost, Backend, Fill};
+use crate::backend::{device_lost, poll_readable, Backend, Fill};
 use crate::xdp::XdpMode;
 
 /// How long attaching may take, a switch's start included.
@@ -72,11 +72,9 @@ struct Inner {
     /// Answers to requests, in order.
     replies: Mutex<VecDeque<Message>>,
     answered: Condvar,
-    /// Written when the state changes, to wake an engine thread asleep on the backend.
+    /// Written when the state changes, to wake an engine thread asleep on the backend (and
+    /// tell it the fds it sleeps on changed).
     changed: OwnedFd,
-    /// What the engine thread sleeps on: `changed`, the ring's wake-up, the AF_XDP
-    /// sockets while direct.
-    epoll: OwnedFd,
     /// Why the device was lost, once it was.
     lost: Mutex<Option<String>>,
 }
@@ -134,13 +132,6 @@ impl SwitchClient {
         program: Option<PathBuf>,
     ) -> io::Result<Arc<SwitchClient>> {
         let changed = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        epoll::add(
-            &epoll,
-            &changed,
-            epoll::EventData::new_u64(0),
-            epoll::EventFlags::IN,
-        )?;
         Ok(Arc::new(SwitchClient {
             interface: interface.to_owned(),
             ifindex,
@@ -153,7 +144,6 @@ impl SwitchClient {
                 replies: Mutex::new(VecDeque::new()),
                 answered: Condvar::new(),
                 changed,
-                epoll,
                 lost: Mutex::new(None),
             }),
             attached: Mutex::new(None),
@@ -218,23 +208,9 @@ impl SwitchClient {
             }
         };
         let rings = map_rings(sizes, fds)?;
-        epoll::add(
-            &self.inner.epoll,
-            &rings.wake,
-            epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN,
-        )?;
         *self.inner.rings.lock().map_err(|_| poisoned())? = Some(rings);
         if mode == Mode::Direct {
             let device = self.open_direct()?;
-            epoll::add(
-                &self.inner.epoll,
-                device
-                    .readiness_fd()
-                    .ok_or_else(|| io::Error::other("no fd"))?,
-                epoll::EventData::new_u64(2),
-                epoll::EventFlags::IN,
-            )?;
             *self.inner.direct.lock().map_err(|_| poisoned())? = Some(device);
             self.inner.set_state(DIRECT);
         } else {
@@ -584,6 +560,8 @@ pub struct SwitchBackend {
     rings: Option<Rings>,
     /// The state last seen, to notice changes (and drain `changed`).
     seen: u8,
+    /// Changes of `seen`: what a sleeper polls changes with them.
+    generation: u64,
     /// Whether the loss was reported.
     reported: bool,
 }
@@ -595,6 +573,7 @@ impl SwitchBackend {
             client,
             rings: None,
             seen: DORMANT,
+            generation: 0,
             reported: false,
         }
     }
@@ -604,6 +583,7 @@ impl SwitchBackend {
         let state = self.client.inner.state.load(Ordering::Acquire);
         if state != self.seen {
             self.seen = state;
+            self.generation += 1;
             let mut count = [0u8; 8];
             let _ = rustix::io::read(&self.client.inner.changed, &mut count);
             if self.rings.is_none() {
@@ -617,6 +597,24 @@ impl SwitchBackend {
             }
         }
         state
+    }
+
+    /// What a sleeper polls: `changed`, the ring's wake-up, and the device's sockets while
+    /// direct. Duplicates, so the device can be given back while it sleeps: `changed` then
+    /// wakes it, and it drops them once the generation moved.
+    fn readiness(&self) -> io::Result<Vec<OwnedFd>> {
+        let mut fds = vec![self.client.inner.changed.try_clone()?];
+        if let Some(rings) = &self.rings {
+            fds.push(rings.wake.try_clone()?);
+        }
+        if self.seen == DIRECT {
+            if let Some(device) = self.direct()?.as_ref() {
+                for fd in device.fds() {
+                    fds.push(fd.try_clone_to_owned()?);
+                }
+            }
+        }
+        Ok(fds)
     }
 
     /// The device's sockets while direct; `None` once given back.
@@ -724,22 +722,17 @@ impl Backend for SwitchBackend {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let timeout = timeout
-            .map(rustix::event::Timespec::try_from)
-            .transpose()
-            .map_err(io::Error::other)?;
-        let mut fds = [rustix::event::PollFd::new(
-            &self.client.inner.epoll,
-            rustix::event::PollFlags::IN,
-        )];
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(error) => Err(error.into()),
-        }
+        let fds = self.readiness()?;
+        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+        poll_readable(&fds, timeout)
     }
 
-    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.client.inner.epoll.as_fd())
+    fn readiness_fds(&self) -> io::Result<Option<Vec<OwnedFd>>> {
+        self.readiness().map(Some)
+    }
+
+    fn readiness_generation(&self) -> u64 {
+        self.generation
     }
 
     fn loops_back(&self) -> bool {

@@ -284,17 +284,16 @@ impl Switch {
         if waiting {
             timeout = timeout.min(Duration::from_millis(1));
         }
+        // Duplicates, dropped before the device can be lent (they would keep its sockets).
         let device = match &self.device {
-            Device::Open(device) => device.readiness_fd(),
-            _ => None,
+            Device::Open(device) => device.readiness_fds()?.unwrap_or_default(),
+            _ => Vec::new(),
         };
         let mut fds: Vec<PollFd<'_>> = vec![
             PollFd::new(&self.listener, PollFlags::IN),
             PollFd::new(&self.doorbell, PollFlags::IN),
         ];
-        if let Some(device) = device {
-            fds.push(PollFd::from_borrowed_fd(device, PollFlags::IN));
-        }
+        fds.extend(device.iter().map(|fd| PollFd::new(fd, PollFlags::IN)));
         for socket in self
             .clients
             .iter()

@@ -97,8 +97,9 @@ fn soname_dir(built: &Path) -> Result<PathBuf, String> {
 fn exec(args: &Args) -> Result<std::convert::Infallible, String> {
     let built = match &args.lib_dir {
         // The links made there must not be relative to wherever the program runs.
-        Some(dir) => std::fs::canonicalize(dir)
-            .map_err(|error| format!("{}: {error}", dir.display()))?,
+        Some(dir) => {
+            std::fs::canonicalize(dir).map_err(|error| format!("{}: {error}", dir.display()))?
+        }
         None => std::env::current_exe()
             .map_err(|error| format!("where am I: {error}"))?
             .parent()
