@@ -608,6 +608,17 @@ impl Qp {
         if !self.congestion.paced() {
             return true;
         }
+        // Paced, the next packet waits for the pacer: a message's end asks for its ACK now
+        // (`requester::next_packet` counted on the next one following at once).
+        let info = out.bth.opcode.info();
+        if self.common.qp_type.is_reliable()
+            && info.is_request
+            && info.position.ends_message()
+            && !out.bth.ack_req
+        {
+            out.bth.ack_req = true;
+            self.sq.ack_requested();
+        }
         let bytes = congestion::FRAME_OVERHEAD
             + out.payload_len() as u64
             + u64::from(out.bth.pad_count)

@@ -266,6 +266,12 @@ impl SendQueue {
         }
     }
 
+    /// The packet just sent asks for an ACK after all (see `requester::next_packet`).
+    #[inline]
+    pub fn ack_requested(&mut self) {
+        self.noack_pkts = 0;
+    }
+
     /// Moves the cursor past the local operation under it, which has run (or had run before
     /// going back N): it takes no PSN.
     #[inline]
