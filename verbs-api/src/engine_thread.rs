@@ -13,6 +13,11 @@
 //! [`SHORT_DEFERRAL`] keeps the thread listening for [`LISTEN_AFTER_SHORT`]: a program
 //! that spins on memory (`ib_write_lat`: only the engine can take the peer's WRITE) polls
 //! between messages, and must not have its WRITEs wait for a slice each.
+//!
+//! After work the thread polls on for `spin` before it sleeps; with no time set (the default
+//! on fewer than four CPUs), for [`ALONE_SPIN`] while the process's other threads use next to
+//! no CPU ([`Alone`]): a program blocked in read(2) (perftest's bandwidth servers) loses no
+//! core to it, and each frame then costs no wake-up (the sender's `sendto` paid one each).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -30,6 +35,10 @@ use crate::shared::Shared;
 /// Longest sleep of the event-driven thread when the backend has no readiness fd (the
 /// in-memory wire): frames are then noticed this late at worst.
 const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
+/// How long the thread polls after work while it is alone ([`Alone`]) and no spin is set.
+const ALONE_SPIN: Duration = Duration::from_micros(50);
+/// How often [`Alone`] looks at the CPU time of the process's threads: two system calls.
+const ALONE_CHECK: Duration = Duration::from_millis(1);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// A thread off the socket listens again when its own rounds took at least one frame in
@@ -101,6 +110,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
     let mut policy = SocketPolicy::default();
+    let mut alone = Alone::new(last_work);
     let mut woken_by_socket = false;
     while !shared.stop_requested() {
         let (worked, received, next_timer, seen) = {
@@ -152,6 +162,11 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
         if worked {
             last_work = now;
         }
+        let spin = if spin.is_zero() && alone.check(now) {
+            ALONE_SPIN
+        } else {
+            spin
+        };
         if now.saturating_duration_since(last_work) < spin {
             std::thread::yield_now();
             continue;
@@ -161,6 +176,50 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             woken_by_socket = sleep(shared, socket, listen, next_timer);
         });
     }
+}
+
+/// Whether the process's other threads (the program's, other contexts' engines) used under a
+/// tenth of a CPU since the last look, every [`ALONE_CHECK`]. A thread that polls then takes
+/// no core from them; one that polls while the program spins on memory (`ib_write_lat`)
+/// on two cores makes the program's frames wait for a scheduler tick.
+struct Alone {
+    looked: Instant,
+    others: Duration,
+    alone: bool,
+}
+
+impl Alone {
+    fn new(now: Instant) -> Alone {
+        Alone {
+            looked: now,
+            others: others_cpu_time(),
+            alone: false,
+        }
+    }
+
+    fn check(&mut self, now: Instant) -> bool {
+        let period = now.saturating_duration_since(self.looked);
+        if period >= ALONE_CHECK {
+            let others = others_cpu_time();
+            self.alone = others.saturating_sub(self.others) * 10 < period;
+            (self.looked, self.others) = (now, others);
+        }
+        self.alone
+    }
+}
+
+/// The CPU time of the process's threads but the calling one.
+fn others_cpu_time() -> Duration {
+    use rustix::time::{clock_gettime, ClockId};
+    let time = |clock| {
+        let at = clock_gettime(clock);
+        Duration::new(
+            at.tv_sec.max(0) as u64,
+            at.tv_nsec.clamp(0, 999_999_999) as u32,
+        )
+    };
+    let process = time(ClockId::ProcessCPUTime);
+    process.saturating_sub(time(ClockId::ThreadCPUTime))
 }
 
 /// Whether the sleeping thread listens on the socket ([the module's docs](self)); the
