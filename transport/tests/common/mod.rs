@@ -99,6 +99,7 @@ pub struct Seen {
     pub opcode: Opcode,
     pub psn: Psn,
     pub syndrome: Option<Syndrome>,
+    pub ack_req: bool,
     pub dropped: bool,
 }
 
@@ -115,6 +116,7 @@ pub fn tap(sim: &mut Sim, mut drop: impl FnMut(&Seen, &[Seen]) -> bool + 'static
             opcode: frame.bth.opcode,
             psn: frame.bth.psn,
             syndrome: frame.ext.aeth.map(|aeth| aeth.syndrome),
+            ack_req: frame.bth.ack_req,
             dropped: false,
         };
         let mut log = writer.borrow_mut();

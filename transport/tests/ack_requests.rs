@@ -1,0 +1,79 @@
+//! When a requester asks for an ACK (BTH AckReq): at the end of the last message it can send
+//! now, and at least every 32 packets within a burst; the responder answers only those.
+//! Asking at every message's end (as rxe does) makes a stream of small WRITEs cost an ACK
+//! frame per few WRITEs.
+
+use roce_transport::cq::WcStatus;
+use roce_transport::qp_state::QpType;
+use roce_transport::sim::RetryConfig;
+use roce_transport::wr::SendOp;
+use roce_wire::Opcode;
+
+mod common;
+use common::{pair, sge, signaled, tap, A, B};
+
+/// Posts `count` 64-byte WRITEs from A at once (or, with `one_by_one`, each after the one
+/// before completed); the PSN offsets (from the first) of the WRITEs that asked for an
+/// ACK, and how many ACKs B sent.
+fn writes(count: u64, one_by_one: bool) -> (Vec<u32>, usize) {
+    let (mut sim, qa, _) = pair(7, QpType::Rc, RetryConfig::default());
+    let log = tap(&mut sim, |_, _| false);
+    let src = sim.reg(A, 0x1000, &[0x5a; 64]);
+    let dst = sim.reg(B, 0x8000, &[0; 64]);
+    let write = SendOp::RdmaWrite {
+        remote_addr: 0x8000,
+        rkey: dst,
+    };
+    let mut done = Vec::new();
+    for wr_id in 0..count {
+        sim.post_send(A, qa, &signaled(wr_id, write, sge(0x1000, 64, src)))
+            .unwrap();
+        if one_by_one {
+            assert!(sim.run_until(10_000, |sim| {
+                done.extend(sim.poll_send(A));
+                done.len() as u64 == wr_id + 1
+            }));
+        }
+    }
+    assert!(sim.run_until(100_000, |sim| {
+        done.extend(sim.poll_send(A));
+        done.len() as u64 == count
+    }));
+    assert!(done.iter().all(|wc| wc.status == WcStatus::Success));
+    let log = log.borrow();
+    let first = log
+        .iter()
+        .find(|seen| seen.opcode == Opcode::RcRdmaWriteOnly)
+        .unwrap()
+        .psn;
+    let asked = log
+        .iter()
+        .filter(|seen| seen.from == A && seen.opcode == Opcode::RcRdmaWriteOnly && seen.ack_req)
+        .map(|seen| seen.psn.distance(first) as u32)
+        .collect();
+    let acks = log
+        .iter()
+        .filter(|seen| seen.from == B && seen.opcode == Opcode::RcAcknowledge)
+        .count();
+    (asked, acks)
+}
+
+#[test]
+fn a_burst_of_writes_asks_for_one_ack_at_its_end() {
+    assert_eq!(writes(20, false), (vec![19], 1));
+}
+
+#[test]
+fn a_long_burst_asks_every_32_packets_so_the_window_never_closes() {
+    let (asked, acks) = writes(100, false);
+    assert_eq!(asked, [31, 63, 95, 99]);
+    // B may coalesce those that arrive together.
+    assert!((1..=4).contains(&acks), "{acks}");
+}
+
+#[test]
+fn a_write_with_nothing_behind_it_asks_at_once() {
+    let (asked, acks) = writes(5, true);
+    assert_eq!(asked, [0, 1, 2, 3, 4]);
+    assert_eq!(acks, 5);
+}
