@@ -77,3 +77,50 @@ fn a_write_with_nothing_behind_it_asks_at_once() {
     assert_eq!(asked, [0, 1, 2, 3, 4]);
     assert_eq!(acks, 5);
 }
+
+#[test]
+fn reads_and_atomics_ask_even_with_packets_behind_them() {
+    let (mut sim, qa, _) = pair(7, QpType::Rc, RetryConfig::default());
+    let log = tap(&mut sim, |_, _| false);
+    let local = sim.reg(A, 0x1000, &[0; 64]);
+    let remote = sim.reg(B, 0x8000, &[0; 64]);
+    let ops = [
+        SendOp::FetchAdd {
+            remote_addr: 0x8000,
+            rkey: remote,
+            add: 1,
+        },
+        SendOp::RdmaRead {
+            remote_addr: 0x8000,
+            rkey: remote,
+        },
+        SendOp::RdmaWrite {
+            remote_addr: 0x8000,
+            rkey: remote,
+        },
+    ];
+    for (wr_id, op) in ops.into_iter().enumerate() {
+        let len = if wr_id == 0 { 8 } else { 64 };
+        sim.post_send(A, qa, &signaled(wr_id as u64, op, sge(0x1000, len, local)))
+            .unwrap();
+    }
+    let mut done = Vec::new();
+    assert!(sim.run_until(100_000, |sim| {
+        done.extend(sim.poll_send(A));
+        done.len() == 3
+    }));
+    let asked: Vec<_> = log
+        .borrow()
+        .iter()
+        .filter(|seen| seen.from == A)
+        .map(|seen| (seen.opcode, seen.ack_req))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            (Opcode::RcFetchAdd, true),
+            (Opcode::RcRdmaReadRequest, true),
+            (Opcode::RcRdmaWriteOnly, true),
+        ]
+    );
+}

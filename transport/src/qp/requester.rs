@@ -202,7 +202,8 @@ pub(crate) fn next_packet(
         consumes_receive && position.ends_message() && wqe.wr.flags.contains(SendFlags::SOLICITED);
     let reliable = qp.qp_type.is_reliable();
     if reliable {
-        bth.ack_req = is_read || sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
+        // A READ or an atomic asks as rxe's always do: it is answered whatever it asks.
+        bth.ack_req = wqe.wr.op.is_read_or_atomic() || sq.noack_pkts() + 1 >= MAX_PACKETS_PER_ACK;
     }
     out.bth = bth;
     out.av = wqe.wr.ud.map_or_else(|| qp.connected_av(), |dest| dest.av);
