@@ -15,7 +15,9 @@ use std::collections::VecDeque;
 use std::ffi::CString;
 use std::io;
 use std::num::NonZeroU32;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::event::epoll;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -115,6 +117,9 @@ pub struct AfXdpBackend {
     // Sockets close before their claims and the program go.
     queues: Vec<Queue>,
     _claims: Vec<Claim>,
+    /// What a sleeper polls: every socket's fd while [`Backend::listen`] is on.
+    epoll: OwnedFd,
+    listening: bool,
     /// Where the next `recv` looks first, so no queue starves the others.
     next_rx: usize,
 }
@@ -350,6 +355,8 @@ impl AfXdpBackend {
         Ok(AfXdpBackend {
             queues,
             _claims: claims,
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            listening: false,
             next_rx: 0,
         })
     }
@@ -602,9 +609,28 @@ impl Backend for AfXdpBackend {
         poll_readable(&self.fds(), timeout)
     }
 
-    fn readiness_fds(&self) -> io::Result<Option<Vec<OwnedFd>>> {
-        let fds = self.fds().into_iter().map(|fd| fd.try_clone_to_owned());
-        Ok(Some(fds.collect::<io::Result<_>>()?))
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.epoll.as_fd())
+    }
+
+    fn listen(&mut self, on: bool) -> io::Result<()> {
+        if on == self.listening {
+            return Ok(());
+        }
+        for fd in self.fds() {
+            if on {
+                epoll::add(
+                    &self.epoll,
+                    fd,
+                    epoll::EventData::new_u64(0),
+                    epoll::EventFlags::IN,
+                )?;
+            } else {
+                epoll::delete(&self.epoll, fd)?;
+            }
+        }
+        self.listening = on;
+        Ok(())
     }
 
     fn received_per_queue(&self) -> Vec<u64> {

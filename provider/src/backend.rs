@@ -1,7 +1,7 @@
 //! The one interface every way of moving Ethernet frames implements.
 
 use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 /// Largest frame any backend carries: path MTU 4096 plus every header (Ethernet, 802.1Q,
@@ -43,24 +43,23 @@ pub trait Backend: Send {
     /// Blocks until a frame may be waiting or `timeout` has passed (`None`: no limit).
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()>;
 
-    /// Duplicates of the file descriptors that poll readable when a frame may be waiting, so
-    /// another thread can sleep in poll(2) without holding the backend; it keeps them until
-    /// [`readiness_generation`](Self::readiness_generation) changes. `None` when readiness
-    /// is not a file descriptor's (the in-memory wire; wrappers that hold frames back): the
-    /// caller then polls with short sleeps.
-    ///
-    /// Sleepers poll these fds only while they sleep, never through an epoll that holds a
-    /// socket for good: such a registration costs every frame the kernel hands the socket a
-    /// callback, also while nobody sleeps (the 64 B WRITE rate rose from 0.32–0.44 to
-    /// 0.49–0.54 M messages/s without the two nested epolls it went through).
-    fn readiness_fds(&self) -> io::Result<Option<Vec<OwnedFd>>> {
-        Ok(None)
+    /// A file descriptor that polls readable when a frame may be waiting, while
+    /// [`listen`](Self::listen) is on, so another thread can sleep in poll(2) without
+    /// holding the backend; the same for the backend's life. `None` when readiness is not a
+    /// file descriptor's (the in-memory wire; wrappers that hold frames back): the caller
+    /// then polls with short sleeps.
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
     }
 
-    /// Changes whenever [`readiness_fds`](Self::readiness_fds) would answer differently (a
-    /// device lent to the process, or taken back).
-    fn readiness_generation(&self) -> u64 {
-        0
+    /// Whether a thread is about to sleep on [`readiness_fd`](Self::readiness_fd): the
+    /// backend's sockets are in that epoll only from `listen(true)` to `listen(false)`. A
+    /// socket an epoll holds for good costs every frame the kernel hands it a callback,
+    /// whether or not anybody sleeps (through the two nested epolls a lone process's AF_XDP
+    /// socket sat in, the 64 B WRITE rate was 0.32–0.44 M messages/s, without 0.49–0.54);
+    /// and an epoll, unlike a duplicate fd, keeps no socket open that the backend closes.
+    fn listen(&mut self, _on: bool) -> io::Result<()> {
+        Ok(())
     }
 
     /// Frames received on each hardware receive queue, where the backend has queues (AF_XDP);
@@ -124,12 +123,12 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         (**self).wait(timeout)
     }
 
-    fn readiness_fds(&self) -> io::Result<Option<Vec<OwnedFd>>> {
-        (**self).readiness_fds()
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).readiness_fd()
     }
 
-    fn readiness_generation(&self) -> u64 {
-        (**self).readiness_generation()
+    fn listen(&mut self, on: bool) -> io::Result<()> {
+        (**self).listen(on)
     }
 
     fn received_per_queue(&self) -> Vec<u64> {

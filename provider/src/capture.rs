@@ -357,12 +357,12 @@ impl<B: Backend> Backend for PcapRecorder<B> {
         self.inner.wait(timeout)
     }
 
-    fn readiness_fds(&self) -> io::Result<Option<Vec<std::os::fd::OwnedFd>>> {
-        self.inner.readiness_fds()
+    fn readiness_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.readiness_fd()
     }
 
-    fn readiness_generation(&self) -> u64 {
-        self.inner.readiness_generation()
+    fn listen(&mut self, on: bool) -> io::Result<()> {
+        self.inner.listen(on)
     }
 
     fn received_per_queue(&self) -> Vec<u64> {

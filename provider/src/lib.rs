@@ -26,7 +26,7 @@
 //! a shared-memory ring to another process (a switch owning the AF_XDP sockets of a device
 //! for many programs) slots in as any other: `receive` lends frames where they lie in the
 //! shared ring, `transmit` lends a slot of it, `submit` rings the switch's doorbell, and
-//! `readiness_fds` gives the eventfd the switch writes.
+//! `readiness_fd` polls readable when the switch writes its eventfd.
 //!
 //! Neighbour resolution and the engine's threads live in `roce-verbs`. Not written yet:
 //! zero-copy AF_XDP (veth has none to test it on).

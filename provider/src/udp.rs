@@ -20,7 +20,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 use roce_wire::frame::{IpRepr, Ipv4Repr, ROCEV2_UDP_PORT};
@@ -163,8 +163,8 @@ impl Backend for UdpBackend {
         }
     }
 
-    fn readiness_fds(&self) -> io::Result<Option<Vec<std::os::fd::OwnedFd>>> {
-        Ok(Some(vec![self.socket.try_clone()?.into()]))
+    fn readiness_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.socket.as_fd())
     }
 }
 

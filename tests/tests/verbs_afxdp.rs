@@ -169,7 +169,6 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
         link.tx.send(Vec::new()).unwrap();
     }
     assert_eq!(ctx.stats().unwrap().rx_rejected, 0);
-    assert_eq!(sockets_held_by_epolls(), Vec::<String>::new());
     let counters = ctx.counters().unwrap();
     let (sends, recvs) = if active { (qps, 0) } else { (0, qps) };
     assert_eq!(
@@ -185,30 +184,6 @@ fn side(ns: String, setup: Setup, active: bool, link: Link) -> Report {
         .with_backend(|backend| backend.received_per_queue())
         .unwrap();
     (ctx.backend_kind().clone(), per_queue)
-}
-
-/// The sockets some epoll of this process holds (`/proc/self/fdinfo`), as "epoll fd -> socket
-/// fd". An epoll holding a socket for good runs a callback for every frame the kernel hands
-/// that socket, whether or not anybody sleeps on it: through the two nested epolls a lone
-/// process's AF_XDP socket once sat in, a third of the 64 B message rate.
-fn sockets_held_by_epolls() -> Vec<String> {
-    let mut held = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        let fd = entry.file_name().to_string_lossy().into_owned();
-        // An fd closed meanwhile by another test's thread: nothing to look at.
-        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")) else {
-            continue;
-        };
-        // An epoll's targets: "tfd:        7 events:       19 data: ...".
-        for target in info.lines().filter_map(|line| line.strip_prefix("tfd:")) {
-            let target = target.split_whitespace().next().unwrap_or_default();
-            let what = std::fs::read_link(format!("/proc/self/fd/{target}")).unwrap_or_default();
-            if what.to_string_lossy().starts_with("socket:") {
-                held.push(format!("{fd} -> {target}"));
-            }
-        }
-    }
-    held
 }
 
 fn run_pair(setup: Setup) -> (Report, Report) {

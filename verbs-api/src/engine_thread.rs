@@ -37,8 +37,9 @@ use crate::shared::Shared;
 const POLL_WITHOUT_FD: Duration = Duration::from_micros(50);
 /// How long the thread polls after work while it is alone ([`Alone`]) and no spin is set.
 const ALONE_SPIN: Duration = Duration::from_micros(50);
-/// How often [`Alone`] looks at the CPU time of the process's threads: two system calls.
-const ALONE_CHECK: Duration = Duration::from_millis(1);
+/// How often [`Alone`] looks at the CPU time of the process's threads (two system calls):
+/// several scheduler ticks, as the process's clock adds other threads' time at ticks.
+const ALONE_CHECK: Duration = Duration::from_millis(20);
 /// Longest sleep otherwise, so a stop request is never missed for long.
 const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// A thread off the socket listens again when its own rounds took at least one frame in
@@ -103,75 +104,78 @@ impl Drop for FailOnPanic<'_> {
 /// The background thread.
 fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration) {
     let _guard = FailOnPanic(shared);
-    // Duplicates of the backend's fds, to sleep on without holding the lock; taken again
-    // when they change (which also wakes the thread).
-    let mut readiness: Option<Vec<OwnedFd>> = None;
-    let mut readiness_generation = None;
+    // A duplicate of the backend's readiness fd (an epoll), to sleep on without the lock.
+    let readiness = match shared.engine_lock() {
+        Some(mut core) => core
+            .engine
+            .backend()
+            .readiness_fd()
+            .map(|fd| fd.try_clone_to_owned()),
+        None => return,
+    };
+    let readiness = match readiness.transpose() {
+        Ok(fd) => fd,
+        Err(error) => {
+            shared.fail(error);
+            return;
+        }
+    };
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
     let mut policy = SocketPolicy::default();
     let mut alone = Alone::new(last_work);
     let mut woken_by_socket = false;
     while !shared.stop_requested() {
-        let (worked, received, next_timer, seen) = {
-            let Some(mut core) = shared.engine_lock() else {
-                shared.fail(io::Error::other("a thread panicked inside a verbs call"));
+        let Some(mut core) = shared.engine_lock() else {
+            shared.fail(io::Error::other("a thread panicked inside a verbs call"));
+            return;
+        };
+        let rx_before = core.engine.stats.rx_frames;
+        let worked = match core.round(&shared.doorbells) {
+            Ok(worked) => worked,
+            Err(error) => {
+                drop(core);
+                shared.fail(error);
                 return;
-            };
-            let rx_before = core.engine.stats.rx_frames;
-            let round = core.round(&shared.doorbells).and_then(|worked| {
-                let backend = core.engine.backend();
-                let generation = backend.readiness_generation();
-                if readiness_generation != Some(generation) {
-                    // The old ones first: they may hold sockets the backend gave back.
-                    readiness = None;
-                    readiness = backend.readiness_fds()?;
-                    readiness_generation = Some(generation);
-                }
-                Ok(worked)
-            });
-            match round {
-                Ok(worked) => (
-                    worked,
-                    core.engine.stats.rx_frames.wrapping_sub(rx_before),
-                    core.engine.poll_timeout(),
-                    core.doorbells_seen(),
-                ),
-                Err(error) => {
-                    drop(core);
-                    shared.fail(error);
-                    return;
-                }
             }
         };
+        let received = core.engine.stats.rx_frames.wrapping_sub(rx_before);
+        let (next_timer, seen) = (core.engine.poll_timeout(), core.doorbells_seen());
         let now = Instant::now();
-        if let Some(link) = link.filter(|_| now - last_link_check >= LINK_CHECK) {
-            last_link_check = now;
-            // An interface that vanished is down; its engine fails on its own I/O.
-            shared.set_port_up(link.is_up().unwrap_or(false));
-        }
-        if progress == Progress::BusyPoll {
-            std::thread::yield_now();
-            continue;
-        }
-        let listen = policy.after_round(shared, now, received, woken_by_socket);
-        woken_by_socket = false;
-        policy.before_sleep(shared);
-        // Spin a while after work: the next frame or post (a reply, the program's next
-        // request) usually comes within microseconds, sooner than a wake-up would.
         if worked {
             last_work = now;
         }
+        let busy = progress == Progress::BusyPoll;
+        let listen = !busy && policy.after_round(shared, now, received, woken_by_socket);
+        woken_by_socket = false;
+        // Spin a while after work: the next frame or post (a reply, the program's next
+        // request) usually comes within microseconds, sooner than a wake-up would.
         let spin = if spin.is_zero() && alone.check(now) {
             ALONE_SPIN
         } else {
             spin
         };
-        if now.saturating_duration_since(last_work) < spin {
+        let sleeps = !busy && now.saturating_duration_since(last_work) >= spin;
+        // The sockets are in the epoll only while the thread sleeps on them.
+        if let Err(error) = core.engine.backend().listen(sleeps && listen) {
+            drop(core);
+            shared.fail(error);
+            return;
+        }
+        drop(core);
+        if let Some(link) = link.filter(|_| now - last_link_check >= LINK_CHECK) {
+            last_link_check = now;
+            // An interface that vanished is down; its engine fails on its own I/O.
+            shared.set_port_up(link.is_up().unwrap_or(false));
+        }
+        if !busy {
+            policy.before_sleep(shared);
+        }
+        if !sleeps {
             std::thread::yield_now();
             continue;
         }
-        let socket = if listen { readiness.as_deref() } else { None };
+        let socket = if listen { readiness.as_ref() } else { None };
         shared.sleep_unless_posted(seen, || {
             woken_by_socket = sleep(shared, socket, listen, next_timer);
         });
@@ -354,7 +358,7 @@ impl Slice {
 /// wake-up, or a bound; whether the socket woke it.
 fn sleep(
     shared: &Shared,
-    readiness: Option<&[OwnedFd]>,
+    readiness: Option<&OwnedFd>,
     listen: bool,
     next_timer: Option<Instant>,
 ) -> bool {
@@ -371,22 +375,20 @@ fn sleep(
         return false;
     };
     let wake = shared.wake_fd();
-    let mut fds = Vec::with_capacity(1 + readiness.map_or(0, <[OwnedFd]>::len));
-    fds.push(PollFd::new(wake, PollFlags::IN));
-    fds.extend(
-        readiness
-            .into_iter()
-            .flatten()
-            .map(|fd| PollFd::new(fd, PollFlags::IN)),
-    );
-    let _ = poll(&mut fds, Some(&timeout));
+    let mut fds = [
+        PollFd::new(wake, PollFlags::IN),
+        PollFd::new(wake, PollFlags::IN),
+    ];
+    if let Some(fd) = readiness {
+        fds[1] = PollFd::new(fd, PollFlags::IN);
+    }
+    let watched = if readiness.is_some() { 2 } else { 1 };
+    let _ = poll(&mut fds[..watched], Some(&timeout));
     if fds[0].revents().contains(PollFlags::IN) {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(wake, &mut counter);
     }
-    fds[1..]
-        .iter()
-        .any(|fd| fd.revents().contains(PollFlags::IN))
+    watched == 2 && fds[1].revents().contains(PollFlags::IN)
 }
 
 #[cfg(test)]

@@ -230,10 +230,11 @@ impl Shared {
                 return;
             }
         }
-        // While the thread leaves frames to the program's polls, the next poll sends this
-        // too; waking the thread for it would have the two take turns at the lock
-        // (`ib_write_bw`'s sender: 12 % of its rate). The thread looks again within a slice.
-        if rang && !self.deferring() {
+        // A send behind others, while the thread leaves frames to the program's polls: the
+        // next poll sends it too; waking the thread for it would have the two take turns at
+        // the lock (`ib_write_bw`'s sender: 12 % of its rate). The thread looks again within
+        // a slice.
+        if rang && (was_idle || !self.deferring()) {
             self.wake_if_sleeping();
         }
     }

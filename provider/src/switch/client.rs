@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rustix::event::{eventfd, EventfdFlags};
+use rustix::event::{epoll, eventfd, EventfdFlags};
 use rustix::net::{connect, shutdown, Shutdown};
 
 use super::protocol::{self, Message, Mode, Received, SwitchStats, PROTOCOL_VERSION};
@@ -72,9 +72,11 @@ struct Inner {
     /// Answers to requests, in order.
     replies: Mutex<VecDeque<Message>>,
     answered: Condvar,
-    /// Written when the state changes, to wake an engine thread asleep on the backend (and
-    /// tell it the fds it sleeps on changed).
+    /// Written when the state changes, to wake an engine thread asleep on the backend.
     changed: OwnedFd,
+    /// What the engine thread sleeps on: `changed`, the ring's wake-up, and the AF_XDP
+    /// sockets while direct and a sleeper listens ([`Backend::listen`]).
+    epoll: OwnedFd,
     /// Why the device was lost, once it was.
     lost: Mutex<Option<String>>,
 }
@@ -132,6 +134,13 @@ impl SwitchClient {
         program: Option<PathBuf>,
     ) -> io::Result<Arc<SwitchClient>> {
         let changed = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(
+            &epoll,
+            &changed,
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )?;
         Ok(Arc::new(SwitchClient {
             interface: interface.to_owned(),
             ifindex,
@@ -144,6 +153,7 @@ impl SwitchClient {
                 replies: Mutex::new(VecDeque::new()),
                 answered: Condvar::new(),
                 changed,
+                epoll,
                 lost: Mutex::new(None),
             }),
             attached: Mutex::new(None),
@@ -208,6 +218,12 @@ impl SwitchClient {
             }
         };
         let rings = map_rings(sizes, fds)?;
+        epoll::add(
+            &self.inner.epoll,
+            &rings.wake,
+            epoll::EventData::new_u64(1),
+            epoll::EventFlags::IN,
+        )?;
         *self.inner.rings.lock().map_err(|_| poisoned())? = Some(rings);
         if mode == Mode::Direct {
             let device = self.open_direct()?;
@@ -560,8 +576,8 @@ pub struct SwitchBackend {
     rings: Option<Rings>,
     /// The state last seen, to notice changes (and drain `changed`).
     seen: u8,
-    /// Changes of `seen`: what a sleeper polls changes with them.
-    generation: u64,
+    /// Whether the device's sockets are in the epoll (a sleeper listens).
+    listening: bool,
     /// Whether the loss was reported.
     reported: bool,
 }
@@ -573,7 +589,7 @@ impl SwitchBackend {
             client,
             rings: None,
             seen: DORMANT,
-            generation: 0,
+            listening: false,
             reported: false,
         }
     }
@@ -583,7 +599,8 @@ impl SwitchBackend {
         let state = self.client.inner.state.load(Ordering::Acquire);
         if state != self.seen {
             self.seen = state;
-            self.generation += 1;
+            // A device given back took its sockets out of the epoll as it closed them.
+            self.listening = false;
             let mut count = [0u8; 8];
             let _ = rustix::io::read(&self.client.inner.changed, &mut count);
             if self.rings.is_none() {
@@ -597,24 +614,6 @@ impl SwitchBackend {
             }
         }
         state
-    }
-
-    /// What a sleeper polls: `changed`, the ring's wake-up, and the device's sockets while
-    /// direct. Duplicates, so the device can be given back while it sleeps: `changed` then
-    /// wakes it, and it drops them once the generation moved.
-    fn readiness(&self) -> io::Result<Vec<OwnedFd>> {
-        let mut fds = vec![self.client.inner.changed.try_clone()?];
-        if let Some(rings) = &self.rings {
-            fds.push(rings.wake.try_clone()?);
-        }
-        if self.seen == DIRECT {
-            if let Some(device) = self.direct()?.as_ref() {
-                for fd in device.fds() {
-                    fds.push(fd.try_clone_to_owned()?);
-                }
-            }
-        }
-        Ok(fds)
     }
 
     /// The device's sockets while direct; `None` once given back.
@@ -722,17 +721,51 @@ impl Backend for SwitchBackend {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let fds = self.readiness()?;
-        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
-        poll_readable(&fds, timeout)
+        self.listen(true)?;
+        let waited = poll_readable(&[self.client.inner.epoll.as_fd()], timeout);
+        self.listen(false)?;
+        waited
     }
 
-    fn readiness_fds(&self) -> io::Result<Option<Vec<OwnedFd>>> {
-        self.readiness().map(Some)
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.client.inner.epoll.as_fd())
     }
 
-    fn readiness_generation(&self) -> u64 {
-        self.generation
+    fn listen(&mut self, on: bool) -> io::Result<()> {
+        if on == self.listening {
+            return Ok(());
+        }
+        if self.seen == DIRECT {
+            let epoll = &self.client.inner.epoll;
+            if let Some(device) = self
+                .client
+                .inner
+                .direct
+                .lock()
+                .map_err(|_| poisoned())?
+                .as_ref()
+            {
+                for fd in device.fds() {
+                    let done = if on {
+                        epoll::add(
+                            epoll,
+                            fd,
+                            epoll::EventData::new_u64(2),
+                            epoll::EventFlags::IN,
+                        )
+                    } else {
+                        epoll::delete(epoll, fd)
+                    };
+                    // Not there: the device was given back (and closed) meanwhile.
+                    match done {
+                        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            }
+        }
+        self.listening = on;
+        Ok(())
     }
 
     fn loops_back(&self) -> bool {

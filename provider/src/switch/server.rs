@@ -284,16 +284,20 @@ impl Switch {
         if waiting {
             timeout = timeout.min(Duration::from_millis(1));
         }
-        // Duplicates, dropped before the device can be lent (they would keep its sockets).
+        if let Device::Open(device) = &mut self.device {
+            device.listen(true)?;
+        }
         let device = match &self.device {
-            Device::Open(device) => device.readiness_fds()?.unwrap_or_default(),
-            _ => Vec::new(),
+            Device::Open(device) => device.readiness_fd(),
+            _ => None,
         };
         let mut fds: Vec<PollFd<'_>> = vec![
             PollFd::new(&self.listener, PollFlags::IN),
             PollFd::new(&self.doorbell, PollFlags::IN),
         ];
-        fds.extend(device.iter().map(|fd| PollFd::new(fd, PollFlags::IN)));
+        if let Some(device) = device {
+            fds.push(PollFd::from_borrowed_fd(device, PollFlags::IN));
+        }
         for socket in self
             .clients
             .iter()
@@ -310,6 +314,9 @@ impl Switch {
         }
         let rang = fds[1].revents().contains(PollFlags::IN);
         drop(fds);
+        if let Device::Open(device) = &mut self.device {
+            device.listen(false)?;
+        }
         if rang {
             let mut count = [0u8; 8];
             let _ = rustix::io::read(&self.doorbell, &mut count);
