@@ -731,6 +731,15 @@ impl Controller {
         self.queues.get_mut(queue - 1)?.take_slot()
     }
 
+    /// Whether I/O queue `queue` (1-based) has a slot free: a command's slot is free once
+    /// its response was handled and its SEND completed, which may come after the response
+    /// (a responder coalescing ACKs answers the SEND later).
+    pub fn has_free_slot(&self, queue: usize) -> bool {
+        self.queues
+            .get(queue - 1)
+            .is_some_and(HostQueue::has_free_slot)
+    }
+
     /// Submits an I/O command on queue `queue` (1-based) from `slot`.
     pub fn submit(
         &mut self,

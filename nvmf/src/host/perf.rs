@@ -350,7 +350,8 @@ impl Runner<'_> {
             }
             if !exhausted {
                 'fill: for queue in 1..=queues {
-                    while self.per_queue[queue - 1] < depth {
+                    while self.per_queue[queue - 1] < depth && self.controller.has_free_slot(queue)
+                    {
                         let Some((unit, write)) = next(self) else {
                             exhausted = true;
                             break 'fill;

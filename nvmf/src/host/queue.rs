@@ -119,6 +119,11 @@ impl HostQueue {
         self.slots.len()
     }
 
+    /// Whether a slot is free to take.
+    pub(crate) fn has_free_slot(&self) -> bool {
+        !self.free.is_empty()
+    }
+
     /// A free slot, taken.
     pub(crate) fn take_slot(&mut self) -> Option<u16> {
         let slot = self.free.pop()?;
