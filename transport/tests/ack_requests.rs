@@ -4,7 +4,7 @@
 //! frame per few WRITEs.
 
 use roce_transport::cq::WcStatus;
-use roce_transport::qp_state::QpType;
+use roce_transport::qp_state::{QpAttr, QpState, QpType};
 use roce_transport::sim::RetryConfig;
 use roce_transport::wr::SendOp;
 use roce_wire::Opcode;
@@ -123,4 +123,55 @@ fn reads_and_atomics_ask_even_with_packets_behind_them() {
             (Opcode::RcRdmaWriteOnly, true),
         ]
     );
+}
+
+/// A burst cut after its first packet (a full ring), then the QP drained (SQD): the packet
+/// sent asked for no ACK, and draining sends nothing new that would. With no ACK timeout
+/// (0: wait for ever) nothing else would ever complete it.
+#[test]
+fn draining_after_a_burst_cut_short_still_gets_its_ack() {
+    let retry = RetryConfig {
+        timeout: 0,
+        ..RetryConfig::default()
+    };
+    let (mut sim, qa, _) = pair(7, QpType::Rc, retry);
+    let log = tap(&mut sim, |_, _| false);
+    let src = sim.reg(A, 0x1000, &[0x5a; 64]);
+    let dst = sim.reg(B, 0x8000, &[0; 64]);
+    let write = SendOp::RdmaWrite {
+        remote_addr: 0x8000,
+        rkey: dst,
+    };
+    for wr_id in 0..2 {
+        sim.post_send(A, qa, &signaled(wr_id, write, sge(0x1000, 64, src)))
+            .unwrap();
+    }
+    // The first packet leaves alone, as if the ring had room for one; it is lost (so the
+    // one resent is what B answers), and the QP goes to SQD.
+    let now = sim.now;
+    let mut transmit = roce_transport::Transmit::default();
+    assert!(sim.nodes[A].endpoint.poll_transmit_lent(now, &mut transmit));
+    assert!(
+        !transmit.packet.bth.ack_req,
+        "another packet follows it at once"
+    );
+    let sqd = QpAttr {
+        state: Some(QpState::Sqd),
+        ..QpAttr::default()
+    };
+    sim.nodes[A].endpoint.modify_qp(now, qa, &sqd).unwrap();
+    let mut done = Vec::new();
+    assert!(sim.run_until(10_000, |sim| {
+        done.extend(sim.poll_send(A));
+        !done.is_empty()
+    }));
+    assert_eq!((done[0].wr_id, done[0].status), (0, WcStatus::Success));
+    // Draining started nothing new.
+    let writes = log
+        .borrow()
+        .iter()
+        .filter(|seen| seen.from == A && seen.opcode == Opcode::RcRdmaWriteOnly)
+        .map(|seen| seen.psn)
+        .collect::<Vec<_>>();
+    assert_eq!(writes, [transmit.packet.bth.psn]);
 }

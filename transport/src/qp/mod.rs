@@ -270,6 +270,16 @@ impl Qp {
                 self.selective = Selective::new(self.selective.enabled());
                 self.common.state = QpState::Reset;
             }
+            QpState::Sqd if self.common.state == QpState::Rts => {
+                self.common.state = to;
+                // A burst cut short (a full ring, the turn's budget) left its last packet
+                // without AckReq, and draining starts nothing new that would ask: go back
+                // now, so the unacknowledged packets go again, the last one asking.
+                let unacked = self.sq.max_sent_psn().distance(self.sq.acked_psn()) > 0;
+                if unacked && self.sq.noack_pkts() > 0 {
+                    self.timers.set(Timer::Retransmit, ctx.now);
+                }
+            }
             _ => self.common.state = to,
         }
         Ok(())
