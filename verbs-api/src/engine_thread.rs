@@ -126,9 +126,24 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
     let mut alone = Alone::new(last_work);
     let mut woken_by_socket = false;
     while !shared.stop_requested() {
-        let Some(mut core) = shared.engine_lock() else {
-            shared.fail(io::Error::other("a thread panicked inside a verbs call"));
-            return;
+        // Off the socket, the program's polls run the rounds: one under way (the lock held)
+        // says it still polls, so the thread sleeps another slice rather than wait its turn
+        // (`ib_write_bw`'s sender and its thread took turns at the lock 6,000 times a second).
+        let locked = if shared.deferring() {
+            shared.engine_try_lock()
+        } else {
+            shared.engine_lock().map(Some)
+        };
+        let mut core = match locked {
+            Some(Some(core)) => core,
+            Some(None) => {
+                sleep(shared, None, false, None);
+                continue;
+            }
+            None => {
+                shared.fail(io::Error::other("a thread panicked inside a verbs call"));
+                return;
+            }
         };
         let rx_before = core.engine.stats.rx_frames;
         let worked = match core.round(&shared.doorbells) {

@@ -102,6 +102,15 @@ impl Shared {
         self.core.lock().ok()
     }
 
+    /// [`engine_lock`](Self::engine_lock) if nobody holds it: `Ok(None)` if somebody does.
+    pub(crate) fn engine_try_lock(&self) -> Option<Option<MutexGuard<'_, Core>>> {
+        match self.core.try_lock() {
+            Ok(core) => Some(Some(core)),
+            Err(std::sync::TryLockError::WouldBlock) => Some(None),
+            Err(std::sync::TryLockError::Poisoned(_)) => None,
+        }
+    }
+
     /// Fails once the engine has failed (what a poller must hear, without taking the lock).
     pub(crate) fn check_running(&self) -> Result<(), Error> {
         if self.core.is_poisoned() {
