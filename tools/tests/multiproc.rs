@@ -72,6 +72,16 @@ fn kill_program(child: &Child) {
     assert!(killed.success(), "kill {program}");
 }
 
+/// Stops a switch `roce_in` started: SIGTERM to `timeout`, which passes it on, then waits.
+/// (`Child::kill` would SIGKILL `timeout` alone and leave the switch running, unbounded, in
+/// a namespace about to go: each CI run left two behind.)
+fn stop_switch(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
 /// Whether perftest printed a result row for `size` with any count (a `-D` run).
 fn has_timed_row(said: &str, size: &str) -> bool {
     said.lines().any(|line| {
@@ -166,8 +176,7 @@ fn a_switch_run_by_hand_lends_its_device_again_once_its_processes_left() {
         Some(0),
         "{said}"
     );
-    let _ = switch.kill();
-    let _ = switch.wait();
+    stop_switch(&mut switch);
 }
 
 /// Four `ib_send_bw` servers on `a`'s device and four clients on `b`'s, at once, for
@@ -426,8 +435,7 @@ fn a_killed_switch_fails_its_clients_and_nobody_hangs() {
         killed.elapsed()
     );
     for switch in &mut switches {
-        let _ = switch.kill();
-        let _ = switch.wait();
+        stop_switch(switch);
     }
 }
 
