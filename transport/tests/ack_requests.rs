@@ -5,18 +5,17 @@
 
 use roce_transport::cq::WcStatus;
 use roce_transport::qp_state::{QpAttr, QpState, QpType};
-use roce_transport::sim::RetryConfig;
+use roce_transport::sim::{RetryConfig, Sim};
 use roce_transport::wr::SendOp;
 use roce_wire::Opcode;
 
 mod common;
-use common::{pair, sge, signaled, tap, A, B};
+use common::{pair, sge, signaled, tap, Log, A, B};
 
-/// Posts `count` 64-byte WRITEs from A at once (or, with `one_by_one`, each after the one
-/// before completed); the PSN offsets (from the first) of the WRITEs that asked for an
-/// ACK, and how many ACKs B sent.
-fn writes(count: u64, one_by_one: bool) -> (Vec<u32>, usize) {
-    let (mut sim, qa, _) = pair(7, QpType::Rc, RetryConfig::default());
+/// A pair whose frames are logged, and a poster of 64-byte signaled WRITEs from A to B
+/// (`wr_id`).
+fn writer(retry: RetryConfig) -> (Sim, u32, Log, impl Fn(&mut Sim, u64)) {
+    let (mut sim, qa, _) = pair(7, QpType::Rc, retry);
     let log = tap(&mut sim, |_, _| false);
     let src = sim.reg(A, 0x1000, &[0x5a; 64]);
     let dst = sim.reg(B, 0x8000, &[0; 64]);
@@ -24,10 +23,21 @@ fn writes(count: u64, one_by_one: bool) -> (Vec<u32>, usize) {
         remote_addr: 0x8000,
         rkey: dst,
     };
-    let mut done = Vec::new();
-    for wr_id in 0..count {
+    let post = move |sim: &mut Sim, wr_id: u64| {
         sim.post_send(A, qa, &signaled(wr_id, write, sge(0x1000, 64, src)))
             .unwrap();
+    };
+    (sim, qa, log, post)
+}
+
+/// Posts `count` 64-byte WRITEs from A at once (or, with `one_by_one`, each after the one
+/// before completed); the PSN offsets (from the first) of the WRITEs that asked for an
+/// ACK, and how many ACKs B sent.
+fn writes(count: u64, one_by_one: bool) -> (Vec<u32>, usize) {
+    let (mut sim, _, log, post) = writer(RetryConfig::default());
+    let mut done = Vec::new();
+    for wr_id in 0..count {
+        post(&mut sim, wr_id);
         if one_by_one {
             assert!(sim.run_until(10_000, |sim| {
                 done.extend(sim.poll_send(A));
@@ -134,17 +144,9 @@ fn draining_after_a_burst_cut_short_still_gets_its_ack() {
         timeout: 0,
         ..RetryConfig::default()
     };
-    let (mut sim, qa, _) = pair(7, QpType::Rc, retry);
-    let log = tap(&mut sim, |_, _| false);
-    let src = sim.reg(A, 0x1000, &[0x5a; 64]);
-    let dst = sim.reg(B, 0x8000, &[0; 64]);
-    let write = SendOp::RdmaWrite {
-        remote_addr: 0x8000,
-        rkey: dst,
-    };
+    let (mut sim, qa, log, post) = writer(retry);
     for wr_id in 0..2 {
-        sim.post_send(A, qa, &signaled(wr_id, write, sge(0x1000, 64, src)))
-            .unwrap();
+        post(&mut sim, wr_id);
     }
     // The first packet leaves alone, as if the ring had room for one; it is lost (so the
     // one resent is what B answers), and the QP goes to SQD.
