@@ -26,10 +26,9 @@ use std::time::Duration;
 use roce_wire::frame::{IpRepr, Ipv4Repr, ROCEV2_UDP_PORT};
 use roce_wire::icrc::{self, ICRC_LEN};
 use roce_wire::Frame;
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
 
-use crate::backend::{fill_frame, Backend, Fill, MAX_FRAME};
+use crate::backend::{fill_frame, poll_readable, Backend, Fill, MAX_FRAME};
 
 const ETHERNET_HEADER_LEN: usize = 14;
 const IPV4_HEADER_LEN: usize = 20;
@@ -152,15 +151,7 @@ impl Backend for UdpBackend {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let timeout = timeout
-            .map(Timespec::try_from)
-            .transpose()
-            .map_err(|_| invalid("timeout"))?;
-        let mut fds = [PollFd::new(&self.socket, PollFlags::IN)];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(error) => Err(error.into()),
-        }
+        poll_readable(&[self.socket.as_fd()], timeout)
     }
 
     fn readiness_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
