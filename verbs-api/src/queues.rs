@@ -402,8 +402,8 @@ impl QpSlot {
     pub(crate) fn hand_over(&mut self, endpoint: &mut Endpoint, now: Instant) -> bool {
         let qpn = self.queues.qpn;
         let mut handed = false;
-        while let Some(wr) = self.recvs.pop() {
-            if let Err(error) = endpoint.post_recv(now, qpn, &wr) {
+        while let Some(posted) = self.recvs.pop_with(|wr| endpoint.post_recv(now, qpn, wr)) {
+            if let Err(error) = posted {
                 // Checked when posted against the state then; the QP has since changed
                 // (it was reset under the post): lost, as on an HCA reset under its ring.
                 tracing::debug!(qpn, %error, "a posted receive was refused when handed over");
@@ -411,8 +411,8 @@ impl QpSlot {
             self.recvs_handed += 1;
             handed = true;
         }
-        while let Some(wr) = self.sends.pop() {
-            if let Err(error) = endpoint.post_send(now, qpn, &wr) {
+        while let Some(posted) = self.sends.pop_with(|wr| endpoint.post_send(now, qpn, wr)) {
+            if let Err(error) = posted {
                 tracing::debug!(qpn, %error, "a posted send was refused when handed over");
             }
             self.sends_handed += 1;

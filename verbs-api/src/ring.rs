@@ -133,6 +133,41 @@ impl<T> Consumer<T> {
         Some(value)
     }
 
+    /// Hands the value at the tail, if the producer has published one, to `read` in its
+    /// slot and drops it there: a large value (a send request) is not moved out first.
+    #[inline]
+    pub(crate) fn pop_with<R>(&mut self, read: impl FnOnce(&T) -> R) -> Option<R> {
+        if self.tail == self.head {
+            self.head = self.ring.head.load(Ordering::Acquire);
+            if self.tail == self.head {
+                return None;
+            }
+        }
+        // Drops the value in its slot and moves the tail past it once it is read, even if
+        // `read` unwinds: the value is dropped exactly once either way.
+        struct Release<'a, T>(&'a mut Consumer<T>);
+        impl<T> Release<'_, T> {
+            fn slot(&self) -> &UnsafeCell<MaybeUninit<T>> {
+                &self.0.ring.slots[self.0.tail & self.0.ring.mask()]
+            }
+        }
+        impl<T> Drop for Release<'_, T> {
+            fn drop(&mut self) {
+                // SAFETY: as in `pop`: the slot holds an initialised value the producer does
+                // not touch until the tail published below passes it; it is dropped here,
+                // once, and the slot left uninitialised.
+                unsafe { (*self.slot().get()).assume_init_drop() };
+                let consumer = &mut *self.0;
+                consumer.tail = consumer.tail.wrapping_add(1);
+                consumer.ring.tail.store(consumer.tail, Ordering::Release);
+            }
+        }
+        let release = Release(self);
+        // SAFETY: as in `pop`; the value is only borrowed here, and dropped by `release`.
+        let value = unsafe { (*release.slot().get()).assume_init_ref() };
+        Some(read(value))
+    }
+
     /// Values published and not yet read.
     pub(crate) fn len(&self) -> usize {
         self.ring
@@ -167,6 +202,33 @@ mod tests {
         producer.push(Arc::clone(&value)).unwrap();
         producer.push(Arc::clone(&value)).unwrap();
         drop((producer, consumer));
+        assert_eq!(Arc::strong_count(&value), 1);
+    }
+
+    #[test]
+    fn a_value_read_in_its_slot_is_dropped_once_even_if_the_reader_panics() {
+        let value = Arc::new(());
+        let (mut producer, mut consumer) = ring(4);
+        for _ in 0..3 {
+            producer.push(Arc::clone(&value)).unwrap();
+        }
+        assert_eq!(consumer.pop_with(Arc::strong_count), Some(4));
+        assert_eq!(Arc::strong_count(&value), 3, "dropped after the read");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            consumer.pop_with(|_| panic!("the reader fails"))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(
+            Arc::strong_count(&value),
+            2,
+            "dropped as the reader unwound"
+        );
+        // The tail moved past both: their slots take values again.
+        for _ in 0..3 {
+            producer.push(Arc::clone(&value)).unwrap();
+        }
+        assert_eq!(consumer.len(), 4);
+        while consumer.pop_with(|_| ()).is_some() {}
         assert_eq!(Arc::strong_count(&value), 1);
     }
 

@@ -177,6 +177,42 @@ fn a_resized_cq_keeps_what_waits_and_refuses_less_room() {
     assert_eq!(cq_a.wait_for(40, STALL).unwrap().len(), 40);
 }
 
+/// `Cq::wait_for` gives up once `stall` passes without a completion, counted from the last
+/// one: completions that keep coming, each within the stall, keep it waiting however long
+/// the whole takes; none at all ends it, not before the stall.
+#[test]
+fn wait_for_gives_up_only_after_a_stall_without_completions() {
+    let Two {
+        ctx_a: _ctx_a,
+        ctx_b: _ctx_b,
+        pd_a,
+        pd_b,
+        cq_a,
+        cq_b: _cq_b,
+        qp_a,
+        qp_b: _qp_b,
+    } = two(16);
+    let all = AccessFlags::all();
+    let (src, dst) = (pd_a.reg_mr(64, all).unwrap(), pd_b.reg_mr(64, all).unwrap());
+    let stall = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    assert!(matches!(cq_a.wait_for(1, stall), Err(Error::TimedOut)));
+    assert!(started.elapsed() >= stall, "gave up before the stall");
+    // Eight WRITEs a third of the stall apart: more than twice the stall in all.
+    let gap = stall / 3;
+    let waited = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for wr_id in 0..8 {
+                std::thread::sleep(gap);
+                let wr = signaled(wr_id, write(dst.addr(), dst.rkey()), src.sge(0, 8));
+                qp_a.post_send([wr]).unwrap();
+            }
+        });
+        cq_a.wait_for(8, stall)
+    });
+    assert_eq!(waited.map(|done| done.len()).ok(), Some(8));
+}
+
 #[test]
 fn a_reregistered_region_keeps_its_key_as_rights_memory_and_pd_change() {
     let Two {

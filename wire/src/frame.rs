@@ -189,7 +189,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     }
 }
 
-/// The IPv4 header checksum of `header` (whose checksum field is zero).
+/// The IPv4 header checksum of `header` with its checksum field zero; zero for a header
+/// whose checksum is right. (Our own: etherparse's rebuilds the header first, which cost
+/// the 64 B WRITE rate half a percent of the sender's core.)
 fn ipv4_header_checksum(header: &[u8]) -> u16 {
     let mut sum: u32 = header
         .chunks_exact(2)
@@ -332,7 +334,7 @@ fn locate_ipv4(bytes: &[u8]) -> Result<(usize, usize), FrameError> {
         return Err(Malformed("IPv4 fragment or reserved flag"));
     }
     // AF_XDP receives before the kernel's IP layer, so nobody else checks this.
-    if !cfg!(fuzzing) && header.header_checksum() != header.to_header().calc_header_checksum() {
+    if !cfg!(fuzzing) && ipv4_header_checksum(header.slice()) != 0 {
         return Err(Malformed("bad IPv4 header checksum"));
     }
     Ok((header_len, total_len))
@@ -680,7 +682,7 @@ impl IpRepr {
         }
         match *self {
             IpRepr::V4(v4) => {
-                let mut header = Ipv4Header {
+                let header = Ipv4Header {
                     dscp: IpDscp::try_new(v4.dscp).map_err(|_| Error)?,
                     ecn: IpEcn::try_new(v4.ecn).map_err(|_| Error)?,
                     total_len: total,
@@ -695,8 +697,10 @@ impl IpRepr {
                     destination: v4.dst.octets(),
                     options: Ipv4Options::default(),
                 };
-                header.header_checksum = header.calc_header_checksum();
-                buffer[..IPV4_HEADER_LEN].copy_from_slice(&header.to_bytes());
+                let bytes = &mut buffer[..IPV4_HEADER_LEN];
+                bytes.copy_from_slice(&header.to_bytes());
+                let checksum = ipv4_header_checksum(bytes);
+                bytes[10..12].copy_from_slice(&checksum.to_be_bytes());
             }
             IpRepr::V6(v6) => {
                 let header = Ipv6Header {
@@ -1000,12 +1004,18 @@ mod tests {
             Frame::new_checked(&udp_len[..]),
             Err(FrameError::Malformed(_))
         ));
+        // Each byte of the header, the checksum's own included, is covered by it.
+        for at in 14..34 {
+            let mut corrupt = ACK_FRAME;
+            corrupt[at] ^= 0x10;
+            assert_ne!(Frame::new_checked(&corrupt[..]).err(), None, "byte {at}");
+        }
         let mut checksum = ACK_FRAME;
         checksum[25] ^= 1;
-        assert!(matches!(
-            Frame::new_checked(&checksum[..]),
-            Err(FrameError::Malformed(_))
-        ));
+        assert_eq!(
+            Frame::new_checked(&checksum[..]).err(),
+            Some(FrameError::Malformed("bad IPv4 header checksum"))
+        );
     }
 
     /// Found by review: an IPv6 payload length too short for the UDP header once made the
