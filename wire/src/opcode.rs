@@ -44,6 +44,11 @@ impl ExtHeader {
             ExtHeader::XrcEth => crate::xrceth::HEADER_LEN,
         }
     }
+
+    /// This header's bit in a set of headers (see `ExtRepr::matches`).
+    pub const fn bit(self) -> u16 {
+        1 << self as u16
+    }
 }
 
 /// The transport service an opcode belongs to (its top three bits).
