@@ -182,18 +182,13 @@ fn a_resized_cq_keeps_what_waits_and_refuses_less_room() {
 /// the whole takes; none at all ends it, not before the stall.
 #[test]
 fn wait_for_gives_up_only_after_a_stall_without_completions() {
-    let Two {
-        ctx_a: _ctx_a,
-        ctx_b: _ctx_b,
-        pd_a,
-        pd_b,
-        cq_a,
-        cq_b: _cq_b,
-        qp_a,
-        qp_b: _qp_b,
-    } = two(16);
+    let two = two(16);
+    let (cq_a, qp_a) = (&two.cq_a, &two.qp_a);
     let all = AccessFlags::all();
-    let (src, dst) = (pd_a.reg_mr(64, all).unwrap(), pd_b.reg_mr(64, all).unwrap());
+    let (src, dst) = (
+        two.pd_a.reg_mr(64, all).unwrap(),
+        two.pd_b.reg_mr(64, all).unwrap(),
+    );
     let stall = Duration::from_millis(300);
     let started = std::time::Instant::now();
     assert!(matches!(cq_a.wait_for(1, stall), Err(Error::TimedOut)));
