@@ -3,7 +3,8 @@
 //! wire), four `ib_send_bw` pairs on two devices at once, and again with one server killed
 //! halfway (the other three finish), `ibv_devinfo` while servers hold the device, two
 //! `rping` servers on one device, a switch killed under its clients (who hear
-//! `IBV_EVENT_DEVICE_FATAL` and never hang), and two of our processes against two of
+//! `IBV_EVENT_DEVICE_FATAL` and never hang), a switch started on demand staying in its
+//! starter's session (its scheduling autogroup), and two of our processes against two of
 //! rdma-core's on Linux rxe at once, in both roles.
 //!
 //! Needs root (namespaces, AF_XDP), perftest, rdmacm-utils and ibverbs-utils (gcc and
@@ -137,6 +138,107 @@ fn a_perftest_server_and_client_share_one_device_and_nothing_reaches_the_wire() 
         assert!(output.status.success(), "roce perf {side}: {said}");
         assert!(has_row(&said, "65536", "100"), "roce perf {side}: {said}");
     }
+}
+
+/// The on-demand switch serving interface `dev`, found by its command line, with its
+/// process group, session and ignored signals (`/proc`); waits for it (bounded).
+fn on_demand_switch(dev: &str) -> Option<(u32, i64, i64, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|&byte| byte == 0).collect();
+            if args.get(1..4) != Some(&[&b"switch"[..], dev.as_bytes(), b"--on-demand"][..]) {
+                continue;
+            }
+            let (Ok(stat), Ok(status)) = (
+                std::fs::read_to_string(format!("/proc/{pid}/stat")),
+                std::fs::read_to_string(format!("/proc/{pid}/status")),
+            ) else {
+                continue;
+            };
+            // After the command's name: state, parent, process group, session.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            let ignored = status
+                .lines()
+                .find_map(|line| line.strip_prefix("SigIgn:"))?;
+            return Some((
+                pid,
+                fields[2].parse().ok()?,
+                fields[3].parse().ok()?,
+                u64::from_str_radix(ignored.trim(), 16).ok()?,
+            ));
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// A switch started on demand stays in the session of the process that started it, so in
+/// its scheduling autogroup: alone in an autogroup of its own (setsid), it sat runnable for
+/// 440 ms at a time under two busy `ib_send_bw -s 64` pairs on two cores, and the pairs
+/// ran out of retries in 5 of 12 runs. It leads a process group of its own (the program's
+/// signals do not reach it) and ignores SIGHUP (its session's terminal may go).
+#[test]
+fn an_on_demand_switch_stays_in_its_starters_session_in_a_group_of_its_own() {
+    let test = "an_on_demand_switch_stays_in_its_starters_session_in_a_group_of_its_own";
+    if !needs_root(test) {
+        return;
+    }
+    let a = Netns::create("roce-mp-s").unwrap();
+    let b = Netns::create("roce-mp-s").unwrap();
+    veth(
+        (&a, "mpsa0", "10.96.0.1/24"),
+        (&b, "mpsb0", "10.96.0.2/24"),
+        9000,
+    )
+    .unwrap();
+    // Long enough (a few seconds) for the switch to be found while it serves.
+    let flags = ["-s", "64", "-n", "1000000", "-p", "18545"];
+    let server = roce_in(
+        &a,
+        "perf",
+        &[&["send_bw", "-d", "mpsa0"][..], &flags].concat(),
+    )
+    .spawn()
+    .unwrap();
+    wait_for_listener(&a, 18545);
+    let client = roce_in(
+        &b,
+        "perf",
+        &[&["send_bw", "-d", "mpsb0"][..], &flags, &["10.96.0.1"]].concat(),
+    )
+    .spawn()
+    .unwrap();
+    let found = on_demand_switch("mpsa0");
+    let client = client.wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    assert!(server.status.success(), "server: {}", text(&server));
+    assert!(client.status.success(), "client: {}", text(&client));
+    let (pid, group, session, ignored) = found.expect("no switch started on demand");
+    let ours = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let ours: i64 = ours
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(session, ours, "the switch left our session");
+    assert_eq!(
+        group,
+        i64::from(pid),
+        "the switch leads no process group of its own"
+    );
+    // SIGHUP is signal 1: bit 0 of the mask.
+    assert_ne!(ignored & 1, 0, "SIGHUP not ignored: {ignored:x}");
 }
 
 #[test]

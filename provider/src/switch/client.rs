@@ -464,8 +464,15 @@ fn listen_to_switch(inner: &Inner, socket: &OwnedFd) {
 }
 
 /// Starts `program switch INTERFACE --on-demand` as a daemon of its own: a grandchild
-/// (reparented, never our zombie, never seen by our `wait`), in a session of its own, with
-/// none of our fds but 0 to 2 (/dev/null; stderr kept with `ROCE_LOG`).
+/// (reparented, never our zombie, never seen by our `wait`), in a process group of its own
+/// (no signal for the program's group reaches it) that ignores SIGHUP, with none of our fds
+/// but 0 to 2 (/dev/null; stderr kept with `ROCE_LOG`).
+///
+/// It stays in the program's session, so in its scheduling autogroup: in a session of its
+/// own (setsid) the switch was an autogroup alone, whose share of a CPU shrinks while it
+/// sleeps, and under two busy perftest pairs on two cores it sat runnable for 440 ms at a
+/// time past its 100 ms poll timeout; the pairs' QPs ran out of retries (`RETRY_EXC_ERR`)
+/// in 5 of 12 runs, none of 14 with autogroups off or in the starter's session.
 fn start_switch(program: &Path, interface: &str) -> io::Result<()> {
     let arguments: Vec<OsString> = vec![
         program.as_os_str().to_owned(),
@@ -486,7 +493,7 @@ fn start_switch(program: &Path, interface: &str) -> io::Result<()> {
     let keep_stderr = std::env::var_os("ROCE_LOG").is_some_and(|value| value != "0");
     tracing::debug!(program = %program.display(), %interface, "starting a switch");
     // SAFETY: between fork and exec the children call only async-signal-safe functions
-    // (fork, setsid, dup2, close_range, sigprocmask, execv, _exit) on memory prepared
+    // (fork, setpgid, signal, dup2, close_range, sigprocmask, execv, _exit) on memory prepared
     // before the fork; the parent only waits for the first child.
     #[allow(unsafe_code)]
     unsafe {
@@ -498,7 +505,8 @@ fn start_switch(program: &Path, interface: &str) -> io::Result<()> {
             if libc::fork() != 0 {
                 libc::_exit(0);
             }
-            libc::setsid();
+            libc::setpgid(0, 0);
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
             let fd = null.as_raw_fd();
             libc::dup2(fd, 0);
             libc::dup2(fd, 1);
