@@ -112,18 +112,25 @@ impl<T> Producer<T> {
 }
 
 impl<T> Consumer<T> {
+    /// Whether a value waits at the tail: the producer's index is read only once those
+    /// seen before are all taken.
+    #[inline]
+    fn any_published(&mut self) -> bool {
+        if self.tail == self.head {
+            self.head = self.ring.head.load(Ordering::Acquire);
+        }
+        self.tail != self.head
+    }
+
     /// Reads the value at the tail, if the producer has published one.
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<T> {
-        if self.tail == self.head {
-            self.head = self.ring.head.load(Ordering::Acquire);
-            if self.tail == self.head {
-                return None;
-            }
+        if !self.any_published() {
+            return None;
         }
         let slot = &self.ring.slots[self.tail & self.ring.mask()];
         // SAFETY: the slot is inside `tail..head` as published by the producer (the Acquire
-        // load above, or an earlier one: the head only moves forward), so it holds a value
+        // load in `any_published`, now or earlier: the head only moves forward), so it holds a value
         // the producer no longer touches until the tail published below passes it; `&mut
         // self` makes this the only consumer. The value is moved out, the slot left as
         // uninitialised again.
@@ -137,11 +144,8 @@ impl<T> Consumer<T> {
     /// slot and drops it there: a large value (a send request) is not moved out first.
     #[inline]
     pub(crate) fn pop_with<R>(&mut self, read: impl FnOnce(&T) -> R) -> Option<R> {
-        if self.tail == self.head {
-            self.head = self.ring.head.load(Ordering::Acquire);
-            if self.tail == self.head {
-                return None;
-            }
+        if !self.any_published() {
+            return None;
         }
         // Drops the value in its slot and moves the tail past it once it is read, even if
         // `read` unwinds: the value is dropped exactly once either way.
