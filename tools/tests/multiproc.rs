@@ -140,6 +140,14 @@ fn a_perftest_server_and_client_share_one_device_and_nothing_reaches_the_wire() 
     }
 }
 
+/// The process group and session of process `pid` (a number, or `self`), from
+/// `/proc/PID/stat`: the fields after the command's name are state, parent, group, session.
+fn group_and_session(pid: &str) -> Option<(i64, i64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?))
+}
+
 /// The on-demand switch serving interface `dev`, found by its command line, with its
 /// process group, session and ignored signals (`/proc`); waits for it (bounded).
 fn on_demand_switch(dev: &str) -> Option<(u32, i64, i64, u64)> {
@@ -156,21 +164,19 @@ fn on_demand_switch(dev: &str) -> Option<(u32, i64, i64, u64)> {
             if args.get(1..4) != Some(&[&b"switch"[..], dev.as_bytes(), b"--on-demand"][..]) {
                 continue;
             }
-            let (Ok(stat), Ok(status)) = (
-                std::fs::read_to_string(format!("/proc/{pid}/stat")),
+            let (Some((group, session)), Ok(status)) = (
+                group_and_session(&pid.to_string()),
                 std::fs::read_to_string(format!("/proc/{pid}/status")),
             ) else {
                 continue;
             };
-            // After the command's name: state, parent, process group, session.
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
             let ignored = status
                 .lines()
                 .find_map(|line| line.strip_prefix("SigIgn:"))?;
             return Some((
                 pid,
-                fields[2].parse().ok()?,
-                fields[3].parse().ok()?,
+                group,
+                session,
                 u64::from_str_radix(ignored.trim(), 16).ok()?,
             ));
         }
@@ -221,16 +227,7 @@ fn an_on_demand_switch_stays_in_its_starters_session_in_a_group_of_its_own() {
     assert!(server.status.success(), "server: {}", text(&server));
     assert!(client.status.success(), "client: {}", text(&client));
     let (pid, group, session, ignored) = found.expect("no switch started on demand");
-    let ours = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let ours: i64 = ours
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(3)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (_, ours) = group_and_session("self").unwrap();
     assert_eq!(session, ours, "the switch left our session");
     assert_eq!(
         group,
