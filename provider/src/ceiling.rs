@@ -11,6 +11,9 @@
 //! The sender keeps at most [`WINDOW`] frames beyond what the receiver has counted, as RoCE
 //! keeps at most its PSN window unacknowledged: unpaced, on shared cores it floods a receiver
 //! it competes with, whose ring overflows, and measures the drops rather than the link.
+//!
+//! A [`Meter`] keeps both sockets bound between measurements, so that short slices of the
+//! ceiling can be taken between the chunks of the runs they are the ceiling of.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -42,6 +45,10 @@ pub struct CeilingRate {
     pub payload: usize,
     /// Whole frame, Ethernet header to ICRC.
     pub frame_len: usize,
+    /// How long the sender sent.
+    pub elapsed: Duration,
+    /// Frames the sender sent.
+    pub sent: u64,
     /// Frames the receiver counted.
     pub frames: u64,
     /// Frames per second received.
@@ -97,81 +104,182 @@ pub const WINDOW: u64 = 128;
 /// How long the window may stay full before the sender takes its frames as lost (a veth
 /// may drop a frame where no socket counts it) rather than wait for them to the end.
 pub const LOSS_TIMEOUT: Duration = Duration::from_millis(100);
-/// How long [`measure_ceiling_counting`] goes on sending for the frames it waits for.
+/// How long [`Meter::measure_counting`] goes on sending for the frames it waits for.
 pub const COUNT_PATIENCE: Duration = Duration::from_secs(10);
 /// How long binding waits for a queue a previous socket just released (EBUSY for ~0.5 s).
 const BIND_PATIENCE: Duration = Duration::from_secs(3);
 /// Time for frames in flight to arrive after the sender stops.
 const DRAIN: Duration = Duration::from_millis(50);
 
-/// Sends frames carrying `payload` bytes of RoCE payload from `sender` to `receiver` for
-/// `period`, as fast as one AF_XDP socket can within [`WINDOW`], and counts what an AF_XDP
-/// socket on `receiver` gets. Both run on threads of their own inside their namespaces, so
-/// this may be called from any thread; neither interface may have another AF_XDP user
-/// meanwhile (open RoCE contexts on them first close). A payload of 4096 needs an MTU of
-/// 9000 (two-buffer frames).
-pub fn measure_ceiling(
-    sender: &Station,
-    receiver: &Station,
-    mode: XdpMode,
-    payload: usize,
-    period: Duration,
-) -> io::Result<CeilingRate> {
-    measure_ceiling_counting(sender, receiver, mode, payload, period, 0)
+/// The ceiling of a link, measured on demand: a sender and a counter, each on a thread of
+/// its own with a socket bound once (a queue a closed socket held stays busy for about half
+/// a second, too long to bind again per measurement), idle between measurements. So short
+/// slices of the ceiling can be interleaved with the runs they are the ceiling of, on a
+/// second link between the same namespaces: on a shared host the machine's speed drifts
+/// over seconds, and a ceiling measured once, seconds away from the figure it divides,
+/// carries that drift into the ratio. Dropping the meter ends both threads.
+pub struct Meter {
+    addresses: ([u8; 6], [u8; 6]),
+    counter: Worker<(), io::Result<(u64, XdpCounters)>>,
+    sender: Worker<(Vec<u8>, Span), io::Result<Sent>>,
+    stop: Arc<AtomicBool>,
+    counted: Arc<AtomicU64>,
 }
 
-/// [`measure_ceiling`] that goes on sending past `period` until the receiver has counted
-/// `at_least` frames, or [`COUNT_PATIENCE`] has passed: on a loaded machine either thread
-/// may wait for a CPU for much of a short period, and a check that frames are counted
-/// should not depend on how much of it they got. The rate is over the whole time sent.
-pub fn measure_ceiling_counting(
-    sender: &Station,
-    receiver: &Station,
-    mode: XdpMode,
-    payload: usize,
-    period: Duration,
-    at_least: u64,
-) -> io::Result<CeilingRate> {
-    let receiver_mac = netns::mac_in(&receiver.netns, &receiver.interface)?;
-    let sender_mac = netns::mac_in(&sender.netns, &sender.interface)?;
-    let frame = roce_frame(sender_mac, receiver_mac, payload)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let counted = Arc::new(AtomicU64::new(0));
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let counter = {
-        let (station, stop, counted) = (receiver.clone(), stop.clone(), counted.clone());
-        thread::spawn(move || count_frames(&station, mode, &ready_tx, &stop, &counted))
-    };
-    // The receiver is bound (or failed) before anything is sent.
-    let ready = ready_rx.recv().unwrap_or(Ok(()));
-    let sent = ready.and_then(|()| {
-        let station = sender.clone();
+impl Meter {
+    /// Binds a counting socket on `receiver`, then a sending one on `sender` (each in its
+    /// namespace).
+    pub fn open(sender: &Station, receiver: &Station, mode: XdpMode) -> io::Result<Meter> {
+        let addresses = (
+            netns::mac_in(&sender.netns, &sender.interface)?,
+            netns::mac_in(&receiver.netns, &receiver.interface)?,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let counted = Arc::new(AtomicU64::new(0));
+        let mut backend = open_in_thread(receiver, mode)?;
+        let counter = {
+            let (stop, counted) = (stop.clone(), counted.clone());
+            Worker::spawn(move |()| count_frames(&mut backend, &stop, &counted))
+        };
+        let mut backend = open_in_thread(sender, mode)?;
+        let sender = {
+            let counted = counted.clone();
+            Worker::spawn(move |(frame, span): (Vec<u8>, Span)| {
+                send_frames(&mut backend, &frame, span, &counted)
+            })
+        };
+        Ok(Meter {
+            addresses,
+            counter,
+            sender,
+            stop,
+            counted,
+        })
+    }
+
+    /// Frames carrying `payload` bytes of RoCE payload sent for `period`, as fast as the
+    /// sending socket can within [`WINDOW`], and counted by the receiving one. The
+    /// receiver's counters are its sockets' since the meter opened. A payload of 4096 needs
+    /// an MTU of 9000 (two-buffer frames).
+    pub fn measure(&self, payload: usize, period: Duration) -> io::Result<CeilingRate> {
+        self.measure_counting(payload, period, 0)
+    }
+
+    /// [`measure`](Meter::measure) that goes on sending past `period` until the receiver
+    /// has counted `at_least` frames, or [`COUNT_PATIENCE`] has passed: on a loaded machine
+    /// either thread may wait for a CPU for much of a short period, and a check that frames
+    /// are counted should not depend on how much of it they got. The rate is over the whole
+    /// time sent.
+    pub fn measure_counting(
+        &self,
+        payload: usize,
+        period: Duration,
+        at_least: u64,
+    ) -> io::Result<CeilingRate> {
         let span = Span { period, at_least };
-        let sending = thread::spawn(move || send_frames(&station, mode, &frame, span, &counted));
-        sending
-            .join()
-            .map_err(|_| io::Error::other("the sending thread panicked"))?
-    });
-    thread::sleep(DRAIN);
-    stop.store(true, Ordering::Relaxed);
-    let received = counter
+        let (sender_mac, receiver_mac) = self.addresses;
+        let frame = roce_frame(sender_mac, receiver_mac, payload)?;
+        let frame_len = frame.len();
+        self.stop.store(false, Ordering::Relaxed);
+        self.counted.store(0, Ordering::Release);
+        // The counter starts (and says so) before anything is sent.
+        self.counter.start(())?;
+        let sent = self
+            .sender
+            .start((frame, span))
+            .and_then(|()| self.sender.answer());
+        thread::sleep(DRAIN);
+        self.stop.store(true, Ordering::Relaxed);
+        let counted = self.counter.answer();
+        let Sent {
+            frames: sent,
+            elapsed,
+            written_off,
+        } = sent?;
+        let (frames, receiver) = counted?;
+        let seconds = elapsed.as_secs_f64();
+        Ok(CeilingRate {
+            payload,
+            frame_len,
+            elapsed,
+            sent,
+            frames,
+            frames_per_sec: frames as f64 / seconds,
+            bytes_per_sec: (frames * frame_len as u64) as f64 / seconds,
+            written_off,
+            receiver,
+        })
+    }
+}
+
+/// A thread serving jobs one at a time: each job's answer comes back in order. It ends when
+/// dropped (after the job it serves, if any).
+struct Worker<J, A> {
+    jobs: Option<mpsc::Sender<J>>,
+    started: mpsc::Receiver<()>,
+    answers: mpsc::Receiver<A>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl<J: Send + 'static, A: Send + 'static> Worker<J, A> {
+    fn spawn(mut serve: impl FnMut(J) -> A + Send + 'static) -> Self {
+        let (jobs, job_rx) = mpsc::channel::<J>();
+        let (started_tx, started) = mpsc::channel();
+        let (answer_tx, answers) = mpsc::channel();
+        let thread = thread::spawn(move || {
+            while let Ok(job) = job_rx.recv() {
+                let _ = started_tx.send(());
+                if answer_tx.send(serve(job)).is_err() {
+                    break;
+                }
+            }
+        });
+        Worker {
+            jobs: Some(jobs),
+            started,
+            answers,
+            thread: Some(thread),
+        }
+    }
+
+    /// Hands the worker `job` and waits until it has taken it.
+    fn start(&self, job: J) -> io::Result<()> {
+        let gone = || io::Error::other("a ceiling thread ended");
+        self.jobs
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(job)
+            .map_err(|_| gone())?;
+        self.started.recv().map_err(|_| gone())
+    }
+
+    /// The answer to the job started last.
+    fn answer(&self) -> A {
+        match self.answers.recv() {
+            Ok(answer) => answer,
+            // Only a panic ends the thread while a job is out.
+            Err(_) => panic!("a ceiling thread panicked"),
+        }
+    }
+}
+
+impl<J, A> Drop for Worker<J, A> {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Opens the AF_XDP backend on `station` from a thread of its own, which enters the
+/// station's namespace (the calling thread stays where it is; the sockets stay bound to the
+/// station's interface wherever they are used from).
+fn open_in_thread(station: &Station, mode: XdpMode) -> io::Result<AfXdpBackend> {
+    let station = station.clone();
+    thread::spawn(move || open(&station, mode))
         .join()
-        .map_err(|_| io::Error::other("the receiving thread panicked"))?;
-    let Sent {
-        elapsed,
-        written_off,
-    } = sent?;
-    let (frames, receiver) = received?;
-    let seconds = elapsed.as_secs_f64();
-    Ok(CeilingRate {
-        payload,
-        frame_len: frame_len(payload)?,
-        frames,
-        frames_per_sec: frames as f64 / seconds,
-        bytes_per_sec: (frames * frame_len(payload)? as u64) as f64 / seconds,
-        written_off,
-        receiver,
-    })
+        .map_err(|_| io::Error::other("opening a ceiling socket panicked"))?
 }
 
 /// Opens the AF_XDP backend on `station` from the calling thread, entering its namespace,
@@ -191,23 +299,13 @@ fn open(station: &Station, mode: XdpMode) -> io::Result<AfXdpBackend> {
     }
 }
 
-/// Counts frames on `station` into `counted` until `stop`; says on `ready` when it listens.
-/// The frames and the sockets' kernel counters at the end.
+/// Counts frames into `counted` (zero when this is called) until `stop`. The frames and the
+/// sockets' kernel counters.
 fn count_frames(
-    station: &Station,
-    mode: XdpMode,
-    ready: &mpsc::Sender<io::Result<()>>,
+    backend: &mut AfXdpBackend,
     stop: &AtomicBool,
     counted: &AtomicU64,
 ) -> io::Result<(u64, XdpCounters)> {
-    let mut backend = match open(station, mode) {
-        Ok(backend) => backend,
-        Err(error) => {
-            let _ = ready.send(Err(io::Error::new(error.kind(), error.to_string())));
-            return Err(error);
-        }
-    };
-    let _ = ready.send(Ok(()));
     let mut frames = 0;
     while !stop.load(Ordering::Relaxed) {
         let batch = backend.receive(1024, &mut |_| {})? as u64;
@@ -216,11 +314,16 @@ fn count_frames(
             counted.store(frames, Ordering::Release);
         }
     }
-    Ok((frames, XdpCounters::of(&backend)?))
+    let counters = XdpCounters::of(backend)?;
+    // Stragglers go now, not into the next measurement.
+    while backend.receive(1024, &mut |_| {})? > 0 {}
+    Ok((frames, counters))
 }
 
 /// What the sender did.
 struct Sent {
+    /// Frames it sent.
+    frames: u64,
     /// How long it sent.
     elapsed: Duration,
     /// Frames it took as lost, see [`LOSS_TIMEOUT`].
@@ -242,16 +345,14 @@ impl Span {
     }
 }
 
-/// Sends `frame` from `station` for `span` as fast as the socket takes it, with at most
-/// [`WINDOW`] frames beyond those the receiver has `counted`.
+/// Sends `frame` for `span` as fast as the socket takes it, with at most [`WINDOW`] frames
+/// beyond those the receiver has `counted` (from zero, when this is called).
 fn send_frames(
-    station: &Station,
-    mode: XdpMode,
+    backend: &mut AfXdpBackend,
     frame: &[u8],
     span: Span,
     counted: &AtomicU64,
 ) -> io::Result<Sent> {
-    let mut backend = open(station, mode)?;
     let (mut sent, mut written_off) = (0u64, 0u64);
     let mut full_since = None;
     let started = Instant::now();
@@ -285,14 +386,10 @@ fn send_frames(
         backend.submit()?;
     }
     Ok(Sent {
+        frames: sent,
         elapsed: started.elapsed(),
         written_off,
     })
-}
-
-/// The length of the frame [`roce_frame`] builds.
-fn frame_len(payload: usize) -> io::Result<usize> {
-    Ok(roce_frame([0; 6], [0; 6], payload)?.len())
 }
 
 /// An RDMA WRITE packet with `payload` bytes: a middle packet for a full 4096, an only
@@ -332,6 +429,11 @@ fn roce_frame(src: [u8; 6], dst: [u8; 6], payload: usize) -> io::Result<Vec<u8>>
 mod tests {
     use super::*;
     use roce_wire::Frame;
+
+    /// The length of the frame [`roce_frame`] builds.
+    fn frame_len(payload: usize) -> io::Result<usize> {
+        Ok(roce_frame([0; 6], [0; 6], payload)?.len())
+    }
 
     #[test]
     fn frames_have_the_sizes_roce_sends() {

@@ -1,12 +1,13 @@
-//! The raw AF_XDP ceiling between two namespaces: both RoCE frame sizes get through, the
-//! sender's window keeps the receiver's RX ring from overflowing, and the rates are printed
+//! The raw AF_XDP ceiling between two namespaces: both RoCE frame sizes get through, one
+//! meter measures again and again (each measurement counting its own frames), the sender's
+//! window keeps the receiver's RX ring from overflowing, and the rates are printed
 //! (not asserted: the run goes on past its period until the frames wanted are counted, so a
 //! loaded machine that gives the threads little CPU makes it longer, not failed). Needs
 //! root (CI is root).
 
 use std::time::Duration;
 
-use roce_provider::ceiling::{measure_ceiling_counting, Station, COUNT_PATIENCE};
+use roce_provider::ceiling::{Meter, Station, COUNT_PATIENCE, WINDOW};
 use roce_provider::netns::needs_root;
 use roce_provider::netns::{veth, Netns};
 use roce_provider::xdp::XdpMode;
@@ -26,11 +27,13 @@ fn ceiling_counts_full_and_small_roce_frames() {
     let (sender, receiver) = (station(&a, "ca"), station(&b, "cb"));
     // Frames each run must count: in 10 s, a rate any working path beats by far.
     const WANTED: u64 = 1000;
-    for (payload, frame_len) in [(4096, 4154), (64, 138)] {
+    let meter = Meter::open(&sender, &receiver, XdpMode::Native).expect("a meter");
+    // Each size twice, alternating, on the same sockets: as the demo interleaves slices.
+    for (payload, frame_len) in [(4096, 4154), (64, 138), (4096, 4154), (64, 138)] {
         let period = Duration::from_millis(300);
-        let rate =
-            measure_ceiling_counting(&sender, &receiver, XdpMode::Native, payload, period, WANTED)
-                .expect("a measurement");
+        let rate = meter
+            .measure_counting(payload, period, WANTED)
+            .expect("a measurement");
         eprintln!(
             "{payload} B payload ({frame_len} B frames): {:.0} frames/s, {:.2} Gbit/s, \
              written off {}, receiver {:?}",
@@ -40,6 +43,13 @@ fn ceiling_counts_full_and_small_roce_frames() {
             rate.receiver
         );
         assert_eq!(rate.frame_len, frame_len);
+        // Its own frames only: none of the measurement before, and all but those written
+        // off or still in the window when the sender stopped (a veth may drop some).
+        assert!(rate.frames <= rate.sent, "{rate:?}");
+        assert!(
+            rate.frames + WINDOW + rate.written_off >= rate.sent,
+            "{rate:?}"
+        );
         assert!(
             rate.frames >= WANTED,
             "fewer than {WANTED} frames counted in {COUNT_PATIENCE:?}: {rate:?}"

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use roce_provider::ceiling::{measure_ceiling, CeilingRate, Station};
+use roce_provider::ceiling::{CeilingRate, Meter, Station};
 use roce_provider::netns::{self, is_root, veth, Netns};
 use roce_verbs::{
     AccessFlags, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions, PathMtu, Pd,
@@ -48,6 +48,8 @@ pub struct Args {
     pcap: Option<std::path::PathBuf>,
 }
 
+/// The interface of the ceiling's own link, in both namespaces.
+const CEILING_IF: &str = "roce1";
 const IP_B: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 2);
 const MESSAGE: usize = 64 * 1024;
 /// WRITE/READ messages in flight; also the number of 64 KiB slots in the target window.
@@ -66,11 +68,15 @@ const PING: usize = 64;
 /// Small WRITEs in flight for the message rate: deeper than [`WINDOW`], since each costs
 /// the responder little.
 const SMALL_IN_FLIGHT: u64 = 64;
+/// One small WRITE in this many is signaled, as perftest's message-rate tests signal one in
+/// `--cq-mod` (100 by default): the rate is the link's and the transport's, not a
+/// completion's per message.
+const SIGNAL_EVERY: u64 = 16;
 /// 64-byte WRITEs per ping-pong round trip of `--iters`: the rate needs more messages than
 /// the latency to settle.
 const SMALL_PER_ITER: u64 = 20;
-/// The ceiling's measuring period per byte of `--bytes`, within [`CEILING_PERIODS`]: a short
-/// demo (as in CI) gets a short ceiling.
+/// The ceiling's measuring time per run (over its slices) per byte of `--bytes`, within
+/// [`CEILING_PERIODS`]: a short demo (as in CI) gets a short ceiling.
 const CEILING_SECONDS_PER_GIB: f64 = 2.0;
 const CEILING_PERIODS: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
 
@@ -150,14 +156,23 @@ fn demo(args: &Args) -> io::Result<bool> {
 
     eprintln!("roce demo: kernel TCP baseline...");
     let tcp = tcp_baseline(&a, &b, args)?;
-    eprintln!("roce demo: RoCEv2 over AF_XDP...");
-    let roce = roce_runs(&a, &b, args)?;
-    // After the RoCE runs: their contexts are closed, so the raw sockets get the queues.
-    eprintln!("roce demo: raw AF_XDP ceiling...");
-    let ceiling = raw_ceiling(&a, &b, mode, args)?;
+    // The ceiling's own link between the same namespaces, so that its slices can be
+    // interleaved with the RoCE runs: see [`Interleaved`].
+    veth(
+        (&a, CEILING_IF, "10.79.1.1/24"),
+        (&b, CEILING_IF, "10.79.1.2/24"),
+        args.mtu,
+    )?;
+    let station = |netns: &Netns| Station {
+        netns: netns.name.clone(),
+        interface: CEILING_IF.to_owned(),
+    };
+    let meter = Meter::open(&station(&a), &station(&b), mode)?;
+    eprintln!("roce demo: RoCEv2 over AF_XDP, with the raw AF_XDP ceiling in slices between...");
+    let roce = roce_runs(&a, &b, args, meter)?;
 
     print_comparison(&roce, &tcp);
-    print_ceiling(&roce, &ceiling);
+    print_ceiling(&roce);
     println!("verified={} status=ok", roce.verified);
     Ok(true)
 }
@@ -179,21 +194,21 @@ fn print_comparison(roce: &RoceFigures, tcp: &TcpFigures) {
     println!(
         "{:<34} {:>16.2} Gbit/s {:>16.2} Gbit/s {:>8}",
         "RDMA WRITE 64 KiB vs TCP stream",
-        roce.write_gbps,
+        roce.write.figure,
         tcp.stream_gbps,
-        ratio(roce.write_gbps, tcp.stream_gbps)
+        ratio(roce.write.figure, tcp.stream_gbps)
     );
     println!(
         "{:<34} {:>16.2} Gbit/s {:>16.2} Gbit/s {:>8}",
         "RDMA READ 64 KiB vs TCP stream",
-        roce.read_gbps,
+        roce.read.figure,
         tcp.stream_gbps,
-        ratio(roce.read_gbps, tcp.stream_gbps)
+        ratio(roce.read.figure, tcp.stream_gbps)
     );
     println!(
         "{:<34} {:>15.3} M msg/s {:>22} {:>8}",
         "RDMA WRITE 64 B message rate",
-        roce.write64_per_s / 1e6,
+        roce.write64.figure / 1e6,
         "-",
         "-"
     );
@@ -203,43 +218,68 @@ fn print_comparison(roce: &RoceFigures, tcp: &TcpFigures) {
     );
 }
 
-/// The raw AF_XDP rows, the ceiling's receiver counters and our figures divided by it.
-fn print_ceiling(roce: &RoceFigures, ceiling: &Ceiling) {
-    let (full, small) = (&ceiling.full, &ceiling.small);
-    let payload_gbps = full.frames_per_sec * full.payload as f64 * 8.0 / 1e9;
+/// The raw AF_XDP rows, the ceiling's receiver counters and our figures divided by it:
+/// each run by the slices of the ceiling taken between its own chunks.
+fn print_ceiling(roce: &RoceFigures) {
+    let full_payload = roce.write.payload;
+    let full: Vec<CeilingRate> = [&roce.write.ceiling[..], &roce.read.ceiling[..]].concat();
+    let small = &roce.write64.ceiling;
     println!(
         "{:<34} {:>16.2} Gbit/s {:>22} {:>8}",
-        format!("raw AF_XDP, {} B payload frames", full.payload),
-        payload_gbps,
+        format!("raw AF_XDP, {full_payload} B payload frames"),
+        gbps(frames_per_sec(&full), full_payload),
         "-",
         "-"
     );
     println!(
         "{:<34} {:>15.3} M msg/s {:>22} {:>8}",
-        format!("raw AF_XDP, {} B payload frames", small.payload),
-        small.frames_per_sec / 1e6,
+        format!("raw AF_XDP, {} B payload frames", roce.write64.payload),
+        roce.write64.ceiling_figure() / 1e6,
         "-",
         "-"
     );
+    let spread = |rates: &[CeilingRate]| {
+        rates
+            .iter()
+            .map(|rate| rate.frames_per_sec)
+            .fold((f64::INFINITY, 0f64), |(low, high), r| {
+                (low.min(r), high.max(r))
+            })
+    };
+    let ((full_low, full_high), (small_low, small_high)) = (spread(&full), spread(small));
+    println!(
+        "raw AF_XDP, {} slices between the RoCE runs' chunks: {full_payload} B {:.2}-{:.2} \
+         Gbit/s, {} B {:.3}-{:.3} M msg/s",
+        full.len() + small.len(),
+        gbps(full_low, full_payload),
+        gbps(full_high, full_payload),
+        roce.write64.payload,
+        small_low / 1e6,
+        small_high / 1e6
+    );
     // Drops at the receiver would mean the ceiling measured its own overflow, not the link.
-    for rate in [full, small] {
-        let counters = &rate.receiver;
+    // Its sockets' counters run from the meter's start: the last slice has them all.
+    let written_off: u64 = full.iter().chain(small).map(|rate| rate.written_off).sum();
+    if let Some(CeilingRate { receiver, .. }) = small.last() {
         println!(
-            "raw AF_XDP, {} B: receiver rx_ring_full={} rx_dropped={} fill_ring_empty={}, \
-             written off {}",
-            rate.payload,
-            counters.rx_ring_full,
-            counters.rx_dropped,
-            counters.rx_fill_ring_empty_descs,
-            rate.written_off
+            "raw AF_XDP: receiver rx_ring_full={} rx_dropped={} fill_ring_empty={}, \
+             written off {written_off}",
+            receiver.rx_ring_full, receiver.rx_dropped, receiver.rx_fill_ring_empty_descs,
         );
     }
     println!(
         "ceiling write={:.2} read={:.2} rate64={:.2}",
-        roce.write_gbps / payload_gbps,
-        roce.read_gbps / payload_gbps,
-        roce.write64_per_s / small.frames_per_sec
+        roce.write.ratio(),
+        roce.read.ratio(),
+        roce.write64.ratio()
     );
+}
+
+/// Frames per second over all of `rates`' time together.
+fn frames_per_sec(rates: &[CeilingRate]) -> f64 {
+    let frames: u64 = rates.iter().map(|rate| rate.frames).sum();
+    let seconds: f64 = rates.iter().map(|rate| rate.elapsed.as_secs_f64()).sum();
+    frames as f64 / seconds
 }
 
 struct TcpFigures {
@@ -326,11 +366,42 @@ fn tcp_baseline(a: &Netns, b: &Netns, args: &Args) -> io::Result<TcpFigures> {
 
 struct RoceFigures {
     half_rtt_us: f64,
-    write_gbps: f64,
-    read_gbps: f64,
-    write64_per_s: f64,
+    write: Measured,
+    read: Measured,
+    write64: Measured,
     atomics_per_s: f64,
     verified: u64,
+}
+
+/// A run measured against its ceiling: our figure and the ceiling's slices taken between
+/// its chunks, frames of `payload` bytes.
+struct Measured {
+    payload: usize,
+    /// The figure is payload Gbit/s (a bandwidth), or else messages per second.
+    in_gbps: bool,
+    figure: f64,
+    ceiling: Vec<CeilingRate>,
+}
+
+impl Measured {
+    /// The ceiling over all its slices, in the figure's unit.
+    fn ceiling_figure(&self) -> f64 {
+        let rate = frames_per_sec(&self.ceiling);
+        if self.in_gbps {
+            gbps(rate, self.payload)
+        } else {
+            rate
+        }
+    }
+
+    fn ratio(&self) -> f64 {
+        self.figure / self.ceiling_figure()
+    }
+}
+
+/// Payload Gbit/s of `frames_per_sec` frames of `payload` bytes.
+fn gbps(frames_per_sec: f64, payload: usize) -> f64 {
+    frames_per_sec * payload as f64 * 8.0 / 1e9
 }
 
 /// What B tells A: its QP, and where A may write, read and add.
@@ -389,24 +460,34 @@ fn connect(side: &Side, peer: &QpEndpoint, veth_mtu: u32) -> io::Result<()> {
     Ok(())
 }
 
-fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
+fn roce_runs(a: &Netns, b: &Netns, args: &Args, meter: Meter) -> io::Result<RoceFigures> {
     let (offer_tx, offer_rx) = mpsc::channel::<Offer>();
     let (a_tx, a_rx) = mpsc::channel::<QpEndpoint>();
     let stop = Arc::new(AtomicBool::new(false));
+    let paused = Arc::new(AtomicBool::new(false));
     let (mtu, generic) = (args.mtu, args.generic);
 
     let name_b = b.name.clone();
-    let stop_b = Arc::clone(&stop);
+    let (stop_b, paused_b) = (Arc::clone(&stop), Arc::clone(&paused));
     let responder = thread::spawn(move || -> io::Result<()> {
         netns::enter(&name_b)?;
         let side = open_side(generic, None)?;
-        serve(&side, mtu, &offer_tx, &a_rx, &stop_b)?;
+        serve(&side, mtu, &offer_tx, &a_rx, (&stop_b, &paused_b))?;
         drop(side.ctx);
         Ok(())
     });
 
     let name_a = a.name.clone();
     let (iters, bytes, pcap) = (args.iters, args.bytes, args.pcap.clone());
+    let seconds = bytes as f64 / f64::from(1u32 << 30) * CEILING_SECONDS_PER_GIB;
+    let period = Duration::from_secs_f64(seconds).clamp(CEILING_PERIODS.0, CEILING_PERIODS.1);
+    let ceiling = Ceiling {
+        meter,
+        full_payload: path_mtu(mtu).bytes(),
+        slice: (period / (CHUNKS as u32 + 1)).max(MIN_SLICE),
+        paused,
+        responder: responder.thread().clone(),
+    };
     let requester = thread::spawn(move || -> io::Result<RoceFigures> {
         netns::enter(&name_a)?;
         let side = open_side(generic, pcap.as_deref())?;
@@ -416,12 +497,13 @@ fn roce_runs(a: &Netns, b: &Netns, args: &Args) -> io::Result<RoceFigures> {
         a_tx.send(side.qp.endpoint(1)?)
             .map_err(|_| io::Error::other("B is gone"))?;
         connect(&side, &offer.qp, mtu)?;
-        measure(&side, &offer, iters, bytes)
+        measure(&side, &offer, (iters, bytes), &ceiling)
     });
     let figures = requester
         .join()
         .map_err(|_| io::Error::other("requester panicked"));
     stop.store(true, Ordering::Relaxed);
+    responder.thread().unpark();
     let served = responder
         .join()
         .map_err(|_| io::Error::other("responder panicked"))?;
@@ -437,7 +519,7 @@ fn serve(
     mtu: u32,
     offer_tx: &mpsc::Sender<Offer>,
     a_rx: &mpsc::Receiver<QpEndpoint>,
-    stop: &AtomicBool,
+    (stop, paused): (&AtomicBool, &AtomicBool),
 ) -> io::Result<()> {
     let window = side.pd.reg_mr(SLOTS.len(), AccessFlags::all())?;
     let counter = side.pd.reg_mr(8, AccessFlags::all())?;
@@ -461,6 +543,11 @@ fn serve(
     side.qp.post_recv([arm()])?;
     let mut completions = Vec::new();
     while !stop.load(Ordering::Relaxed) {
+        if paused.load(Ordering::Acquire) {
+            // The requester unparks us when the ceiling's slice is over.
+            thread::park_timeout(Duration::from_millis(10));
+            continue;
+        }
         completions.clear();
         side.cq.poll_into(64, &mut completions)?;
         for completion in &completions {
@@ -484,23 +571,44 @@ fn serve(
     Ok(())
 }
 
-/// A: the four measurements against B's offer, in turn.
-fn measure(side: &Side, offer: &Offer, iters: u32, bytes: u64) -> io::Result<RoceFigures> {
+/// A: the measurements against B's offer, in turn; the bandwidths and the message rate
+/// interleaved with their ceiling.
+fn measure(
+    side: &Side,
+    offer: &Offer,
+    (iters, bytes): (u32, u64),
+    ceiling: &Ceiling,
+) -> io::Result<RoceFigures> {
     let mut verified = 0u64;
     let half_rtt_us = ping_pong(side, iters, &mut verified)?;
     eprintln!("roce demo: ping-pong done");
-    let write_gbps = bandwidth(side, Direction::Write, offer.window, bytes, &mut verified)?;
+    let write = bandwidth(
+        side,
+        Direction::Write,
+        offer.window,
+        bytes,
+        ceiling,
+        &mut verified,
+    )?;
     eprintln!("roce demo: WRITE done");
-    let read_gbps = bandwidth(side, Direction::Read, offer.window, bytes, &mut verified)?;
+    let read = bandwidth(
+        side,
+        Direction::Read,
+        offer.window,
+        bytes,
+        ceiling,
+        &mut verified,
+    )?;
     eprintln!("roce demo: READ done");
-    let write64_per_s = message_rate(side, offer.window, u64::from(iters) * SMALL_PER_ITER)?;
+    let messages = u64::from(iters) * SMALL_PER_ITER;
+    let write64 = message_rate(side, offer.window, messages, ceiling)?;
     eprintln!("roce demo: 64 B WRITE done");
     let atomics_per_s = atomics(side, offer.counter, iters, &mut verified)?;
     Ok(RoceFigures {
         half_rtt_us,
-        write_gbps,
-        read_gbps,
-        write64_per_s,
+        write,
+        read,
+        write64,
         atomics_per_s,
         verified,
     })
@@ -551,15 +659,17 @@ enum Direction {
     Read,
 }
 
-/// Moves `bytes` in 64 KiB messages, [`WINDOW`] in flight; returns Gbit/s. WRITE fills B's
-/// window with a pattern; READ reads it back and checks every message against it.
+/// Moves `bytes` in 64 KiB messages, [`WINDOW`] in flight, interleaved with the ceiling;
+/// payload Gbit/s. WRITE fills B's window with a pattern; READ reads it back and checks
+/// every message against it.
 fn bandwidth(
     side: &Side,
     direction: Direction,
     (window, rkey): (u64, u32),
     bytes: u64,
+    ceiling: &Ceiling,
     verified: &mut u64,
-) -> io::Result<f64> {
+) -> io::Result<Measured> {
     let messages = bytes.div_ceil(MESSAGE as u64).max(WINDOW as u64);
     let mut pattern = vec![0u8; MESSAGE * WINDOW];
     PAYLOAD.fill(0, &mut pattern);
@@ -578,7 +688,8 @@ fn bandwidth(
         Direction::Write => WINDOW as u64,
         Direction::Read => READS_IN_FLIGHT,
     };
-    let started = Instant::now();
+    let run_payload = ceiling.full_payload;
+    let mut run = Interleaved::start(ceiling, run_payload, messages)?;
     let (mut posted, mut done) = (0u64, 0u64);
     let name = match direction {
         Direction::Write => "WRITE",
@@ -587,7 +698,7 @@ fn bandwidth(
     let mut progress = Tenths::new(format!("roce demo: {name}"), Duration::ZERO);
     while done < messages {
         let mut batch = Vec::new();
-        while posted < messages && posted - done + (batch.len() as u64) < in_flight {
+        while posted < run.limit() && posted - done + (batch.len() as u64) < in_flight {
             let n = posted + batch.len() as u64;
             let offset = SLOTS.offset((n % WINDOW as u64) as usize);
             let remote_addr = window + offset as u64;
@@ -615,57 +726,146 @@ fn bandwidth(
             done += 1;
         }
         progress.update(done, messages, |_| String::new());
+        run.reached(done)?;
     }
     progress.finish();
-    let seconds = started.elapsed().as_secs_f64();
+    let (ours, ceiling) = run.finish();
+    let seconds = ours.as_secs_f64();
     let moved = messages * MESSAGE as u64;
     if direction == Direction::Read {
         *verified += moved;
     }
-    Ok(moved as f64 * 8.0 / seconds / 1e9)
+    Ok(Measured {
+        payload: run_payload,
+        in_gbps: true,
+        figure: moved as f64 * 8.0 / seconds / 1e9,
+        ceiling,
+    })
 }
 
-/// `messages` 64-byte WRITEs into B's window, [`SMALL_IN_FLIGHT`] in flight, each
-/// signaled; returns messages per second. Their bytes are not counted as verified: READ
-/// checked the window's transfer path already, and this measures the per-message cost.
-fn message_rate(side: &Side, (window, rkey): (u64, u32), messages: u64) -> io::Result<f64> {
+/// `messages` 64-byte WRITEs into B's window, [`SMALL_IN_FLIGHT`] in flight, one in
+/// [`SIGNAL_EVERY`] signaled (and the last), interleaved with the ceiling; messages per
+/// second. Their bytes are not counted as verified: READ checked the window's transfer path
+/// already, and this measures the per-message cost.
+fn message_rate(
+    side: &Side,
+    (window, rkey): (u64, u32),
+    messages: u64,
+    ceiling: &Ceiling,
+) -> io::Result<Measured> {
     let local = side.pd.reg_mr(PING, AccessFlags::LOCAL_WRITE)?;
-    let started = Instant::now();
+    let mut run = Interleaved::start(ceiling, PING, messages)?;
     let (mut posted, mut done) = (0u64, 0u64);
     while done < messages {
         let mut batch = Vec::new();
-        while posted < messages && posted - done + (batch.len() as u64) < SMALL_IN_FLIGHT {
+        while posted < run.limit() && posted - done + (batch.len() as u64) < SMALL_IN_FLIGHT {
             let n = posted + batch.len() as u64;
             let remote_addr = window + SLOTS.offset((n % WINDOW as u64) as usize) as u64;
             let op = SendOp::RdmaWrite { remote_addr, rkey };
-            batch.push(signaled(n, op, local.sge(0, PING as u32)));
+            let mut wr = signaled(n, op, local.sge(0, PING as u32));
+            // The last of each chunk is signaled too: the chunk ends when it completes.
+            if n % SIGNAL_EVERY != SIGNAL_EVERY - 1 && n + 1 != run.limit() {
+                wr.flags = SendFlags::empty();
+            }
+            batch.push(wr);
         }
         posted += batch.len() as u64;
         side.qp.post_send(batch)?;
-        done += wait(side, 1)?.len() as u64;
+        // RC completes in order: a signaled WRITE's completion says all before it are done.
+        let latest = wait(side, 1)?.iter().map(|c| c.wr_id).max().unwrap_or(0);
+        done = done.max(latest + 1);
+        run.reached(done)?;
     }
-    Ok(messages as f64 / started.elapsed().as_secs_f64())
+    let (ours, ceiling) = run.finish();
+    Ok(Measured {
+        payload: PING,
+        in_gbps: false,
+        figure: messages as f64 / ours.as_secs_f64(),
+        ceiling,
+    })
 }
 
-/// The raw AF_XDP ceiling: full-payload frames, then 64-byte-payload frames.
+/// A run cut into [`CHUNKS`] chunks, with a slice of its ceiling before each chunk and
+/// after the last, the responder paused meanwhile (it polls, and would take a core from the
+/// ceiling): on a shared host the machine's speed drifts over seconds (the 64 B ceiling
+/// alone moved 0.47-0.71 M frames/s between runs on an idle machine), and a ceiling
+/// measured once, seconds away from the figure it divides, carried that drift into the
+/// ratio. Our clock runs only while the chunks do.
+struct Interleaved<'a> {
+    ceiling: &'a Ceiling,
+    payload: usize,
+    total: u64,
+    chunk: u64,
+    ours: Duration,
+    since: Instant,
+    slices: Vec<CeilingRate>,
+}
+
+/// Chunks per run, each between two slices of the ceiling.
+const CHUNKS: u64 = 4;
+/// The shortest slice of the ceiling.
+const MIN_SLICE: Duration = Duration::from_millis(50);
+
+/// What a requester needs to interleave the ceiling with its runs.
 struct Ceiling {
-    full: CeilingRate,
-    small: CeilingRate,
+    meter: Meter,
+    /// The full frames' payload: the path MTU.
+    full_payload: usize,
+    /// Each slice's length.
+    slice: Duration,
+    /// Set while the ceiling measures: the responder waits.
+    paused: Arc<AtomicBool>,
+    responder: thread::Thread,
 }
 
-/// Measures [`Ceiling`] from A to B, as WRITE sends; no context may be open on either side.
-fn raw_ceiling(a: &Netns, b: &Netns, mode: XdpMode, args: &Args) -> io::Result<Ceiling> {
-    let station = |netns: &Netns| Station {
-        netns: netns.name.clone(),
-        interface: "roce0".to_owned(),
-    };
-    let (sender, receiver) = (station(a), station(b));
-    let seconds = args.bytes as f64 / f64::from(1u32 << 30) * CEILING_SECONDS_PER_GIB;
-    let period = Duration::from_secs_f64(seconds).clamp(CEILING_PERIODS.0, CEILING_PERIODS.1);
-    let full_payload = path_mtu(args.mtu).bytes();
-    let full = measure_ceiling(&sender, &receiver, mode, full_payload, period)?;
-    let small = measure_ceiling(&sender, &receiver, mode, PING, period)?;
-    Ok(Ceiling { full, small })
+impl Ceiling {
+    /// A slice of the ceiling with `payload`-byte frames, the responder paused.
+    fn slice(&self, payload: usize) -> io::Result<CeilingRate> {
+        self.paused.store(true, Ordering::Release);
+        let rate = self.meter.measure(payload, self.slice);
+        self.paused.store(false, Ordering::Release);
+        self.responder.unpark();
+        rate
+    }
+}
+
+impl<'a> Interleaved<'a> {
+    /// Takes the first slice, then starts our clock.
+    fn start(ceiling: &'a Ceiling, payload: usize, total: u64) -> io::Result<Self> {
+        let slices = vec![ceiling.slice(payload)?];
+        Ok(Interleaved {
+            ceiling,
+            payload,
+            total,
+            chunk: 1,
+            ours: Duration::ZERO,
+            since: Instant::now(),
+            slices,
+        })
+    }
+
+    /// How many of the run's messages may be posted by now: those of the chunks so far.
+    fn limit(&self) -> u64 {
+        (self.total * self.chunk).div_ceil(CHUNKS)
+    }
+
+    /// With `done` messages done: at the end of a chunk, stops our clock, takes a slice of
+    /// the ceiling, and starts our clock again.
+    fn reached(&mut self, done: u64) -> io::Result<()> {
+        if done < self.limit() || self.chunk > CHUNKS {
+            return Ok(());
+        }
+        self.ours += self.since.elapsed();
+        self.slices.push(self.ceiling.slice(self.payload)?);
+        self.chunk += 1;
+        self.since = Instant::now();
+        Ok(())
+    }
+
+    /// Our time over the chunks, and the ceiling's slices.
+    fn finish(self) -> (Duration, Vec<CeilingRate>) {
+        (self.ours, self.slices)
+    }
 }
 
 /// FETCH_ADDs then a CMP_SWAP on B's counter, [`WINDOW`] in flight; every returned value is
@@ -724,4 +924,35 @@ fn atomics(
         }
     }
     Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roce_provider::ceiling::XdpCounters;
+
+    fn slice(frames: u64, seconds: f64) -> CeilingRate {
+        CeilingRate {
+            payload: PING,
+            frame_len: 138,
+            elapsed: Duration::from_secs_f64(seconds),
+            sent: frames,
+            frames,
+            frames_per_sec: frames as f64 / seconds,
+            bytes_per_sec: (frames * 138) as f64 / seconds,
+            written_off: 0,
+            receiver: XdpCounters::default(),
+        }
+    }
+
+    #[test]
+    fn the_ceiling_over_slices_weighs_each_by_its_time() {
+        // 100 frames in 1 s and 600 in 3 s: 175 frames/s over the 4 s, not the mean of the
+        // two rates (150).
+        let rate = frames_per_sec(&[slice(100, 1.0), slice(600, 3.0)]);
+        assert!((rate - 175.0).abs() < 1e-9, "{rate}");
+        // A slice that counted nothing takes its time too.
+        let rate = frames_per_sec(&[slice(0, 1.0), slice(100, 1.0)]);
+        assert!((rate - 50.0).abs() < 1e-9, "{rate}");
+    }
 }

@@ -53,6 +53,7 @@ fn demo_runs_verifies_and_cleans_up() {
         "RDMA WRITE 64 B message rate",
         "raw AF_XDP, 4096 B payload frames",
         "raw AF_XDP, 64 B payload frames",
+        "raw AF_XDP, 15 slices between the RoCE runs' chunks",
     ] {
         assert!(stdout.contains(row), "no row {row:?}: {stdout}");
     }
