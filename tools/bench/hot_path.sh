@@ -59,7 +59,7 @@ for round in $(seq "$ROUNDS"); do
 		for test in $TESTS; do
 			case $test in
 			demo)
-				out=$(timeout 300 "$roce" demo --bytes 256M 2>/dev/null)
+				out=$(timeout 300 "$roce" demo 2>/dev/null)
 				rate=$(echo "$out" | awk '/64 B message rate/ { print $(NF-4) }')
 				raw=$(echo "$out" | awk '/raw AF_XDP, 64 B payload frames/ { print $(NF-4) }')
 				echo "$dir round$round demo rate64=$rate raw64=$raw $(echo "$out" | grep '^ceiling')"
