@@ -120,8 +120,8 @@ const DRAIN: Duration = Duration::from_millis(50);
 /// carries that drift into the ratio. Dropping the meter ends both threads.
 pub struct Meter {
     addresses: ([u8; 6], [u8; 6]),
-    counter: Worker<(), io::Result<(u64, XdpCounters)>>,
-    sender: Worker<(Vec<u8>, Span), io::Result<Sent>>,
+    counter: Worker<(), (u64, XdpCounters)>,
+    sender: Worker<(Vec<u8>, Span), Sent>,
     stop: Arc<AtomicBool>,
     counted: Arc<AtomicU64>,
 }
@@ -214,15 +214,15 @@ impl Meter {
 
 /// A thread serving jobs one at a time: each job's answer comes back in order. It ends when
 /// dropped (after the job it serves, if any).
-struct Worker<J, A> {
+struct Worker<J, T> {
     jobs: Option<mpsc::Sender<J>>,
     started: mpsc::Receiver<()>,
-    answers: mpsc::Receiver<A>,
+    answers: mpsc::Receiver<io::Result<T>>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
-impl<J: Send + 'static, A: Send + 'static> Worker<J, A> {
-    fn spawn(mut serve: impl FnMut(J) -> A + Send + 'static) -> Self {
+impl<J: Send + 'static, T: Send + 'static> Worker<J, T> {
+    fn spawn(mut serve: impl FnMut(J) -> io::Result<T> + Send + 'static) -> Self {
         let (jobs, job_rx) = mpsc::channel::<J>();
         let (started_tx, started) = mpsc::channel();
         let (answer_tx, answers) = mpsc::channel();
@@ -253,17 +253,16 @@ impl<J: Send + 'static, A: Send + 'static> Worker<J, A> {
         self.started.recv().map_err(|_| gone())
     }
 
-    /// The answer to the job started last.
-    fn answer(&self) -> A {
-        match self.answers.recv() {
-            Ok(answer) => answer,
-            // Only a panic ends the thread while a job is out.
-            Err(_) => panic!("a ceiling thread panicked"),
-        }
+    /// The answer to the job started last; an error too if the thread ended without one
+    /// (only a panic ends it while a job is out).
+    fn answer(&self) -> io::Result<T> {
+        self.answers
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("a ceiling thread panicked")))
     }
 }
 
-impl<J, A> Drop for Worker<J, A> {
+impl<J, T> Drop for Worker<J, T> {
     fn drop(&mut self) {
         self.jobs = None;
         if let Some(thread) = self.thread.take() {
