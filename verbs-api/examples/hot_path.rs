@@ -11,6 +11,8 @@
 //! `rate N`: N 64-byte WRITEs, each signaled, 64 in flight, one request per `post_send`
 //! (as perftest posts), A's CQ polled between bursts and B's to move B's engine.
 //! `pingpong N`: N 64-byte SENDs from A, each answered by a SEND from B.
+//! `read N`: N 64 KiB READs from A (16 responses of 4 KiB each), 4 in flight, as `roce
+//! demo` reads: the responder's cost per response packet.
 //! Only the public API is used, so the same file measures another revision.
 
 use std::collections::HashMap;
@@ -29,6 +31,8 @@ const IP_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 const IN_FLIGHT: u64 = 64;
+const READ_LEN: usize = 64 * 1024;
+const READS_IN_FLIGHT: u64 = 4;
 /// Polls without progress before giving up: the wire is in memory, so nothing is late.
 const STALL: u32 = 1_000_000;
 
@@ -101,8 +105,8 @@ fn main() {
     qp_b.connect(&qp_a.endpoint(1).unwrap(), &options).unwrap();
     let all = AccessFlags::all();
     let (mr_a, mr_b) = (
-        pd_a.reg_mr(128, all).unwrap(),
-        pd_b.reg_mr(128, all).unwrap(),
+        pd_a.reg_mr(READ_LEN, all).unwrap(),
+        pd_b.reg_mr(READ_LEN, all).unwrap(),
     );
     let send = |wr_id, op, sge| SendWr {
         wr_id,
@@ -167,7 +171,28 @@ fn main() {
                 }
             }
         }
-        other => panic!("unknown test {other}: rate or pingpong"),
+        "read" => {
+            let op = SendOp::RdmaRead {
+                remote_addr: mr_b.addr(),
+                rkey: mr_b.rkey(),
+            };
+            let (mut posted, mut done, mut idle) = (0, 0, 0);
+            while done < n {
+                while posted < n && posted - done < READS_IN_FLIGHT {
+                    let sge = mr_a.sge(0, READ_LEN as u32);
+                    qp_a.post_send([send(posted, op, sge)]).unwrap();
+                    posted += 1;
+                }
+                seen.clear();
+                let got = cq_a.poll_into(16, &mut seen).unwrap();
+                check(&seen);
+                cq_b.poll_into(16, &mut seen).unwrap();
+                done += got as u64;
+                idle = if got == 0 { idle + 1 } else { 0 };
+                assert!(idle < STALL, "stalled at {done}");
+            }
+        }
+        other => panic!("unknown test {other}: rate, pingpong or read"),
     }
     println!("{test} {n} done");
 }
