@@ -12,10 +12,11 @@ use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
+use roce_transport::qp_state::AddressVector;
 use roce_transport::{Endpoint, Transmit};
 use roce_wire::frame::IpRepr;
 use roce_wire::multicast::{is_group_mac, multicast_mac};
-use roce_wire::{Frame, FrameError, FrameRepr};
+use roce_wire::{Frame, FrameError, FrameRepr, LinkHeaders};
 
 use crate::backend::Backend;
 
@@ -75,8 +76,59 @@ pub struct Engine<B> {
     looped: Vec<u8>,
     /// Whether the last turn stopped at a budget with work left.
     unfinished: bool,
+    /// The link headers of recent flows.
+    headers: HeaderCache,
     /// Counters.
     pub stats: EngineStats,
+}
+
+/// The link headers (Ethernet, IP, UDP) of recent flows, a slot per QPN modulo
+/// [`HEADER_SLOTS`]: a QP's packets reuse the headers its first packet built while its
+/// address vector and our addresses stay the same, so building them (neighbour lookup,
+/// header encoding: ~500 instructions a packet) is done once per flow rather than once per
+/// packet. Changing our addresses, GIDs or neighbours makes every slot stale.
+#[derive(Default)]
+struct HeaderCache {
+    slots: [Option<CachedHeaders>; HEADER_SLOTS],
+    /// Bumped by every change of what headers are built from.
+    generation: u64,
+}
+
+const HEADER_SLOTS: usize = 16;
+
+struct CachedHeaders {
+    qpn: u32,
+    av: AddressVector,
+    generation: u64,
+    headers: LinkHeaders,
+}
+
+impl HeaderCache {
+    fn slot(qpn: u32) -> usize {
+        qpn as usize % HEADER_SLOTS
+    }
+
+    /// The headers of `transmit`'s flow, if built since the last change.
+    fn get(&self, transmit: &Transmit) -> Option<&LinkHeaders> {
+        let cached = self.slots[Self::slot(transmit.src_qpn)].as_ref()?;
+        (cached.qpn == transmit.src_qpn
+            && cached.av == transmit.packet.av
+            && cached.generation == self.generation)
+            .then_some(&cached.headers)
+    }
+
+    fn put(&mut self, transmit: &Transmit, headers: LinkHeaders) {
+        self.slots[Self::slot(transmit.src_qpn)] = Some(CachedHeaders {
+            qpn: transmit.src_qpn,
+            av: transmit.packet.av,
+            generation: self.generation,
+            headers,
+        });
+    }
+
+    fn invalidate(&mut self) {
+        self.generation += 1;
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -92,6 +144,7 @@ impl<B: Backend> Engine<B> {
             held: false,
             looped: Vec::new(),
             unfinished: false,
+            headers: HeaderCache::default(),
             stats: EngineStats::default(),
         }
     }
@@ -119,11 +172,13 @@ impl<B: Backend> Engine<B> {
     /// Learns (or updates) the MAC of an IPv4 neighbour.
     pub fn add_neighbour(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
         self.addressing.neighbours.insert(ip, mac);
+        self.headers.invalidate();
     }
 
     /// Learns (or updates) the MAC of an IPv6 neighbour.
     pub fn add_neighbour6(&mut self, ip: Ipv6Addr, mac: [u8; 6]) {
         self.neighbours6.insert(ip, mac);
+        self.headers.invalidate();
     }
 
     /// Whether the MAC of this IPv6 neighbour is known.
@@ -137,6 +192,7 @@ impl<B: Backend> Engine<B> {
     pub fn set_gid_table(&mut self, gids: Vec<[u8; 16]>) {
         self.endpoint.set_gids(gids.clone());
         self.gids = gids;
+        self.headers.invalidate();
     }
 
     /// One bounded turn without blocking: up to [`Self::RX_BUDGET`] waiting frames, due
@@ -268,14 +324,24 @@ impl<B: Backend> Engine<B> {
 
     /// Hands a packet addressed to us back to the endpoint as the frame the wire would
     /// carry: emitted, then parsed (ICRC checked) as a received frame is.
-    fn loop_back(&mut self, now: Instant, transmit: &Transmit, repr: &FrameRepr) -> io::Result<()> {
+    fn loop_back(
+        &mut self,
+        now: Instant,
+        transmit: &Transmit,
+        headers: &LinkHeaders,
+    ) -> io::Result<()> {
         let mut frame = std::mem::take(&mut self.looped);
-        let payload_len = transmit.packet.payload_len();
-        frame.resize(repr.buffer_len_with(payload_len), 0);
+        let packet = &transmit.packet;
+        let payload_len = packet.payload_len();
+        frame.resize(headers.buffer_len(&packet.bth, payload_len), 0);
         let endpoint = &self.endpoint;
-        let emitted = repr.emit_with(payload_len, &mut frame, |payload| {
-            endpoint.write_payload(transmit, payload)
-        });
+        let emitted = headers.emit_with(
+            &packet.bth,
+            &packet.ext,
+            payload_len,
+            &mut frame,
+            |payload| endpoint.write_payload(transmit, payload),
+        );
         let result = match emitted {
             Err(_) => Err(io::Error::other("packet does not fit a frame")),
             Ok(len) => {
@@ -307,37 +373,49 @@ impl<B: Backend> Engine<B> {
     /// Emits one packet straight into the backend's buffer, or loops it back when it is
     /// addressed to us; `false` when the backend's queue is full (nothing was sent).
     fn transmit(&mut self, now: Instant, transmit: &Transmit) -> io::Result<bool> {
-        let repr = self.frame(transmit);
-        let Some(repr) = repr else {
-            let dgid = transmit.packet.av.dgid;
-            tracing::debug!(
-                qpn = transmit.src_qpn,
-                ?dgid,
-                "not sent: no route or neighbour"
-            );
-            self.stats.tx_unroutable += 1;
-            self.endpoint.transmit_failed();
-            return Ok(true);
+        let headers = match self.headers.get(transmit) {
+            Some(headers) => *headers,
+            None => {
+                let Some(repr) = self.frame(transmit) else {
+                    let dgid = transmit.packet.av.dgid;
+                    tracing::debug!(
+                        qpn = transmit.src_qpn,
+                        ?dgid,
+                        "not sent: no route or neighbour"
+                    );
+                    self.stats.tx_unroutable += 1;
+                    self.endpoint.transmit_failed();
+                    return Ok(true);
+                };
+                let headers = LinkHeaders::new(&repr)
+                    .map_err(|_| io::Error::other("packet does not fit a frame"))?;
+                self.headers.put(transmit, headers);
+                headers
+            }
         };
-        if repr.ethernet.dst == self.addressing.mac && self.loops_back_itself(transmit) {
-            self.loop_back(now, transmit, &repr)?;
+        let dst = headers.ethernet_dst();
+        if dst == self.addressing.mac && self.loops_back_itself(transmit) {
+            self.loop_back(now, transmit, &headers)?;
             return Ok(true);
         }
         // Headers, then the payload copied once, from where it lies (a region, the WQE)
         // straight into the backend's buffer, then the ICRC over both.
-        let payload_len = transmit.packet.payload_len();
+        let packet = &transmit.packet;
+        let payload_len = packet.payload_len();
         let (mut emitted, mut readable) = (Ok(()), true);
         let Engine {
             endpoint, backend, ..
         } = self;
         let sent = backend.transmit(
-            repr.buffer_len_with(payload_len),
-            repr.udp_src_port,
+            headers.buffer_len(&packet.bth, payload_len),
+            headers.udp_src_port(),
             &mut |buffer| {
-                let written = repr.emit_with(payload_len, buffer, |payload| {
+                let write_payload = |payload: &mut [u8]| {
                     readable = endpoint.write_payload(transmit, payload);
                     readable
-                });
+                };
+                let written =
+                    headers.emit_with(&packet.bth, &packet.ext, payload_len, buffer, write_payload);
                 written.unwrap_or_else(|_| {
                     if readable {
                         emitted = Err(io::Error::other("packet does not fit a frame"));
@@ -363,8 +441,8 @@ impl<B: Backend> Engine<B> {
                 // A multicast datagram also reaches our own attached QPs while the host is
                 // a member of its group, as the kernel loops it back to rxe.
                 let dgid = transmit.packet.av.dgid;
-                if is_group_mac(&repr.ethernet.dst) && self.endpoint.mcast_loopback(&dgid) {
-                    self.loop_back(now, transmit, &repr)?;
+                if is_group_mac(&dst) && self.endpoint.mcast_loopback(&dgid) {
+                    self.loop_back(now, transmit, &headers)?;
                 }
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
@@ -637,6 +715,96 @@ mod tests {
         assert_eq!(engine.backend().0, budget, "one turn, one budget");
         engine.poll().unwrap();
         assert_eq!(engine.backend().0, budget + 10, "the rest in the next");
+    }
+
+    /// Keeps every frame sent.
+    #[derive(Default)]
+    struct Recording(Vec<Vec<u8>>);
+
+    impl Backend for Recording {
+        fn transmit(
+            &mut self,
+            len: usize,
+            _: u16,
+            fill: &mut dyn FnMut(&mut [u8]) -> usize,
+        ) -> io::Result<()> {
+            let mut frame = vec![0; len];
+            let written = fill(&mut frame);
+            frame.truncate(written);
+            self.0.push(frame);
+            Ok(())
+        }
+        fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The link headers a flow's first packet built are not kept past what they were built
+    /// from: a neighbour's new MAC, or another hop limit in the address vector, shows in
+    /// the very next frame.
+    #[test]
+    fn frames_follow_a_changed_neighbour_and_address_vector() {
+        let mut endpoint = Endpoint::new([3; 32]);
+        let pd: PdId = endpoint.mrs().alloc_pd();
+        let cq = endpoint.create_cq(16).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        };
+        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
+        let now = Instant::now();
+        for attr in ud_attrs(0x11, Psn::new(1)) {
+            endpoint.modify_qp(now, qpn, &attr).unwrap();
+        }
+        let peer = Ipv4Addr::new(10, 9, 9, 2);
+        let send = |hop_limit| SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: SgList::new(),
+            inline_data: Vec::new(),
+            flags: SendFlags::empty(),
+            ud: Some(UdDest {
+                av: AddressVector {
+                    dgid: peer.to_ipv6_mapped().octets(),
+                    sgid_index: 1,
+                    hop_limit,
+                    traffic_class: 0,
+                    flow_label: 0,
+                },
+                remote_qpn: 0x12,
+                remote_qkey: 0x11,
+            }),
+            xrc_srqn: 0,
+        };
+        let addressing = Addressing {
+            mac: OUR_MAC,
+            ip: Ipv4Addr::new(10, 9, 9, 1),
+            neighbours: HashMap::from([(peer, [2, 0, 0, 0, 0, 2])]),
+        };
+        let mut engine = Engine::new(endpoint, Recording::default(), addressing);
+        let sent = |engine: &mut Engine<Recording>, hop_limit| {
+            engine
+                .endpoint()
+                .post_send(now, qpn, &send(hop_limit))
+                .unwrap();
+            engine.poll().unwrap();
+            let frame = engine.backend().0.pop().expect("a frame");
+            let parsed = FrameRepr::parse(&Frame::new_checked(&frame[..]).unwrap()).unwrap();
+            let IpRepr::V4(ip) = parsed.ip else {
+                panic!("not IPv4: {parsed:?}")
+            };
+            (parsed.ethernet.dst, ip.ttl)
+        };
+        assert_eq!(sent(&mut engine, 64), ([2, 0, 0, 0, 0, 2], 64));
+        assert_eq!(sent(&mut engine, 64), ([2, 0, 0, 0, 0, 2], 64));
+        engine.add_neighbour(peer, [2, 0, 0, 0, 0, 3]);
+        assert_eq!(sent(&mut engine, 64), ([2, 0, 0, 0, 0, 3], 64));
+        assert_eq!(sent(&mut engine, 9), ([2, 0, 0, 0, 0, 3], 9));
     }
 
     #[test]

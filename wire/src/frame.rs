@@ -561,17 +561,8 @@ impl<'a> FrameRepr<'a> {
             }
     }
 
-    fn udp_len(&self, payload_len: usize) -> usize {
-        UDP_HEADER_LEN
-            + bth::HEADER_LEN
-            + ExtRepr::buffer_len(self.bth.opcode)
-            + payload_len
-            + usize::from(self.bth.pad_count)
-            + ICRC_LEN
-    }
-
     fn ip_len(&self, payload_len: usize) -> usize {
-        self.ip.header_len() + self.udp_len(payload_len)
+        self.ip.header_len() + udp_len(&self.bth, payload_len)
     }
 
     /// Writes the whole frame, deriving lengths, the IPv4 checksum and the ICRC. Fails when
@@ -594,52 +585,7 @@ impl<'a> FrameRepr<'a> {
         buffer: &mut [u8],
         write_payload: impl FnOnce(&mut [u8]) -> bool,
     ) -> crate::Result<usize> {
-        let info = self.bth.opcode.info();
-        let len = self.buffer_len_with(payload_len);
-        let has_payload = payload_len != 0 || self.bth.pad_count != 0;
-        let udp_len = self.udp_len(payload_len);
-        // The IPv4 total length, or the IPv6 payload length, must fit its 16-bit field.
-        let length_field = match self.ip {
-            IpRepr::V4(_) => self.ip_len(payload_len),
-            IpRepr::V6(_) => udp_len,
-        };
-        if buffer.len() < len
-            || self.bth.pad_count > 3
-            || (has_payload && !info.has_payload)
-            || length_field > usize::from(u16::MAX)
-        {
-            return Err(Error);
-        }
-        let buffer = &mut buffer[..len];
-        let ip = self.emit_ethernet(buffer)?;
-        let udp = ip + self.ip.emit(udp_len, &mut buffer[ip..])?;
-        let udp_header = UdpHeader {
-            source_port: self.udp_src_port,
-            destination_port: ROCEV2_UDP_PORT,
-            length: udp_len as u16,
-            checksum: 0,
-        };
-        buffer[udp..udp + UDP_HEADER_LEN].copy_from_slice(&udp_header.to_bytes());
-        let bth = udp + UDP_HEADER_LEN;
-        self.bth
-            .emit(&mut bth::Packet::new_unchecked(&mut buffer[bth..]));
-        let ext = bth + bth::HEADER_LEN;
-        let payload = ext + self.ext.emit(self.bth.opcode, &mut buffer[ext..])?;
-        let pad = payload + payload_len;
-        if !write_payload(&mut buffer[payload..pad]) {
-            return Err(Error);
-        }
-        let icrc = len - ICRC_LEN;
-        buffer[pad..icrc].fill(0);
-        let value = icrc::compute(&buffer[ip..icrc])?;
-        buffer[icrc..].copy_from_slice(&icrc::to_bytes(value));
-        // The UDP checksum covers the ICRC, and the ICRC ignores the UDP checksum: last.
-        if self.udp_checksum {
-            let is_ipv4 = matches!(self.ip, IpRepr::V4(_));
-            let checksum = udp_checksum(buffer, is_ipv4, ip, udp).map_err(|_| Error)?;
-            buffer[udp + 6..udp + 8].copy_from_slice(&checksum.to_be_bytes());
-        }
-        Ok(len)
+        LinkHeaders::new(self)?.emit_with(&self.bth, &self.ext, payload_len, buffer, write_payload)
     }
 
     fn emit_ethernet(&self, buffer: &mut [u8]) -> crate::Result<usize> {
@@ -668,6 +614,138 @@ impl<'a> FrameRepr<'a> {
                 .copy_from_slice(&vlan.to_bytes());
         }
         Ok(self.ip_offset())
+    }
+}
+
+/// The UDP datagram's length for a packet with `bth` and `payload_len` bytes of payload.
+fn udp_len(bth: &bth::Repr, payload_len: usize) -> usize {
+    UDP_HEADER_LEN
+        + bth::HEADER_LEN
+        + ExtRepr::buffer_len(bth.opcode)
+        + payload_len
+        + usize::from(bth.pad_count)
+        + ICRC_LEN
+}
+
+/// Longest headers below the BTH: Ethernet with an 802.1Q tag, IPv6, UDP.
+const MAX_LINK_HEADERS_LEN: usize =
+    ETHERNET_HEADER_LEN + VLAN_TAG_LEN + IPV6_HEADER_LEN + UDP_HEADER_LEN;
+
+/// The headers of a RoCEv2 frame below its BTH (Ethernet with its tag, IP, UDP), emitted
+/// once. Every packet of one QP to one destination carries the same ones but for the
+/// lengths and the IPv4 checksum over them, so a sender keeps them per flow and only
+/// patches those ([`emit_with`](Self::emit_with)) rather than building them per packet.
+/// [`FrameRepr::emit_with`] emits through it too: one way to write a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkHeaders {
+    bytes: [u8; MAX_LINK_HEADERS_LEN],
+    /// Where the IP header starts, and the UDP header.
+    ip: usize,
+    udp: usize,
+    is_ipv4: bool,
+    udp_checksum: bool,
+}
+
+impl LinkHeaders {
+    /// The headers of `frame` below its BTH (its lengths and its payload are not used).
+    /// Fails when a field is too wide for the header it goes in.
+    pub fn new(frame: &FrameRepr) -> crate::Result<LinkHeaders> {
+        let mut bytes = [0; MAX_LINK_HEADERS_LEN];
+        let ip = frame.emit_ethernet(&mut bytes)?;
+        // The lengths (and the IPv4 checksum over them) are written per packet.
+        let udp = ip + frame.ip.emit(UDP_HEADER_LEN, &mut bytes[ip..])?;
+        let udp_header = UdpHeader {
+            source_port: frame.udp_src_port,
+            destination_port: ROCEV2_UDP_PORT,
+            length: 0,
+            checksum: 0,
+        };
+        bytes[udp..udp + UDP_HEADER_LEN].copy_from_slice(&udp_header.to_bytes());
+        Ok(LinkHeaders {
+            bytes,
+            ip,
+            udp,
+            is_ipv4: matches!(frame.ip, IpRepr::V4(_)),
+            udp_checksum: frame.udp_checksum,
+        })
+    }
+
+    /// The destination MAC address.
+    pub fn ethernet_dst(&self) -> [u8; 6] {
+        let mut dst = [0; 6];
+        dst.copy_from_slice(&self.bytes[..6]);
+        dst
+    }
+
+    /// The UDP source port.
+    pub fn udp_src_port(&self) -> u16 {
+        u16::from_be_bytes([self.bytes[self.udp], self.bytes[self.udp + 1]])
+    }
+
+    /// Bytes [`emit_with`](Self::emit_with) writes for a packet with `bth` and
+    /// `payload_len` bytes of payload.
+    pub fn buffer_len(&self, bth: &bth::Repr, payload_len: usize) -> usize {
+        self.udp + udp_len(bth, payload_len)
+    }
+
+    /// Writes a whole frame with these headers, `bth`, `ext` and a payload of
+    /// `payload_len` bytes that `write_payload` writes in place, deriving the lengths, the
+    /// IPv4 checksum and the ICRC. Fails when `buffer` is too short, the fields are
+    /// inconsistent (headers that do not match the opcode, a payload on an opcode without
+    /// one, a value too wide for its field), or `write_payload` returns `false`.
+    pub fn emit_with(
+        &self,
+        bth: &bth::Repr,
+        ext: &ExtRepr,
+        payload_len: usize,
+        buffer: &mut [u8],
+        write_payload: impl FnOnce(&mut [u8]) -> bool,
+    ) -> crate::Result<usize> {
+        let (ip, udp) = (self.ip, self.udp);
+        let info = bth.opcode.info();
+        let udp_len = udp_len(bth, payload_len);
+        let len = udp + udp_len;
+        let has_payload = payload_len != 0 || bth.pad_count != 0;
+        // The IPv4 total length, or the IPv6 payload length, must fit its 16-bit field.
+        let length_field = if self.is_ipv4 { len - ip } else { udp_len };
+        if buffer.len() < len
+            || bth.pad_count > 3
+            || (has_payload && !info.has_payload)
+            || length_field > usize::from(u16::MAX)
+        {
+            return Err(Error);
+        }
+        let buffer = &mut buffer[..len];
+        buffer[..udp + UDP_HEADER_LEN].copy_from_slice(&self.bytes[..udp + UDP_HEADER_LEN]);
+        let length_field = (length_field as u16).to_be_bytes();
+        if self.is_ipv4 {
+            let header = &mut buffer[ip..ip + IPV4_HEADER_LEN];
+            header[2..4].copy_from_slice(&length_field);
+            header[10..12].fill(0);
+            let checksum = ipv4_header_checksum(header);
+            header[10..12].copy_from_slice(&checksum.to_be_bytes());
+        } else {
+            buffer[ip + 4..ip + 6].copy_from_slice(&length_field);
+        }
+        buffer[udp + 4..udp + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        let bth_at = udp + UDP_HEADER_LEN;
+        bth.emit(&mut bth::Packet::new_unchecked(&mut buffer[bth_at..]));
+        let ext_at = bth_at + bth::HEADER_LEN;
+        let payload = ext_at + ext.emit(bth.opcode, &mut buffer[ext_at..])?;
+        let pad = payload + payload_len;
+        if !write_payload(&mut buffer[payload..pad]) {
+            return Err(Error);
+        }
+        let icrc = len - ICRC_LEN;
+        buffer[pad..icrc].fill(0);
+        let value = icrc::compute(&buffer[ip..icrc])?;
+        buffer[icrc..].copy_from_slice(&icrc::to_bytes(value));
+        // The UDP checksum covers the ICRC, and the ICRC ignores the UDP checksum: last.
+        if self.udp_checksum {
+            let checksum = udp_checksum(buffer, self.is_ipv4, ip, udp).map_err(|_| Error)?;
+            buffer[udp + 6..udp + 8].copy_from_slice(&checksum.to_be_bytes());
+        }
+        Ok(len)
     }
 }
 
@@ -1081,6 +1159,77 @@ mod tests {
                 parse(&bytes[..len]),
                 Err(FrameError::Malformed("bad UDP checksum"))
             );
+        }
+    }
+
+    /// One flow's headers, emitted once and reused for packets of other opcodes, lengths
+    /// and pads, give each the frame a fresh `emit` gives: the lengths, the IPv4 checksum
+    /// and the UDP checksum are the packet's, not those of the packet before.
+    #[test]
+    fn link_headers_reused_make_each_packet_s_own_frame() {
+        let send = bth::Repr::new(Opcode::RcSendOnly, 0x11, crate::Psn::new(7));
+        let write = ExtRepr {
+            reth: Some(reth::Repr {
+                virtual_address: 0x1000,
+                rkey: 0x42,
+                dma_length: 13,
+            }),
+            ..ExtRepr::default()
+        };
+        let padded = bth::Repr {
+            pad_count: 3,
+            ..bth::Repr::new(Opcode::RcRdmaWriteOnly, 0x11, crate::Psn::new(8))
+        };
+        let payload = [0xA5u8; 1000];
+        let packets: [(bth::Repr, ExtRepr, &[u8]); 4] = [
+            (send, ExtRepr::default(), &payload[..]),
+            (ack_repr().bth, ack_repr().ext, &[]),
+            (padded, write, &payload[..13]),
+            (send, ExtRepr::default(), &payload[..64]),
+        ];
+        let flows = [
+            ack_repr(),
+            FrameRepr {
+                udp_checksum: true,
+                ..ack_repr()
+            },
+            FrameRepr {
+                ethernet: EthernetRepr {
+                    vlan: Some(VlanTag {
+                        pcp: 3,
+                        dei: false,
+                        vid: 100,
+                    }),
+                    ..ack_repr().ethernet
+                },
+                ip: ipv6(),
+                ..ack_repr()
+            },
+        ];
+        for flow in flows {
+            let headers = LinkHeaders::new(&flow).unwrap();
+            for (bth, ext, payload) in packets {
+                let fresh = FrameRepr {
+                    bth,
+                    ext,
+                    payload,
+                    ..flow
+                };
+                let mut want = [0; 1200];
+                let want_len = fresh.emit(&mut want).unwrap();
+                let want = &want[..want_len];
+                let mut got = [0xEE; 1200];
+                let got = &mut got[..headers.buffer_len(&bth, payload.len())];
+                let written = headers.emit_with(&bth, &ext, payload.len(), got, |out| {
+                    out.copy_from_slice(payload);
+                    true
+                });
+                assert_eq!(written, Ok(want.len()));
+                assert_eq!(got, want, "{flow:?} {bth:?}");
+                assert_eq!(parse(got).map(|p| p.payload), Ok(payload));
+            }
+            assert_eq!(headers.ethernet_dst(), flow.ethernet.dst);
+            assert_eq!(headers.udp_src_port(), flow.udp_src_port);
         }
     }
 

@@ -56,7 +56,7 @@ pub mod tmh;
 pub mod xrceth;
 
 pub use ext::ExtRepr;
-pub use frame::{Frame, FrameError, FrameRepr};
+pub use frame::{Frame, FrameError, FrameRepr, LinkHeaders};
 pub use opcode::{ExtHeader, Opcode, OpcodeInfo};
 pub use psn::Psn;
 
