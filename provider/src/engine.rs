@@ -638,85 +638,6 @@ mod tests {
         }
     }
 
-    /// Takes every frame and counts it.
-    struct Counting(usize);
-
-    impl Backend for Counting {
-        fn transmit(
-            &mut self,
-            len: usize,
-            _: u16,
-            fill: &mut dyn FnMut(&mut [u8]) -> usize,
-        ) -> io::Result<()> {
-            let mut buffer = vec![0; len];
-            fill(&mut buffer);
-            self.0 += 1;
-            Ok(())
-        }
-        fn receive(&mut self, _: usize, _: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
-            Ok(0)
-        }
-        fn wait(&mut self, _: Option<Duration>) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_turn_sends_at_most_its_budget() {
-        let budget = Engine::<Counting>::TX_BUDGET;
-        let mut endpoint = Endpoint::new([3; 32]);
-        let pd: PdId = endpoint.mrs().alloc_pd();
-        let cq = endpoint.create_cq(4 * budget).unwrap();
-        let caps = QpCaps {
-            max_send_wr: 2 * budget as u32,
-            ..QpCaps::default()
-        };
-        let init = QpInit {
-            pd,
-            qp_type: QpType::Ud,
-            caps,
-            sq_sig_all: false,
-        };
-        let qpn = endpoint.create_qp(init, cq, cq).unwrap();
-        let now = Instant::now();
-        for attr in roce_transport::qp_state::ud_attrs(0x11, Psn::new(1)) {
-            endpoint.modify_qp(now, qpn, &attr).unwrap();
-        }
-        let peer = Ipv4Addr::new(10, 9, 9, 2);
-        let wr = SendWr {
-            wr_id: 1,
-            op: SendOp::Send,
-            sg_list: SgList::new(),
-            inline_data: Vec::new(),
-            flags: SendFlags::empty(),
-            ud: Some(roce_transport::wr::UdDest {
-                av: AddressVector {
-                    dgid: peer.to_ipv6_mapped().octets(),
-                    sgid_index: 1,
-                    hop_limit: 64,
-                    traffic_class: 0,
-                    flow_label: 0,
-                },
-                remote_qpn: 0x12,
-                remote_qkey: 0x11,
-            }),
-            xrc_srqn: 0,
-        };
-        for _ in 0..budget + 10 {
-            endpoint.post_send(now, qpn, &wr).unwrap();
-        }
-        let addressing = Addressing {
-            mac: OUR_MAC,
-            ip: Ipv4Addr::new(10, 9, 9, 1),
-            neighbours: HashMap::from([(peer, [2, 0, 0, 0, 0, 2])]),
-        };
-        let mut engine = Engine::new(endpoint, Counting(0), addressing);
-        engine.poll().unwrap();
-        assert_eq!(engine.backend().0, budget, "one turn, one budget");
-        engine.poll().unwrap();
-        assert_eq!(engine.backend().0, budget + 10, "the rest in the next");
-    }
-
     /// Keeps every frame sent.
     #[derive(Default)]
     struct Recording(Vec<Vec<u8>>);
@@ -742,27 +663,39 @@ mod tests {
         }
     }
 
-    /// The link headers a flow's first packet built are not kept past what they were built
-    /// from: a neighbour's new MAC, or another hop limit in the address vector, shows in
-    /// the very next frame.
-    #[test]
-    fn frames_follow_a_changed_neighbour_and_address_vector() {
+    const UD_PEER: Ipv4Addr = Ipv4Addr::new(10, 9, 9, 2);
+
+    /// An engine over a [`Recording`] backend with a UD QP of `max_send_wr` sends ready,
+    /// the peer at [`UD_PEER`] known as `02:00:00:00:00:02`; its QPN.
+    fn ud_sender(max_send_wr: u32) -> (Engine<Recording>, u32) {
         let mut endpoint = Endpoint::new([3; 32]);
         let pd: PdId = endpoint.mrs().alloc_pd();
-        let cq = endpoint.create_cq(16).unwrap();
+        let cq = endpoint.create_cq(2 * max_send_wr as usize).unwrap();
+        let caps = QpCaps {
+            max_send_wr,
+            ..QpCaps::default()
+        };
         let init = QpInit {
             pd,
             qp_type: QpType::Ud,
-            caps: QpCaps::default(),
+            caps,
             sq_sig_all: false,
         };
         let qpn = endpoint.create_qp(init, cq, cq).unwrap();
-        let now = Instant::now();
         for attr in ud_attrs(0x11, Psn::new(1)) {
-            endpoint.modify_qp(now, qpn, &attr).unwrap();
+            endpoint.modify_qp(Instant::now(), qpn, &attr).unwrap();
         }
-        let peer = Ipv4Addr::new(10, 9, 9, 2);
-        let send = |hop_limit| SendWr {
+        let addressing = Addressing {
+            mac: OUR_MAC,
+            ip: Ipv4Addr::new(10, 9, 9, 1),
+            neighbours: HashMap::from([(UD_PEER, [2, 0, 0, 0, 0, 2])]),
+        };
+        (Engine::new(endpoint, Recording::default(), addressing), qpn)
+    }
+
+    /// An empty UD SEND to [`UD_PEER`] with IP TTL `hop_limit`.
+    fn ud_send(hop_limit: u8) -> SendWr {
+        SendWr {
             wr_id: 1,
             op: SendOp::Send,
             sg_list: SgList::new(),
@@ -770,7 +703,7 @@ mod tests {
             flags: SendFlags::empty(),
             ud: Some(UdDest {
                 av: AddressVector {
-                    dgid: peer.to_ipv6_mapped().octets(),
+                    dgid: UD_PEER.to_ipv6_mapped().octets(),
                     sgid_index: 1,
                     hop_limit,
                     traffic_class: 0,
@@ -780,17 +713,38 @@ mod tests {
                 remote_qkey: 0x11,
             }),
             xrc_srqn: 0,
-        };
-        let addressing = Addressing {
-            mac: OUR_MAC,
-            ip: Ipv4Addr::new(10, 9, 9, 1),
-            neighbours: HashMap::from([(peer, [2, 0, 0, 0, 0, 2])]),
-        };
-        let mut engine = Engine::new(endpoint, Recording::default(), addressing);
+        }
+    }
+
+    #[test]
+    fn a_turn_sends_at_most_its_budget() {
+        let budget = Engine::<Recording>::TX_BUDGET;
+        let (mut engine, qpn) = ud_sender(2 * budget as u32);
+        let now = Instant::now();
+        for _ in 0..budget + 10 {
+            engine.endpoint().post_send(now, qpn, &ud_send(64)).unwrap();
+        }
+        engine.poll().unwrap();
+        assert_eq!(engine.backend().0.len(), budget, "one turn, one budget");
+        engine.poll().unwrap();
+        assert_eq!(
+            engine.backend().0.len(),
+            budget + 10,
+            "the rest in the next"
+        );
+    }
+
+    /// The link headers a flow's first packet built are not kept past what they were built
+    /// from: a neighbour's new MAC, or another hop limit in the address vector, shows in
+    /// the very next frame.
+    #[test]
+    fn frames_follow_a_changed_neighbour_and_address_vector() {
+        let (mut engine, qpn) = ud_sender(16);
         let sent = |engine: &mut Engine<Recording>, hop_limit| {
+            let now = Instant::now();
             engine
                 .endpoint()
-                .post_send(now, qpn, &send(hop_limit))
+                .post_send(now, qpn, &ud_send(hop_limit))
                 .unwrap();
             engine.poll().unwrap();
             let frame = engine.backend().0.pop().expect("a frame");
@@ -802,7 +756,7 @@ mod tests {
         };
         assert_eq!(sent(&mut engine, 64), ([2, 0, 0, 0, 0, 2], 64));
         assert_eq!(sent(&mut engine, 64), ([2, 0, 0, 0, 0, 2], 64));
-        engine.add_neighbour(peer, [2, 0, 0, 0, 0, 3]);
+        engine.add_neighbour(UD_PEER, [2, 0, 0, 0, 0, 3]);
         assert_eq!(sent(&mut engine, 64), ([2, 0, 0, 0, 0, 3], 64));
         assert_eq!(sent(&mut engine, 9), ([2, 0, 0, 0, 0, 3], 9));
     }

@@ -118,26 +118,33 @@ fn main() {
         xrc_srqn: 0,
     };
     let mut seen = Vec::new();
+    // Posts `n` requests with `post`, at most `in_flight` of them outstanding: A's CQ
+    // polled between bursts and B's to move B's engine.
+    let mut in_windows = |n: u64, in_flight: u64, post: &mut dyn FnMut(u64)| {
+        let (mut posted, mut done, mut idle) = (0, 0, 0);
+        while done < n {
+            while posted < n && posted - done < in_flight {
+                post(posted);
+                posted += 1;
+            }
+            seen.clear();
+            let got = cq_a.poll_into(16, &mut seen).unwrap();
+            check(&seen);
+            cq_b.poll_into(16, &mut seen).unwrap();
+            done += got as u64;
+            idle = if got == 0 { idle + 1 } else { 0 };
+            assert!(idle < STALL, "stalled at {done}");
+        }
+    };
     match test.as_str() {
         "rate" => {
             let op = SendOp::RdmaWrite {
                 remote_addr: mr_b.addr(),
                 rkey: mr_b.rkey(),
             };
-            let (mut posted, mut done, mut idle) = (0, 0, 0);
-            while done < n {
-                while posted < n && posted - done < IN_FLIGHT {
-                    qp_a.post_send([send(posted, op, mr_a.sge(0, 64))]).unwrap();
-                    posted += 1;
-                }
-                seen.clear();
-                let got = cq_a.poll_into(16, &mut seen).unwrap();
-                check(&seen);
-                cq_b.poll_into(16, &mut seen).unwrap();
-                done += got as u64;
-                idle = if got == 0 { idle + 1 } else { 0 };
-                assert!(idle < STALL, "stalled at {done}");
-            }
+            in_windows(n, IN_FLIGHT, &mut |i| {
+                qp_a.post_send([send(i, op, mr_a.sge(0, 64))]).unwrap();
+            });
         }
         "pingpong" => {
             let recv = |mr: &roce_verbs::Mr| RecvWr {
@@ -176,21 +183,10 @@ fn main() {
                 remote_addr: mr_b.addr(),
                 rkey: mr_b.rkey(),
             };
-            let (mut posted, mut done, mut idle) = (0, 0, 0);
-            while done < n {
-                while posted < n && posted - done < READS_IN_FLIGHT {
-                    let sge = mr_a.sge(0, READ_LEN as u32);
-                    qp_a.post_send([send(posted, op, sge)]).unwrap();
-                    posted += 1;
-                }
-                seen.clear();
-                let got = cq_a.poll_into(16, &mut seen).unwrap();
-                check(&seen);
-                cq_b.poll_into(16, &mut seen).unwrap();
-                done += got as u64;
-                idle = if got == 0 { idle + 1 } else { 0 };
-                assert!(idle < STALL, "stalled at {done}");
-            }
+            in_windows(n, READS_IN_FLIGHT, &mut |i| {
+                let sge = mr_a.sge(0, READ_LEN as u32);
+                qp_a.post_send([send(i, op, sge)]).unwrap();
+            });
         }
         other => panic!("unknown test {other}: rate, pingpong or read"),
     }
