@@ -108,7 +108,11 @@ fn a_perftest_server_and_client_share_one_device_and_nothing_reaches_the_wire() 
     let server = server.wait_with_output().unwrap();
     for (side, output) in [("server", &server), ("client", &client)] {
         let said = text(output);
-        assert!(output.status.success(), "{side}: {said}");
+        assert!(
+            output.status.success(),
+            "{side} ({}): {said}",
+            output.status
+        );
         assert!(has_row(&said, "65536", "200"), "{side}: {said}");
     }
     // Both went through the switch (the client came second), which never sent a frame.

@@ -615,7 +615,11 @@ fn rping_moving_its_own_qp_talks_to_itself_between_namespaces() {
         ("server", &server, "server ping data: rdma-ping-"),
     ] {
         let said = text(output);
-        assert!(output.status.success(), "{side}: {said}");
+        assert!(
+            output.status.success(),
+            "{side} ({}): {said}",
+            output.status
+        );
         check_pings(side, &said, prefix, 10, Some(1024));
     }
 }

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use roce_provider::backend::Backend;
 use roce_provider::engine::{Engine, EngineStats};
+use roce_transport::cq::NotifyOn;
 use roce_transport::endpoint::AsyncEvent;
 use roce_transport::mr::{MrError, PdId};
 use roce_transport::{AccessFlags, CqId, Endpoint};
@@ -100,13 +101,7 @@ impl Core {
         let endpoint = self.engine.endpoint();
         self.cm.deliver(endpoint, &self.qps, now);
         for (&id, slot) in &mut self.cqs {
-            let cq = endpoint.cq(id);
-            slot.deliver(cq);
-            if let Some(channel) = &slot.channel {
-                if cq.take_event() {
-                    channel.push(id);
-                }
-            }
+            slot.deliver_with_event(id, endpoint);
         }
         for event in endpoint.take_events() {
             if let Some(slot) = event_qpn(&event).and_then(|qpn| self.qps.get(&qpn)) {
@@ -114,6 +109,20 @@ impl Core {
             }
             self.async_events.push(event);
         }
+    }
+
+    /// Arms CQ `id` for one event on its channel (`ibv_req_notify_cq`), having first moved
+    /// what it holds to the ring its pollers read. A completion made outside a round (a
+    /// flush by `modify`) before the arm is then found by the polls that follow it, as on
+    /// an HCA; it would otherwise wait unseen, while the engine thread holds the lock, for
+    /// a round that brings no event, and a program that sleeps on the channel would sleep
+    /// for ever.
+    pub(crate) fn arm_cq(&mut self, id: CqId, on: NotifyOn) {
+        let endpoint = self.engine.endpoint();
+        if let Some(slot) = self.cqs.get_mut(&id) {
+            slot.deliver_with_event(id, endpoint);
+        }
+        endpoint.cq(id).request_notify(on);
     }
 
     /// One round of the engine: the rings of the QPs that rang (when the count of

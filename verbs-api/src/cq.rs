@@ -241,12 +241,92 @@ impl Cq {
         } else {
             NotifyOn::Any
         };
-        self.inner
-            .shared
-            .lock()?
-            .endpoint()
-            .cq(self.inner.id)
-            .request_notify(on);
+        self.inner.shared.lock()?.arm_cq(self.inner.id, on);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::net::Ipv4Addr;
+
+    use roce_provider::engine::Addressing;
+    use roce_provider::memory::memory_pair;
+    use roce_transport::cq::WcStatus;
+    use roce_transport::qp::QpCaps;
+    use roce_transport::qp_state::{QpAttr, QpState, QpType};
+    use roce_transport::wr::RecvWr;
+    use roce_transport::AccessFlags;
+
+    use crate::device::{link_local_gid, Device};
+    use crate::handshake::ConnectOptions;
+    use crate::options::{BackendChoice, OpenOptions, Progress};
+    use crate::qp::QpInitAttr;
+    use crate::Context;
+
+    /// rping `-q`'s CQ thread: woken by an event, it arms the CQ and polls until empty,
+    /// then sleeps on the channel; its main thread's `ibv_modify_qp` to ERR flushes a
+    /// receive outside any round. A flush made just before the arm must be found by the
+    /// poll after it, even while the engine thread holds the device (the poll then leaves
+    /// the round to the thread): no event comes for it.
+    #[test]
+    fn a_flush_made_before_the_arm_is_polled_after_it_while_the_engine_is_busy() {
+        let (wire, _peer) = memory_pair();
+        let (mac, ip) = ([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1));
+        let device = Device {
+            name: "mem".into(),
+            ifindex: 1,
+            mac,
+            netdev_mtu: 9000,
+            up: true,
+            gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
+        };
+        let addressing = Addressing {
+            mac,
+            ip,
+            neighbours: HashMap::new(),
+        };
+        let options = OpenOptions {
+            backend: BackendChoice::Custom(Box::new(wire), addressing),
+            progress: Progress::Caller,
+            seed: Some([1; 32]),
+            ..OpenOptions::default()
+        };
+        let ctx = Context::open(&device, options).unwrap();
+        // As with an engine thread: a poll that finds the lock taken leaves the round to it.
+        ctx.shared().set_thread_running(true);
+        let channel = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(4, Some(&channel)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                caps: QpCaps::default(),
+                sq_sig_all: true,
+            })
+            .unwrap();
+        let itself = qp.endpoint(1).unwrap();
+        qp.connect(&itself, &ConnectOptions::default()).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::all()).unwrap();
+        qp.post_recv([RecvWr {
+            wr_id: 7,
+            sg_list: [mr.sge(0, 64)].into(),
+        }])
+        .unwrap();
+        qp.modify(&QpAttr {
+            state: Some(QpState::Err),
+            ..QpAttr::default()
+        })
+        .unwrap();
+        cq.req_notify(false).unwrap();
+        let engine_busy = ctx.shared().lock().unwrap();
+        let polled = cq.poll(4).unwrap();
+        drop(engine_busy);
+        ctx.shared().set_thread_running(false);
+        let polled: Vec<_> = polled.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+        assert_eq!(polled, [(7, WcStatus::WrFlush)]);
     }
 }

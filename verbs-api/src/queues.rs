@@ -146,6 +146,18 @@ pub(crate) fn cq_queue(depth: usize, channel: Option<Arc<ChannelEvents>>) -> CqS
 }
 
 impl CqSlot {
+    /// [`deliver`](Self::deliver) from CQ `id` of `endpoint`, and its event, if one is due,
+    /// to its channel.
+    pub(crate) fn deliver_with_event(&mut self, id: CqId, endpoint: &mut Endpoint) {
+        let cq = endpoint.cq(id);
+        self.deliver(cq);
+        if let Some(channel) = &self.channel {
+            if cq.take_event() {
+                channel.push(id);
+            }
+        }
+    }
+
     /// Moves what waits in the endpoint's CQ `cq` into the ring, as much as fits, and says
     /// whether it moved any.
     pub(crate) fn deliver(&mut self, cq: &mut Cq) -> bool {
