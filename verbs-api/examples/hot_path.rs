@@ -13,6 +13,8 @@
 //! `pingpong N`: N 64-byte SENDs from A, each answered by a SEND from B.
 //! `read N`: N 64 KiB READs from A (16 responses of 4 KiB each), 4 in flight, as `roce
 //! demo` reads: the responder's cost per response packet.
+//! `write N`: N 64 KiB WRITEs from A (16 packets of 4 KiB each), 4 in flight, as `roce
+//! demo` writes: the requester's cost per packet.
 //! Only the public API is used, so the same file measures another revision.
 
 use std::collections::HashMap;
@@ -31,8 +33,8 @@ const IP_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 const IN_FLIGHT: u64 = 64;
-const READ_LEN: usize = 64 * 1024;
-const READS_IN_FLIGHT: u64 = 4;
+const BULK_LEN: usize = 64 * 1024;
+const BULK_IN_FLIGHT: u64 = 4;
 /// Polls without progress before giving up: the wire is in memory, so nothing is late.
 const STALL: u32 = 1_000_000;
 
@@ -105,8 +107,8 @@ fn main() {
     qp_b.connect(&qp_a.endpoint(1).unwrap(), &options).unwrap();
     let all = AccessFlags::all();
     let (mr_a, mr_b) = (
-        pd_a.reg_mr(READ_LEN, all).unwrap(),
-        pd_b.reg_mr(READ_LEN, all).unwrap(),
+        pd_a.reg_mr(BULK_LEN, all).unwrap(),
+        pd_b.reg_mr(BULK_LEN, all).unwrap(),
     );
     let send = |wr_id, op, sge| SendWr {
         wr_id,
@@ -178,17 +180,19 @@ fn main() {
                 }
             }
         }
-        "read" => {
-            let op = SendOp::RdmaRead {
-                remote_addr: mr_b.addr(),
-                rkey: mr_b.rkey(),
+        "read" | "write" => {
+            let (remote_addr, rkey) = (mr_b.addr(), mr_b.rkey());
+            let op = if test == "read" {
+                SendOp::RdmaRead { remote_addr, rkey }
+            } else {
+                SendOp::RdmaWrite { remote_addr, rkey }
             };
-            in_windows(n, READS_IN_FLIGHT, &mut |i| {
-                let sge = mr_a.sge(0, READ_LEN as u32);
+            in_windows(n, BULK_IN_FLIGHT, &mut |i| {
+                let sge = mr_a.sge(0, BULK_LEN as u32);
                 qp_a.post_send([send(i, op, sge)]).unwrap();
             });
         }
-        other => panic!("unknown test {other}: rate, pingpong or read"),
+        other => panic!("unknown test {other}: rate, pingpong, read or write"),
     }
     println!("{test} {n} done");
 }
