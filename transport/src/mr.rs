@@ -752,22 +752,27 @@ impl MrTable {
     }
 
     /// Checks that bytes `offset..offset + len` of a gather list may be read (what
-    /// [`gather_into`](Self::gather_into) will copy), copying nothing.
+    /// [`gather_into`](Self::gather_into) will copy), copying nothing. When they lie in one
+    /// region, says where: the sender then reads them there ([`read`](Self::read)) without
+    /// looking the list up again.
     pub fn check_gather(
         &self,
         pd: PdId,
         sg_list: &[Sge],
         offset: u64,
         len: usize,
-    ) -> Result<(), MrError> {
+    ) -> Result<Option<Location>, MrError> {
         let mut checked = 0;
+        let mut only = None;
         while checked < len {
             let remaining = (len - checked) as u64;
             let at = offset + checked as u64;
-            let (_, piece) = self.sg_piece(pd, sg_list, at, remaining, AccessFlags::empty())?;
+            let (location, piece) =
+                self.sg_piece(pd, sg_list, at, remaining, AccessFlags::empty())?;
+            only = (checked == 0 && piece == len).then_some(location);
             checked += piece;
         }
-        Ok(())
+        Ok(only)
     }
 
     /// Copies bytes `offset..offset + out.len()` of a gather list into `out`: straight

@@ -144,7 +144,8 @@ pub(crate) enum Lent {
         offset: usize,
         len: usize,
     },
-    /// `len` bytes at a checked location (a READ response).
+    /// `len` bytes at a checked location (a READ response, or a send's payload that lies
+    /// in one region).
     Region { location: Location, len: usize },
 }
 

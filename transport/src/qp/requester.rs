@@ -340,12 +340,17 @@ fn payload(
     if len == 0 {
         return Ok(());
     }
+    let mut lent = Lent::Wqe { index, offset, len };
     if !wqe.wr.flags.contains(SendFlags::INLINE) {
-        (ctx.mrs)
+        let one_region = (ctx.mrs)
             .check_gather(qp.pd, &wqe.wr.sg_list, offset as u64, len)
             .map_err(|_| WcStatus::LocalProtection)?;
+        // In one region (most payloads): read there, without a second look at the list.
+        if let Some(location) = one_region {
+            lent = Lent::Region { location, len };
+        }
     }
-    out.lent = Some(Lent::Wqe { index, offset, len });
+    out.lent = Some(lent);
     Ok(())
 }
 
