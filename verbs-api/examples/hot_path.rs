@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use roce_provider::memory::memory_pair;
-use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, Addressing, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions,
     PathMtu, Progress, QpCaps, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus,
@@ -43,14 +42,7 @@ fn open(
     (mac, ip): ([u8; 6], Ipv4Addr),
     (peer_mac, peer_ip): ([u8; 6], Ipv4Addr),
 ) -> Context {
-    let device = Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac,
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
-    };
+    let device = Device::in_memory(mac, ip);
     let addressing = Addressing {
         mac,
         ip,

@@ -259,7 +259,7 @@ mod tests {
     use roce_transport::wr::RecvWr;
     use roce_transport::AccessFlags;
 
-    use crate::device::{link_local_gid, Device};
+    use crate::device::Device;
     use crate::handshake::ConnectOptions;
     use crate::options::{BackendChoice, OpenOptions, Progress};
     use crate::qp::QpInitAttr;
@@ -274,14 +274,7 @@ mod tests {
     fn a_flush_made_before_the_arm_is_polled_after_it_while_the_engine_is_busy() {
         let (wire, _peer) = memory_pair();
         let (mac, ip) = ([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1));
-        let device = Device {
-            name: "mem".into(),
-            ifindex: 1,
-            mac,
-            netdev_mtu: 9000,
-            up: true,
-            gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
-        };
+        let device = Device::in_memory(mac, ip);
         let addressing = Addressing {
             mac,
             ip,

@@ -104,6 +104,20 @@ impl Device {
         })
     }
 
+    /// A device with no interface behind it, for a backend of the caller's
+    /// ([`BackendChoice::Custom`](crate::BackendChoice::Custom), such as the in-memory
+    /// wire): station `ip` with `mac`, up, MTU 9000, its link-local and IPv4 GIDs.
+    pub fn in_memory(mac: [u8; 6], ip: Ipv4Addr) -> Device {
+        Device {
+            name: "mem".into(),
+            ifindex: 1,
+            mac,
+            netdev_mtu: 9000,
+            up: true,
+            gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
+        }
+    }
+
     /// The GID at `index`.
     pub fn gid(&self, index: usize) -> Option<Gid> {
         self.gids.get(index).copied()

@@ -27,17 +27,6 @@ const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
 const PORT: u16 = 7471;
 
-fn device(mac: [u8; 6], ip: Ipv4Addr) -> Device {
-    Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac,
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
-    }
-}
-
 /// Two contexts with sleeping engine threads, joined by an in-memory wire.
 fn pair() -> (Context, Context) {
     pair_with(CmTiming::default(), &Arc::new(AtomicBool::new(false)), true)
@@ -61,7 +50,7 @@ fn pair_with(timing: CmTiming, cut: &Arc<AtomicBool>, b_knows_a: bool) -> (Conte
             cm_timing,
             ..OpenOptions::default()
         };
-        Context::open(&device(mac, ip), options).expect("open")
+        Context::open(&Device::in_memory(mac, ip), options).expect("open")
     };
     let wire_a = Cuttable {
         wire: wire_a,
@@ -533,7 +522,7 @@ fn ud_ids_resolve_a_service_with_sidr() {
 fn pair_with_ipv6() -> (Context, Context) {
     let (wire_a, wire_b) = memory_pair();
     let open = |wire, seed: u8, (mac, ip, host), (peer_mac, peer_host)| {
-        let mut device = device(mac, ip);
+        let mut device = Device::in_memory(mac, ip);
         for net in ["fd00", "fd01"] {
             let ours: Ipv6Addr = format!("{net}::{host}").parse().unwrap();
             device.gids.push(ours.octets());

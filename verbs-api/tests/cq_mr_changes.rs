@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use roce_provider::memory::memory_pair;
 use roce_transport::wr::signaled;
-use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, Addressing, BackendChoice, ConnectOptions, Context, Cq, Device, Error,
     OpenOptions, PathMtu, Pd, Progress, Qp, QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWr,
@@ -17,17 +16,6 @@ use roce_verbs::{
 };
 
 const STALL: Duration = Duration::from_secs(20);
-
-fn device(mac: [u8; 6], ip: Ipv4Addr) -> Device {
-    Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac,
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
-    }
-}
 
 /// Two contexts joined by a faultless in-memory wire, each with an engine thread.
 fn pair() -> (Context, Context) {
@@ -46,7 +34,7 @@ fn pair() -> (Context, Context) {
             seed: Some([seed; 32]),
             ..OpenOptions::default()
         };
-        Context::open(&device(mac, ip), options).expect("open")
+        Context::open(&Device::in_memory(mac, ip), options).expect("open")
     };
     (
         open(wire_a, 1, mac_a, ip_a, mac_b, ip_b),

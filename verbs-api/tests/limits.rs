@@ -9,30 +9,14 @@ use roce_provider::memory::memory_pair;
 use roce_transport::endpoint::CreateQpError;
 use roce_transport::errno::EINVAL;
 use roce_transport::LIMITS;
-use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     Addressing, BackendChoice, Context, Device, Error, OpenOptions, Progress, QpCaps, QpInitAttr,
     QpType,
 };
 
-fn device() -> Device {
-    let mac = [2, 0, 0, 0, 0, 1];
-    Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac,
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![
-            link_local_gid(mac),
-            Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped().octets(),
-        ],
-    }
-}
-
 #[test]
 fn queried_limits_are_the_enforced_ones() {
-    let device = device();
+    let device = Device::in_memory([2, 0, 0, 0, 0, 1], Ipv4Addr::new(10, 0, 0, 1));
     let attr = device.query().limits;
     assert_eq!(
         (attr.max_qp, attr.max_qp_wr, attr.max_sge, attr.max_cqe),

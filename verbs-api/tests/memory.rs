@@ -14,7 +14,6 @@ use roce_provider::fault::FaultInjector;
 use roce_provider::memory::memory_pair;
 use roce_transport::sim::LinkConfig;
 use roce_transport::wr::signaled;
-use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, AddressVector, Addressing, AsyncEvent, BackendChoice, ConnectOptions, Context, Cq,
     Device, Error, OpenOptions, PathMtu, Progress, QpAttr, QpCaps, QpInitAttr, QpState, QpType,
@@ -26,17 +25,6 @@ const IP_A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const IP_B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xA];
 const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xB];
-
-fn device(name: &str, mac: [u8; 6], ip: Ipv4Addr) -> Device {
-    Device {
-        name: name.into(),
-        ifindex: 1,
-        mac,
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac), ip.to_ipv6_mapped().octets()],
-    }
-}
 
 /// Two contexts joined by an in-memory wire that loses, reorders, duplicates and corrupts
 /// frames with the given probability each.
@@ -62,7 +50,7 @@ fn pair(progress: Progress, fault: f64) -> (Context, Context) {
             seed: Some([seed as u8; 32]),
             ..OpenOptions::default()
         };
-        Context::open(&device("mem", mac, ip), options).expect("open")
+        Context::open(&Device::in_memory(mac, ip), options).expect("open")
     };
     (
         open(wire_a, 1, (MAC_A, IP_A), (MAC_B, IP_B)),
@@ -653,7 +641,7 @@ fn ud_over_ipv6_fills_the_grh_with_the_ipv6_header() {
     // Devices with an IPv6 GID (index 2) besides rxe's first two.
     let (wire_a, wire_b) = memory_pair();
     let context = |wire, mac, ip: Ipv4Addr, v6: std::net::Ipv6Addr, peer_v6, peer_mac, seed| {
-        let mut device = device("mem", mac, ip);
+        let mut device = Device::in_memory(mac, ip);
         device.gids.push(v6.octets());
         let addressing = Addressing {
             mac,
@@ -1189,7 +1177,7 @@ fn a_burst_of_posts_is_sent_by_a_round_not_a_round_per_post() {
                 progress: Progress::Caller,
                 ..OpenOptions::default()
             };
-            Context::open(&device("mem", mac, ip), options).expect("open")
+            Context::open(&Device::in_memory(mac, ip), options).expect("open")
         };
     let counted = CountingTurns {
         inner: wire_a,

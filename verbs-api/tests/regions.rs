@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use roce_provider::memory::memory_pair;
 use roce_transport::wr::signaled;
-use roce_verbs::device::link_local_gid;
 use roce_verbs::{
     AccessFlags, Addressing, BackendChoice, ConnectOptions, Context, Cq, Device, OpenOptions,
     PathMtu, Pd, Progress, Qp, QpCaps, QpInitAttr, QpType, RetryConfig, SendOp, WcStatus,
@@ -25,14 +24,7 @@ const STALL: Duration = Duration::from_secs(20);
 fn open(wire: roce_provider::memory::MemoryBackend, me: u8, peer: u8) -> Context {
     let mac = |n| [2, 0, 0, 0, 0, n];
     let ip = |n| Ipv4Addr::new(10, 0, 0, n);
-    let device = Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac: mac(me),
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac(me)), ip(me).to_ipv6_mapped().octets()],
-    };
+    let device = Device::in_memory(mac(me), ip(me));
     let addressing = Addressing {
         mac: mac(me),
         ip: ip(me),

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use roce_provider::memory::MemoryBackend;
-use roce_verbs::device::link_local_gid;
 use roce_verbs::{Addressing, BackendChoice, Context, Device, OpenOptions, Progress};
 
 /// A context of station `me` (10.0.0.`me`) on `wire`, which reaches station `peer`, with an
@@ -17,14 +16,7 @@ pub fn context(wire: MemoryBackend, me: u8, peer: u8) -> Context {
         ip: ip(me),
         neighbours: HashMap::from([(ip(peer), mac(peer))]),
     };
-    let device = Device {
-        name: "mem".into(),
-        ifindex: 1,
-        mac: mac(me),
-        netdev_mtu: 9000,
-        up: true,
-        gids: vec![link_local_gid(mac(me)), ip(me).to_ipv6_mapped().octets()],
-    };
+    let device = Device::in_memory(mac(me), ip(me));
     let options = OpenOptions {
         backend: BackendChoice::Custom(Box::new(wire), addressing),
         progress: Progress::Events,
