@@ -340,7 +340,7 @@ impl<B: Backend> Engine<B> {
             &packet.ext,
             payload_len,
             &mut frame,
-            |payload| endpoint.write_payload(transmit, payload),
+            |payload, icrc| endpoint.write_payload(transmit, payload, icrc),
         );
         let result = match emitted {
             Err(_) => Err(io::Error::other("packet does not fit a frame")),
@@ -399,7 +399,7 @@ impl<B: Backend> Engine<B> {
             return Ok(true);
         }
         // Headers, then the payload copied once, from where it lies (a region, the WQE)
-        // straight into the backend's buffer, then the ICRC over both.
+        // straight into the backend's buffer, the ICRC computed on the way.
         let packet = &transmit.packet;
         let payload_len = packet.payload_len();
         let (mut emitted, mut readable) = (Ok(()), true);
@@ -410,9 +410,10 @@ impl<B: Backend> Engine<B> {
             headers.buffer_len(&packet.bth, payload_len),
             headers.udp_src_port(),
             &mut |buffer| {
-                let write_payload = |payload: &mut [u8]| {
-                    readable = endpoint.write_payload(transmit, payload);
-                    readable
+                let write_payload = |payload: &mut [u8], icrc| {
+                    let written = endpoint.write_payload(transmit, payload, icrc);
+                    readable = written.is_some();
+                    written
                 };
                 let written =
                     headers.emit_with(&packet.bth, &packet.ext, payload_len, buffer, write_payload);

@@ -153,6 +153,24 @@ impl CallerMemory {
         Ok(())
     }
 
+    /// Copies `out.len()` bytes from `offset` into `out` and returns `icrc` continued over
+    /// them: a frame's payload, read once.
+    pub fn read_icrc(
+        &self,
+        offset: usize,
+        out: &mut [u8],
+        icrc: roce_wire::icrc::Running,
+    ) -> Result<roce_wire::icrc::Running, MrError> {
+        let source = self.at(offset, out.len())?;
+        if self.on_demand {
+            on_demand::read(source, out.as_mut_ptr(), out.len())?;
+            return Ok(icrc.update(out));
+        }
+        // SAFETY: as in `read`: the source lies inside the readable memory, and `out` is a
+        // buffer of ours; the copy reads it through the pointer only.
+        Ok(unsafe { crate::copy_icrc::copy_from(out, source, icrc) })
+    }
+
     /// Appends `len` bytes from `offset` to `out`.
     pub fn append(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<(), MrError> {
         let source = self.at(offset, len)?;
@@ -391,6 +409,33 @@ mod tests {
         assert_eq!(
             read_only.atomic(0, AtomicOp::FetchAdd(1)),
             Err(MrError::AccessDenied)
+        );
+    }
+
+    /// A frame's payload read with its ICRC: the bytes and the CRC the copy-then-hash path
+    /// gives, pinned or on demand, and nothing read outside the memory.
+    #[test]
+    fn a_read_continues_the_icrc_over_the_bytes_read() {
+        use roce_wire::icrc::Running;
+        let raw = Raw::new(256);
+        let memory = raw.memory(true);
+        let bytes: Vec<u8> = (0..2048u32).map(|i| (i * 7 + i / 256) as u8).collect();
+        memory.write(0, &bytes).unwrap();
+        // The same buffer, read through the kernel as an on-demand region is.
+        let on_demand = CallerMemory::on_demand(raw.base.cast(), 2048, false).unwrap();
+        let start = Running::from_crc32(0x2144_DF1C);
+        for (offset, len) in [(0, 2048), (5, 1500), (100, 64), (2048, 0)] {
+            let want = start.update(&bytes[offset..offset + len]);
+            for source in [&memory, &on_demand] {
+                let mut out = vec![0u8; len];
+                assert_eq!(source.read_icrc(offset, &mut out, start), Ok(want));
+                assert_eq!(out, bytes[offset..offset + len]);
+            }
+        }
+        let mut out = [0u8; 600];
+        assert_eq!(
+            memory.read_icrc(1449, &mut out, start),
+            Err(MrError::OutOfBounds)
         );
     }
 

@@ -17,6 +17,7 @@ use std::time::Instant;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_wire::frame::{EthernetRepr, IpRepr, Ipv4Repr, Ipv6Repr};
+use roce_wire::icrc::Running;
 use roce_wire::multicast::{is_multicast_gid, MULTICAST_QPN};
 use roce_wire::opcode::Service;
 use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
@@ -24,6 +25,7 @@ use roce_wire::{bth, cm as wire_cm, deth, mad, ExtRepr, FrameRepr, Opcode, Psn};
 use crate::cm::{Cm, CmConfig, MadTransmit};
 use crate::congestion::{CongestionConfig, QpRate, RateLimit};
 
+use crate::copy_icrc;
 use crate::counters::Counters;
 use crate::cq::{Cq, WcStatus};
 use crate::errno;
@@ -1096,19 +1098,25 @@ impl Endpoint {
     }
 
     /// Copies the payload of `transmit`, the packet [`poll_transmit_lent`] gave last, into
-    /// `out` (of its [`payload_len`](OutPacket::payload_len)): from the sending QP's
-    /// registered memory when it is lent, else from the packet. `false` if it cannot be
-    /// read (never for a packet just given: it was checked).
+    /// `out` (of its [`payload_len`](OutPacket::payload_len)) and returns the frame's `icrc`
+    /// continued over it, reading each byte once: from the sending QP's registered memory
+    /// when it is lent, else from the packet. `None` if it cannot be read (never for a
+    /// packet just given: it was checked).
     ///
     /// [`poll_transmit_lent`]: Self::poll_transmit_lent
-    pub fn write_payload(&self, transmit: &Transmit, out: &mut [u8]) -> bool {
+    pub fn write_payload(
+        &self,
+        transmit: &Transmit,
+        out: &mut [u8],
+        icrc: Running,
+    ) -> Option<Running> {
         let packet = &transmit.packet;
         let Some(lent) = packet.lent else {
-            let bytes = packet.payload.get(..out.len());
-            return bytes.map(|bytes| out.copy_from_slice(bytes)).is_some();
+            let bytes = packet.payload.get(..out.len())?;
+            return Some(copy_icrc::copy_slice(out, bytes, icrc));
         };
-        let qp = self.qps.get(transmit.src_qpn);
-        qp.is_some_and(|qp| qp.write_payload(&self.mrs, lent, out).is_ok())
+        let qp = self.qps.get(transmit.src_qpn)?;
+        qp.write_payload(&self.mrs, lent, out, icrc).ok()
     }
 
     /// Makes `transmit` (the packet [`poll_transmit_lent`](Self::poll_transmit_lent) gave

@@ -78,6 +78,8 @@ mod access;
 mod caller_memory;
 pub mod cm;
 pub mod congestion;
+#[allow(unsafe_code)]
+mod copy_icrc;
 pub mod counters;
 pub mod cq;
 pub mod endpoint;

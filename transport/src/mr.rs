@@ -10,6 +10,7 @@ mod mw;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
+use roce_wire::icrc::Running;
 use rustc_hash::FxHashMap;
 
 use rand_chacha::ChaCha12Rng;
@@ -17,6 +18,7 @@ use rand_core::{Rng, SeedableRng};
 
 pub use crate::access::{AccessFlags, AtomicOp, MrError};
 pub use crate::caller_memory::CallerMemory;
+use crate::copy_icrc;
 use crate::limits::LIMITS;
 use crate::wr::Sge;
 pub use mw::MwType;
@@ -60,6 +62,16 @@ impl Memory {
                 Ok(())
             }
             Memory::Caller(memory) => memory.read(offset, out),
+        }
+    }
+
+    fn read_icrc(&self, offset: usize, out: &mut [u8], icrc: Running) -> Result<Running, MrError> {
+        match self {
+            Memory::Owned(bytes) => {
+                let range = Self::owned_range(bytes, offset, out.len())?;
+                Ok(copy_icrc::copy_slice(out, &bytes[range], icrc))
+            }
+            Memory::Caller(memory) => memory.read_icrc(offset, out, icrc),
         }
     }
 
@@ -847,6 +859,21 @@ impl MrTable {
         }
         let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
         mr.memory.read(location.offset, out)
+    }
+
+    /// [`read`](Self::read), returning `icrc` continued over the bytes: a frame's payload
+    /// copied into the frame and hashed in one pass.
+    pub fn read_icrc(
+        &self,
+        location: Location,
+        out: &mut [u8],
+        icrc: Running,
+    ) -> Result<Running, MrError> {
+        if out.is_empty() {
+            return Ok(icrc);
+        }
+        let mr = self.mrs.get(location.key).ok_or(MrError::UnknownKey)?;
+        mr.memory.read_icrc(location.offset, out, icrc)
     }
 
     /// Copies `data` to a location [`check`](Self::check) returned.

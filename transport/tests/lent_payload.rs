@@ -41,8 +41,9 @@ fn exchange(sim: &mut roce_transport::sim::Sim) -> usize {
             let hosts = [from as u8 + 1, to as u8 + 1];
             let repr = common::received_frame(&transmit, hosts);
             let mut frame = vec![0; repr.buffer_len_with(len)];
-            let written =
-                repr.emit_with(len, &mut frame, |out| sender.write_payload(&transmit, out));
+            let written = repr.emit_with(len, &mut frame, |out, icrc| {
+                sender.write_payload(&transmit, out, icrc)
+            });
             assert_eq!(written, Ok(frame.len()));
             let mut copied = transmit.clone();
             sender.materialize(&mut copied);

@@ -578,21 +578,22 @@ impl<'a> FrameRepr<'a> {
     /// `buffer` is too short or the fields are inconsistent (headers that do not match the
     /// opcode, a payload on an opcode without one, a value too wide for its field).
     pub fn emit(&self, buffer: &mut [u8]) -> crate::Result<usize> {
-        self.emit_with(self.payload.len(), buffer, |out| {
+        self.emit_with(self.payload.len(), buffer, |out, icrc| {
             out.copy_from_slice(self.payload);
-            true
+            Some(icrc.update(out))
         })
     }
 
     /// [`emit`](Self::emit) with a payload of `payload_len` bytes (`self.payload` is not
-    /// used) that `write_payload` writes in place, between the headers and the pad, before
-    /// the ICRC is computed over it: a sender copies the bytes straight from where they lie
-    /// into the frame. Fails as `emit` does, or when `write_payload` returns `false`.
+    /// used) that `write_payload` writes in place, between the headers and the pad,
+    /// continuing the ICRC over it: a sender copies the bytes straight from where they lie
+    /// into the frame, reading them once. Fails as `emit` does, or when `write_payload`
+    /// returns `None`.
     pub fn emit_with(
         &self,
         payload_len: usize,
         buffer: &mut [u8],
-        write_payload: impl FnOnce(&mut [u8]) -> bool,
+        write_payload: impl FnOnce(&mut [u8], icrc::Running) -> Option<icrc::Running>,
     ) -> crate::Result<usize> {
         LinkHeaders::new(self)?.emit_with(&self.bth, &self.ext, payload_len, buffer, write_payload)
     }
@@ -713,16 +714,18 @@ impl LinkHeaders {
 
     /// Writes a whole frame with these headers, `bth`, `ext` and a payload of
     /// `payload_len` bytes that `write_payload` writes in place, deriving the lengths, the
-    /// IPv4 checksum and the ICRC. Fails when `buffer` is too short, the fields are
-    /// inconsistent (headers that do not match the opcode, a payload on an opcode without
-    /// one, a value too wide for its field), or `write_payload` returns `false`.
+    /// IPv4 checksum and the ICRC. `write_payload` gets the ICRC of the bytes before the
+    /// payload and returns it continued over the payload it wrote (so it can compute it
+    /// while copying). Fails when `buffer` is too short, the fields are inconsistent
+    /// (headers that do not match the opcode, a payload on an opcode without one, a value
+    /// too wide for its field), or `write_payload` returns `None`.
     pub fn emit_with(
         &self,
         bth: &bth::Repr,
         ext: &ExtRepr,
         payload_len: usize,
         buffer: &mut [u8],
-        write_payload: impl FnOnce(&mut [u8]) -> bool,
+        write_payload: impl FnOnce(&mut [u8], icrc::Running) -> Option<icrc::Running>,
     ) -> crate::Result<usize> {
         let (ip, udp) = (self.ip, self.udp);
         let info = bth.opcode.info();
@@ -755,12 +758,15 @@ impl LinkHeaders {
         let ext_at = bth_at + bth::HEADER_LEN;
         let payload = ext_at + ext.emit(bth.opcode, &mut buffer[ext_at..])?;
         let pad = payload + payload_len;
-        if !write_payload(&mut buffer[payload..pad]) {
-            return Err(Error);
-        }
+        let (before, rest) = buffer.split_at_mut(payload);
+        let headers = icrc::Running::over(&before[ip..])?;
+        let mut running = write_payload(&mut rest[..payload_len], headers).ok_or(Error)?;
         let icrc = len - ICRC_LEN;
-        buffer[pad..icrc].fill(0);
-        let value = icrc::compute(&buffer[ip..icrc])?;
+        if pad < icrc {
+            buffer[pad..icrc].fill(0);
+            running = running.update(&buffer[pad..icrc]);
+        }
+        let value = running.finish();
         buffer[icrc..].copy_from_slice(&icrc::to_bytes(value));
         // The UDP checksum covers the ICRC, and the ICRC ignores the UDP checksum: last.
         if self.udp_checksum {
@@ -989,13 +995,13 @@ mod tests {
         };
         assert_eq!(lent.buffer_len_with(payload.len()), len);
         let mut written = [0xFFu8; 200];
-        let written_len = lent.emit_with(payload.len(), &mut written, |out| {
+        let written_len = lent.emit_with(payload.len(), &mut written, |out, icrc| {
             out.copy_from_slice(&payload);
-            true
+            Some(icrc.update(out))
         });
         assert_eq!(written_len, Ok(len));
         assert_eq!(written[..len], copied[..len]);
-        assert_eq!(lent.emit_with(13, &mut written, |_| false), Err(Error));
+        assert_eq!(lent.emit_with(13, &mut written, |_, _| None), Err(Error));
     }
 
     /// Round trip through every layer variant the captures lack: 802.1Q and IPv6, with pad.
@@ -1242,9 +1248,9 @@ mod tests {
                 let want = &want[..want_len];
                 let mut got = [0xEE; 1200];
                 let got = &mut got[..headers.buffer_len(&bth, payload.len())];
-                let written = headers.emit_with(&bth, &ext, payload.len(), got, |out| {
+                let written = headers.emit_with(&bth, &ext, payload.len(), got, |out, icrc| {
                     out.copy_from_slice(payload);
-                    true
+                    Some(icrc.update(out))
                 });
                 assert_eq!(written, Ok(want.len()));
                 assert_eq!(got, want, "{flow:?} {bth:?}");

@@ -29,35 +29,75 @@ const MAX_MASKED_LEN: usize = MAX_IPV4_HEADER_LEN + UDP_HEADER_LEN + bth::HEADER
 /// Computes the ICRC of `ip_packet`: the bytes from the first byte of the IP header up to,
 /// not including, the ICRC. Fails when the bytes cannot hold an IP, UDP and BTH header.
 pub fn compute(ip_packet: &[u8]) -> Result<u32> {
-    let (is_ipv6, ip_header_len) = match ip_packet.first().map(|byte| byte >> 4) {
-        Some(4) => (false, usize::from(ip_packet[0] & 0x0F) * 4),
-        Some(6) => (true, IPV6_HEADER_LEN),
-        _ => return Err(Error),
-    };
-    let masked_len = ip_header_len + UDP_HEADER_LEN + bth::HEADER_LEN;
-    if ip_header_len < 20 || ip_packet.len() < masked_len {
-        return Err(Error);
-    }
-    let mut head = [0u8; MAX_MASKED_LEN];
-    let head = &mut head[..masked_len];
-    head.copy_from_slice(&ip_packet[..masked_len]);
-    if is_ipv6 {
-        head[0] |= 0x0F;
-        head[1..4].fill(0xFF);
-        head[IPV6_HOP_LIMIT] = 0xFF;
-    } else {
-        head[IPV4_TOS] = 0xFF;
-        head[IPV4_TTL] = 0xFF;
-        head[IPV4_CHECKSUM].fill(0xFF);
-    }
-    let udp = ip_header_len;
-    head[udp + UDP_CHECKSUM..udp + UDP_CHECKSUM + 2].fill(0xFF);
-    head[udp + UDP_HEADER_LEN + bth::ICRC_MASKED_BYTE] = 0xFF;
+    Running::over(ip_packet).map(Running::finish)
+}
 
-    let mut hasher = crc32fast::Hasher::new_with_initial(LRH_PLACEHOLDER_CRC);
-    hasher.update(head);
-    hasher.update(&ip_packet[masked_len..]);
-    Ok(hasher.finalize())
+/// The ICRC of a frame's first covered bytes, to be continued over the rest: a sender
+/// starts it over the headers and continues it over the payload as it copies the payload
+/// into the frame, so the payload is read once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Running(u32);
+
+impl Running {
+    /// Over `ip_packet`, the covered bytes from the first byte of the IP header on, as many
+    /// as are written so far (at least the IP, UDP and BTH headers, masked as the ICRC
+    /// masks them). Fails when the bytes cannot hold those headers.
+    pub fn over(ip_packet: &[u8]) -> Result<Self> {
+        let (is_ipv6, ip_header_len) = match ip_packet.first().map(|byte| byte >> 4) {
+            Some(4) => (false, usize::from(ip_packet[0] & 0x0F) * 4),
+            Some(6) => (true, IPV6_HEADER_LEN),
+            _ => return Err(Error),
+        };
+        let masked_len = ip_header_len + UDP_HEADER_LEN + bth::HEADER_LEN;
+        if ip_header_len < 20 || ip_packet.len() < masked_len {
+            return Err(Error);
+        }
+        let mut head = [0u8; MAX_MASKED_LEN];
+        let head = &mut head[..masked_len];
+        head.copy_from_slice(&ip_packet[..masked_len]);
+        if is_ipv6 {
+            head[0] |= 0x0F;
+            head[1..4].fill(0xFF);
+            head[IPV6_HOP_LIMIT] = 0xFF;
+        } else {
+            head[IPV4_TOS] = 0xFF;
+            head[IPV4_TTL] = 0xFF;
+            head[IPV4_CHECKSUM].fill(0xFF);
+        }
+        let udp = ip_header_len;
+        head[udp + UDP_CHECKSUM..udp + UDP_CHECKSUM + 2].fill(0xFF);
+        head[udp + UDP_HEADER_LEN + bth::ICRC_MASKED_BYTE] = 0xFF;
+
+        let mut hasher = crc32fast::Hasher::new_with_initial(LRH_PLACEHOLDER_CRC);
+        hasher.update(head);
+        hasher.update(&ip_packet[masked_len..]);
+        Ok(Running(hasher.finalize()))
+    }
+
+    /// Continued over the next covered `bytes`.
+    #[must_use]
+    pub fn update(self, bytes: &[u8]) -> Self {
+        let mut hasher = crc32fast::Hasher::new_with_initial(self.0);
+        hasher.update(bytes);
+        Running(hasher.finalize())
+    }
+
+    /// The CRC-32 of the covered bytes so far (behind the LRH placeholder, masked): a
+    /// standard CRC-32 value, which any CRC-32 implementation can continue (see
+    /// [`from_crc32`](Self::from_crc32)).
+    pub fn crc32(self) -> u32 {
+        self.0
+    }
+
+    /// Resumes from a [`crc32`](Self::crc32) value continued over more covered bytes.
+    pub fn from_crc32(crc32: u32) -> Self {
+        Running(crc32)
+    }
+
+    /// The ICRC of the bytes covered: all of them, from the IP header to the pad.
+    pub fn finish(self) -> u32 {
+        self.0
+    }
 }
 
 /// The IPv4 identification and DF flag a frame's ICRC was computed with, for a receiver that
@@ -220,6 +260,30 @@ mod tests {
             solve_ipv4_identification(covered, received),
             None,
             "identification not zeroed"
+        );
+    }
+
+    /// Continuing over the rest gives the ICRC of the whole, wherever it is split, also
+    /// through a CRC-32 computed elsewhere.
+    #[test]
+    fn a_running_icrc_continues_to_the_whole() {
+        let covered = &ACK_IP_PACKET[..44];
+        let whole = compute(covered).unwrap();
+        for split in 40..=44 {
+            let (head, rest) = covered.split_at(split);
+            let running = Running::over(head).unwrap();
+            assert_eq!(running.update(rest).finish(), whole, "split at {split}");
+            let elsewhere = {
+                let mut hasher = crc32fast::Hasher::new_with_initial(running.crc32());
+                hasher.update(rest);
+                hasher.finalize()
+            };
+            assert_eq!(Running::from_crc32(elsewhere).finish(), whole);
+        }
+        assert_eq!(
+            Running::over(&covered[..39]),
+            Err(Error),
+            "headers cut short"
         );
     }
 

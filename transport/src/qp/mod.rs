@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use roce_wire::frame::IpRepr;
+use roce_wire::icrc::Running;
 use roce_wire::{FrameRepr, Opcode, Psn};
 
 use crate::congestion::{CongestionConfig, QpRate, RateLimit};
@@ -710,9 +711,29 @@ impl Qp {
     }
 
     /// Copies the lent payload of the packet this QP gave last into `out` (as long as its
-    /// [`Lent::len`](OutPacket::payload_len)): from the WQE's inline data or gather list, or
-    /// from the region a READ response reads.
-    pub fn write_payload(&self, mrs: &MrTable, lent: Lent, out: &mut [u8]) -> Result<(), WcStatus> {
+    /// [`Lent::len`](OutPacket::payload_len)) and returns `icrc` continued over it: from the
+    /// WQE's inline data or gather list, or from the region a READ response reads (or the
+    /// one SGE a request's bytes lie in), which is read once for both.
+    pub fn write_payload(
+        &self,
+        mrs: &MrTable,
+        lent: Lent,
+        out: &mut [u8],
+        icrc: Running,
+    ) -> Result<Running, WcStatus> {
+        match lent {
+            Lent::Wqe { .. } => {
+                self.copy_payload(mrs, lent, out)?;
+                Ok(icrc.update(out))
+            }
+            Lent::Region { location, .. } => mrs
+                .read_icrc(location, out, icrc)
+                .map_err(|_| WcStatus::LocalProtection),
+        }
+    }
+
+    /// Copies a lent payload into `out`, as [`write_payload`](Self::write_payload) does.
+    fn copy_payload(&self, mrs: &MrTable, lent: Lent, out: &mut [u8]) -> Result<(), WcStatus> {
         match lent {
             Lent::Wqe { index, offset, .. } => {
                 let wqe = self.sq.get(index).ok_or(WcStatus::LocalQpOperation)?;
@@ -732,7 +753,7 @@ impl Qp {
         let mut bytes = std::mem::take(&mut out.payload);
         bytes.clear();
         bytes.resize(out.payload_len(), 0);
-        if let Err(status) = self.write_payload(mrs, lent, &mut bytes) {
+        if let Err(status) = self.copy_payload(mrs, lent, &mut bytes) {
             // Checked when the packet was made, and nothing changed since.
             tracing::warn!(
                 qpn = self.common.qpn,
