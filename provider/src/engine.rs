@@ -399,7 +399,7 @@ impl<B: Backend> Engine<B> {
             return Ok(true);
         }
         // Headers, then the payload copied once, from where it lies (a region, the WQE)
-        // straight into the backend's buffer, the ICRC computed on the way.
+        // straight into the backend's buffer and hashed for the ICRC as it is copied.
         let packet = &transmit.packet;
         let payload_len = packet.payload_len();
         let (mut emitted, mut readable) = (Ok(()), true);

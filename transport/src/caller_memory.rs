@@ -154,7 +154,7 @@ impl CallerMemory {
     }
 
     /// Copies `out.len()` bytes from `offset` into `out` and returns `icrc` continued over
-    /// them: a frame's payload, read once.
+    /// them: a frame's payload.
     pub fn read_icrc(
         &self,
         offset: usize,

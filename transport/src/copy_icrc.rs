@@ -1,30 +1,31 @@
-//! Copying a payload into a frame while continuing the frame's ICRC: one pass over the bytes.
+//! Copying a payload into a frame and continuing the frame's ICRC over it.
 //!
-//! Why it exists: a sender otherwise reads every payload byte twice, once to copy it out of
-//! the region (where it is seldom in cache) and once more for the ICRC; on the 2-vCPU machine
-//! this repository is measured on, those two were the largest user-space share of a sending
-//! thread (`docs/performance.md`). With AVX-512 `VPCLMULQDQ` the CRC folds the very vectors
-//! the copy loads: a 4 KiB payload from a 1 MiB region took ~95 ns against ~150 ns for a copy
-//! and then `crc32fast` over the copy (medians, same process). Without those instructions, or
-//! below [`FUSED_MIN_LEN`] (where setting up 16 folding lanes costs more than it saves), it is
-//! a copy and then `crc32fast`.
+//! Why it exists: a sender used to copy the payload out of the region and then run
+//! `crc32fast` over the copy in the frame. On the 2-vCPU machine this repository is
+//! measured on, those two were the largest user-space share of a sending thread
+//! (`docs/performance.md`). Here the CRC reads the *source* right after the copy, from L1,
+//! rather than the frame's lines the copy is still writing, with an AVX-512 `VPCLMULQDQ`
+//! fold that reads it through the raw pointer (a region may be the caller's memory, which is
+//! never made a Rust reference: see `caller_memory`). A 4 KiB payload out of a 1 MiB region,
+//! into a rotating set of frames: ~135 ns, against ~170 for a copy then `crc32fast` over the
+//! copy, and ~170 for `crc32fast` over the source (medians, same process; folding while
+//! storing each vector, in one loop, measured the same as the copy then the fold). Without
+//! those instructions, or below [`FOLD_MIN_LEN`], it is a copy and then `crc32fast`.
 //!
 //! The fold is the standard one for a reflected CRC-32 (Intel, "Fast CRC Computation for
 //! Generic Polynomials Using PCLMULQDQ"): 16 lanes of 128 bits, each multiplied forward over
 //! the 2048 bits the other lanes take and xored into the next block, then the lanes folded
 //! into one by 128 bits at a time. The CRC-32 of that last 128-bit value from a zero register
 //! is the register after all the bytes folded, so `crc32fast` finishes from there (no Barrett
-//! reduction here). The `unsafe` is the source pointer (a region may be the caller's memory,
-//! which is never made a Rust reference: see `caller_memory`) and the intrinsics' loads and
-//! stores.
+//! reduction here).
 
 use core::ptr;
 
 use roce_wire::icrc::Running;
 
-/// Payloads shorter than this are copied, then hashed: measured, 512 bytes was the shortest
-/// where the fused copy won (28 against 37 ns), 256 bytes lost (24 against 15).
-const FUSED_MIN_LEN: usize = 512;
+/// Payloads shorter than this are hashed by `crc32fast` over the copy: measured, 512 bytes
+/// was the shortest where the fold won (28 against 37 ns), 256 bytes lost (24 against 15).
+const FOLD_MIN_LEN: usize = 512;
 
 /// Copies `src` into `dst` (of the same length) and returns `icrc` continued over the bytes.
 pub(crate) fn copy_slice(dst: &mut [u8], src: &[u8], icrc: Running) -> Running {
@@ -35,21 +36,21 @@ pub(crate) fn copy_slice(dst: &mut [u8], src: &[u8], icrc: Running) -> Running {
 }
 
 /// Copies `dst.len()` bytes from `src` into `dst` and returns `icrc` continued over them,
-/// reading the source once, through the raw pointer only.
+/// reading the source through the raw pointer only.
 ///
 /// # Safety
 /// `src..src + dst.len()` is readable for the duration of the call, and does not overlap
 /// `dst`.
 pub(crate) unsafe fn copy_from(dst: &mut [u8], src: *const u8, icrc: Running) -> Running {
-    #[cfg(target_arch = "x86_64")]
-    if dst.len() >= FUSED_MIN_LEN && x86::available() {
-        // SAFETY: the CPU has the instructions (just checked), `dst.len()` is at least the
-        // kernel's 256 bytes, and the source is the caller's promise.
-        let crc = unsafe { x86::copy_crc32(dst, src, icrc.crc32()) };
-        return Running::from_crc32(crc);
-    }
     // SAFETY: the caller's promise: readable, not overlapping `dst`.
     unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= FOLD_MIN_LEN && x86::available() {
+        // SAFETY: the CPU has the instructions (just checked), the length is at least the
+        // fold's 256 bytes, and the source is readable by the caller's promise.
+        let crc = unsafe { x86::crc32(src, dst.len(), icrc.crc32()) };
+        return Running::from_crc32(crc);
+    }
     icrc.update(dst)
 }
 
@@ -57,9 +58,9 @@ pub(crate) unsafe fn copy_from(dst: &mut [u8], src: *const u8, icrc: Running) ->
 mod x86 {
     use core::arch::x86_64::{
         __m128i, __m512i, _mm512_broadcast_i32x4, _mm512_castsi512_si128, _mm512_clmulepi64_epi128,
-        _mm512_extracti32x4_epi32, _mm512_loadu_si512, _mm512_storeu_si512, _mm512_xor_si512,
-        _mm512_zextsi128_si512, _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_loadu_si128,
-        _mm_set_epi64x, _mm_storeu_si128, _mm_xor_si128,
+        _mm512_extracti32x4_epi32, _mm512_loadu_si512, _mm512_xor_si512, _mm512_zextsi128_si512,
+        _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128,
+        _mm_xor_si128,
     };
     use core::ptr;
 
@@ -71,7 +72,7 @@ mod x86 {
     /// Bytes one round of the main loop takes: 16 lanes of 16.
     const ROUND: usize = 256;
 
-    /// Whether this CPU runs [`copy_crc32`] (std caches the answer).
+    /// Whether this CPU runs [`crc32`] (std caches the answer).
     pub(super) fn available() -> bool {
         is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("vpclmulqdq")
@@ -96,32 +97,19 @@ mod x86 {
         _mm_xor_si128(_mm_xor_si128(low, high), next)
     }
 
-    /// The CRC-32 `crc` continued over `dst.len()` (at least [`ROUND`]) bytes from `src`,
-    /// which are copied into `dst` on the way.
+    /// The CRC-32 `crc` continued over the `len` (at least [`ROUND`]) bytes from `src`.
     ///
     /// # Safety
-    /// The CPU has the features [`available`] checks; `src..src + dst.len()` is readable and
-    /// does not overlap `dst`; `dst.len() >= ROUND`.
+    /// The CPU has the features [`available`] checks; `src..src + len` is readable;
+    /// `len >= ROUND`.
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1")]
-    pub(super) unsafe fn copy_crc32(dst: &mut [u8], src: *const u8, crc: u32) -> u32 {
-        let len = dst.len();
-        let out = dst.as_mut_ptr();
-        // Every offset passed below is at most `len - 64` (`len - 16` for the narrow pair),
-        // from the loop conditions.
-        // SAFETY: `at + 64 <= len`: inside the readable source and inside `dst`.
-        let copy64 = |at: usize| unsafe {
-            let vector = _mm512_loadu_si512(src.add(at).cast());
-            _mm512_storeu_si512(out.add(at).cast(), vector);
-            vector
-        };
-        // SAFETY: `at + 16 <= len`, as above.
-        let copy16 = |at: usize| unsafe {
-            let vector = _mm_loadu_si128(src.add(at).cast());
-            _mm_storeu_si128(out.add(at).cast(), vector);
-            vector
-        };
+    pub(super) unsafe fn crc32(src: *const u8, len: usize, crc: u32) -> u32 {
+        // SAFETY (both): every offset passed is at most `len - 64` (`len - 16`), from the
+        // loop conditions: inside the readable source.
+        let load64 = |at: usize| unsafe { _mm512_loadu_si512(src.add(at).cast()) };
+        let load16 = |at: usize| unsafe { _mm_loadu_si128(src.add(at).cast()) };
 
-        let mut lanes = [copy64(0), copy64(64), copy64(128), copy64(192)];
+        let mut lanes = [load64(0), load64(64), load64(128), load64(192)];
         // The incoming register (a CRC-32 value is its complement) joins the first bytes.
         let register = _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32));
         lanes[0] = _mm512_xor_si512(lanes[0], register);
@@ -129,7 +117,7 @@ mod x86 {
         let mut at = ROUND;
         while len - at >= ROUND {
             for (i, lane) in lanes.iter_mut().enumerate() {
-                *lane = fold512(*lane, far, copy64(at + 64 * i));
+                *lane = fold512(*lane, far, load64(at + 64 * i));
             }
             at += ROUND;
         }
@@ -146,20 +134,21 @@ mod x86 {
             folded = fold128(folded, near, _mm512_extracti32x4_epi32::<3>(lane));
         }
         while len - at >= 16 {
-            folded = fold128(folded, near, copy16(at));
+            folded = fold128(folded, near, load16(at));
             at += 16;
         }
 
-        let mut last = [0u8; 16];
-        // SAFETY: `last` is 16 writable bytes of ours.
+        // The folded value, then the last bytes (fewer than 16), hashed in one call.
+        let mut last = [0u8; 32];
+        // SAFETY: `last` has 16 writable bytes of ours at its start.
         unsafe { _mm_storeu_si128(last.as_mut_ptr().cast(), folded) };
-        // SAFETY: `at..len` lies inside both, as `copy16`'s offsets did; the caller promises
-        // the source readable and apart from `dst`.
-        unsafe { ptr::copy_nonoverlapping(src.add(at), out.add(at), len - at) };
+        let tail = len - at;
+        // SAFETY: `at..len` is inside the readable source; `last[16..]` has room for the
+        // fewer than 16 bytes, and is ours.
+        unsafe { ptr::copy_nonoverlapping(src.add(at), last.as_mut_ptr().add(16), tail) };
         // A zero register is the complement of the CRC-32 value `!0`.
         let mut hasher = crc32fast::Hasher::new_with_initial(!0);
-        hasher.update(&last);
-        hasher.update(&dst[at..]);
+        hasher.update(&last[..16 + tail]);
         hasher.finalize()
     }
 }
@@ -188,7 +177,7 @@ mod tests {
     }
 
     /// Every length around the thresholds and the loop's steps, from unaligned sources,
-    /// through the dispatch (fused or not, as this CPU allows).
+    /// through the dispatch (folded or not, as this CPU allows).
     #[test]
     fn copies_and_continues_the_crc_like_crc32fast() {
         let source = noise(9000);
@@ -204,10 +193,10 @@ mod tests {
         }
     }
 
-    /// The fused kernel itself from its shortest input on, where the CPU has it.
+    /// The fold itself from its shortest input on, where the CPU has it.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_fused_kernel_matches_crc32fast() {
+    fn the_fold_matches_crc32fast() {
         if !x86::available() {
             eprintln!("skipped: this CPU has no AVX-512 VPCLMULQDQ (the dispatch test covers it)");
             return;
@@ -215,10 +204,8 @@ mod tests {
         let source = noise(5000);
         for len in 256..1400 {
             let src = &source[len % 64..len % 64 + len];
-            let mut dst = vec![0u8; len];
-            // SAFETY: the features are there; `src` is `len` bytes of ours, apart from `dst`.
-            let crc = unsafe { x86::copy_crc32(&mut dst, src.as_ptr(), !len as u32) };
-            assert_eq!(dst, src, "len {len}");
+            // SAFETY: the features are there; `src` is `len` readable bytes of ours.
+            let crc = unsafe { x86::crc32(src.as_ptr(), len, !len as u32) };
             let want = expected(Running::from_crc32(!len as u32), src);
             assert_eq!(crc, want.crc32(), "len {len}");
         }

@@ -1099,9 +1099,9 @@ impl Endpoint {
 
     /// Copies the payload of `transmit`, the packet [`poll_transmit_lent`] gave last, into
     /// `out` (of its [`payload_len`](OutPacket::payload_len)) and returns the frame's `icrc`
-    /// continued over it, reading each byte once: from the sending QP's registered memory
-    /// when it is lent, else from the packet. `None` if it cannot be read (never for a
-    /// packet just given: it was checked).
+    /// continued over it: from the sending QP's registered memory when it is lent, else
+    /// from the packet. `None` if it cannot be read (never for a packet just given: it was
+    /// checked).
     ///
     /// [`poll_transmit_lent`]: Self::poll_transmit_lent
     pub fn write_payload(

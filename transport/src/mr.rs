@@ -862,7 +862,7 @@ impl MrTable {
     }
 
     /// [`read`](Self::read), returning `icrc` continued over the bytes: a frame's payload
-    /// copied into the frame and hashed in one pass.
+    /// copied into the frame and hashed where it is copied.
     pub fn read_icrc(
         &self,
         location: Location,

@@ -587,7 +587,7 @@ impl<'a> FrameRepr<'a> {
     /// [`emit`](Self::emit) with a payload of `payload_len` bytes (`self.payload` is not
     /// used) that `write_payload` writes in place, between the headers and the pad,
     /// continuing the ICRC over it: a sender copies the bytes straight from where they lie
-    /// into the frame, reading them once. Fails as `emit` does, or when `write_payload`
+    /// into the frame, and hashes them there. Fails as `emit` does, or when `write_payload`
     /// returns `None`.
     pub fn emit_with(
         &self,
@@ -715,7 +715,7 @@ impl LinkHeaders {
     /// Writes a whole frame with these headers, `bth`, `ext` and a payload of
     /// `payload_len` bytes that `write_payload` writes in place, deriving the lengths, the
     /// IPv4 checksum and the ICRC. `write_payload` gets the ICRC of the bytes before the
-    /// payload and returns it continued over the payload it wrote (so it can compute it
+    /// payload and returns it continued over the payload it wrote (so it can hash them
     /// while copying). Fails when `buffer` is too short, the fields are inconsistent
     /// (headers that do not match the opcode, a payload on an opcode without one, a value
     /// too wide for its field), or `write_payload` returns `None`.

@@ -25,6 +25,8 @@ const IPV6_HOP_LIMIT: usize = 7;
 const MAX_IPV4_HEADER_LEN: usize = 60;
 /// The longest masked prefix: IPv4 with options, UDP, BTH.
 const MAX_MASKED_LEN: usize = MAX_IPV4_HEADER_LEN + UDP_HEADER_LEN + bth::HEADER_LEN;
+/// Room for the masked prefix and the longest run of extension headers after it.
+const HEAD_COPY_LEN: usize = MAX_MASKED_LEN + 64;
 
 /// Computes the ICRC of `ip_packet`: the bytes from the first byte of the IP header up to,
 /// not including, the ICRC. Fails when the bytes cannot hold an IP, UDP and BTH header.
@@ -33,8 +35,9 @@ pub fn compute(ip_packet: &[u8]) -> Result<u32> {
 }
 
 /// The ICRC of a frame's first covered bytes, to be continued over the rest: a sender
-/// starts it over the headers and continues it over the payload as it copies the payload
-/// into the frame, so the payload is read once.
+/// starts it over the headers and continues it over the payload where it copies the
+/// payload into the frame (over the source, still in cache, rather than the frame's lines
+/// being written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Running(u32);
 
@@ -52,9 +55,16 @@ impl Running {
         if ip_header_len < 20 || ip_packet.len() < masked_len {
             return Err(Error);
         }
-        let mut head = [0u8; MAX_MASKED_LEN];
-        let head = &mut head[..masked_len];
-        head.copy_from_slice(&ip_packet[..masked_len]);
+        // The masked copy takes the extension headers after the BTH too when they fit: one
+        // CRC call for all of a sender's headers.
+        let mut copy = [0u8; HEAD_COPY_LEN];
+        let copied = if ip_packet.len() <= HEAD_COPY_LEN {
+            ip_packet.len()
+        } else {
+            masked_len
+        };
+        let head = &mut copy[..copied];
+        head.copy_from_slice(&ip_packet[..copied]);
         if is_ipv6 {
             head[0] |= 0x0F;
             head[1..4].fill(0xFF);
@@ -70,7 +80,9 @@ impl Running {
 
         let mut hasher = crc32fast::Hasher::new_with_initial(LRH_PLACEHOLDER_CRC);
         hasher.update(head);
-        hasher.update(&ip_packet[masked_len..]);
+        if copied < ip_packet.len() {
+            hasher.update(&ip_packet[copied..]);
+        }
         Ok(Running(hasher.finalize()))
     }
 

@@ -713,7 +713,7 @@ impl Qp {
     /// Copies the lent payload of the packet this QP gave last into `out` (as long as its
     /// [`Lent::len`](OutPacket::payload_len)) and returns `icrc` continued over it: from the
     /// WQE's inline data or gather list, or from the region a READ response reads (or the
-    /// one SGE a request's bytes lie in), which is read once for both.
+    /// one SGE a request's bytes lie in).
     pub fn write_payload(
         &self,
         mrs: &MrTable,
