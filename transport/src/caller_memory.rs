@@ -1,5 +1,6 @@
-//! Memory the caller owns, registered by address and length (`ibv_reg_mr`): the only
-//! `unsafe` code of this crate.
+//! Memory the caller owns, registered by address and length (`ibv_reg_mr`): with
+//! `copy_icrc` (which hashes a sent payload through the same raw pointers), the crate's
+//! `unsafe` code.
 //!
 //! Invariants, which whoever registers the memory promises ([`CallerMemory::new`]):
 //! - The `len` bytes from `base` stay mapped and readable, and writable if the memory was

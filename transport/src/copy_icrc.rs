@@ -63,6 +63,7 @@ mod x86 {
         _mm_xor_si128,
     };
     use core::ptr;
+    use std::sync::LazyLock;
 
     /// A fold over `D` bits multiplies a lane's low half by `x^(D+32) mod P` and its high
     /// half by `x^(D-32) mod P`, both bit-reflected and shifted left by one (P the CRC-32
@@ -72,12 +73,16 @@ mod x86 {
     /// Bytes one round of the main loop takes: 16 lanes of 16.
     const ROUND: usize = 256;
 
-    /// Whether this CPU runs [`crc32`] (std caches the answer).
+    /// Whether this CPU runs [`crc32`]: asked once (four questions to std's cache cost a
+    /// visible share of a sending thread, asked per frame).
     pub(super) fn available() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("vpclmulqdq")
-            && is_x86_feature_detected!("pclmulqdq")
-            && is_x86_feature_detected!("sse4.1")
+        static AVAILABLE: LazyLock<bool> = LazyLock::new(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("vpclmulqdq")
+                && is_x86_feature_detected!("pclmulqdq")
+                && is_x86_feature_detected!("sse4.1")
+        });
+        *AVAILABLE
     }
 
     /// `lanes` folded forward over `key`'s distance, xored into `next`.
