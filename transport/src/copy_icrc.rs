@@ -15,9 +15,9 @@
 //! The fold is the standard one for a reflected CRC-32 (Intel, "Fast CRC Computation for
 //! Generic Polynomials Using PCLMULQDQ"): 16 lanes of 128 bits, each multiplied forward over
 //! the 2048 bits the other lanes take and xored into the next block, then the lanes folded
-//! into one by 128 bits at a time, then a Barrett reduction to 32 bits. When fewer than 16
-//! bytes are left over, `crc32fast` finishes instead, over the folded value (whose CRC-32 from
-//! a zero register is the register after all the bytes folded) and those bytes.
+//! into one by 128 bits at a time. The CRC-32 of that last 128-bit value from a zero register
+//! is the register after all the bytes folded, so `crc32fast` finishes from there (no Barrett
+//! reduction here).
 
 use core::ptr;
 
@@ -59,8 +59,8 @@ mod x86 {
     use core::arch::x86_64::{
         __m128i, __m512i, _mm512_broadcast_i32x4, _mm512_castsi512_si128, _mm512_clmulepi64_epi128,
         _mm512_extracti32x4_epi32, _mm512_loadu_si512, _mm512_xor_si512, _mm512_zextsi128_si512,
-        _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_extract_epi32, _mm_loadu_si128,
-        _mm_set_epi64x, _mm_srli_si128, _mm_storeu_si128, _mm_xor_si128,
+        _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_loadu_si128, _mm_set_epi64x, _mm_storeu_si128,
+        _mm_xor_si128,
     };
     use core::ptr;
     use std::sync::LazyLock;
@@ -70,8 +70,6 @@ mod x86 {
     /// polynomial): over the 2048 bits of 16 lanes, and over one lane's 128.
     const FOLD_2048: (i64, i64) = (0x1_1542_778a, 0x1_322d_1430);
     const FOLD_128: (i64, i64) = (0x1_7519_97d0, 0x0_ccaa_009e);
-    /// `floor(x^95 / P)`'s low 64 bits, and P itself, for the final reduction.
-    const BARRETT: (i64, i64) = (0xb4e5_b025_f701_1641_u64 as i64, 0x1_db71_0641);
     /// Bytes one round of the main loop takes: 16 lanes of 16.
     const ROUND: usize = 256;
 
@@ -145,14 +143,11 @@ mod x86 {
             at += 16;
         }
 
-        let tail = len - at;
-        if tail == 0 {
-            return reduce(folded, near);
-        }
         // The folded value, then the last bytes (fewer than 16), hashed in one call.
         let mut last = [0u8; 32];
         // SAFETY: `last` has 16 writable bytes of ours at its start.
         unsafe { _mm_storeu_si128(last.as_mut_ptr().cast(), folded) };
+        let tail = len - at;
         // SAFETY: `at..len` is inside the readable source; `last[16..]` has room for the
         // fewer than 16 bytes, and is ours.
         unsafe { ptr::copy_nonoverlapping(src.add(at), last.as_mut_ptr().add(16), tail) };
@@ -160,23 +155,6 @@ mod x86 {
         let mut hasher = crc32fast::Hasher::new_with_initial(!0);
         hasher.update(&last[..16 + tail]);
         hasher.finalize()
-    }
-
-    /// The CRC-32 value of the message `folded` stands for: multiplied by `x^32` and reduced
-    /// modulo P, the low 64 bits (the high-order terms, reflected) folded into the high 64,
-    /// then a Barrett reduction with `floor(x^95 / P)` takes the 96 bits left to 32 (as
-    /// `crc32fast`, libdeflate and Linux finish their folds).
-    #[inline]
-    #[target_feature(enable = "pclmulqdq,sse4.1")]
-    fn reduce(folded: __m128i, near: __m128i) -> u32 {
-        let x = _mm_xor_si128(
-            _mm_clmulepi64_si128(folded, near, 0x10),
-            _mm_srli_si128(folded, 8),
-        );
-        let barrett = _mm_set_epi64x(BARRETT.1, BARRETT.0);
-        let t = _mm_clmulepi64_si128(x, barrett, 0x00);
-        let t = _mm_clmulepi64_si128(t, barrett, 0x10);
-        !(_mm_extract_epi32(_mm_xor_si128(x, t), 2) as u32)
     }
 }
 
