@@ -35,9 +35,8 @@ pub fn compute(ip_packet: &[u8]) -> Result<u32> {
 }
 
 /// The ICRC of a frame's first covered bytes, to be continued over the rest: a sender
-/// starts it over the headers and continues it over the payload where it copies the
-/// payload into the frame (over the source, still in cache, rather than the frame's lines
-/// being written).
+/// starts it over the headers and continues it over the payload in the loop that copies
+/// the payload into the frame (rather than reading the frame's freshly written lines back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Running(u32);
 
