@@ -27,6 +27,8 @@ use core::fmt;
 use core::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use roce_wire::icrc::Running;
+
 use crate::access::{AtomicOp, MrError};
 
 /// `len` bytes of the caller's memory from `base`.
@@ -160,8 +162,8 @@ impl CallerMemory {
         &self,
         offset: usize,
         out: &mut [u8],
-        icrc: roce_wire::icrc::Running,
-    ) -> Result<roce_wire::icrc::Running, MrError> {
+        icrc: Running,
+    ) -> Result<Running, MrError> {
         let source = self.at(offset, out.len())?;
         if self.on_demand {
             on_demand::read(source, out.as_mut_ptr(), out.len())?;
@@ -417,7 +419,6 @@ mod tests {
     /// gives, pinned or on demand, and nothing read outside the memory.
     #[test]
     fn a_read_continues_the_icrc_over_the_bytes_read() {
-        use roce_wire::icrc::Running;
         let raw = Raw::new(256);
         let memory = raw.memory(true);
         let bytes: Vec<u8> = (0..2048u32).map(|i| (i * 7 + i / 256) as u8).collect();

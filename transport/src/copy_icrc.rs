@@ -259,6 +259,7 @@ mod tests {
             assert_eq!(crc, want.crc32(), "len {len}");
         }
     }
+
     /// The CRC covers the bytes the frame got even while another thread writes the source
     /// (the race a program makes when it updates a region a peer READs): a copy and a
     /// second read of the source for the CRC would disagree here.
