@@ -68,8 +68,10 @@ pub struct Engine<B> {
     gids: Vec<[u8; 16]>,
     /// MAC of each IPv6 neighbour.
     neighbours6: HashMap<Ipv6Addr, [u8; 6]>,
-    /// The packet being sent, kept so its payload buffer is reused.
-    outgoing: Transmit,
+    /// The packet being sent, kept so its payload buffer is reused; boxed so that a turn
+    /// takes it out of the engine by moving a pointer (a `Transmit` is 240 bytes, and a
+    /// turn with nothing to send is common).
+    outgoing: Option<Box<Transmit>>,
     /// Whether `outgoing` holds a packet the backend had no room for yet.
     held: bool,
     /// The frame of the packet being looped back, kept so its buffer is reused.
@@ -140,7 +142,7 @@ impl<B: Backend> Engine<B> {
             addressing,
             gids: Vec::new(),
             neighbours6: HashMap::new(),
-            outgoing: Transmit::default(),
+            outgoing: None,
             held: false,
             looped: Vec::new(),
             unfinished: false,
@@ -263,7 +265,7 @@ impl<B: Backend> Engine<B> {
     /// budget ran out, or the backend's queue is full and the packet is held for the next
     /// turn).
     fn transmit_turn(&mut self, now: Instant) -> io::Result<bool> {
-        let mut outgoing = std::mem::take(&mut self.outgoing);
+        let mut outgoing = self.outgoing.take().unwrap_or_default();
         let mut result = Ok(true);
         for _ in 0..Self::TX_BUDGET {
             if !self.held && !self.endpoint.poll_transmit_lent(now, &mut outgoing) {
@@ -285,7 +287,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-        self.outgoing = outgoing;
+        self.outgoing = Some(outgoing);
         let submitted = self.backend.submit();
         result.and_then(|more| submitted.map(|()| more))
     }

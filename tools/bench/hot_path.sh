@@ -17,6 +17,9 @@ B=hpb-b-$$
 TESTS=${TESTS:-"demo send_lat write_lat send_bw write_bw"}
 LAT_ITERS=${LAT_ITERS:-5000}
 BW_ITERS=${BW_ITERS:-100000}
+# Extra arguments to `roce demo`, e.g. "--bytes 4G": longer phases average over more of the
+# machine's drift (each is still interleaved with its ceiling).
+DEMO_ARGS=${DEMO_ARGS:-}
 
 cleanup() {
 	ip netns del "$A" 2>/dev/null
@@ -59,7 +62,8 @@ for round in $(seq "$ROUNDS"); do
 		for test in $TESTS; do
 			case $test in
 			demo)
-				out=$(timeout 300 "$roce" demo 2>/dev/null)
+				# shellcheck disable=SC2086 # DEMO_ARGS is a list of words
+				out=$(timeout 300 "$roce" demo $DEMO_ARGS 2>/dev/null)
 				rate=$(echo "$out" | awk '/64 B message rate/ { print $(NF-4) }')
 				raw=$(echo "$out" | awk '/raw AF_XDP, 64 B payload frames/ { print $(NF-4) }')
 				echo "$dir round$round demo rate64=$rate raw64=$raw $(echo "$out" | grep '^ceiling')"
