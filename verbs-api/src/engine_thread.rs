@@ -18,6 +18,9 @@
 //! on fewer than four CPUs), for [`ALONE_SPIN`] while the process's other threads use next to
 //! no CPU ([`Alone`]): a program blocked in read(2) (perftest's bandwidth servers) loses no
 //! core to it, and each frame then costs no wake-up (the sender's `sendto` paid one each).
+//! That is decided at once when a burst of work wakes the thread: each wake-up of a sleeping
+//! thread lands on the sender's CPU, where it and the sending program then take turns, the
+//! other CPU idle, until the scheduler spreads them.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -123,9 +126,18 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
     let mut last_work = Instant::now();
     let mut last_link_check = last_work;
     let mut policy = SocketPolicy::default();
-    let mut alone = Alone::new(last_work);
+    let mut alone = Alone::new(last_work, &mut ProcessThreads);
     let mut woken_by_socket = false;
+    let mut slept = None;
     while !shared.stop_requested() {
+        // Asked before the lock: a program waiting for it looks blocked.
+        let alone_now = spin.is_zero()
+            && alone.check(
+                Instant::now(),
+                slept.take(),
+                shared.caller_rounds(),
+                &mut ProcessThreads,
+            );
         // Off the socket, the program's polls run the rounds: one under way (the lock held)
         // says it still polls, so the thread sleeps another slice rather than wait its turn
         // (`ib_write_bw`'s sender and its thread took turns at the lock 6,000 times a second).
@@ -165,11 +177,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
         woken_by_socket = false;
         // Spin a while after work: the next frame or post (a reply, the program's next
         // request) usually comes within microseconds, sooner than a wake-up would.
-        let spin = if spin.is_zero() && alone.check(now) {
-            ALONE_SPIN
-        } else {
-            spin
-        };
+        let spin = if alone_now { ALONE_SPIN } else { spin };
         let sleeps = !busy && now.saturating_duration_since(last_work) >= spin;
         // The sockets are in the epoll only while the thread sleeps on them.
         if let Err(error) = core.engine.backend().listen(sleeps && listen) {
@@ -191,40 +199,133 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
             continue;
         }
         let socket = if listen { readiness.as_ref() } else { None };
+        let asleep = Instant::now();
         shared.sleep_unless_posted(seen, || {
             woken_by_socket = sleep(shared, socket, listen, next_timer);
         });
+        slept = Some(asleep.elapsed());
     }
 }
 
-/// Whether the process's other threads (the program's, other contexts' engines) used under a
-/// tenth of a CPU since the last look, every [`ALONE_CHECK`]. A thread that polls then takes
-/// no core from them; one that polls while the program spins on memory (`ib_write_lat`)
-/// on two cores makes the program's frames wait for a scheduler tick.
+/// Whether the process's other threads (the program's, other contexts' engines) leave the
+/// CPUs to this one. A thread that polls then takes no core from them; one that polls while
+/// the program spins on memory (`ib_write_lat`) on two cores makes the program's frames wait
+/// for a scheduler tick.
+///
+/// While the thread works, every [`ALONE_CHECK`] it asks whether the others used under a
+/// tenth of a CPU since the last look. But the window a thread slept through holds what they
+/// did before (a program setting up, then blocking in read(2) for the run), which said "not
+/// alone" for the first [`ALONE_CHECK`] of a run: all of perftest's 5,000 messages by default
+/// (`ib_write_bw -s 64` through the drop-in 0.3-0.45 M msg/s against `roce perf`'s
+/// 0.55-0.65, on two vCPUs). So a thread woken from a sleep asks instead whether any of them
+/// is runnable now, at once after a long sleep, then again after [`GLANCE_FIRST`], twice
+/// that, and so on while they are (the program's last steps before it blocks).
 struct Alone {
     looked: Instant,
     others: Duration,
+    /// The program's rounds at the last look.
+    rounds: u64,
     alone: bool,
+    /// While not alone: how long after the last look a thread back from a sleep looks again.
+    glance_after: Duration,
+}
+
+/// The first glance after one that found the others runnable: the program that woke the
+/// thread's peer blocks within microseconds of its last request.
+const GLANCE_FIRST: Duration = Duration::from_millis(1);
+
+/// What [`Alone`] asks of the process's other threads.
+trait Others {
+    /// Their CPU time so far.
+    fn cpu_time(&mut self) -> Duration;
+    /// Whether any of them is running or wants to, now; `None` when that cannot be told.
+    fn runnable(&mut self) -> Option<bool>;
 }
 
 impl Alone {
-    fn new(now: Instant) -> Alone {
+    fn new(now: Instant, others: &mut impl Others) -> Alone {
         Alone {
             looked: now,
-            others: others_cpu_time(),
+            others: others.cpu_time(),
+            rounds: 0,
             alone: false,
+            glance_after: GLANCE_FIRST,
         }
     }
 
-    fn check(&mut self, now: Instant) -> bool {
+    /// Whether the thread is alone at `now`; `slept`: how long it slept just before, if it
+    /// did; `rounds`: how many the program's threads have run.
+    fn check(
+        &mut self,
+        now: Instant,
+        slept: Option<Duration>,
+        rounds: u64,
+        others: &mut impl Others,
+    ) -> bool {
         let period = now.saturating_duration_since(self.looked);
-        if period >= ALONE_CHECK {
-            let others = others_cpu_time();
-            self.alone = others.saturating_sub(self.others) * 10 < period;
-            (self.looked, self.others) = (now, others);
+        let new_burst = slept.is_some_and(|slept| slept >= ALONE_CHECK);
+        if new_burst {
+            self.glance_after = GLANCE_FIRST;
         }
+        let glance = slept.is_some() && period >= self.glance_after;
+        if !(new_burst || glance || period >= ALONE_CHECK) {
+            return self.alone;
+        }
+        let cpu_time = others.cpu_time();
+        let runnable = slept.and_then(|_| others.runnable());
+        let alone = match runnable {
+            // A program that ran a round since the last look is at work, though it may be
+            // waiting for a lock as it is asked (the rounds a long sleep saw are old news).
+            Some(runnable) => !runnable && (new_burst || rounds == self.rounds),
+            None if period >= ALONE_CHECK => cpu_time.saturating_sub(self.others) * 10 < period,
+            None => return self.alone,
+        };
+        // Unchanged, the answer is looked at half as often; a change or a new burst starts
+        // over.
+        self.glance_after = if new_burst || alone != self.alone {
+            GLANCE_FIRST
+        } else {
+            (self.glance_after * 2).min(ALONE_CHECK)
+        };
+        self.alone = alone;
+        self.rounds = rounds;
+        (self.looked, self.others) = (now, cpu_time);
         self.alone
     }
+}
+
+/// The calling process's threads but the calling one.
+struct ProcessThreads;
+
+impl Others for ProcessThreads {
+    fn cpu_time(&mut self) -> Duration {
+        others_cpu_time()
+    }
+
+    fn runnable(&mut self) -> Option<bool> {
+        let me = rustix::thread::gettid().as_raw_nonzero().to_string();
+        for entry in std::fs::read_dir("/proc/self/task").ok()? {
+            let entry = entry.ok()?;
+            if entry.file_name().to_str() == Some(me.as_str()) {
+                continue;
+            }
+            // A thread that exited meanwhile has no state to read: it is not runnable.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            if thread_state(&stat) == Some('R') {
+                return Some(true);
+            }
+        }
+        Some(false)
+    }
+}
+
+/// The state letter of a thread's `/proc/.../stat` line: after the command name, which is
+/// in parentheses and may hold spaces and parentheses itself.
+fn thread_state(stat: &str) -> Option<char> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
 }
 
 /// The CPU time of the process's threads but the calling one.
@@ -409,6 +510,123 @@ fn sleep(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The process's other threads as a test sets them.
+    #[derive(Default)]
+    struct FakeOthers {
+        cpu_time: Duration,
+        runnable: bool,
+        asked: usize,
+    }
+
+    impl Others for FakeOthers {
+        fn cpu_time(&mut self) -> Duration {
+            self.cpu_time
+        }
+
+        fn runnable(&mut self) -> Option<bool> {
+            self.asked += 1;
+            Some(self.runnable)
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_thread_state_is_read_past_any_command_name() {
+        assert_eq!(thread_state("4242 (ib_write_bw) S 1 4242 0"), Some('S'));
+        assert_eq!(thread_state("4243 (a) R (b)) R 1 4242 0"), Some('R'));
+        assert_eq!(thread_state("4244 (cut"), None);
+    }
+
+    #[test]
+    fn a_spinning_thread_of_the_process_is_runnable() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinning = Arc::clone(&stop);
+        let spinner = std::thread::spawn(move || {
+            while !spinning.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let runnable = ProcessThreads.runnable();
+        stop.store(true, Ordering::Relaxed);
+        spinner.join().unwrap();
+        assert_eq!(runnable, Some(true));
+    }
+
+    #[test]
+    fn back_from_a_long_sleep_the_thread_asks_what_the_others_do_now() {
+        let start = Instant::now();
+        let mut others = FakeOthers::default();
+        let mut alone = Alone::new(start, &mut others);
+        // The program set up for 30 ms of the 50 the thread slept, then blocked in read(2);
+        // a frame wakes the thread: it spins from the first round.
+        others.cpu_time = 30 * MS;
+        assert!(alone.check(start + 50 * MS, Some(45 * MS), 7, &mut others));
+    }
+
+    #[test]
+    fn a_program_on_its_way_to_block_is_seen_blocked_a_glance_later() {
+        let start = Instant::now();
+        let mut others = FakeOthers {
+            runnable: true,
+            ..FakeOthers::default()
+        };
+        let mut alone = Alone::new(start, &mut others);
+        assert!(!alone.check(start + 50 * MS, Some(45 * MS), 7, &mut others));
+        others.runnable = false;
+        // Too soon for another look...
+        assert!(!alone.check(start + 50 * MS + MS / 2, Some(MS / 4), 7, &mut others));
+        // ...then the next wake-up looks again.
+        assert!(alone.check(start + 51 * MS, Some(MS / 4), 7, &mut others));
+    }
+
+    #[test]
+    fn a_program_that_ran_rounds_is_at_work_though_it_waits_for_the_lock() {
+        let start = Instant::now();
+        let mut others = FakeOthers {
+            runnable: true,
+            ..FakeOthers::default()
+        };
+        let mut alone = Alone::new(start, &mut others);
+        assert!(!alone.check(start + 50 * MS, Some(45 * MS), 7, &mut others));
+        // Asleep in a lock's queue as the thread looks, after two rounds: at work.
+        others.runnable = false;
+        assert!(!alone.check(start + 51 * MS, Some(MS / 2), 9, &mut others));
+        // No round since: blocked.
+        assert!(alone.check(start + 53 * MS, Some(MS / 2), 9, &mut others));
+    }
+
+    #[test]
+    fn looks_at_a_program_that_keeps_running_back_off() {
+        let start = Instant::now();
+        let mut others = FakeOthers {
+            runnable: true,
+            ..FakeOthers::default()
+        };
+        let mut alone = Alone::new(start, &mut others);
+        // Woken every 50 µs for 200 ms, the program polling all along: a look at 1, 2, 4,
+        // 8, 16 ms, then one per ALONE_CHECK.
+        let mut now = start;
+        for round in 0..4000 {
+            now += MS / 20;
+            assert!(!alone.check(now, Some(MS / 40), round, &mut others));
+        }
+        assert!(others.asked <= 16, "{} looks", others.asked);
+    }
+
+    #[test]
+    fn awake_the_thread_judges_by_the_others_cpu_time() {
+        let start = Instant::now();
+        let mut others = FakeOthers::default();
+        let mut alone = Alone::new(start, &mut others);
+        others.cpu_time = MS;
+        assert!(alone.check(start + ALONE_CHECK, None, 0, &mut others));
+        others.cpu_time += ALONE_CHECK / 5;
+        assert!(!alone.check(start + 2 * ALONE_CHECK, None, 0, &mut others));
+        assert_eq!(others.asked, 0);
+    }
 
     fn program(rounds: u64, frames: u64) -> Program {
         Program { rounds, frames }
