@@ -219,7 +219,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
 /// (`ib_write_bw -s 64` through the drop-in 0.3-0.45 M msg/s against `roce perf`'s
 /// 0.55-0.65, on two vCPUs). So a thread woken from a sleep asks instead whether any of them
 /// is runnable now, at once after a long sleep, then again after [`GLANCE_FIRST`], twice
-/// that, and so on while they are (the program's last steps before it blocks).
+/// that, and so on (the program's last steps before it blocks).
 struct Alone {
     looked: Instant,
     others: Duration,
@@ -280,13 +280,12 @@ impl Alone {
             None if period >= ALONE_CHECK => cpu_time.saturating_sub(self.others) * 10 < period,
             None => return self.alone,
         };
-        // Unchanged, the answer is looked at half as often; a change or a new burst starts
-        // over.
-        self.glance_after = if new_burst || alone != self.alone {
-            GLANCE_FIRST
-        } else {
-            (self.glance_after * 2).min(ALONE_CHECK)
-        };
+        // Each look comes twice as long after the last, a burst's first ones soon: reading
+        // the threads' states costs ~50 µs here, and a program that blocks for each
+        // completion changes the answer at every message.
+        if !new_burst {
+            self.glance_after = (self.glance_after * 2).min(ALONE_CHECK);
+        }
         self.alone = alone;
         self.rounds = rounds;
         (self.looked, self.others) = (now, cpu_time);
@@ -612,6 +611,22 @@ mod tests {
         for round in 0..4000 {
             now += MS / 20;
             assert!(!alone.check(now, Some(MS / 40), round, &mut others));
+        }
+        assert!(others.asked <= 16, "{} looks", others.asked);
+    }
+
+    #[test]
+    fn looks_back_off_though_the_answer_changes_at_every_message() {
+        // A program that blocks for each completion (ibv_get_cq_event): runnable one look,
+        // blocked the next.
+        let start = Instant::now();
+        let mut others = FakeOthers::default();
+        let mut alone = Alone::new(start, &mut others);
+        let mut now = start;
+        for _ in 0..4000 {
+            now += MS / 20;
+            others.runnable = !others.runnable;
+            alone.check(now, Some(MS / 40), 0, &mut others);
         }
         assert!(others.asked <= 16, "{} looks", others.asked);
     }
