@@ -216,8 +216,7 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
 /// tenth of a CPU since the last look. But the window a thread slept through holds what they
 /// did before (a program setting up, then blocking in read(2) for the run), which said "not
 /// alone" for the first [`ALONE_CHECK`] of a run: all of perftest's 5,000 messages by default
-/// (`ib_write_bw -s 64` through the drop-in 0.3-0.45 M msg/s against `roce perf`'s
-/// 0.55-0.65, on two vCPUs). So a thread woken from a sleep asks instead whether any of them
+/// (`docs/performance.md`, session 15). So a thread woken from a sleep asks instead whether any of them
 /// is runnable now, at once after a long sleep, then again after [`GLANCE_FIRST`], twice
 /// that, and so on (the program's last steps before it blocks).
 struct Alone {
@@ -226,12 +225,12 @@ struct Alone {
     /// The program's rounds at the last look.
     rounds: u64,
     alone: bool,
-    /// While not alone: how long after the last look a thread back from a sleep looks again.
+    /// How long after the last look a thread back from a sleep looks again.
     glance_after: Duration,
 }
 
-/// The first glance after one that found the others runnable: the program that woke the
-/// thread's peer blocks within microseconds of its last request.
+/// The first look after a burst's first: a program on its way to block (a perftest server
+/// finishing its handshake) gets there within a millisecond.
 const GLANCE_FIRST: Duration = Duration::from_millis(1);
 
 /// What [`Alone`] asks of the process's other threads.
