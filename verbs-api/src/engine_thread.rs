@@ -528,6 +528,15 @@ mod tests {
         }
     }
 
+    /// A program that runs (or wants to), and a thread that has looked at it once.
+    fn running_program(start: Instant) -> (Alone, FakeOthers) {
+        let mut others = FakeOthers {
+            runnable: true,
+            ..FakeOthers::default()
+        };
+        (Alone::new(start, &mut others), others)
+    }
+
     const MS: Duration = Duration::from_millis(1);
 
     #[test]
@@ -567,11 +576,7 @@ mod tests {
     #[test]
     fn a_program_on_its_way_to_block_is_seen_blocked_a_glance_later() {
         let start = Instant::now();
-        let mut others = FakeOthers {
-            runnable: true,
-            ..FakeOthers::default()
-        };
-        let mut alone = Alone::new(start, &mut others);
+        let (mut alone, mut others) = running_program(start);
         assert!(!alone.check(start + 50 * MS, Some(45 * MS), 7, &mut others));
         others.runnable = false;
         // Too soon for another look...
@@ -583,11 +588,7 @@ mod tests {
     #[test]
     fn a_program_that_ran_rounds_is_at_work_though_it_waits_for_the_lock() {
         let start = Instant::now();
-        let mut others = FakeOthers {
-            runnable: true,
-            ..FakeOthers::default()
-        };
-        let mut alone = Alone::new(start, &mut others);
+        let (mut alone, mut others) = running_program(start);
         assert!(!alone.check(start + 50 * MS, Some(45 * MS), 7, &mut others));
         // Asleep in a lock's queue as the thread looks, after two rounds: at work.
         others.runnable = false;
@@ -599,11 +600,7 @@ mod tests {
     #[test]
     fn looks_at_a_program_that_keeps_running_back_off() {
         let start = Instant::now();
-        let mut others = FakeOthers {
-            runnable: true,
-            ..FakeOthers::default()
-        };
-        let mut alone = Alone::new(start, &mut others);
+        let (mut alone, mut others) = running_program(start);
         // Woken every 50 µs for 200 ms, the program polling all along: a look at 1, 2, 4,
         // 8, 16 ms, then one per ALONE_CHECK.
         let mut now = start;
