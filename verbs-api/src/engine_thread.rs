@@ -216,9 +216,9 @@ fn run(shared: &Shared, link: Option<&Link>, progress: Progress, spin: Duration)
 /// tenth of a CPU since the last look. But the window a thread slept through holds what they
 /// did before (a program setting up, then blocking in read(2) for the run), which said "not
 /// alone" for the first [`ALONE_CHECK`] of a run: all of perftest's 5,000 messages by default
-/// (`docs/performance.md`, session 15). So a thread woken from a sleep asks instead whether any of them
-/// is runnable now, at once after a long sleep, then again after [`GLANCE_FIRST`], twice
-/// that, and so on (the program's last steps before it blocks).
+/// (`docs/performance.md`, session 15). So a thread woken from a sleep asks instead whether
+/// any of them is runnable now, at once after a long sleep, then again after
+/// [`GLANCE_FIRST`], twice that, and so on (the program's last steps before it blocks).
 struct Alone {
     looked: Instant,
     others: Duration,
